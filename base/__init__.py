@@ -1,0 +1,1 @@
+"""base-moe: budget-aware expert selection for batched MoE decoding."""

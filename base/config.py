@@ -1,0 +1,204 @@
+"""Typed run configuration. Built once from Hydra in run.py, validated here, passed down.
+
+Nothing in base/ reads Hydra: these dataclasses are the only way configuration enters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from base.routing import REASSIGN_MODES, RENORMALIZE_MODES
+
+STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
+INITS = ("pretrained", "random")
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda", "meta")
+APPLY_TO = ("decode", "all")
+EVAL_ORDERS = ("mixed", "lm_eval")
+
+
+def _choice(what: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"{what}={value!r} is not valid; choose one of: {', '.join(valid)}")
+
+
+def _int(what: str, value: Any, low: int, high: int | None = None, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value))
+        except ValueError:
+            rng = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
+            raise ValueError(f"{what}={value!r} must be {rng}{' or null' if allow_none else ''}") from None
+    if value < low or (high is not None and value > high):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{what}={value} is out of range: must be {rng}{' or null' if allow_none else ''}")
+    return value
+
+
+@dataclass
+class ModelConfig:
+    name: str  # the conf/model/<name>.yaml key; names artifacts and outputs
+    family: str  # registered family (base/families.py): qwen3_moe, qwen2_moe, deepseek_v2, ...
+    path: str  # hub id or local directory (relative paths resolve against the repo root)
+    init: str = "pretrained"  # pretrained: load weights from path; random: build arch with random weights
+    dtype: str = "bfloat16"
+    device: str = "auto"  # auto = cuda if available else cpu; meta builds the shape without memory
+    tokenizer: str | None = None  # path of a tokenizer; "bytes" = built-in byte-level; None = path
+    trust_remote_code: bool = False
+    arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture
+
+    def __post_init__(self) -> None:
+        _choice("model.init", self.init, INITS)
+        _choice("model.dtype", self.dtype, DTYPES)
+        _choice("model.device", self.device, DEVICES)
+        if self.init == "random" and not self.arch:
+            raise ValueError(f"model {self.name}: init=random needs model.arch (the architecture numbers)")
+
+
+@dataclass
+class MethodConfig:
+    name: str  # a registered selector, or "dense"
+    reassign: str = "backfill"  # what a token does when its experts are dropped
+    renormalize: str = "model"  # model: as the model does; always; never
+    apply_to: str = "decode"  # decode: prefill stays dense; all: every forward
+    k0: int | None = None  # oea: each token keeps its top-k0
+    backend: str = "torch"  # torch reference, or triton kernels (kernels/)
+
+    def __post_init__(self) -> None:
+        from base.selectors import SELECTORS
+
+        valid = ("dense", *SELECTORS.names())
+        _choice("method", self.name, valid)
+        _choice("method.reassign", self.reassign, REASSIGN_MODES)
+        _choice("method.renormalize", self.renormalize, RENORMALIZE_MODES)
+        _choice("method.apply_to", self.apply_to, APPLY_TO)
+        _choice("method.backend", self.backend, ("torch", "triton"))
+        self.k0 = _int("method.k0", self.k0, 1, allow_none=True)
+        if self.name == "oea" and self.k0 is None:
+            raise ValueError("method=oea needs method.k0 (each token's top-k0 experts are kept)")
+
+
+@dataclass
+class TaskConfig:
+    name: str
+    tasks: list[str]  # lm-eval task or group names
+    include_path: str | None = None  # folder of extra lm-eval task YAMLs
+    limit: int | None = None  # examples per task
+    num_fewshot: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError(f"task {self.name}: tasks is empty")
+        self.limit = _int("task.limit", self.limit, 1, allow_none=True)
+
+
+@dataclass
+class EvalConfig:
+    order: str = "mixed"  # mixed: seeded shuffle of all tasks' requests; lm_eval: its length sort
+    do_sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    max_gen_toks: int | None = None  # cap over the tasks' own max_gen_toks
+
+    def __post_init__(self) -> None:
+        _choice("eval.order", self.order, EVAL_ORDERS)
+
+
+@dataclass
+class CalibConfig:
+    files: list[str]  # local text or JSONL ("text" field) files, relative to the repo root
+    num_tokens: int = 8192
+    seq_len: int = 128
+    batch_size: int = 8
+    all_experts: bool = False  # also record ||E_u(z)|| for every expert, not only routed ones
+
+    def __post_init__(self) -> None:
+        if not self.files:
+            raise ValueError("calibration.files is empty")
+        _int("calibration.num_tokens", self.num_tokens, 1)
+        _int("calibration.seq_len", self.seq_len, 2)
+
+
+@dataclass
+class PredictorConfig:
+    ridge: float = 1e-2  # ridge strength, relative to the mean diagonal of z^T z
+    holdout: float = 0.2  # fraction of calibration tokens held out for R^2
+    fit_on: str = "routed"  # routed pairs only, or all experts (needs calibration.all_experts)
+
+    def __post_init__(self) -> None:
+        _choice("predictor.fit_on", self.fit_on, ("routed", "all"))
+        if not 0.0 < self.holdout < 1.0:
+            raise ValueError(f"predictor.holdout={self.holdout} must be in (0, 1)")
+
+
+@dataclass
+class ThroughputConfig:
+    batch_sizes: list[int]
+    budgets: list[int | None]  # each timed for the run's method; null = dense baseline
+    steps: int = 16
+    warmup: int = 4
+    prompt_len: int = 32
+
+    def __post_init__(self) -> None:
+        for b in self.batch_sizes:
+            _int("throughput.batch_sizes[]", b, 1)
+
+
+@dataclass
+class StatsConfig:
+    enabled: bool = True
+    energy: bool = False  # true retained energy: runs every routed expert (analysis only)
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | none
+    mode: str = "offline"  # offline | online
+    project: str = "base-moe"
+
+    def __post_init__(self) -> None:
+        _choice("logger", self.name, ("wandb", "none"))
+        _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig
+    method: MethodConfig
+    task: TaskConfig
+    budget: int | None  # distinct routed experts kept per MoE layer per decode step; null = dense
+    batch_size: int  # concurrent decode requests sharing the budget
+    seed: int
+    stage: str
+    out_dir: Path
+    artifacts_dir: Path
+    root: Path  # repo root: relative paths in configs resolve against it
+    force: bool = False
+    experiment: str = "default"
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    calibration: CalibConfig | None = None
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    throughput: ThroughputConfig | None = None
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        _choice("stage", self.stage, STAGES)
+        self.budget = _int("budget", self.budget, 1, allow_none=True)
+        self.batch_size = _int("batch_size", self.batch_size, 1)
+
+    def check_budget(self, num_experts: int) -> None:
+        """The budget can only be checked once the model's expert count is known."""
+        if self.budget is not None and self.budget > num_experts:
+            raise ValueError(
+                f"budget={self.budget} exceeds the {num_experts} experts of {self.model.name}; "
+                f"choose 1..{num_experts} or null (dense)"
+            )
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else self.root / p

@@ -1,0 +1,188 @@
+"""Patch a Hugging Face MoE model so every decode step keeps at most `budget` experts per layer.
+
+Two hooks, no module replaced (state dicts and the experts implementation stay as they are):
+- a forward pre-hook on the model reads input_ids / attention_mask to tell decode from prefill and
+  which rows are real tokens (not left padding, not a finished sequence);
+- a forward hook on each router rewrites (top_k_weights, top_k_index) before the experts run.
+
+Shapes: B sequences, S new positions per sequence, T = B*S tokens, H hidden, E experts, K top-k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from base.families import FAMILIES, MoeLayer, find_moe_layers
+from base.routing import RoutedBatch, StepStats, pair_counts_E, reassign, step_stats
+from base.selectors import Selector
+
+
+@dataclass
+class DecodeContext:
+    """Per-forward state the model pre-hook sets and the router hooks read."""
+
+    pad_token_id: int | None = None
+    finished_B: Tensor | None = None  # set by a generation loop: rows whose sequence has ended
+    active_T: Tensor | None = None
+    is_decode: bool = False
+    step: int = 0  # decode steps seen since the patch (or the last reset)
+
+
+@dataclass
+class PatchOptions:
+    budget: int | None
+    reassign: str = "backfill"
+    renormalize: str = "model"  # model | always | never
+    apply_to: str = "decode"
+    record_stats: bool = True
+    energy: bool = False  # record true retained energy (runs every routed expert)
+
+
+def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
+    """||E_u(z_t)|| for every routed pair, through the experts module's own implementation.
+
+    Each (t, u) pair becomes one row routed to u alone with weight 1, so the output row is E_u(z_t).
+    """
+    T, K = idx_TK.shape
+    x_PH = z_TH.repeat_interleave(K, dim=0)
+    w_P1 = torch.ones(T * K, 1, dtype=z_TH.dtype, device=z_TH.device)
+    out_PH = experts(x_PH, idx_TK.reshape(-1, 1), w_P1)
+    return out_PH.float().norm(dim=-1).reshape(T, K)
+
+
+def _cache_len(kwargs: dict[str, Any]) -> int:
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    if cache is None or not hasattr(cache, "get_seq_length"):
+        return 0
+    return int(cache.get_seq_length())
+
+
+@dataclass
+class StatRecord:
+    layer: int
+    step: int
+    decode: bool
+    stats: StepStats
+
+
+@dataclass
+class BudgetPatch:
+    """Handle on a patched model: its options, the recorded statistics, and `remove()`."""
+
+    model: nn.Module
+    layers: list[MoeLayer]
+    selector: Selector | None  # None = dense: nothing changes, statistics are still recorded
+    options: PatchOptions
+    renormalizes: bool  # what renormalize=model means for this model
+    ctx: DecodeContext = field(default_factory=DecodeContext)
+    records: list[StatRecord] = field(default_factory=list)
+    _handles: list[Any] = field(default_factory=list)
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def _model_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        x = ids if ids is not None else kwargs["inputs_embeds"]
+        B, S = x.shape[0], x.shape[1]
+        mask = kwargs.get("attention_mask")
+        has_past = (mask is not None and mask.dim() == 2 and mask.shape[-1] > S) or _cache_len(kwargs) > 0
+        self.ctx.is_decode = S == 1 and has_past
+        active_BS = torch.ones(B, S, dtype=torch.bool, device=x.device)
+        if mask is not None and mask.dim() == 2:
+            active_BS &= mask[:, -S:].bool()
+        if self.ctx.is_decode:
+            self.ctx.step += 1
+            if ids is not None and self.ctx.pad_token_id is not None:
+                # A finished row is fed the pad token by generate(); it must not score or add experts.
+                active_BS &= ids != self.ctx.pad_token_id
+            if self.ctx.finished_B is not None and self.ctx.finished_B.shape[0] == B:
+                active_BS &= ~self.ctx.finished_B.to(x.device)[:, None]
+        self.ctx.active_T = active_BS.reshape(-1)
+
+    def _router_hook(self, layer: MoeLayer, module: nn.Module, args: tuple, output: tuple) -> tuple | None:
+        if not (self.ctx.is_decode or self.options.apply_to == "all"):
+            return None
+        logits, w_TK, idx_TK = output
+        z_TH = args[0].reshape(-1, args[0].shape[-1])
+        active_T = self.ctx.active_T
+        if active_T is None or active_T.shape[0] != z_TH.shape[0]:
+            active_T = torch.ones(z_TH.shape[0], dtype=torch.bool, device=z_TH.device)
+        batch = RoutedBatch(
+            z_TH=z_TH,
+            probs_TE=torch.softmax(logits.reshape(z_TH.shape[0], -1).float(), dim=-1),
+            topk_idx_TK=idx_TK,
+            topk_w_TK=w_TK,
+            active_T=active_T,
+            layer=layer.index,
+        )
+        sel = self.selector
+        if (sel is not None and sel.needs_norms) or self.options.energy:
+            batch.norms_TK = expert_norms_TK(layer.experts, z_TH, idx_TK)
+        if sel is None:
+            keep_E = pair_counts_E(idx_TK, active_T, batch.num_experts) > 0
+            new = None
+        else:
+            keep_E, score_E = sel.keep(batch, self.options.budget if sel.uses_budget else None)
+            renorm = self.options.renormalize == "always" or (
+                self.options.renormalize == "model" and self.renormalizes
+            )
+            new = reassign(batch, keep_E, score_E, self.options.reassign, renorm)
+        if self.options.record_stats:
+            self.records.append(StatRecord(layer.index, self.ctx.step, self.ctx.is_decode, step_stats(batch, keep_E)))
+        if new is None:
+            return None
+        return (logits, new[1], new[0])
+
+    # ---- public ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.ctx.step = 0
+        self.records.clear()
+
+    def stats_rows(self) -> list[dict[str, float]]:
+        """One row per (layer, step): the statistics the reports aggregate. Syncs the device once."""
+        if not self.records:
+            return []
+        fields = ["union", "kept", "weight_kept", "weight_total", "tokens_lost", "tokens"]
+        energy = self.records[0].stats.energy_kept is not None
+        if energy:
+            fields += ["energy_kept", "energy_total"]
+        values = torch.stack(
+            [torch.stack([getattr(r.stats, f).float() for f in fields]) for r in self.records]
+        ).cpu().tolist()
+        return [
+            {"layer": r.layer, "step": r.step, "decode": r.decode, **dict(zip(fields, v))}
+            for r, v in zip(self.records, values)
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def patch_model(
+    model: nn.Module,
+    family: str,
+    selector: Selector | None,
+    options: PatchOptions,
+    pad_token_id: int | None = None,
+) -> BudgetPatch:
+    """Install the hooks; `selector=None` records union statistics and changes nothing."""
+    layers = find_moe_layers(model)
+    if options.budget is not None and options.budget > layers[0].num_experts:
+        raise ValueError(f"budget={options.budget} exceeds the {layers[0].num_experts} experts of the model")
+    patch = BudgetPatch(
+        model=model,
+        layers=layers,
+        selector=selector,
+        options=options,
+        renormalizes=FAMILIES.get(family).renormalizes(model.config),
+        ctx=DecodeContext(pad_token_id=pad_token_id),
+    )
+    patch._handles.append(model.register_forward_pre_hook(patch._model_pre_hook, with_kwargs=True))
+    for layer in layers:
+        hook = lambda mod, args, out, layer=layer: patch._router_hook(layer, mod, args, out)  # noqa: E731
+        patch._handles.append(layer.router.register_forward_hook(hook))
+    return patch

@@ -1,0 +1,187 @@
+"""Selectors: rules that rank the experts of a decode batch; the top `budget` are kept.
+
+Shapes: T tokens, E routed experts, K top-k, L MoE layers, H hidden.
+Notation: w_tu is the weight the model gives expert u for token t, S_t its top-k set, and sums run
+over active tokens only (padding and finished sequences never score).
+
+Most selectors are a per-pair term summed per expert (`aggregate_E`); they differ only in the term:
+    router_sum    w
+    router_sq     w^2
+    count         1 (ties broken by router_sum)
+    calib_energy  w^2 * mean calibration ||E_u||^2
+    base          w^2 * exp(2 * g_u(z_t)), g the layer's linear predictor of log||E_u(z_t)||
+    oracle        w^2 * ||E_u(z_t)||^2 (true norms; runs every routed expert)
+`calib_freq` ranks by a static calibration frequency and `oea` keeps each token's top-k0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from base.registry import Registry
+from base.routing import RoutedBatch, aggregate_E, pair_counts_E, select_top_m
+
+SELECTORS: Registry[type["Selector"]] = Registry("selector")
+
+
+@dataclass
+class Artifacts:
+    """Per-layer statistics a selector may need; built by calibration and fitting."""
+
+    freq_LE: Tensor | None = None  # fraction of calibration tokens routing to each expert
+    energy_LE: Tensor | None = None  # mean ||E_u(z)||^2 over calibration tokens routed to u
+    pred_w_LHE: Tensor | None = None  # linear predictor of log||E_u(z)||: z @ W + b
+    pred_b_LE: Tensor | None = None
+
+
+class Selector:
+    """Scores experts from a RoutedBatch; `keep` returns the kept set as a bool mask over E."""
+
+    needs_norms = False  # the patch must compute true ||E_u(z_t)|| for routed pairs
+    needs_calibration = False
+    needs_predictor = False
+    uses_budget = True
+
+    def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None) -> None:
+        self.artifacts = artifacts or Artifacts()
+        self.k0 = k0
+        if self.needs_calibration and self.artifacts.freq_LE is None:
+            raise ValueError(f"selector {self.name!r} needs calibration statistics")
+        if self.needs_predictor and self.artifacts.pred_w_LHE is None:
+            raise ValueError(f"selector {self.name!r} needs a fitted predictor")
+
+    name = "?"
+
+    def pair_term(self, batch: RoutedBatch) -> Tensor:  # -> term_TK
+        raise NotImplementedError
+
+    def score(self, batch: RoutedBatch) -> Tensor:  # -> score_E
+        return aggregate_E(self.pair_term(batch), batch.topk_idx_TK, batch.active_T, batch.num_experts)
+
+    def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
+        """(keep_E, score_E)."""
+        score_E = self.score(batch)
+        union_E = pair_counts_E(batch.topk_idx_TK, batch.active_T, batch.num_experts) > 0
+        if budget is None:
+            return union_E, score_E
+        return select_top_m(score_E, union_E, budget), score_E
+
+
+def register_selector(name: str):
+    def deco(cls: type[Selector]) -> type[Selector]:
+        cls.name = name
+        return SELECTORS.register(name)(cls)
+
+    return deco
+
+
+def _w(batch: RoutedBatch) -> Tensor:
+    return batch.topk_w_TK.to(torch.float32)
+
+
+@register_selector("router_sum")
+class RouterSum(Selector):
+    """The "router top-k" baseline: routing weight an expert receives, summed over the batch."""
+
+    def pair_term(self, batch: RoutedBatch) -> Tensor:
+        return _w(batch)
+
+
+@register_selector("router_sq")
+class RouterSq(Selector):
+    """Squared routing weight: the cost model with every expert's output norm assumed equal."""
+
+    def pair_term(self, batch: RoutedBatch) -> Tensor:
+        return _w(batch) ** 2
+
+
+@register_selector("count")
+class Count(Selector):
+    """How many tokens of the batch route to the expert; router_sum breaks ties."""
+
+    def score(self, batch: RoutedBatch) -> Tensor:
+        args = (batch.topk_idx_TK, batch.active_T, batch.num_experts)
+        router_sum_E = aggregate_E(_w(batch), *args)
+        # router_sum < (its total + 1), so one more token always outranks any weight difference.
+        return pair_counts_E(*args) * (router_sum_E.sum() + 1.0) + router_sum_E
+
+
+@register_selector("calib_freq")
+class CalibFreq(Selector):
+    """Static: how often the expert was in a token's top-k on calibration data."""
+
+    needs_calibration = True
+
+    def score(self, batch: RoutedBatch) -> Tensor:
+        return self.artifacts.freq_LE[batch.layer].to(batch.probs_TE.device, torch.float32)
+
+
+@register_selector("calib_energy")
+class CalibEnergy(Selector):
+    """w^2 times the expert's mean squared output norm on calibration data (static energy)."""
+
+    needs_calibration = True
+
+    def pair_term(self, batch: RoutedBatch) -> Tensor:
+        energy_E = self.artifacts.energy_LE[batch.layer].to(batch.probs_TE.device, torch.float32)
+        return _w(batch) ** 2 * energy_E[batch.topk_idx_TK]
+
+
+def predicted_log_norm_TK(artifacts: Artifacts, batch: RoutedBatch) -> Tensor:
+    """g_u(z_t) for the routed pairs only: gathers the K predictor columns each token needs."""
+    w_HE = artifacts.pred_w_LHE[batch.layer].to(batch.z_TH.device, torch.float32)
+    b_E = artifacts.pred_b_LE[batch.layer].to(batch.z_TH.device, torch.float32)
+    w_THK = w_HE[:, batch.topk_idx_TK].permute(1, 0, 2)  # (T, H, K)
+    z_T1H = batch.z_TH.to(torch.float32)[:, None, :]
+    return torch.bmm(z_T1H, w_THK)[:, 0, :] + b_E[batch.topk_idx_TK]
+
+
+@register_selector("base")
+class Base(Selector):
+    """BASE: w^2 * predicted ||E_u(z_t)||^2, the estimated change of the layer output if u is dropped."""
+
+    needs_predictor = True
+
+    def pair_term(self, batch: RoutedBatch) -> Tensor:
+        return _w(batch) ** 2 * torch.exp(2.0 * predicted_log_norm_TK(self.artifacts, batch))
+
+
+@register_selector("oracle")
+class Oracle(Selector):
+    """BASE with the true ||E_u(z_t)||: an upper bound for analysis (runs every routed expert)."""
+
+    needs_norms = True
+
+    def pair_term(self, batch: RoutedBatch) -> Tensor:
+        if batch.norms_TK is None:
+            raise RuntimeError("oracle needs batch.norms_TK; the patch computes them when needs_norms")
+        return (_w(batch) * batch.norms_TK.to(torch.float32)) ** 2
+
+
+@register_selector("oea")
+class OEA(Selector):
+    """Opportunistic Expert Activation: keep the union of every token's top-k0, ignore the budget."""
+
+    uses_budget = False
+
+    def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None) -> None:
+        if k0 is None or k0 < 1:
+            raise ValueError(f"oea needs k0 >= 1 (method.k0), got {k0}")
+        super().__init__(artifacts, k0)
+
+    def score(self, batch: RoutedBatch) -> Tensor:
+        return aggregate_E(_w(batch), batch.topk_idx_TK, batch.active_T, batch.num_experts)
+
+    def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
+        k0 = min(self.k0, batch.topk_idx_TK.shape[-1])
+        # The model's top-k may not be sorted (DeepSeek uses sorted=False): rank it by probability.
+        p_TK = batch.probs_TE.gather(1, batch.topk_idx_TK)
+        first_TK0 = batch.topk_idx_TK.gather(1, p_TK.topk(k0, dim=-1).indices)
+        keep_E = pair_counts_E(first_TK0, batch.active_T, batch.num_experts) > 0
+        return keep_E, self.score(batch)
+
+
+def build_selector(name: str, artifacts: Artifacts | None = None, k0: int | None = None) -> Selector:
+    return SELECTORS.get(name)(artifacts=artifacts, k0=k0)
