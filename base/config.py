@@ -18,9 +18,13 @@ APPLY_TO = ("decode", "all")
 EVAL_ORDERS = ("mixed", "lm_eval")
 
 
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the valid choices or range."""
+
+
 def _choice(what: str, value: Any, valid: tuple[str, ...]) -> None:
     if value not in valid:
-        raise ValueError(f"{what}={value!r} is not valid; choose one of: {', '.join(valid)}")
+        raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(valid)}")
 
 
 def _int(what: str, value: Any, low: int, high: int | None = None, allow_none: bool = False) -> int | None:
@@ -31,10 +35,10 @@ def _int(what: str, value: Any, low: int, high: int | None = None, allow_none: b
             value = int(str(value))
         except ValueError:
             rng = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
-            raise ValueError(f"{what}={value!r} must be {rng}{' or null' if allow_none else ''}") from None
+            raise ConfigError(f"{what}={value!r} must be {rng}{' or null' if allow_none else ''}") from None
     if value < low or (high is not None and value > high):
         rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{what}={value} is out of range: must be {rng}{' or null' if allow_none else ''}")
+        raise ConfigError(f"{what}={value} is out of range: must be {rng}{' or null' if allow_none else ''}")
     return value
 
 
@@ -48,6 +52,8 @@ class ModelConfig:
     device: str = "auto"  # auto = cuda if available else cpu; meta builds the shape without memory
     tokenizer: str | None = None  # path of a tokenizer; "bytes" = built-in byte-level; None = path
     trust_remote_code: bool = False
+    experts_impl: str | None = None  # transformers experts implementation (eager, grouped_mm, ...)
+    calib_files: list[str] | None = None  # calibration text for this model, over calibration.files
     arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture
 
     def __post_init__(self) -> None:
@@ -55,7 +61,7 @@ class ModelConfig:
         _choice("model.dtype", self.dtype, DTYPES)
         _choice("model.device", self.device, DEVICES)
         if self.init == "random" and not self.arch:
-            raise ValueError(f"model {self.name}: init=random needs model.arch (the architecture numbers)")
+            raise ConfigError(f"model {self.name}: init=random needs model.arch (the architecture numbers)")
 
 
 @dataclass
@@ -78,7 +84,7 @@ class MethodConfig:
         _choice("method.backend", self.backend, ("torch", "triton"))
         self.k0 = _int("method.k0", self.k0, 1, allow_none=True)
         if self.name == "oea" and self.k0 is None:
-            raise ValueError("method=oea needs method.k0 (each token's top-k0 experts are kept)")
+            raise ConfigError("method=oea needs method.k0 (each token's top-k0 experts are kept)")
 
 
 @dataclass
@@ -91,7 +97,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         if not self.tasks:
-            raise ValueError(f"task {self.name}: tasks is empty")
+            raise ConfigError(f"task {self.name}: tasks is empty")
         self.limit = _int("task.limit", self.limit, 1, allow_none=True)
 
 
@@ -118,7 +124,7 @@ class CalibConfig:
 
     def __post_init__(self) -> None:
         if not self.files:
-            raise ValueError("calibration.files is empty")
+            raise ConfigError("calibration.files is empty")
         _int("calibration.num_tokens", self.num_tokens, 1)
         _int("calibration.seq_len", self.seq_len, 2)
 
@@ -128,11 +134,12 @@ class PredictorConfig:
     ridge: float = 1e-2  # ridge strength, relative to the mean diagonal of z^T z
     holdout: float = 0.2  # fraction of calibration tokens held out for R^2
     fit_on: str = "routed"  # routed pairs only, or all experts (needs calibration.all_experts)
+    path: str | None = None  # an explicit predictor file; default: the cached one for this model
 
     def __post_init__(self) -> None:
         _choice("predictor.fit_on", self.fit_on, ("routed", "all"))
         if not 0.0 < self.holdout < 1.0:
-            raise ValueError(f"predictor.holdout={self.holdout} must be in (0, 1)")
+            raise ConfigError(f"predictor.holdout={self.holdout} must be in (0, 1)")
 
 
 @dataclass
@@ -190,11 +197,13 @@ class RunConfig:
         _choice("stage", self.stage, STAGES)
         self.budget = _int("budget", self.budget, 1, allow_none=True)
         self.batch_size = _int("batch_size", self.batch_size, 1)
+        if self.calibration is not None and self.model.calib_files:
+            self.calibration.files = list(self.model.calib_files)
 
     def check_budget(self, num_experts: int) -> None:
         """The budget can only be checked once the model's expert count is known."""
         if self.budget is not None and self.budget > num_experts:
-            raise ValueError(
+            raise ConfigError(
                 f"budget={self.budget} exceeds the {num_experts} experts of {self.model.name}; "
                 f"choose 1..{num_experts} or null (dense)"
             )

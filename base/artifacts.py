@@ -1,0 +1,99 @@
+"""Cached calibration statistics and predictors, keyed by model + calibration settings.
+
+`budget=8` and `budget=16` of one model share them; `method=base` with no predictor yet runs
+calibration and the fit first. Files are safetensors + JSON, never pickles.
+Layout: <artifacts_dir>/<model name>/<model+calibration hash>/{calib.safetensors, calib.json,
+predictor-<fit hash>.safetensors, predictor-<fit hash>.json}.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from torch import nn
+
+from base.calibrate import Calibration, calibrate, read_texts, token_batches
+from base.config import RunConfig
+from base.families import MoeLayer
+from base.predictor import Predictor, fit_predictor
+from base.selectors import Artifacts, Selector
+
+
+def _hash(obj: object) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def model_identity(cfg: RunConfig, layers: list[MoeLayer]) -> dict:
+    m = cfg.model
+    ident = {"name": m.name, "family": m.family, "path": m.path, "init": m.init, "dtype": m.dtype,
+             "num_layers": len(layers), "num_experts": layers[0].num_experts,
+             "hidden": int(layers[0].router.weight.shape[-1])}
+    if m.init == "random":
+        ident.update(arch=m.arch, seed=cfg.seed)
+    return ident
+
+
+def calibration_settings(cfg: RunConfig) -> dict:
+    c = cfg.calibration
+    files = [str(cfg.resolve(f).relative_to(cfg.root)) if cfg.resolve(f).is_relative_to(cfg.root) else f
+             for f in c.files]
+    return {"files": files, "num_tokens": c.num_tokens, "seq_len": c.seq_len, "all_experts": c.all_experts}
+
+
+def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
+    return cfg.artifacts_dir / cfg.model.name / _hash([identity, calibration_settings(cfg)])
+
+
+def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
+                       recompute: bool = False) -> tuple[Calibration, Path]:
+    identity = model_identity(cfg, layers)
+    directory = artifact_dir(cfg, identity)
+    if (directory / "calib.json").exists() and not recompute:
+        return Calibration.load(directory), directory
+    text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
+    batches = token_batches(tokenizer, text, cfg.calibration)
+    meta = {"model": identity, "calibration": calibration_settings(cfg)}
+    calib = calibrate(model, layers, batches, cfg.calibration, meta)
+    calib.save(directory)
+    return calib, directory
+
+
+def predictor_path(cfg: RunConfig, identity: dict) -> Path:
+    if cfg.predictor.path:
+        return cfg.resolve(cfg.predictor.path)
+    fit = {k: v for k, v in asdict(cfg.predictor).items() if k != "path"}
+    return artifact_dir(cfg, identity) / f"predictor-{_hash([fit, cfg.seed])}.safetensors"
+
+
+def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
+                     refit: bool = False) -> tuple[Predictor, Path]:
+    identity = model_identity(cfg, layers)
+    path = predictor_path(cfg, identity)
+    if path.exists() and not refit:
+        pred = Predictor.load(path)
+        pred.check_model(identity, path)
+        return pred, path
+    if cfg.predictor.path:
+        raise FileNotFoundError(f"predictor.path={cfg.predictor.path} does not exist")
+    calib, _ = ensure_calibration(cfg, model, tokenizer, layers)
+    pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed)
+    pred.save(path)
+    return pred, path
+
+
+def selector_artifacts(cfg: RunConfig, selector_cls: type[Selector], model: nn.Module, tokenizer,
+                       layers: list[MoeLayer]) -> tuple[Artifacts, dict]:
+    """Whatever the selector needs, computed (and cached) on demand; plus where it came from."""
+    arts, info = Artifacts(), {}
+    if selector_cls.needs_calibration:
+        calib, directory = ensure_calibration(cfg, model, tokenizer, layers)
+        arts.freq_LE, arts.energy_LE = calib.freq_LE, calib.energy_LE
+        info["calibration"] = str(directory)
+    if selector_cls.needs_predictor:
+        pred, path = ensure_predictor(cfg, model, tokenizer, layers)
+        arts.pred_w_LHE, arts.pred_b_LE = pred.w_LHE, pred.b_LE
+        info["predictor"] = str(path)
+        info["predictor_r2"] = pred.meta["r2"]
+    return arts, info

@@ -1,0 +1,156 @@
+"""Task evaluation through lm-eval's HFLM over the patched model.
+
+Decode batches must look like concurrent serving. lm-eval sorts generation requests by length,
+which groups similar requests and hides the union growth BASE targets; with `order=mixed` the
+requests of all tasks of a run are shuffled with the run's seed and cut into batches of
+`batch_size`, each row keeping its own stop strings and token limit.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.models.huggingface import HFLM
+from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from base.config import EvalConfig, TaskConfig
+from base.patch import BudgetPatch
+
+
+class RowStops(StoppingCriteria):
+    """Per-row stop: a row is done at its own stop string, token limit or EOS.
+
+    It also tells the patch which rows have finished, so they stop counting toward the union.
+    """
+
+    def __init__(self, tokenizer, prompt_len: int, untils: list[list[str]], max_new: list[int],
+                 eos_ids: set[int], patch: BudgetPatch | None) -> None:
+        self.tok, self.prompt_len, self.untils, self.max_new = tokenizer, prompt_len, untils, max_new
+        self.eos_ids, self.patch = eos_ids, patch
+        self.done: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        B = input_ids.shape[0]
+        if self.done is None:
+            self.done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        new = input_ids[:, self.prompt_len:]
+        for b in range(B):
+            if self.done[b]:
+                continue
+            toks = new[b].tolist()
+            text = self.tok.decode(toks, skip_special_tokens=False)
+            if (len(toks) >= self.max_new[b] or (toks and toks[-1] in self.eos_ids)
+                    or any(s in text for s in self.untils[b])):
+                self.done[b] = True
+        if self.patch is not None:
+            self.patch.ctx.finished_B = self.done.clone()
+        return self.done.clone()
+
+
+def _truncate(text: str, until: list[str]) -> str:
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+class BudgetedHFLM(HFLM):
+    """HFLM whose generation batches are shuffled across tasks and whose finished rows are tracked."""
+
+    def __init__(self, model, tokenizer, batch_size: int, eval_cfg: EvalConfig, seed: int,
+                 patch: BudgetPatch | None, max_length: int | None = None) -> None:
+        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
+        self.eval_cfg, self.seed, self.patch = eval_cfg, seed, patch
+        self.decode_batches = 0
+
+    def _sampling(self) -> dict[str, Any]:
+        c = self.eval_cfg
+        if c.do_sample:
+            return {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k}
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+
+    def generate_batch(self, contexts: list[str], untils: list[list[str]], max_new: list[int]) -> list[str]:
+        enc, mask = self.tok_batch_encode(contexts, left_truncate_len=self.max_length - max(max_new))
+        enc, mask = enc.to(self.device), mask.to(self.device)
+        eos = {self.tokenizer.eos_token_id} | ({self.tokenizer.pad_token_id} - {None})
+        stops = RowStops(self.tokenizer, enc.shape[1], untils, max_new, eos, self.patch)
+        if self.patch is not None:
+            self.patch.ctx.finished_B = None
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=enc, attention_mask=mask, max_new_tokens=max(max_new),
+                stopping_criteria=StoppingCriteriaList([stops]), pad_token_id=self.tokenizer.pad_token_id,
+                use_cache=True, **self._sampling(),
+            )
+        if self.patch is not None:
+            self.patch.ctx.finished_B = None
+        self.decode_batches += 1
+        texts = []
+        for row, until, n in zip(out[:, enc.shape[1]:].tolist(), untils, max_new):
+            texts.append(_truncate(self.tok_decode(row[:n], skip_special_tokens=True), until))
+        return texts
+
+    def _request_args(self, req) -> tuple[str, list[str], int]:
+        context, gen_kwargs = req.args
+        until = gen_kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+        if self.eval_cfg.max_gen_toks is not None:
+            max_new = min(max_new, self.eval_cfg.max_gen_toks)
+        return context, until, max_new
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        order = list(range(len(requests)))
+        if self.eval_cfg.order == "mixed":
+            random.Random(self.seed).shuffle(order)
+        else:  # lm-eval's grouping: longest contexts first
+            order.sort(key=lambda i: -len(self.tok_encode(requests[i].args[0])))
+        results: list[str | None] = [None] * len(requests)
+        bs = int(self.batch_size)
+        for start in tqdm(range(0, len(order), bs), desc="generate", disable=disable_tqdm):
+            ids = order[start:start + bs]
+            args = [self._request_args(requests[i]) for i in ids]
+            texts = self.generate_batch(*map(list, zip(*args)))
+            for i, text in zip(ids, texts):
+                results[i] = text
+        return results  # type: ignore[return-value]
+
+
+@dataclass
+class EvalResult:
+    metrics: list[dict[str, Any]]  # one row per (task, metric)
+    raw: dict[str, Any]  # lm-eval's output without samples (results, groups, configs, ...)
+    decode_batches: int
+
+
+def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
+             patch: BudgetPatch | None, root: Path) -> EvalResult:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    include = str(root / task.include_path) if task.include_path else None
+    lm = BudgetedHFLM(model, tokenizer, batch_size, eval_cfg, seed, patch,
+                      max_length=getattr(model.config, "max_position_embeddings", 2048))
+    # Task YAMLs name their local data relative to the repo root.
+    with contextlib.chdir(root):
+        out = simple_evaluate(
+            model=lm, tasks=list(task.tasks), num_fewshot=task.num_fewshot, limit=task.limit,
+            task_manager=TaskManager(include_path=include), random_seed=seed, numpy_random_seed=seed,
+            torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False, bootstrap_iters=0,
+        )
+    rows = []
+    for section in ("results", "groups"):
+        for name, metrics in (out.get(section) or {}).items():
+            for key, value in metrics.items():
+                if "," not in key or "stderr" in key or not isinstance(value, (int, float)):
+                    continue
+                metric, filt = key.split(",", 1)
+                rows.append({"task": name, "kind": section[:-1], "metric": metric, "filter": filt,
+                             "value": float(value), "n": (out.get("n-samples", {}).get(name) or {}).get("effective")})
+    raw = {k: v for k, v in out.items() if k != "samples"}
+    return EvalResult(rows, raw, lm.decode_batches)

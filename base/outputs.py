@@ -1,0 +1,61 @@
+"""The run folder: outputs/<experiment>/<run name>/ with config.yaml, report.json and CSV tables.
+
+Every file is written to a temporary name and renamed, so a reader never sees half a file; the
+report is written last, so an interrupted run leaves no report and is not taken as finished.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+REPORT = "report.json"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> None:
+    atomic_write_text(out_dir / REPORT, json.dumps(report, indent=2, default=str))
+
+
+def is_finished(out_dir: Path) -> bool:
+    return (out_dir / REPORT).exists()
+
+
+def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per MoE layer, over decode steps: mean union and kept experts, weight retained, tokens that
+    lost an expert (and retained energy when recorded)."""
+    if not rows:
+        return []
+    df = pd.DataFrame(rows)
+    df = df[df["decode"]] if df["decode"].any() else df
+    sums = df.groupby("layer").sum(numeric_only=True)
+    out = pd.DataFrame({
+        "union_mean": df.groupby("layer")["union"].mean(),
+        "kept_mean": df.groupby("layer")["kept"].mean(),
+        "weight_retained": sums["weight_kept"] / sums["weight_total"].clip(lower=1e-30),
+        "tokens_lost_frac": sums["tokens_lost"] / sums["tokens"].clip(lower=1),
+        "steps": df.groupby("layer")["step"].nunique(),
+    })
+    if "energy_kept" in df:
+        out["energy_retained"] = sums["energy_kept"] / sums["energy_total"].clip(lower=1e-30)
+    return out.reset_index().to_dict("records")
+
+
+def overall(summary: list[dict[str, Any]]) -> dict[str, float]:
+    if not summary:
+        return {}
+    df = pd.DataFrame(summary)
+    return {k: float(df[k].mean()) for k in df.columns if k not in ("layer", "steps")}

@@ -1,0 +1,158 @@
+"""The stages of a run, from a validated RunConfig to a finished run folder.
+
+    calibrate   dense forward over calibration text; per-layer routing and expert-norm statistics
+    fit         the per-layer linear predictor of log||E_u(z)||, with held-out R^2
+    evaluate    lm-eval tasks over the patched model; metrics + selection statistics
+    throughput  timed decode steps for the configured batch sizes and budgets
+    describe    build the model (meta device is enough) and report its MoE shape
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from base import outputs
+from base.artifacts import ensure_calibration, ensure_predictor, model_identity, selector_artifacts
+from base.config import RunConfig
+from base.families import find_moe_layers, load_model, load_tokenizer, num_experts
+from base.logger import Logger
+from base.patch import BudgetPatch, PatchOptions, patch_model
+from base.selectors import SELECTORS, build_selector
+
+
+def make_patcher(cfg: RunConfig, model, tokenizer, layers) -> tuple[Any, dict]:
+    """A function budget -> BudgetPatch for the run's method, and where its artifacts came from."""
+    m = cfg.method
+    if m.name == "dense":
+        selector, info = None, {}
+    else:
+        cls = SELECTORS.get(m.name)
+        arts, info = selector_artifacts(cfg, cls, model, tokenizer, layers)
+        selector = build_selector(m.name, arts, k0=m.k0)
+
+    def make(budget: int | None) -> BudgetPatch:
+        opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
+                            apply_to=m.apply_to, record_stats=cfg.stats.enabled, energy=cfg.stats.energy)
+        # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
+        sel = selector if (budget is not None or (selector is not None and not selector.uses_budget)) else None
+        return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id)
+
+    return make, info
+
+
+def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
+    c = model.config
+    experts = layers[0].experts
+    expert_params = sum(p.numel() for p in experts.parameters()) // layers[0].num_experts
+    total = sum(p.numel() for p in model.parameters())
+    k = layers[0].top_k
+    return {
+        "model": cfg.model.name, "family": cfg.model.family, "hf_model_type": c.model_type,
+        "num_hidden_layers": c.num_hidden_layers, "moe_layers": len(layers),
+        "num_experts": layers[0].num_experts, "top_k": k, "hidden_size": c.hidden_size,
+        "params_total": total,
+        "params_active_per_token": total - len(layers) * (layers[0].num_experts - k) * expert_params,
+        "expert_params": expert_params,
+        "expert_bytes": expert_params * torch.finfo(getattr(torch, cfg.model.dtype)).bits // 8,
+        "device": str(next(model.parameters()).device),
+    }
+
+
+def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
+    out = cfg.out_dir
+    if outputs.is_finished(out) and not cfg.force:
+        print(f"[base] {out} is finished (report.json exists); skipping. force=true reruns it.")
+        return None
+    cfg.check_budget(num_experts(cfg.model, cfg.root))  # fail before loading weights
+    outputs.atomic_write_text(out / "config.yaml", resolved_config)
+    (out / outputs.REPORT).unlink(missing_ok=True)
+    logger = Logger(cfg.logger, out, out.name, {"resolved": resolved_config})
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    model = load_model(cfg.model, cfg.root, seed=cfg.seed, experts_impl=cfg.model.experts_impl)
+    layers = find_moe_layers(model)
+    report: dict[str, Any] = {
+        "stage": cfg.stage, "model": cfg.model.name, "method": cfg.method.name, "budget": cfg.budget,
+        "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
+        "moe_layers": len(layers), "top_k": layers[0].top_k,
+    }
+    try:
+        if cfg.stage == "describe":
+            report["describe"] = describe(cfg, model, layers)
+        else:
+            _run_stage(cfg, model, layers, report, logger)
+        report["wall_s"] = time.perf_counter() - t0
+        logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
+        outputs.write_report(out, report)  # last: its presence marks the run finished
+    finally:
+        logger.finish()
+    return report
+
+
+def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Logger) -> None:
+    out = cfg.out_dir
+    tokenizer = load_tokenizer(cfg.model, cfg.root)
+    if cfg.stage == "calibrate":
+        calib, directory = ensure_calibration(cfg, model, tokenizer, layers, recompute=cfg.force)
+        report["calibration"] = {"dir": str(directory), **calib.meta}
+        freq = calib.freq_LE
+        rows = [{"layer": li, "expert": u, "freq": float(freq[li, u]), "energy": float(calib.energy_LE[li, u])}
+                for li in range(freq.shape[0]) for u in range(freq.shape[1])]
+        outputs.write_table(out / "calibration.csv", rows)
+        return
+    if cfg.stage == "fit":
+        pred, path = ensure_predictor(cfg, model, tokenizer, layers, refit=cfg.force)
+        rows = [{"layer": li, "r2": r, "r2_within": rw}
+                for li, (r, rw) in enumerate(zip(pred.meta["r2"], pred.meta["r2_within"]))]
+        outputs.write_table(out / "predictor.csv", rows)
+        logger.table("predictor_r2", rows)
+        report["predictor"] = {"path": str(path), **pred.meta}
+        report["summary"] = {"r2_mean": sum(pred.meta["r2"]) / len(rows),
+                             "r2_within_mean": sum(pred.meta["r2_within"]) / len(rows)}
+        return
+    make_patch, info = make_patcher(cfg, model, tokenizer, layers)
+    report["artifacts"] = info
+    report["method_config"] = vars(cfg.method)
+    if cfg.stage == "throughput":
+        tp = cfg.throughput
+        budgets = tp.budgets or [None, cfg.budget]
+        tp_cfg = type(tp)(**{**vars(tp), "budgets": list(dict.fromkeys(budgets))})
+        from base.throughput import measure
+
+        rows = measure(model, make_patch, tp_cfg, cfg.seed)
+        outputs.write_table(out / "throughput.csv", rows)
+        logger.table("throughput", rows)
+        report["throughput"] = rows
+        report["device"] = str(next(model.parameters()).device)
+        return
+    # evaluate
+    from base.evaluate import evaluate
+
+    patch = make_patch(cfg.budget)
+    try:
+        t0 = time.perf_counter()
+        result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, patch, cfg.root)
+        eval_s = time.perf_counter() - t0
+        step_rows = patch.stats_rows()
+    finally:
+        patch.remove()
+    summary_rows = outputs.selection_summary(step_rows)
+    outputs.write_table(out / "metrics.csv", result.metrics)
+    outputs.write_table(out / "selection.csv", summary_rows)
+    outputs.write_table(out / "selection_steps.csv", step_rows)
+    logger.table("metrics", result.metrics)
+    logger.table("selection", summary_rows)
+    logger.lm_eval(result.raw)
+    report["eval"] = {"order": cfg.eval.order, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
+                      "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s}
+    report["metrics"] = result.metrics
+    report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
+    report["selection"] = summary_rows
+    main = [r for r in result.metrics if r["kind"] == "group"] or result.metrics
+    report["summary"] = {
+        "accuracy": sum(r["value"] for r in main) / max(1, len(main)),
+        **outputs.overall(summary_rows),
+    }

@@ -1,0 +1,28 @@
+"""Human-readable summary of a finished run, printed at its end."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def print_report(report: dict[str, Any], out_dir: Path) -> None:
+    head = f"[{report['stage']}] model={report['model']} method={report['method']} budget={report['budget']}"
+    print(f"\n{head} -> {out_dir}")
+    if "describe" in report:
+        for k, v in report["describe"].items():
+            print(f"  {k:>26}: {v:,}" if isinstance(v, int) else f"  {k:>26}: {v}")
+    if "metrics" in report:
+        df = pd.DataFrame(report["metrics"])
+        if not df.empty:
+            print(df[["task", "metric", "value"]].to_string(index=False))
+    if "selection" in report and report["selection"]:
+        df = pd.DataFrame(report["selection"])
+        print(df.round(3).to_string(index=False))
+    if "throughput" in report:
+        print(pd.DataFrame(report["throughput"]).round(2).to_string(index=False))
+    if "predictor" in report:
+        print(f"  held-out R^2 per layer: {[round(r, 3) for r in report['predictor']['r2']]}")
+    if "summary" in report:
+        print("  summary: " + ", ".join(f"{k}={v:.4g}" for k, v in report["summary"].items()))

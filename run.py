@@ -1,0 +1,80 @@
+"""The one entry point. Hydra is read here only: it builds a typed RunConfig and hands it down.
+
+    python run.py model=qwen3_30b method=base budget=16
+    python run.py -m method=dense,router_sum,count,base budget=4,8,16
+    python run.py model=qwen3_30b model.init=random model.device=meta stage=describe logger=none
+
+Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, report.json, CSVs).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from base.config import (
+    CalibConfig, ConfigError, EvalConfig, LoggerConfig, MethodConfig, ModelConfig, PredictorConfig, RunConfig,
+    StatsConfig, TaskConfig, ThroughputConfig,
+)
+
+ROOT = Path(__file__).resolve().parent
+
+# Run folders are named by their overrides; a run with none is "default".
+OmegaConf.register_new_resolver("run_name", lambda s: s or "default", replace=True)
+
+
+def build_config(cfg: DictConfig, out_dir: Path) -> RunConfig:
+    """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    root = ROOT
+    resolve = lambda p: Path(p) if Path(p).is_absolute() else root / p  # noqa: E731
+    return RunConfig(
+        model=ModelConfig(**c["model"]),
+        method=MethodConfig(**c["method"]),
+        task=TaskConfig(**c["task"]),
+        budget=c["budget"],
+        batch_size=c["batch_size"],
+        seed=c["seed"],
+        stage=c["stage"],
+        out_dir=out_dir,
+        artifacts_dir=resolve(c["artifacts_dir"]),
+        root=root,
+        force=bool(c["force"]),
+        experiment=c["exp_name"],
+        eval=EvalConfig(**c["eval"]),
+        calibration=CalibConfig(**c["calibration"]),
+        predictor=PredictorConfig(**c["predictor"]),
+        throughput=ThroughputConfig(**{**c["throughput"], "batch_sizes": c["throughput"]["batch_sizes"],
+                                       "budgets": c["throughput"]["budgets"] or []}),
+        stats=StatsConfig(**c["stats"]),
+        logger=LoggerConfig(**c["logger"]),
+    )
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> dict | None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        run_cfg = build_config(cfg, out_dir)
+    except (ConfigError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    from base.pipeline import run
+
+    try:
+        report = run(run_cfg, OmegaConf.to_yaml(cfg, resolve=True))
+    except ConfigError as err:  # e.g. budget above the model's expert count
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if report is not None:
+        from base.report import print_report
+
+        print_report(report, out_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()
