@@ -1,0 +1,73 @@
+"""Launch helpers shared by the kernels: one kernel source, compiled on CUDA, interpreted on CPU.
+
+`dual_jit` keeps two handles on each kernel: `triton.jit` for CUDA tensors and Triton's numpy
+interpreter for CPU tensors. CPU callers (tests, CPU-only runs of a patched model) therefore work
+whatever TRITON_INTERPRET was when this module was imported, and CUDA callers are never
+interpreted by accident because some test set that variable. Kernels here call no other
+@triton.jit function, so each handle is self-contained.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+_INTERPRETED: dict[Callable, InterpretedFunction] = {}
+
+
+@contextmanager
+def _interpreting() -> Iterator[None]:
+    """Run triton.language's own @jit helpers (tl.zeros, tl.sort, ...) through the interpreter.
+
+    Without TRITON_INTERPRET=1 at import they are compiled-mode JITFunctions, which refuse to be
+    called from Python; while a CPU launch runs, calls to them are sent to interpreted copies.
+    """
+    original = JITFunction.__call__
+
+    def call(self, *args, **kwargs):
+        fn = _INTERPRETED.setdefault(self.fn, InterpretedFunction(self.fn))
+        return fn(*args, **kwargs)
+
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+class _CpuLauncher:
+    def __init__(self, fn: InterpretedFunction) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: Any) -> Callable:
+        def launch(*args, **kwargs):
+            with _interpreting():
+                return self.fn[grid](*args, **kwargs)
+
+        return launch
+
+
+class DualKernel:
+    """A @triton.jit kernel with a compiled (CUDA) and an interpreted (CPU) launcher."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.gpu = triton.jit(fn)
+        self.cpu = _CpuLauncher(InterpretedFunction(fn))
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def on(self, device: torch.device) -> Any:
+        return self.cpu if device.type == "cpu" else self.gpu
+
+
+def dual_jit(fn: Callable) -> DualKernel:
+    return DualKernel(fn)
+
+
+def next_pow2(n: int, floor: int = 1) -> int:
+    return max(floor, triton.next_power_of_2(max(int(n), 1)))
