@@ -196,6 +196,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         _choice("stage", self.stage, STAGES)
         self.budget = _int("budget", self.budget, 1, allow_none=True)
+        if self.method.name == "dense":
+            self.budget = None  # dense keeps every routed expert whatever the budget says
         self.batch_size = _int("batch_size", self.batch_size, 1)
         if self.calibration is not None and self.model.calib_files:
             self.calibration.files = list(self.model.calib_files)

@@ -7,6 +7,7 @@ Shapes: B sequences, P prompt length, V vocabulary.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Callable
 
@@ -40,6 +41,11 @@ class _Timer:
             self.seconds = time.perf_counter() - self.t0
 
 
+def cache_kwarg(model: nn.Module) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.2x); accept both versions."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def time_decode(model: nn.Module, batch_size: int, cfg: ThroughputConfig, seed: int) -> float:
     """Seconds for `cfg.steps` greedy decode steps after a prefill and `cfg.warmup` untimed steps."""
@@ -48,15 +54,15 @@ def time_decode(model: nn.Module, batch_size: int, cfg: ThroughputConfig, seed: 
     gen = torch.Generator().manual_seed(seed)
     ids_BP = torch.randint(0, vocab, (batch_size, cfg.prompt_len), generator=gen).to(device)
     mask = torch.ones(batch_size, cfg.prompt_len + cfg.warmup + cfg.steps + 1, dtype=torch.long, device=device)
-    cache = DynamicCache()
-    out = model(input_ids=ids_BP, attention_mask=mask[:, : cfg.prompt_len], past_key_values=cache, use_cache=True)
+    kv = {cache_kwarg(model): DynamicCache(config=model.config)}
+    out = model(input_ids=ids_BP, attention_mask=mask[:, : cfg.prompt_len], use_cache=True, **kv)
     pos = cfg.prompt_len
     nxt = out.logits[:, -1:].argmax(-1)
 
     def step() -> None:
         nonlocal pos, nxt
         pos += 1
-        o = model(input_ids=nxt, attention_mask=mask[:, :pos], past_key_values=cache, use_cache=True)
+        o = model(input_ids=nxt, attention_mask=mask[:, :pos], use_cache=True, **kv)
         nxt = o.logits[:, -1:].argmax(-1)
 
     for _ in range(cfg.warmup):

@@ -1,0 +1,37 @@
+"""Shared fixtures: Hydra composition (as run.py sees it) and offline settings for every test."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for key, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                   "WANDB_MODE": "offline", "WANDB_SILENT": "true"}.items():
+    os.environ.setdefault(key, value)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def compose():
+    """compose(overrides) -> the DictConfig run.py would get, without running anything."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    def _compose(overrides: list[str] | None = None):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=overrides or [], return_hydra_config=False)
+
+    yield _compose
+    GlobalHydra.instance().clear()

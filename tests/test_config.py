@@ -1,0 +1,75 @@
+"""Every config group composes; invalid values fail at start with the valid choices or range."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import MissingConfigException
+
+import run
+from base.config import ConfigError
+from base.families import num_experts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["model", "method", "task", "logger"])
+def test_every_option_composes_and_validates(compose, group, tmp_path):
+    for option in _options(group):
+        cfg = compose([f"{group}={option}"])
+        rc = run.build_config(cfg, tmp_path)
+        assert getattr(rc, group).name == option
+
+
+def test_experiments_compose(compose, tmp_path):
+    for option in _options("experiment"):
+        run.build_config(compose([f"experiment={option}"]), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("budget=abc", "budget='abc' must be an integer >= 1 or null"),
+        ("budget=0", "budget=0 is out of range: must be >= 1 or null"),
+        ("batch_size=0", "batch_size=0 is out of range"),
+        ("stage=train", "stage='train' is not valid; choose one of: calibrate, fit, evaluate, throughput, describe"),
+        ("method.reassign=swap", "method.reassign='swap' is not valid; choose one of: backfill, drop"),
+        ("eval.order=sorted", "eval.order='sorted' is not valid; choose one of: mixed, lm_eval"),
+    ],
+)
+def test_invalid_values_fail_with_valid_choices(compose, tmp_path, override, message):
+    with pytest.raises(ConfigError) as err:
+        run.build_config(compose([override]), tmp_path)
+    assert message in str(err.value)
+
+
+def test_unknown_method_lists_selectors(compose, tmp_path):
+    cfg = compose(["method=router_sum"])
+    cfg.method.name = "magic"
+    with pytest.raises(ConfigError) as err:
+        run.build_config(cfg, tmp_path)
+    for name in ("dense", "router_sum", "base", "oracle", "oea", "calib_freq"):
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize("group", ["model", "method", "task"])
+def test_unknown_group_option_names_valid_choices(compose, group):
+    with pytest.raises(MissingConfigException) as err:
+        compose([f"{group}=nope"])
+    for option in _options(group)[:3]:
+        assert option in str(err.value)
+
+
+def test_budget_above_expert_count_fails(compose, tmp_path):
+    rc = run.build_config(compose(["model=qwen3_30b", "model.init=random", "budget=300"]), tmp_path)
+    assert num_experts(rc.model, ROOT) == 128
+    with pytest.raises(ConfigError, match="budget=300 exceeds the 128 experts of qwen3_30b; choose 1..128"):
+        rc.check_budget(num_experts(rc.model, ROOT))
+
+
+def test_dense_ignores_budget(compose, tmp_path):
+    assert run.build_config(compose(["method=dense", "budget=8"]), tmp_path).budget is None

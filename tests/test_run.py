@@ -1,0 +1,85 @@
+"""run.py end to end, in subprocesses as a user runs it: evaluate on the offline task, a 2-point
+multirun, resume skipping a finished run, the calibrate/fit/throughput/describe stages."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    flags = [a for a in args if a.startswith("-")]  # argparse wants -m before the overrides
+    args = tuple(a for a in args if not a.startswith("-"))
+    cmd = [sys.executable, str(ROOT / "run.py"), *flags, f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/artifacts",
+           "logger=none", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+def test_evaluate_then_resume_skips(tmp_path):
+    proc = _run(tmp_path, "method=base", "budget=4", "batch_size=8")
+    assert proc.returncode == 0
+    out = tmp_path / "default" / "batch_size=8,budget=4,method=base"  # keys sorted by Hydra
+    report = json.loads((out / "report.json").read_text())
+    assert report["eval"]["order"] == "mixed"
+    assert {r["task"] for r in report["metrics"]} == {"smoke_copy"}
+    sel = pd.read_csv(out / "selection.csv")
+    assert len(sel) == report["moe_layers"] and (sel["kept_mean"] <= 4).all()
+    steps = pd.read_csv(out / "selection_steps.csv")
+    assert steps["kept"].max() <= 4 and (steps["union"] >= steps["kept"]).all()
+    assert (out / "config.yaml").read_text().count("budget: 4") == 1
+    assert Path(report["artifacts"]["predictor"]).exists()
+
+    mtime = (out / "report.json").stat().st_mtime
+    again = _run(tmp_path, "method=base", "budget=4", "batch_size=8")
+    assert again.returncode == 0 and "skipping" in again.stdout
+    assert (out / "report.json").stat().st_mtime == mtime
+
+
+def test_multirun_two_points(tmp_path):
+    proc = _run(tmp_path, "-m", "method=router_sum", "budget=2,6", "batch_size=8")
+    assert proc.returncode == 0
+    kept = {}
+    for b in (2, 6):
+        rep = json.loads((tmp_path / "default" / f"batch_size=8,budget={b},method=router_sum" / "report.json").read_text())
+        kept[b] = rep["summary"]["kept_mean"]
+        assert rep["summary"]["kept_mean"] <= b
+    assert kept[2] < kept[6]
+
+
+def test_budget_above_experts_fails_at_start(tmp_path):
+    proc = _run(tmp_path, "budget=17")
+    assert proc.returncode == 2
+    assert "budget=17 exceeds the 16 experts of tiny_qwen3" in proc.stderr
+    assert not list(tmp_path.rglob("report.json"))
+
+
+def test_fit_and_throughput_stages(tmp_path):
+    fit = _run(tmp_path, "stage=fit")
+    assert fit.returncode == 0
+    r2 = pd.read_csv(tmp_path / "default" / "stage=fit" / "predictor.csv")
+    assert len(r2) == 2 and r2["r2"].notna().all()
+    tp = _run(tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
+              "throughput.steps=3", "throughput.warmup=1")
+    assert tp.returncode == 0
+    (run_dir,) = (tmp_path / "default").glob("budget=3,method=count,stage=throughput,throughput.*")
+    rows = pd.read_csv(run_dir / "throughput.csv")
+    assert len(rows) == 2 and (rows["tokens_per_s"] > 0).all()
+    assert rows.loc[rows["budget"] == 3, "kept_mean"].iloc[0] <= 3
+
+
+def test_describe_real_shape_on_meta(tmp_path):
+    proc = _run(tmp_path, "model=qwen3_30b", "model.init=random", "model.device=meta", "stage=describe")
+    assert proc.returncode == 0
+    rep = json.loads(next(tmp_path.rglob("report.json")).read_text())["describe"]
+    assert (rep["num_experts"], rep["moe_layers"], rep["top_k"], rep["hidden_size"]) == (128, 48, 8, 2048)
+    assert 30.0e9 < rep["params_total"] < 31.0e9
+    assert 3.0e9 < rep["params_active_per_token"] < 3.5e9
