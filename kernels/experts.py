@@ -1,0 +1,403 @@
+"""Budgeted expert FFN for decoding: each routed expert's weights are streamed once per step.
+
+out_t = sum_k w_tk * down[u] @ act(gate_up[u] @ x_t),  u = topk_idx_TK[t, k]; slots with w == 0
+(reassign's empty slots, which point at a kept expert) are skipped, so after selection only the
+kept experts' weights move. Reference: `experts_reference` below (and transformers' own
+implementations, which tests/test_kernels.py also compares against).
+
+Shapes: T tokens, H hidden, I expert intermediate size, E experts, K top-k, P = T*K pairs.
+    x_TH          MoE-layer input
+    gate_up       (E, 2I, H) [gate; up] concatenated (transformers layout), or GPT-OSS's
+                  (E, H, 2I) interleaved [g0, u0, g1, ...] with bias: pass transposed/interleaved
+    down          (E, H, I), or (E, I, H) when transposed
+    pairs_EP      per expert, the ids p = t*K + k of its pairs with w != 0 (first cnt_E[u])
+    act_PI        fused activation of each pair (dtype of x)
+    y_PH          w_p * expert output of each pair (fp32), summed per token in slot order
+
+Four launches, all with grids fixed by (T, K, E, H, I): route (compact pairs per expert),
+gate_up (+SwiGLU), down (+weight), reduce (sum over K in slot order: deterministic, no atomics).
+Decode is memory-bound (a few tokens per expert): programs own a tile of one expert's weights
+and apply it to all of that expert's pairs, so each weight byte is read once per step.
+No host synchronisation (counts stay on the device; empty experts' programs exit at once):
+a decode step that calls this can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels._triton import dual_jit, next_pow2
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+ACTS = {"silu": 0, "gptoss": 1}
+
+
+@dual_jit
+def _route_kernel(
+    # Pointers
+    idx_ptr,  # (T, K) int
+    w_ptr,  # (T, K)
+    pairs_ptr,  # (E, P) int32 out
+    cnt_ptr,  # (E,) int32 out
+    # Dimensions
+    P,
+    # Strides
+    stride_pe,
+    # Meta-parameters
+    PB: tl.constexpr,  # pairs per step
+):
+    """Grid (E,): program u lists, in pair order, the pairs routed to u with nonzero weight."""
+    u = tl.program_id(0)
+    base = 0
+    for p0 in range(0, P, PB):
+        offs_p = p0 + tl.arange(0, PB)
+        p_ok = offs_p < P
+        i_P = tl.load(idx_ptr + offs_p, mask=p_ok, other=-1)
+        w_P = tl.load(w_ptr + offs_p, mask=p_ok, other=0.0)
+        hit = (i_P == u) & (w_P != 0)
+        pos = base + tl.cumsum(hit.to(tl.int32), axis=0) - 1
+        tl.store(pairs_ptr + u * stride_pe + pos, offs_p, mask=hit)
+        base += tl.sum(hit.to(tl.int32), axis=0)
+    tl.store(cnt_ptr + u, base)
+
+
+@dual_jit
+def _gate_up_kernel(
+    # Pointers
+    x_ptr,  # (T, H)
+    gu_ptr,  # gate_up weights, any strides
+    gub_ptr,  # (E, 2I) bias (HAS_BIAS)
+    pairs_ptr,  # (E, P) int32
+    cnt_ptr,  # (E,) int32
+    act_ptr,  # (P, I) out
+    # Dimensions
+    H,
+    I,
+    up_offset,  # row of up_i = i * ROW_MUL + up_offset: I (concatenated) or 1 (interleaved)
+    alpha,
+    limit,
+    # Strides
+    stride_xt,
+    stride_ge,
+    stride_gn,  # along the 2I rows
+    stride_gk,  # along H
+    stride_be,
+    stride_pe,
+    stride_ap,
+    # Meta-parameters
+    K: tl.constexpr,
+    ROW_MUL: tl.constexpr,  # 1 concatenated, 2 interleaved
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,  # 0 silu(g) * u; 1 GPT-OSS clamped (u + 1) * g * sigmoid(alpha g)
+    TB: tl.constexpr,  # pairs per tile
+    BI: tl.constexpr,
+    BH: tl.constexpr,
+):
+    """Grid (E, cdiv(I, BI)): program (u, i) streams rows [i, i + BI) of expert u's gate and up
+    once per TB of its pairs (one tile in decode) and writes their activations."""
+    u = tl.program_id(0)
+    pid_i = tl.program_id(1)
+    cnt = tl.load(cnt_ptr + u)
+    offs_i = pid_i * BI + tl.arange(0, BI)
+    i_ok = offs_i < I
+    g_rows = offs_i * ROW_MUL
+    u_rows = offs_i * ROW_MUL + up_offset
+    w_base = gu_ptr + u.to(tl.int64) * stride_ge
+    for j0 in range(0, cnt, TB):
+        offs_j = j0 + tl.arange(0, TB)
+        j_ok = offs_j < cnt
+        p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
+        t_J = p_J // K
+        acc_g = tl.zeros((TB, BI), dtype=tl.float32)
+        acc_u = tl.zeros((TB, BI), dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            offs_h = h0 + tl.arange(0, BH)
+            h_ok = offs_h < H
+            x_JH = tl.load(
+                x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
+                mask=j_ok[:, None] & h_ok[None, :],
+                other=0.0,
+            )
+            wmask = h_ok[:, None] & i_ok[None, :]
+            wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+            wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+            acc_g = tl.dot(x_JH, wg_HI, acc_g)
+            acc_u = tl.dot(x_JH, wu_HI, acc_u)
+        if HAS_BIAS:
+            acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+        if ACT == 0:
+            a_JI = acc_g * tl.sigmoid(acc_g) * acc_u
+        else:
+            gate = tl.minimum(acc_g, limit)
+            up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+            a_JI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+        tl.store(
+            act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
+            a_JI.to(act_ptr.dtype.element_ty),
+            mask=j_ok[:, None] & i_ok[None, :],
+        )
+
+
+@dual_jit
+def _down_kernel(
+    # Pointers
+    act_ptr,  # (P, I)
+    dw_ptr,  # down weights, any strides
+    db_ptr,  # (E, H) bias (HAS_BIAS)
+    w_ptr,  # (P,) routing weights (the (T, K) tensor, contiguous)
+    pairs_ptr,  # (E, P) int32
+    cnt_ptr,  # (E,) int32
+    y_ptr,  # (P, H) fp32 out
+    # Dimensions
+    H,
+    I,
+    # Strides
+    stride_ap,
+    stride_de,
+    stride_dh,
+    stride_di,
+    stride_be,
+    stride_pe,
+    stride_yp,
+    # Meta-parameters
+    HAS_BIAS: tl.constexpr,
+    TB: tl.constexpr,
+    BHO: tl.constexpr,  # output columns per program
+    BI: tl.constexpr,
+):
+    """Grid (E, cdiv(H, BHO)): program (u, h) streams rows [h, h + BHO) of expert u's down
+    projection once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
+    u = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    cnt = tl.load(cnt_ptr + u)
+    offs_h = pid_h * BHO + tl.arange(0, BHO)
+    h_ok = offs_h < H
+    w_base = dw_ptr + u.to(tl.int64) * stride_de
+    for j0 in range(0, cnt, TB):
+        offs_j = j0 + tl.arange(0, TB)
+        j_ok = offs_j < cnt
+        p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
+        acc = tl.zeros((TB, BHO), dtype=tl.float32)
+        for i0 in range(0, I, BI):
+            offs_i = i0 + tl.arange(0, BI)
+            i_ok = offs_i < I
+            a_JI = tl.load(
+                act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
+                mask=j_ok[:, None] & i_ok[None, :],
+                other=0.0,
+            )
+            d_IH = tl.load(
+                w_base + offs_h[None, :] * stride_dh + offs_i[:, None] * stride_di,
+                mask=i_ok[:, None] & h_ok[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(a_JI, d_IH, acc)
+        if HAS_BIAS:
+            acc += tl.load(db_ptr + u * stride_be + offs_h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
+        w_J = tl.load(w_ptr + p_J, mask=j_ok, other=0.0).to(tl.float32)
+        tl.store(
+            y_ptr + p_J[:, None] * stride_yp + offs_h[None, :],
+            acc * w_J[:, None],
+            mask=j_ok[:, None] & h_ok[None, :],
+        )
+
+
+@dual_jit
+def _reduce_kernel(
+    # Pointers
+    y_ptr,  # (P, H) fp32
+    w_ptr,  # (T, K)
+    out_ptr,  # (T, H)
+    # Dimensions
+    H,
+    # Strides
+    stride_yp,
+    stride_ot,
+    # Meta-parameters
+    K: tl.constexpr,
+    BR: tl.constexpr,
+):
+    """Grid (T, cdiv(H, BR)): out_t = sum over slots k (in order) with w_tk != 0 of y_(t,k)."""
+    t = tl.program_id(0)
+    offs_h = tl.program_id(1) * BR + tl.arange(0, BR)
+    h_ok = offs_h < H
+    acc = tl.zeros((BR,), dtype=tl.float32)
+    for k in tl.static_range(K):
+        w = tl.load(w_ptr + t * K + k)
+        # slots with weight 0 were never computed: their rows hold garbage
+        y = tl.load(y_ptr + (t * K + k) * stride_yp + offs_h, mask=h_ok & (offs_h < tl.where(w != 0, H, 0)), other=0.0)
+        acc += y
+    tl.store(out_ptr + t * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
+
+
+# ----------------------------------------------------------------------------- launch configs
+
+
+@dataclass
+class ExpertsConfig:
+    """Launch parameters of the gate_up and down kernels for one (H, I, T-bucket)."""
+
+    gate_up: dict = field(default_factory=lambda: dict(TB=16, BI=32, BH=128, num_warps=4, num_stages=4))
+    down: dict = field(default_factory=lambda: dict(TB=16, BHO=32, BI=128, num_warps=4, num_stages=4))
+
+
+def config_key(H: int, I: int, T: int) -> str:
+    return f"H={H},I={I},T={min(next_pow2(T), 128)}"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+@lru_cache(maxsize=None)
+def _load_configs(name: str) -> dict:
+    path = CONFIG_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
+    """Tuned config from configs/<gpu>.json for this shape; else the nearest T of the same
+    (H, I); else configs/default.json's entry; else the built-in fallback."""
+    if os.environ.get("BASE_KERNELS_NO_TUNED"):
+        return ExpertsConfig()
+    table = _load_configs(device_name(device))
+    key = config_key(H, I, T)
+    if key not in table:
+        prefix = f"H={H},I={I},T="
+        near = [k for k in table if k.startswith(prefix)]
+        if near:
+            Tb = min(next_pow2(T), 128)
+            key = min(near, key=lambda k: abs(int(k[len(prefix):]).bit_length() - Tb.bit_length()))
+    entry = table.get(key) or _load_configs("default").get("*")
+    if not entry:
+        return ExpertsConfig()
+    return ExpertsConfig(gate_up=dict(entry["gate_up"]), down=dict(entry["down"]))
+
+
+# ----------------------------------------------------------------------------- wrapper
+
+
+@dataclass(frozen=True)
+class ExpertsLayout:
+    """How the expert weights are stored (transformers' use_experts_implementation flags)."""
+
+    transposed: bool = False  # gate_up (E, H, 2I), down (E, I, H)
+    interleaved: bool = False  # gate and up rows alternate (GPT-OSS) instead of [gate; up]
+    act: str = "silu"  # or "gptoss": clamped SwiGLU (u + 1) * g * sigmoid(alpha * g)
+    alpha: float = 1.702
+    limit: float = 7.0
+
+
+def fused_experts(
+    x_TH: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    topk_idx_TK: Tensor,
+    topk_w_TK: Tensor,
+    *,
+    layout: ExpertsLayout = ExpertsLayout(),
+    gate_up_bias: Tensor | None = None,
+    down_bias: Tensor | None = None,
+    config: ExpertsConfig | None = None,
+) -> Tensor:
+    """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped."""
+    T, H = x_TH.shape
+    K = topk_idx_TK.shape[1]
+    E = gate_up.shape[0]
+    I = down.shape[1] if layout.transposed else down.shape[2]
+    P = T * K
+    dev = x_TH.device
+    cfg = config or get_config(H, I, T, dev)
+    x_TH = x_TH if x_TH.stride(1) == 1 else x_TH.contiguous()
+    idx_P = topk_idx_TK.contiguous()
+    w_P = topk_w_TK.contiguous()
+    pairs_EP = torch.empty(E, P, device=dev, dtype=torch.int32)
+    cnt_E = torch.empty(E, device=dev, dtype=torch.int32)
+    act_PI = torch.empty(P, I, device=dev, dtype=x_TH.dtype)
+    y_PH = torch.empty(P, H, device=dev, dtype=torch.float32)
+    out_TH = torch.empty(T, H, device=dev, dtype=x_TH.dtype)
+
+    _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
+
+    if layout.transposed:  # (E, H, 2I): rows of the product along dim 2
+        s_gn, s_gk = gate_up.stride(2), gate_up.stride(1)
+        s_dh, s_di = down.stride(2), down.stride(1)
+    else:
+        s_gn, s_gk = gate_up.stride(1), gate_up.stride(2)
+        s_dh, s_di = down.stride(1), down.stride(2)
+    gu = dict(cfg.gate_up)
+    _gate_up_kernel.on(dev)[(E, triton.cdiv(I, gu["BI"]))](
+        x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
+        H, I, 1 if layout.interleaved else I, float(layout.alpha), float(layout.limit),
+        x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
+        gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
+        K=K, ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
+        ACT=ACTS[layout.act], **gu,
+    )  # fmt: skip
+    dn = dict(cfg.down)
+    _down_kernel.on(dev)[(E, triton.cdiv(H, dn["BHO"]))](
+        act_PI, down, down_bias if down_bias is not None else x_TH, w_P, pairs_EP, cnt_E, y_PH,
+        H, I,
+        act_PI.stride(0), down.stride(0), s_dh, s_di,
+        down_bias.stride(0) if down_bias is not None else 0, pairs_EP.stride(0), y_PH.stride(0),
+        HAS_BIAS=down_bias is not None, **dn,
+    )  # fmt: skip
+    BR = min(next_pow2(H), 1024)
+    _reduce_kernel.on(dev)[(T, triton.cdiv(H, BR))](
+        y_PH, w_P, out_TH, H, y_PH.stride(0), out_TH.stride(0), K=K, BR=BR
+    )
+    return out_TH
+
+
+def experts_reference(
+    x_TH: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    topk_idx_TK: Tensor,
+    topk_w_TK: Tensor,
+    *,
+    layout: ExpertsLayout = ExpertsLayout(),
+    gate_up_bias: Tensor | None = None,
+    down_bias: Tensor | None = None,
+) -> Tensor:
+    """The same function in float64 PyTorch, one pair at a time (small shapes only)."""
+    x = x_TH.double()
+    out = torch.zeros_like(x)
+    T, K = topk_idx_TK.shape
+    for t in range(T):
+        for k in range(K):
+            w = float(topk_w_TK[t, k])
+            if w == 0.0:
+                continue
+            u = int(topk_idx_TK[t, k])
+            gu = gate_up[u].double()
+            h = x[t] @ gu if layout.transposed else gu @ x[t]  # (2I,)
+            if gate_up_bias is not None:
+                h = h + gate_up_bias[u].double()
+            if layout.interleaved:
+                g, up = h[0::2], h[1::2]
+            else:
+                g, up = h.chunk(2)
+            if layout.act == "silu":
+                a = torch.nn.functional.silu(g) * up
+            else:
+                g = g.clamp(max=layout.limit)
+                up = up.clamp(-layout.limit, layout.limit)
+                a = (up + 1) * g * torch.sigmoid(g * layout.alpha)
+            d = down[u].double()
+            o = a @ d if layout.transposed else d @ a
+            if down_bias is not None:
+                o = o + down_bias[u].double()
+            out[t] += w * o
+    return out
