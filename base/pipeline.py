@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from base import outputs
 from base.artifacts import ensure_calibration, ensure_predictor, model_identity, selector_artifacts
@@ -69,7 +70,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     cfg.check_budget(num_experts(cfg.model, cfg.root))  # fail before loading weights
     outputs.atomic_write_text(out / "config.yaml", resolved_config)
     (out / outputs.REPORT).unlink(missing_ok=True)
-    logger = Logger(cfg.logger, out, out.name, {"resolved": resolved_config})
+    logger = Logger(cfg.logger, out, out.name, yaml.safe_load(resolved_config))
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = load_model(cfg.model, cfg.root, seed=cfg.seed, experts_impl=cfg.model.experts_impl)
