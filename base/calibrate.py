@@ -89,10 +89,10 @@ def read_texts(files: list[Path]) -> str:
             for line in path.read_text().splitlines():
                 if line.strip():
                     row = json.loads(line)
-                    parts.append(row.get("text") or "".join(str(v) for v in row.values()))
+                    parts.append(row["text"] if "text" in row else " ".join(str(v) for v in row.values()))
         else:
             parts.append(path.read_text())
-    return "\n".join(parts)
+    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
 
 
 def token_batches(tokenizer, text: str, cfg: CalibConfig) -> list[Tensor]:
