@@ -96,6 +96,10 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
     """The model in eval mode on its device. `init=random` builds the exact architecture offline."""
     dtype = getattr(torch, cfg.dtype)
     device = pick_device(cfg.device)
+    if experts_impl == "base_triton":
+        from kernels import register_base_triton
+
+        register_base_triton()
     kwargs = {"experts_implementation": experts_impl} if experts_impl else {}
     if cfg.init == "random":
         torch.manual_seed(seed)

@@ -20,6 +20,10 @@ from base.routing import RoutedBatch, StepStats, pair_counts_E, reassign, step_s
 from base.selectors import Selector
 
 
+# Selectors with a fused Triton path (kernels/step.py); the others run the PyTorch reference.
+TRITON_SELECTORS = ("router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base")
+
+
 @dataclass
 class DecodeContext:
     """Per-forward state the model pre-hook sets and the router hooks read."""
@@ -39,6 +43,7 @@ class PatchOptions:
     apply_to: str = "decode"
     record_stats: bool = True
     energy: bool = False  # record true retained energy (runs every routed expert)
+    backend: str = "torch"  # torch: base/routing.py; triton: kernels.select_step where supported
 
 
 def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
@@ -80,6 +85,7 @@ class BudgetPatch:
     ctx: DecodeContext = field(default_factory=DecodeContext)
     records: list[StatRecord] = field(default_factory=list)
     _handles: list[Any] = field(default_factory=list)
+    _pred_w_EH: dict[int, Tensor] = field(default_factory=dict)  # triton: predictor laid out per layer
 
     # ---- hooks -------------------------------------------------------------------------------
     def _model_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -120,20 +126,36 @@ class BudgetPatch:
         sel = self.selector
         if (sel is not None and sel.needs_norms) or self.options.energy:
             batch.norms_TK = expert_norms_TK(layer.experts, z_TH, idx_TK)
+        renorm = self.options.renormalize == "always" or (
+            self.options.renormalize == "model" and self.renormalizes
+        )
         if sel is None:
             keep_E = pair_counts_E(idx_TK, active_T, batch.num_experts) > 0
             new = None
+        elif self.options.backend == "triton" and sel.name in TRITON_SELECTORS:
+            keep_E, new = self._triton_select(batch, sel, renorm)
         else:
             keep_E, score_E = sel.keep(batch, self.options.budget if sel.uses_budget else None)
-            renorm = self.options.renormalize == "always" or (
-                self.options.renormalize == "model" and self.renormalizes
-            )
             new = reassign(batch, keep_E, score_E, self.options.reassign, renorm)
         if self.options.record_stats:
             self.records.append(StatRecord(layer.index, self.ctx.step, self.ctx.is_decode, step_stats(batch, keep_E)))
         if new is None:
             return None
         return (logits, new[1], new[0])
+
+    def _triton_select(self, batch: RoutedBatch, sel: Selector, renorm: bool) -> tuple[Tensor, tuple]:
+        from kernels.score import prepare_predictor
+        from kernels.step import select_step
+
+        pred_w_EH = None
+        if sel.name == "base":
+            if batch.layer not in self._pred_w_EH:
+                w_HE = sel.artifacts.pred_w_LHE[batch.layer].to(batch.z_TH.device, torch.float32)
+                self._pred_w_EH[batch.layer] = prepare_predictor(w_HE)
+            pred_w_EH = self._pred_w_EH[batch.layer]
+        out = select_step(batch, sel.name, self.options.budget, artifacts=sel.artifacts, pred_w_EH=pred_w_EH,
+                          reassign_mode=self.options.reassign, renormalize=renorm)
+        return out.keep_E, (out.topk_idx_TK, out.topk_w_TK)
 
     # ---- public ------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -36,7 +36,8 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers) -> tuple[Any, dict]:
 
     def make(budget: int | None) -> BudgetPatch:
         opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
-                            apply_to=m.apply_to, record_stats=cfg.stats.enabled, energy=cfg.stats.energy)
+                            apply_to=m.apply_to, record_stats=cfg.stats.enabled, energy=cfg.stats.energy,
+                            backend=m.backend)
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         sel = selector if (budget is not None or (selector is not None and not selector.uses_budget)) else None
         return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id)
