@@ -71,3 +71,15 @@ def dual_jit(fn: Callable) -> DualKernel:
 
 def next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(max(int(n), 1)))
+
+
+# Tests set POISON: every buffer a wrapper allocates starts as NaN (floats) or -7777 (ints), so
+# an element a kernel forgot to write, or a stale row it read, shows up in the result.
+POISON = False
+
+
+def empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    out = torch.empty(*shape, dtype=dtype, device=device)
+    if POISON:
+        out.fill_(float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else -7777))
+    return out

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import dual_jit, next_pow2
+from kernels._triton import dual_jit, empty, next_pow2
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 ACTS = {"silu": 0, "gptoss": 1}
@@ -322,11 +322,11 @@ def fused_experts(
     x_TH = x_TH if x_TH.stride(1) == 1 else x_TH.contiguous()
     idx_P = topk_idx_TK.contiguous()
     w_P = topk_w_TK.contiguous()
-    pairs_EP = torch.empty(E, P, device=dev, dtype=torch.int32)
-    cnt_E = torch.empty(E, device=dev, dtype=torch.int32)
-    act_PI = torch.empty(P, I, device=dev, dtype=x_TH.dtype)
-    y_PH = torch.empty(P, H, device=dev, dtype=torch.float32)
-    out_TH = torch.empty(T, H, device=dev, dtype=x_TH.dtype)
+    pairs_EP = empty(E, P, device=dev, dtype=torch.int32)
+    cnt_E = empty(E, device=dev, dtype=torch.int32)
+    act_PI = empty(P, I, device=dev, dtype=x_TH.dtype)
+    y_PH = empty(P, H, device=dev, dtype=torch.float32)
+    out_TH = empty(T, H, device=dev, dtype=x_TH.dtype)
 
     _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import dual_jit, next_pow2
+from kernels._triton import dual_jit, empty, next_pow2
 from kernels.select import KINDS
 
 
@@ -156,7 +156,7 @@ def score_experts(
         raise ValueError("kind 'calib_energy' needs energy_E")
     topk_idx_TK = topk_idx_TK.contiguous()
     topk_w_TK = topk_w_TK.contiguous()
-    score_E = torch.empty(E, device=dev, dtype=torch.float32)
+    score_E = empty(E, device=dev, dtype=torch.float32)
     dummy = score_E
     z = z_TH if z_TH is not None else dummy[None]
     pw = pred_w_EH if pred_w_EH is not None else dummy[None]

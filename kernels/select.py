@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import dual_jit, next_pow2
+from kernels._triton import dual_jit, empty, next_pow2
 
 # Per-pair score terms (the `kind` of a selector, see base/selectors.py).
 KINDS = {"router_sum": 0, "router_sq": 1, "count": 2, "calib_energy": 3, "base": 4}
@@ -256,11 +256,11 @@ def select_reassign(
     probs_TE = probs_TE.float().contiguous()
     topk_idx_TK = topk_idx_TK.contiguous()
     topk_w_TK = topk_w_TK.contiguous()
-    score_out = torch.empty(E, device=dev, dtype=torch.float32) if in_kernel else score_E.float().contiguous()
-    keep_E = torch.empty(E, device=dev, dtype=torch.bool)
-    keep_M = torch.empty(M, device=dev, dtype=torch.int64)
-    new_idx = torch.empty_like(topk_idx_TK)
-    new_w = torch.empty_like(topk_w_TK)
+    score_out = empty(E, device=dev, dtype=torch.float32) if in_kernel else score_E.float().contiguous()
+    keep_E = empty(E, device=dev, dtype=torch.bool)
+    keep_M = empty(M, device=dev, dtype=torch.int64)
+    new_idx = empty(T, K, device=dev, dtype=topk_idx_TK.dtype)
+    new_w = empty(T, K, device=dev, dtype=topk_w_TK.dtype)
     dummy = score_out
     if g_TE is not None and g_TE.stride(-1) != 1:
         g_TE = g_TE.contiguous()
