@@ -16,8 +16,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from base.config import (
-    CalibConfig, ConfigError, EvalConfig, LoggerConfig, MethodConfig, ModelConfig, PredictorConfig, RunConfig,
-    StatsConfig, TaskConfig, ThroughputConfig,
+    CalibConfig,
+    ConfigError,
+    EvalConfig,
+    LoggerConfig,
+    MethodConfig,
+    ModelConfig,
+    PredictorConfig,
+    RunConfig,
+    StatsConfig,
+    TaskConfig,
+    ThroughputConfig,
 )
 
 ROOT = Path(__file__).resolve().parent
@@ -29,8 +38,9 @@ OmegaConf.register_new_resolver("run_name", lambda s: s or "default", replace=Tr
 def build_config(cfg: DictConfig, out_dir: Path) -> RunConfig:
     """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    root = ROOT
-    resolve = lambda p: Path(p) if Path(p).is_absolute() else root / p  # noqa: E731
+    def resolve(p: str) -> Path:
+        return Path(p) if Path(p).is_absolute() else ROOT / p
+
     return RunConfig(
         model=ModelConfig(**c["model"]),
         method=MethodConfig(**c["method"]),
@@ -41,14 +51,13 @@ def build_config(cfg: DictConfig, out_dir: Path) -> RunConfig:
         stage=c["stage"],
         out_dir=out_dir,
         artifacts_dir=resolve(c["artifacts_dir"]),
-        root=root,
+        root=ROOT,
         force=bool(c["force"]),
         experiment=c["exp_name"],
         eval=EvalConfig(**c["eval"]),
         calibration=CalibConfig(**c["calibration"]),
         predictor=PredictorConfig(**c["predictor"]),
-        throughput=ThroughputConfig(**{**c["throughput"], "batch_sizes": c["throughput"]["batch_sizes"],
-                                       "budgets": c["throughput"]["budgets"] or []}),
+        throughput=ThroughputConfig(**{**c["throughput"], "budgets": c["throughput"]["budgets"] or []}),
         stats=StatsConfig(**c["stats"]),
         logger=LoggerConfig(**c["logger"]),
     )

@@ -69,12 +69,12 @@ class Calibration:
         (directory / "calib.json").write_text(json.dumps(self.meta, indent=2))
 
     @classmethod
-    def load(cls, directory: Path) -> "Calibration":
+    def load(cls, directory: Path) -> Calibration:
         meta = json.loads((directory / "calib.json").read_text())
         tensors = load_file(str(directory / "calib.safetensors"))
         layers = []
         for i in range(meta["num_layers"]):
-            get = lambda k, i=i: tensors.get(f"layer{i}.{k}")  # noqa: E731
+            get = lambda k, i=i: tensors.get(f"layer{i}.{k}")
             layers.append(LayerCalib(get("z_NH"), get("idx_NK"), get("w_NK"), get("norms_NK"), get("norms_NE")))
         return cls(layers, meta)
 

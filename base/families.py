@@ -7,9 +7,9 @@ config key of the expert count, and whether the model renormalises its top-k wei
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn

@@ -19,7 +19,6 @@ from base.families import FAMILIES, MoeLayer, find_moe_layers
 from base.routing import RoutedBatch, StepStats, pair_counts_E, reassign, step_stats
 from base.selectors import Selector
 
-
 # Selectors with a fused Triton path (kernels/step.py); the others run the PyTorch reference.
 TRITON_SELECTORS = ("router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base")
 
@@ -205,6 +204,6 @@ def patch_model(
     )
     patch._handles.append(model.register_forward_pre_hook(patch._model_pre_hook, with_kwargs=True))
     for layer in layers:
-        hook = lambda mod, args, out, layer=layer: patch._router_hook(layer, mod, args, out)  # noqa: E731
+        hook = lambda mod, args, out, layer=layer: patch._router_hook(layer, mod, args, out)
         patch._handles.append(layer.router.register_forward_hook(hook))
     return patch

@@ -9,14 +9,13 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
 from base import outputs
-from base.artifacts import ensure_calibration, ensure_predictor, model_identity, selector_artifacts
+from base.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.config import RunConfig
 from base.families import find_moe_layers, load_model, load_tokenizer, num_experts
 from base.logger import Logger

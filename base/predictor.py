@@ -34,7 +34,7 @@ class Predictor:
         path.with_suffix(".json").write_text(json.dumps(self.meta, indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "Predictor":
+    def load(cls, path: Path) -> Predictor:
         from safetensors import safe_open
 
         with safe_open(str(path), "pt") as f:

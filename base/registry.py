@@ -4,7 +4,8 @@ An unknown name fails with the list of valid ones, as lm-eval's model registry d
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ def print_report(report: dict[str, Any], out_dir: Path) -> None:
         df = pd.DataFrame(report["metrics"])
         if not df.empty:
             print(df[["task", "metric", "value"]].to_string(index=False))
-    if "selection" in report and report["selection"]:
+    if report.get("selection"):
         df = pd.DataFrame(report["selection"])
         print(df.round(3).to_string(index=False))
     if "throughput" in report:

@@ -87,7 +87,7 @@ def reassign(
     Returns (topk_idx_TK, topk_w_TK) in the dtype of the inputs.
     """
     idx_TK, w_TK, probs_TE = batch.topk_idx_TK, batch.topk_w_TK, batch.probs_TE
-    T, K = idx_TK.shape
+    K = idx_TK.shape[1]
     w32_TK = w_TK.to(torch.float32)
     kept_orig_TK = keep_E[idx_TK]
     lost_T = ~kept_orig_TK.all(dim=-1)

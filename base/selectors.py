@@ -23,7 +23,7 @@ from torch import Tensor
 from base.registry import Registry
 from base.routing import RoutedBatch, aggregate_E, pair_counts_E, select_top_m
 
-SELECTORS: Registry[type["Selector"]] = Registry("selector")
+SELECTORS: Registry[type[Selector]] = Registry("selector")
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ class _Timer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
 
-    def __enter__(self) -> "_Timer":
+    def __enter__(self) -> _Timer:
         if self.cuda:
             torch.cuda.synchronize()
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,7 +85,7 @@ def measure(model: nn.Module, make_patch: Callable[[int | None], BudgetPatch], c
                 stats = [r for r in patch.stats_rows() if r["decode"]]
             finally:
                 patch.remove()
-            mean = lambda k: sum(r[k] for r in stats) / max(1, len(stats))  # noqa: E731
+            mean = lambda k: sum(r[k] for r in stats) / max(1, len(stats))
             rows.append({
                 "batch_size": bs, "budget": budget, "steps": cfg.steps,
                 "tokens_per_s": bs * cfg.steps / seconds, "ms_per_step": 1e3 * seconds / cfg.steps,

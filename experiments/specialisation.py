@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def js_divergence(p_E: torch.Tensor, q_E: torch.Tensor) -> float:
     m_E = (p_E + q_E) / 2
-    kl = lambda a, b: float((a * (a.clamp_min(1e-12) / b.clamp_min(1e-12)).log()).sum())  # noqa: E731
+    kl = lambda a, b: float((a * (a.clamp_min(1e-12) / b.clamp_min(1e-12)).log()).sum())
     return (kl(p_E, m_E) + kl(q_E, m_E)) / 2
 
 
