@@ -50,11 +50,16 @@ def char_table(tok: PreTrainedTokenizerFast) -> np.ndarray:
     return table_A
 
 
+def encode_flat(texts: list[str], table_A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All texts' ids concatenated (ids_C, C = total characters) and each text's length (len_T)."""
+    ids_C = table_A[np.frombuffer("".join(texts).encode("ascii"), dtype=np.uint8)]
+    return ids_C, np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+
+
 def encode_fast(texts: list[str], table_A: np.ndarray) -> list[np.ndarray]:
     """Encode ASCII texts via the lookup table; equals `tok(text).input_ids` (checked in tests)."""
-    joined = "".join(texts).encode("ascii")
-    ids_C = table_A[np.frombuffer(joined, dtype=np.uint8)]  # C = total characters
-    bounds = np.cumsum([0] + [len(t) for t in texts])
+    ids_C, len_T = encode_flat(texts, table_A)
+    bounds = np.concatenate([[0], np.cumsum(len_T)])
     return [ids_C[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 

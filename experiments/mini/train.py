@@ -43,7 +43,7 @@ from experiments.mini.data import (
 from experiments.mini.evaluate import evaluate_all, routing_stats, stop_token_ids
 from experiments.mini.losses import answer_ce, load_balancing_loss
 from experiments.mini.model_config import MiniModelConfig
-from experiments.mini.tokenizer import build_tokenizer, char_table, encode_fast
+from experiments.mini.tokenizer import build_tokenizer, char_table, encode_flat
 
 
 @dataclass
@@ -53,7 +53,7 @@ class TrainConfig:
     steps: int = 1_000_000  # upper bound; --time-budget-s usually ends training first
     time_budget_s: float = 1e9
     batch_size: int = 512
-    n_train: int = 100_000  # per domain
+    n_train: int = 200_000  # per domain
     n_test: int = 200  # per domain
     lr: float = 2e-3
     min_lr_frac: float = 0.05
@@ -65,6 +65,7 @@ class TrainConfig:
     experts_impl: str = "auto"  # auto | eager | grouped_mm | batched_mm
     log_every: int = 25
     eval_every_s: float = 60.0
+    save_every_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -83,16 +84,17 @@ def seed_everything(seed: int) -> None:
 
 def tokenize_corpus(samples: list[Sample], tok, device: str) -> dict[str, Tensor]:
     """Right-padded ids of `text + EOS` with masks: `loss_NS` marks answer/stop/EOS targets."""
-    table_A = char_table(tok)
-    texts = [s.text for s in samples]
-    ids = encode_fast(texts, table_A)
-    prompt_len_N = torch.tensor([len(s.prompt) for s in samples])
-    len_N = torch.tensor([len(t) + 1 for t in texts])  # +1 for EOS
+    ids_C, text_len_N = encode_flat([s.text for s in samples], char_table(tok))
+    n, len_N = len(samples), torch.from_numpy(text_len_N) + 1  # +1 for EOS
     S = int(len_N.max())
-    ids_NS = torch.full((len(samples), S), tok.pad_token_id, dtype=torch.long)
-    for i, row in enumerate(ids):
-        ids_NS[i, : len(row)] = torch.from_numpy(row)
-        ids_NS[i, len(row)] = tok.eos_token_id
+    ids_NS = torch.full((n, S), tok.pad_token_id, dtype=torch.long)
+    # Scatter the flat ids into rows: character c of text i goes to (i, c - start_i).
+    row_C = torch.repeat_interleave(torch.arange(n), torch.from_numpy(text_len_N))
+    start_N = torch.cumsum(torch.from_numpy(text_len_N), 0) - torch.from_numpy(text_len_N)
+    col_C = torch.arange(len(ids_C)) - start_N[row_C]
+    ids_NS[row_C, col_C] = torch.from_numpy(ids_C)
+    ids_NS[torch.arange(n), len_N - 1] = tok.eos_token_id
+    prompt_len_N = torch.tensor([len(s.prompt) for s in samples])
     pos_S = torch.arange(S)
     token_NS = pos_S[None] < len_N[:, None]
     loss_NS = token_NS & (pos_S[None] >= prompt_len_N[:, None])
@@ -183,7 +185,7 @@ def main() -> None:
     t_start = time.time()
     seed_everything(cfg.seed)
     if cfg.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
 
     tok = build_tokenizer()
     test_sets = make_test_sets(cfg.n_test, TEST_SEED)
@@ -217,8 +219,10 @@ def main() -> None:
     log = csv.writer(log_f)
     log.writerow(["step", "elapsed_s", "lr", "loss", "ce", "aux", "tokens_per_s", "eval_acc16"])
     model.train()
-    t0, last_eval, step, tokens = time.time(), time.time(), 0, 0
-    ce_avg = aux_avg = loss_avg = 0.0
+    t0, last_eval, last_save, step, tokens = time.time(), time.time(), time.time(), 0, 0
+    # Why on device: reading losses every step would sync the GPU and stall the launch queue.
+    sums_3 = torch.zeros(3, device=cfg.device)  # loss, ce, aux summed since the last log
+    tokens_seen = torch.zeros((), dtype=torch.long, device=cfg.device)
     final_loss = final_ce = final_aux = math.nan
     while step < cfg.steps:
         elapsed = time.time() - t0
@@ -235,22 +239,28 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        tokens += int(batch["token"].sum())
-        loss_avg, ce_avg, aux_avg = loss_avg + loss.item(), ce_avg + ce.item(), aux_avg + aux.item()
+        sums_3 += torch.stack([loss.detach(), ce.detach(), aux.detach()])
+        tokens_seen += batch["token"].sum()
         if step % cfg.log_every == 0 or step == cfg.steps:
             n = cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every
+            final_loss, final_ce, final_aux = (sums_3 / n).tolist()
+            sums_3.zero_()
+            tokens = int(tokens_seen)
             acc = ""
             if time.time() - last_eval > cfg.eval_every_s:
                 acc, last_eval = round(quick_eval(model, tok, test_sets), 4), time.time()
+            if time.time() - last_save > cfg.save_every_s:
+                # Why: a run killed at its wall-clock limit still leaves a usable checkpoint.
+                save_checkpoint(model, tok, out)
+                last_save = time.time()
             now = time.time() - t0
-            row = [step, round(now, 1), f"{lr:.3e}", round(loss_avg / n, 5), round(ce_avg / n, 5)]
-            row += [round(aux_avg / n, 5), int(tokens / now), acc]
+            row = [step, round(now, 1), f"{lr:.3e}", round(final_loss, 5), round(final_ce, 5)]
+            row += [round(final_aux, 5), int(tokens / now), acc]
             log.writerow(row)
             log_f.flush()
             print(dict(zip(["step", "t", "lr", "loss", "ce", "aux", "tok/s", "acc16"], row)), flush=True)
-            final_loss, final_ce, final_aux = loss_avg / n, ce_avg / n, aux_avg / n
-            loss_avg = ce_avg = aux_avg = 0.0
     train_s = time.time() - t0
+    tokens = int(tokens_seen)
     log_f.close()
 
     model_bytes = save_checkpoint(model, tok, out)
