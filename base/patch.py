@@ -28,6 +28,7 @@ class DecodeContext:
     """Per-forward state the model pre-hook sets and the router hooks read."""
 
     pad_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # a row fed one of these has just ended: its output is discarded
     finished_B: Tensor | None = None  # set by a generation loop: rows whose sequence has ended
     active_T: Tensor | None = None
     is_decode: bool = False
@@ -99,9 +100,11 @@ class BudgetPatch:
             active_BS &= mask[:, -S:].bool()
         if self.ctx.is_decode:
             self.ctx.step += 1
-            if ids is not None and self.ctx.pad_token_id is not None:
-                # A finished row is fed the pad token by generate(); it must not score or add experts.
-                active_BS &= ids != self.ctx.pad_token_id
+            ended = [t for t in (self.ctx.pad_token_id, *self.ctx.eos_token_ids) if t is not None]
+            if ids is not None and ended:
+                # generate() feeds a finished row its EOS once, then the pad token; such rows must
+                # not score or add experts.
+                active_BS &= ~torch.isin(ids, torch.tensor(ended, device=ids.device))
             if self.ctx.finished_B is not None and self.ctx.finished_B.shape[0] == B:
                 active_BS &= ~self.ctx.finished_B.to(x.device)[:, None]
         self.ctx.active_T = active_BS.reshape(-1)
@@ -189,6 +192,7 @@ def patch_model(
     selector: Selector | None,
     options: PatchOptions,
     pad_token_id: int | None = None,
+    eos_token_ids: tuple[int, ...] = (),
 ) -> BudgetPatch:
     """Install the hooks; `selector=None` records union statistics and changes nothing."""
     layers = find_moe_layers(model)
@@ -200,7 +204,7 @@ def patch_model(
         selector=selector,
         options=options,
         renormalizes=FAMILIES.get(family).renormalizes(model.config),
-        ctx=DecodeContext(pad_token_id=pad_token_id),
+        ctx=DecodeContext(pad_token_id=pad_token_id, eos_token_ids=tuple(eos_token_ids)),
     )
     patch._handles.append(model.register_forward_pre_hook(patch._model_pre_hook, with_kwargs=True))
     for layer in layers:

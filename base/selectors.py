@@ -105,6 +105,8 @@ class Count(Selector):
         args = (batch.topk_idx_TK, batch.active_T, batch.num_experts)
         router_sum_E = aggregate_E(_w(batch), *args)
         # router_sum < (its total + 1), so one more token always outranks any weight difference.
+        # In fp32 the tie-break resolves router_sum differences down to ~1e-7 of T*K*(T+1): exact
+        # enough for decode batches (T <= 128); the Triton kernel uses the same formula.
         return pair_counts_E(*args) * (router_sum_E.sum() + 1.0) + router_sum_E
 
 
