@@ -92,8 +92,8 @@ def _gate_up_kernel(
     stride_be,
     stride_pe,
     stride_ap,
+    K,  # top-k (runtime: one compiled variant serves every model)
     # Meta-parameters
-    K: tl.constexpr,
     ROW_MUL: tl.constexpr,  # 1 concatenated, 2 interleaved
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,  # 0 silu(g) * u; 1 GPT-OSS clamped (u + 1) * g * sigmoid(alpha g)
@@ -342,7 +342,7 @@ def fused_experts(
         H, I, 1 if layout.interleaved else I, float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
-        K=K, ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
+        K, ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
         ACT=ACTS[layout.act], **gu,
     )  # fmt: skip
     dn = dict(cfg.down)

@@ -162,7 +162,7 @@ def score_experts(
     pw = pred_w_EH if pred_w_EH is not None else dummy[None]
     g = g_TE if g_TE is not None else dummy[None]
     H = z.shape[-1] if z_TH is not None else 1
-    TB = min(next_pow2(T), 64)
+    TB = 16 if T <= 16 else 64  # two compiled variants: tiny decode batches, the rest
     _score_kernel.on(dev)[(E,)](
         score_E, topk_idx_TK, topk_w_TK, active_T,
         z, pw, pred_b_E if pred_b_E is not None else dummy, g,

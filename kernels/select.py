@@ -125,20 +125,18 @@ def _select_reassign_kernel(
         score_E = tl.load(score_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
     union_E = cnt_E > 0
 
-    # --- top-M of the union: one sort of unique int64 keys (score bits, then lower id first) ---
-    masked_E = tl.where(union_E, score_E, float("-inf"))
-    bits_E = masked_E.to(tl.int32, bitcast=True)
-    ord_E = tl.where(bits_E < 0, bits_E ^ 0x7FFFFFFF, bits_E)  # monotone in the float value
-    key_E = (ord_E.to(tl.int64) << 32) + (E_BLOCK - 1 - offs_e).to(tl.int64)
-    sorted_E = tl.sort(key_E, descending=True)
-    n_union = tl.sum(union_E.to(tl.int32), axis=0)
-    n_keep = tl.minimum(n_union, M)
-    kth = tl.sum(tl.where(offs_e == M - 1, sorted_E, 0), axis=0)
-    keep_E = union_E & ((key_E >= kth) | (M >= n_union))
-    keep_ids = (E_BLOCK - 1 - (sorted_E & 0x7FFFFFFF)).to(tl.int64)
-    keep_ids = tl.where(offs_e < n_keep, keep_ids, -1)
+    # --- top-M of the union: rank = union experts ahead (higher score, or equal and lower id) ---
+    s_E = tl.where(union_E, score_E, float("-inf"))
+    s_U = s_E[:, None]  # the ranked expert u along axis 0, every other expert v along axis 1
+    s_V = s_E[None, :]
+    ahead_UV = (s_V > s_U) | ((s_V == s_U) & (offs_e[None, :] < offs_e[:, None]))
+    rank_E = tl.sum((ahead_UV & union_E[None, :]).to(tl.int32), axis=1)
+    keep_E = union_E & (rank_E < M)
+    n_keep = tl.sum(keep_E.to(tl.int32), axis=0)
     if pid == 0:
-        tl.store(keep_m_ptr + offs_e, keep_ids, mask=offs_e < M)
+        # kept ids by rank (unique positions < n_keep), then -1 up to M: two disjoint stores
+        tl.store(keep_m_ptr + rank_E, offs_e.to(tl.int64), mask=keep_E)
+        tl.store(keep_m_ptr + offs_e, tl.full((E_BLOCK,), -1, tl.int64), mask=(offs_e >= n_keep) & (offs_e < M))
         tl.store(keep_e_ptr + offs_e, keep_E, mask=e_ok)
     # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
     best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
@@ -264,7 +262,7 @@ def select_reassign(
     dummy = score_out
     if g_TE is not None and g_TE.stride(-1) != 1:
         g_TE = g_TE.contiguous()
-    TB = min(next_pow2(T), 16)
+    TB = 16  # one compiled variant for every T; masked rows cost little
     E_BLOCK = next_pow2(E, 16)
     _select_reassign_kernel.on(dev)[(triton.cdiv(T, TB),)](
         score_out, probs_TE, topk_idx_TK, topk_w_TK, active_T,
