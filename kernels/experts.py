@@ -14,12 +14,14 @@ Shapes: T tokens, H hidden, I expert intermediate size, E experts, K top-k, P = 
     act_PI        fused activation of each pair (dtype of x)
     y_PH          w_p * expert output of each pair (fp32), summed per token in slot order
 
-Four launches, all with grids fixed by (T, K, E, H, I): route (compact pairs per expert),
-gate_up (+SwiGLU), down (+weight), reduce (sum over K in slot order: deterministic, no atomics).
-Decode is memory-bound (a few tokens per expert): programs own a tile of one expert's weights
-and apply it to all of that expert's pairs, so each weight byte is read once per step.
-No host synchronisation (counts stay on the device; empty experts' programs exit at once):
-a decode step that calls this can be captured in a CUDA graph.
+Four launches, all with grids fixed by (T, K, E, H, I) and the GPU: route (grid E: compact
+pairs per expert), gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM walk
+the work items (routed expert, column block), so unrouted experts cost no program), reduce (sum
+over K in slot order: deterministic, no atomics anywhere). Decode is memory-bound (a few tokens
+per expert): a work item streams a tile of one expert's weights once and applies it to all of
+that expert's pairs, so each weight byte is read once per step.
+No host synchronisation (counts stay on the device and bound the device-side loops): a decode
+step that calls this can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -79,8 +81,10 @@ def _gate_up_kernel(
     cnt_ptr,  # (E,) int32
     act_ptr,  # (P, I) out
     # Dimensions
+    E,
     H,
     I,
+    K,  # top-k (runtime: one compiled variant serves every model)
     up_offset,  # row of up_i = i * ROW_MUL + up_offset: I (concatenated) or 1 (interleaved)
     alpha,
     limit,
@@ -92,8 +96,8 @@ def _gate_up_kernel(
     stride_be,
     stride_pe,
     stride_ap,
-    K,  # top-k (runtime: one compiled variant serves every model)
     # Meta-parameters
+    E_BLOCK: tl.constexpr,
     ROW_MUL: tl.constexpr,  # 1 concatenated, 2 interleaved
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,  # 0 silu(g) * u; 1 GPT-OSS clamped (u + 1) * g * sigmoid(alpha g)
@@ -101,50 +105,58 @@ def _gate_up_kernel(
     BI: tl.constexpr,
     BH: tl.constexpr,
 ):
-    """Grid (E, cdiv(I, BI)): program (u, i) streams rows [i, i + BI) of expert u's gate and up
-    once per TB of its pairs (one tile in decode) and writes their activations."""
-    u = tl.program_id(0)
-    pid_i = tl.program_id(1)
-    cnt = tl.load(cnt_ptr + u)
-    offs_i = pid_i * BI + tl.arange(0, BI)
-    i_ok = offs_i < I
-    g_rows = offs_i * ROW_MUL
-    u_rows = offs_i * ROW_MUL + up_offset
-    w_base = gu_ptr + u.to(tl.int64) * stride_ge
-    for j0 in range(0, cnt, TB):
-        offs_j = j0 + tl.arange(0, TB)
-        j_ok = offs_j < cnt
-        p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
-        t_J = p_J // K
-        acc_g = tl.zeros((TB, BI), dtype=tl.float32)
-        acc_u = tl.zeros((TB, BI), dtype=tl.float32)
-        for h0 in range(0, H, BH):
-            offs_h = h0 + tl.arange(0, BH)
-            h_ok = offs_h < H
-            x_JH = tl.load(
-                x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
-                mask=j_ok[:, None] & h_ok[None, :],
-                other=0.0,
+    """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
+    of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
+    A fixed number of programs walks the items, so unrouted experts cost no program at all."""
+    offs_e = tl.arange(0, E_BLOCK)
+    cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
+    run_E = cnt_E > 0
+    slot_E = tl.cumsum(run_E.to(tl.int32), axis=0) - 1
+    n_ib = tl.cdiv(I, BI)
+    n_items = tl.sum(run_E.to(tl.int32), axis=0) * n_ib
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        slot = item // n_ib
+        u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
+        cnt = tl.load(cnt_ptr + u)
+        offs_i = (item - slot * n_ib) * BI + tl.arange(0, BI)
+        i_ok = offs_i < I
+        g_rows = offs_i * ROW_MUL
+        u_rows = offs_i * ROW_MUL + up_offset
+        w_base = gu_ptr + u.to(tl.int64) * stride_ge
+        for j0 in range(0, cnt, TB):
+            offs_j = j0 + tl.arange(0, TB)
+            j_ok = offs_j < cnt
+            p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
+            t_J = p_J // K
+            acc_g = tl.zeros((TB, BI), dtype=tl.float32)
+            acc_u = tl.zeros((TB, BI), dtype=tl.float32)
+            for h0 in range(0, H, BH):
+                offs_h = h0 + tl.arange(0, BH)
+                h_ok = offs_h < H
+                x_JH = tl.load(
+                    x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
+                    mask=j_ok[:, None] & h_ok[None, :],
+                    other=0.0,
+                )
+                wmask = h_ok[:, None] & i_ok[None, :]
+                wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+                wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+                acc_g = tl.dot(x_JH, wg_HI, acc_g)
+                acc_u = tl.dot(x_JH, wu_HI, acc_u)
+            if HAS_BIAS:
+                acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+                acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            if ACT == 0:
+                a_JI = acc_g * tl.sigmoid(acc_g) * acc_u
+            else:
+                gate = tl.minimum(acc_g, limit)
+                up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+                a_JI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+            tl.store(
+                act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
+                a_JI.to(act_ptr.dtype.element_ty),
+                mask=j_ok[:, None] & i_ok[None, :],
             )
-            wmask = h_ok[:, None] & i_ok[None, :]
-            wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-            wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-            acc_g = tl.dot(x_JH, wg_HI, acc_g)
-            acc_u = tl.dot(x_JH, wu_HI, acc_u)
-        if HAS_BIAS:
-            acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-            acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-        if ACT == 0:
-            a_JI = acc_g * tl.sigmoid(acc_g) * acc_u
-        else:
-            gate = tl.minimum(acc_g, limit)
-            up = tl.minimum(tl.maximum(acc_u, -limit), limit)
-            a_JI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
-        tl.store(
-            act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
-            a_JI.to(act_ptr.dtype.element_ty),
-            mask=j_ok[:, None] & i_ok[None, :],
-        )
 
 
 @dual_jit
@@ -158,6 +170,7 @@ def _down_kernel(
     cnt_ptr,  # (E,) int32
     y_ptr,  # (P, H) fp32 out
     # Dimensions
+    E,
     H,
     I,
     # Strides
@@ -169,46 +182,54 @@ def _down_kernel(
     stride_pe,
     stride_yp,
     # Meta-parameters
+    E_BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     TB: tl.constexpr,
-    BHO: tl.constexpr,  # output columns per program
+    BHO: tl.constexpr,  # output columns per work item
     BI: tl.constexpr,
 ):
-    """Grid (E, cdiv(H, BHO)): program (u, h) streams rows [h, h + BHO) of expert u's down
-    projection once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
-    u = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    cnt = tl.load(cnt_ptr + u)
-    offs_h = pid_h * BHO + tl.arange(0, BHO)
-    h_ok = offs_h < H
-    w_base = dw_ptr + u.to(tl.int64) * stride_de
-    for j0 in range(0, cnt, TB):
-        offs_j = j0 + tl.arange(0, TB)
-        j_ok = offs_j < cnt
-        p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
-        acc = tl.zeros((TB, BHO), dtype=tl.float32)
-        for i0 in range(0, I, BI):
-            offs_i = i0 + tl.arange(0, BI)
-            i_ok = offs_i < I
-            a_JI = tl.load(
-                act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
-                mask=j_ok[:, None] & i_ok[None, :],
-                other=0.0,
+    """Persistent grid: work item (slot, h) = rows [h, h + BHO) of the slot-th routed expert's
+    down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
+    offs_e = tl.arange(0, E_BLOCK)
+    cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
+    run_E = cnt_E > 0
+    slot_E = tl.cumsum(run_E.to(tl.int32), axis=0) - 1
+    n_hb = tl.cdiv(H, BHO)
+    n_items = tl.sum(run_E.to(tl.int32), axis=0) * n_hb
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        slot = item // n_hb
+        u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
+        cnt = tl.load(cnt_ptr + u)
+        offs_h = (item - slot * n_hb) * BHO + tl.arange(0, BHO)
+        h_ok = offs_h < H
+        w_base = dw_ptr + u.to(tl.int64) * stride_de
+        for j0 in range(0, cnt, TB):
+            offs_j = j0 + tl.arange(0, TB)
+            j_ok = offs_j < cnt
+            p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
+            acc = tl.zeros((TB, BHO), dtype=tl.float32)
+            for i0 in range(0, I, BI):
+                offs_i = i0 + tl.arange(0, BI)
+                i_ok = offs_i < I
+                a_JI = tl.load(
+                    act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
+                    mask=j_ok[:, None] & i_ok[None, :],
+                    other=0.0,
+                )
+                d_IH = tl.load(
+                    w_base + offs_h[None, :] * stride_dh + offs_i[:, None] * stride_di,
+                    mask=i_ok[:, None] & h_ok[None, :],
+                    other=0.0,
+                )
+                acc = tl.dot(a_JI, d_IH, acc)
+            if HAS_BIAS:
+                acc += tl.load(db_ptr + u * stride_be + offs_h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
+            w_J = tl.load(w_ptr + p_J, mask=j_ok, other=0.0).to(tl.float32)
+            tl.store(
+                y_ptr + p_J[:, None] * stride_yp + offs_h[None, :],
+                acc * w_J[:, None],
+                mask=j_ok[:, None] & h_ok[None, :],
             )
-            d_IH = tl.load(
-                w_base + offs_h[None, :] * stride_dh + offs_i[:, None] * stride_di,
-                mask=i_ok[:, None] & h_ok[None, :],
-                other=0.0,
-            )
-            acc = tl.dot(a_JI, d_IH, acc)
-        if HAS_BIAS:
-            acc += tl.load(db_ptr + u * stride_be + offs_h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
-        w_J = tl.load(w_ptr + p_J, mask=j_ok, other=0.0).to(tl.float32)
-        tl.store(
-            y_ptr + p_J[:, None] * stride_yp + offs_h[None, :],
-            acc * w_J[:, None],
-            mask=j_ok[:, None] & h_ok[None, :],
-        )
 
 
 @dual_jit
@@ -246,8 +267,16 @@ def _reduce_kernel(
 class ExpertsConfig:
     """Launch parameters of the gate_up and down kernels for one (H, I, T-bucket)."""
 
-    gate_up: dict = field(default_factory=lambda: dict(TB=16, BI=32, BH=128, num_warps=4, num_stages=4))
-    down: dict = field(default_factory=lambda: dict(TB=16, BHO=32, BI=128, num_warps=4, num_stages=4))
+    gate_up: dict = field(default_factory=lambda: dict(TB=16, BI=32, BH=128, num_warps=4, num_stages=4, PER_SM=3))
+    down: dict = field(default_factory=lambda: dict(TB=16, BHO=32, BI=128, num_warps=4, num_stages=4, PER_SM=4))
+
+
+@lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """Programs of the persistent kernels = PER_SM x this (the interpreter runs a few)."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def config_key(H: int, I: int, T: int) -> str:
@@ -282,7 +311,8 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
     entry = table.get(key) or _load_configs("default").get("*")
     if not entry:
         return ExpertsConfig()
-    return ExpertsConfig(gate_up=dict(entry["gate_up"]), down=dict(entry["down"]))
+    base = ExpertsConfig()
+    return ExpertsConfig(gate_up={**base.gate_up, **entry["gate_up"]}, down={**base.down, **entry["down"]})
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -336,22 +366,22 @@ def fused_experts(
     else:
         s_gn, s_gk = gate_up.stride(1), gate_up.stride(2)
         s_dh, s_di = down.stride(1), down.stride(2)
-    gu = dict(cfg.gate_up)
-    _gate_up_kernel.on(dev)[(E, triton.cdiv(I, gu["BI"]))](
+    gu, dn = dict(cfg.gate_up), dict(cfg.down)
+    n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))  # noqa: E731
+    _gate_up_kernel.on(dev)[(n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)](
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
-        H, I, 1 if layout.interleaved else I, float(layout.alpha), float(layout.limit),
+        E, H, I, K, I if not layout.interleaved else 1, float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
-        K, ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
+        E_BLOCK=next_pow2(E, 16), ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
         ACT=ACTS[layout.act], **gu,
     )  # fmt: skip
-    dn = dict(cfg.down)
-    _down_kernel.on(dev)[(E, triton.cdiv(H, dn["BHO"]))](
+    _down_kernel.on(dev)[(n_prog(E * triton.cdiv(H, dn["BHO"]), dn.pop("PER_SM")),)](
         act_PI, down, down_bias if down_bias is not None else x_TH, w_P, pairs_EP, cnt_E, y_PH,
-        H, I,
+        E, H, I,
         act_PI.stride(0), down.stride(0), s_dh, s_di,
         down_bias.stride(0) if down_bias is not None else 0, pairs_EP.stride(0), y_PH.stride(0),
-        HAS_BIAS=down_bias is not None, **dn,
+        E_BLOCK=next_pow2(E, 16), HAS_BIAS=down_bias is not None, **dn,
     )  # fmt: skip
     BR = min(next_pow2(H), 1024)
     _reduce_kernel.on(dev)[(T, triton.cdiv(H, BR))](
