@@ -144,8 +144,11 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
             torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False, bootstrap_iters=0,
         )
     rows = []
+    groups = out.get("groups") or {}
     for section in ("results", "groups"):
         for name, metrics in (out.get(section) or {}).items():
+            if section == "results" and name in groups:
+                continue  # lm-eval lists a group under both
             for key, value in metrics.items():
                 if "," not in key or "stderr" in key or not isinstance(value, (int, float)):
                     continue
