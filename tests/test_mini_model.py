@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.mini.data import check_disjoint, make_test_sets, make_train_corpus, test_prompts
+from experiments.mini.data import (
+    check_disjoint,
+    held_out_prompts,
+    make_test_sets,
+    make_train_corpus,
+)
 from experiments.mini.evaluate import greedy_answers
 from experiments.mini.tokenizer import build_tokenizer, char_table, encode_fast
 
@@ -68,12 +73,12 @@ def test_metrics_record_the_held_out_check():
 def test_corpus_is_deterministic_and_held_out():
     a, b = make_test_sets(50), make_test_sets(50)
     assert a == b
-    train_a = make_train_corpus(300, test_prompts(a))
-    assert train_a == make_train_corpus(300, test_prompts(a))
+    train_a = make_train_corpus(300, held_out_prompts(a))
+    assert train_a == make_train_corpus(300, held_out_prompts(a))
     assert check_disjoint(train_a, a)["disjoint"]
-    assert not test_prompts(a) & {s.prompt for s in train_a}
+    assert not held_out_prompts(a) & {s.prompt for s in train_a}
     # A different seed gives a different corpus (the seed is really used).
-    assert make_train_corpus(300, test_prompts(a), seed=1) != train_a
+    assert make_train_corpus(300, held_out_prompts(a), seed=1) != train_a
 
 
 def test_tasks_jsonl_are_the_test_sets():

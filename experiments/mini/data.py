@@ -50,8 +50,13 @@ def make_test_sets(n_per_domain: int = 200, seed: int = TEST_SEED) -> dict[str, 
     return out
 
 
-def test_prompts(test_sets: dict[str, list[Sample]]) -> set[str]:
+def held_out_prompts(test_sets: dict[str, list[Sample]]) -> set[str]:
     return {s.prompt for samples in test_sets.values() for s in samples}
+
+
+# Older name, still imported elsewhere (experiments/mini_calibration.py). Not used in tests: pytest
+# would collect a `test_*` function imported into a test module.
+test_prompts = held_out_prompts
 
 
 def make_train_corpus(n_per_domain: int, exclude: set[str], seed: int = TRAIN_SEED) -> list[Sample]:
@@ -73,7 +78,7 @@ def make_train_corpus(n_per_domain: int, exclude: set[str], seed: int = TRAIN_SE
 def check_disjoint(train: list[Sample], test_sets: dict[str, list[Sample]]) -> dict:
     """Re-verify that no test prompt occurs in the training corpus; returns a record for metrics."""
     train_prompts = {s.prompt for s in train}
-    held_out = test_prompts(test_sets)
+    held_out = held_out_prompts(test_sets)
     overlap = len(train_prompts & held_out)
     record = {
         "train_examples": len(train),
@@ -89,7 +94,7 @@ def check_disjoint(train: list[Sample], test_sets: dict[str, list[Sample]]) -> d
 
 if __name__ == "__main__":
     tests = make_test_sets()
-    train = make_train_corpus(2000, test_prompts(tests))
+    train = make_train_corpus(2000, held_out_prompts(tests))
     for s in train[:16]:
         print(repr(s.text))
     print(check_disjoint(train, tests))

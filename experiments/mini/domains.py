@@ -13,7 +13,7 @@ print([g(random.Random(0)) for g in DOMAINS.values()])"
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 Example = tuple[str, str]  # (prompt, answer); the model reads prompt and must emit answer + "\n"
 Generator = Callable[[random.Random], Example]

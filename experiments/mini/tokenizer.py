@@ -10,6 +10,7 @@ is the saved default, for batched generation.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -60,7 +61,7 @@ def encode_fast(texts: list[str], table_A: np.ndarray) -> list[np.ndarray]:
     """Encode ASCII texts via the lookup table; equals `tok(text).input_ids` (checked in tests)."""
     ids_C, len_T = encode_flat(texts, table_A)
     bounds = np.concatenate([[0], np.cumsum(len_T)])
-    return [ids_C[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [ids_C[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 if __name__ == "__main__":

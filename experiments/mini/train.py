@@ -36,9 +36,9 @@ from experiments.mini.data import (
     TRAIN_SEED,
     Sample,
     check_disjoint,
+    held_out_prompts,
     make_test_sets,
     make_train_corpus,
-    test_prompts,
 )
 from experiments.mini.evaluate import evaluate_all, routing_stats, stop_token_ids
 from experiments.mini.losses import answer_ce, load_balancing_loss
@@ -182,6 +182,62 @@ def save_checkpoint(model, tok, out: Path, cfg: TrainConfig) -> int:
     return sum(f.stat().st_size for f in out.glob("model*.safetensors"))
 
 
+def fit_loop(model, opt, batch_at, cfg: TrainConfig, tok, test_sets: dict[str, list[Sample]], out: Path) -> dict:
+    """Train until cfg.steps or cfg.time_budget_s; log to out/train_log.csv; returns the last averages."""
+    model.train()
+    t0, last_eval, last_save, step, tokens = time.time(), time.time(), time.time(), 0, 0
+    # Why on device: reading losses every step would sync the GPU and stall the launch queue.
+    sums_3 = torch.zeros(3, device=cfg.device)  # loss, ce, aux summed since the last log
+    tokens_seen = torch.zeros((), dtype=torch.long, device=cfg.device)
+    final_loss = final_ce = final_aux = math.nan
+    with open(out / "train_log.csv", "w", newline="") as log_f:
+        log = csv.writer(log_f)
+        log.writerow(["step", "elapsed_s", "lr", "loss", "ce", "aux", "tokens_per_s", "eval_acc16"])
+        while step < cfg.steps:
+            elapsed = time.time() - t0
+            progress = max(step / cfg.steps, elapsed / cfg.time_budget_s)
+            if progress >= 1.0:
+                break
+            lr = lr_at(cfg, step, progress)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            batch = batch_at()
+            loss, ce, aux = train_step_loss(model, batch, cfg)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            sums_3 += torch.stack([loss.detach(), ce.detach(), aux.detach()])
+            tokens_seen += batch["token"].sum()
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                n = cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every
+                final_loss, final_ce, final_aux = (sums_3 / n).tolist()
+                sums_3.zero_()
+                tokens = int(tokens_seen)
+                acc = ""
+                if time.time() - last_eval > cfg.eval_every_s:
+                    acc, last_eval = round(quick_eval(model, tok, test_sets), 4), time.time()
+                if time.time() - last_save > cfg.save_every_s:
+                    # Why: a run killed at its wall-clock limit still leaves a usable checkpoint.
+                    save_checkpoint(model, tok, out, cfg)
+                    last_save = time.time()
+                now = time.time() - t0
+                row = [step, round(now, 1), f"{lr:.3e}", round(final_loss, 5), round(final_ce, 5)]
+                row += [round(final_aux, 5), int(tokens / now), acc]
+                log.writerow(row)
+                log_f.flush()
+                print(dict(zip(["step", "t", "lr", "loss", "ce", "aux", "tok/s", "acc16"], row)), flush=True)
+    return {
+        "steps": step,
+        "tokens": int(tokens_seen),
+        "train_s": time.time() - t0,
+        "loss": final_loss,
+        "ce": final_ce,
+        "aux": final_aux,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f, default in asdict(TrainConfig(out="", device="cpu")).items():
@@ -196,7 +252,7 @@ def main() -> None:
 
     tok = build_tokenizer()
     test_sets = make_test_sets(cfg.n_test, TEST_SEED)
-    train = make_train_corpus(cfg.n_train, test_prompts(test_sets), TRAIN_SEED + cfg.seed)
+    train = make_train_corpus(cfg.n_train, held_out_prompts(test_sets), TRAIN_SEED + cfg.seed)
     disjoint = check_disjoint(train, test_sets)
     corpus = tokenize_corpus(train, tok, cfg.device)
     n_corpus, seq_len = corpus["ids"].shape
@@ -222,53 +278,9 @@ def main() -> None:
         fused=cfg.device == "cuda",
     )
 
-    log_f = open(out / "train_log.csv", "w", newline="")
-    log = csv.writer(log_f)
-    log.writerow(["step", "elapsed_s", "lr", "loss", "ce", "aux", "tokens_per_s", "eval_acc16"])
-    model.train()
-    t0, last_eval, last_save, step, tokens = time.time(), time.time(), time.time(), 0, 0
-    # Why on device: reading losses every step would sync the GPU and stall the launch queue.
-    sums_3 = torch.zeros(3, device=cfg.device)  # loss, ce, aux summed since the last log
-    tokens_seen = torch.zeros((), dtype=torch.long, device=cfg.device)
-    final_loss = final_ce = final_aux = math.nan
-    while step < cfg.steps:
-        elapsed = time.time() - t0
-        progress = max(step / cfg.steps, elapsed / cfg.time_budget_s)
-        if progress >= 1.0:
-            break
-        lr = lr_at(cfg, step, progress)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = batch_at()
-        loss, ce, aux = train_step_loss(model, batch, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        step += 1
-        sums_3 += torch.stack([loss.detach(), ce.detach(), aux.detach()])
-        tokens_seen += batch["token"].sum()
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            n = cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every
-            final_loss, final_ce, final_aux = (sums_3 / n).tolist()
-            sums_3.zero_()
-            tokens = int(tokens_seen)
-            acc = ""
-            if time.time() - last_eval > cfg.eval_every_s:
-                acc, last_eval = round(quick_eval(model, tok, test_sets), 4), time.time()
-            if time.time() - last_save > cfg.save_every_s:
-                # Why: a run killed at its wall-clock limit still leaves a usable checkpoint.
-                save_checkpoint(model, tok, out, cfg)
-                last_save = time.time()
-            now = time.time() - t0
-            row = [step, round(now, 1), f"{lr:.3e}", round(final_loss, 5), round(final_ce, 5)]
-            row += [round(final_aux, 5), int(tokens / now), acc]
-            log.writerow(row)
-            log_f.flush()
-            print(dict(zip(["step", "t", "lr", "loss", "ce", "aux", "tok/s", "acc16"], row)), flush=True)
-    train_s = time.time() - t0
-    tokens = int(tokens_seen)
-    log_f.close()
+    fit = fit_loop(model, opt, batch_at, cfg, tok, test_sets, out)
+    step, tokens, train_s = fit["steps"], fit["tokens"], fit["train_s"]
+    final_loss, final_ce, final_aux = fit["loss"], fit["ce"], fit["aux"]
 
     model_bytes = save_checkpoint(model, tok, out, cfg)
     print(f"saved {out} ({model_bytes / 1e6:.2f} MB) after {step} steps, {train_s:.0f} s", flush=True)
