@@ -39,7 +39,8 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers) -> tuple[Any, dict]:
                             backend=m.backend)
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         sel = selector if (budget is not None or (selector is not None and not selector.uses_budget)) else None
-        eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+        eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
+        eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
         return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id,
                            eos_token_ids=eos)
 

@@ -80,6 +80,8 @@ def measure(model: nn.Module, make_patch: Callable[[int | None], BudgetPatch], c
     for bs in cfg.batch_sizes:
         for budget in cfg.budgets:
             patch = make_patch(budget)
+            # Fixed-length decoding: every row stays active, whatever tokens it emits.
+            patch.ctx.pad_token_id, patch.ctx.eos_token_ids = None, ()
             try:
                 seconds = time_decode(model, bs, cfg, seed)
                 stats = [r for r in patch.stats_rows() if r["decode"]]
