@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-slow test-gpu demo quality bench-kernels clean
+.PHONY: help install test test-slow test-gpu demo mini specialisation quality bench-kernels clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -28,6 +28,22 @@ test-gpu: $(STAMP)  ## GPU tests only (on a CUDA machine)
 
 demo: $(STAMP)  ## calibrate, fit, evaluate and time dense vs base on the default model; print a table
 	$(OFFLINE) bash experiments/demo.sh
+
+MINI_DEVICE ?= cpu
+MINI_TIME ?= 600
+MINI_OUT ?= outputs/mini_model
+mini: $(STAMP)  ## train the mini model (MINI_DEVICE=cpu|cuda MINI_TIME=s MINI_OUT=dir; shipped: cuda, 220 s)
+	$(PY) -m experiments.mini.train --device $(MINI_DEVICE) --time-budget-s $(MINI_TIME) --out $(MINI_OUT)
+
+specialisation: $(STAMP)  ## JS divergence between domains' routing; mixed vs single-domain union
+	$(OFFLINE) $(PY) -m experiments.specialisation --model mini --out results/specialisation
+
+quality: $(STAMP)  ## quality curves on the mini model (the sweep, then results/quality_mini.{csv,md})
+	$(OFFLINE) $(PY) run.py -m experiment=quality_mini
+	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=dense budget=null
+	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=oea method.k0=1,2,3 budget=null
+	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=base method.reassign=drop
+	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
 clean:  ## remove outputs (keeps the venv)
 	rm -rf outputs/*/ wandb

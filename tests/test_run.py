@@ -18,16 +18,25 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     args = tuple(a for a in args if not a.startswith("-"))
     cmd = [sys.executable, str(ROOT / "run.py"), *flags, f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/artifacts",
            "logger=none", *args]
+    for key, value in (("model", "tiny_qwen3"), ("task", "smoke")):  # small defaults for speed
+        if not any(a.startswith(f"{key}=") for a in args):
+            cmd.append(f"{key}={value}")
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
     return proc
 
 
+def _run_dir(root: Path, *parts: str) -> Path:
+    """The one run folder whose name (Hydra's sorted overrides) holds every `key=value` part."""
+    (found,) = [p for p in root.iterdir() if set(parts) <= set(p.name.split(","))]
+    return found
+
+
 def test_evaluate_then_resume_skips(tmp_path):
     proc = _run(tmp_path, "method=base", "budget=4", "batch_size=8")
     assert proc.returncode == 0
-    out = tmp_path / "default" / "batch_size=8,budget=4,method=base"  # keys sorted by Hydra
+    out = tmp_path / "default" / "batch_size=8,budget=4,method=base,model=tiny_qwen3,task=smoke"  # sorted keys
     report = json.loads((out / "report.json").read_text())
     assert report["eval"]["order"] == "mixed"
     assert {r["task"] for r in report["metrics"]} == {"smoke_copy"}
@@ -49,7 +58,7 @@ def test_multirun_two_points(tmp_path):
     assert proc.returncode == 0
     kept = {}
     for b in (2, 6):
-        rep = json.loads((tmp_path / "default" / f"batch_size=8,budget={b},method=router_sum" / "report.json").read_text())
+        rep = json.loads((_run_dir(tmp_path / "default", f"budget={b}", "method=router_sum") / "report.json").read_text())
         kept[b] = rep["summary"]["kept_mean"]
         assert rep["summary"]["kept_mean"] <= b
     assert kept[2] < kept[6]
@@ -65,13 +74,12 @@ def test_budget_above_experts_fails_at_start(tmp_path):
 def test_fit_and_throughput_stages(tmp_path):
     fit = _run(tmp_path, "stage=fit")
     assert fit.returncode == 0
-    r2 = pd.read_csv(tmp_path / "default" / "stage=fit" / "predictor.csv")
+    r2 = pd.read_csv(_run_dir(tmp_path / "default", "stage=fit") / "predictor.csv")
     assert len(r2) == 2 and r2["r2"].notna().all()
     tp = _run(tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
               "throughput.steps=3", "throughput.warmup=1")
     assert tp.returncode == 0
-    (run_dir,) = (tmp_path / "default").glob("budget=3,method=count,stage=throughput,throughput.*")
-    rows = pd.read_csv(run_dir / "throughput.csv")
+    rows = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "throughput.csv")
     assert len(rows) == 2 and (rows["tokens_per_s"] > 0).all()
     assert rows.loc[rows["budget"] == 3, "kept_mean"].iloc[0] <= 3
 
