@@ -1,7 +1,8 @@
 """Triton kernels of the method, each beside its PyTorch reference (see kernels/README.md).
 
     score.py    score_experts: per-expert batch score (router_sum ... base), one launch
-    select.py   select_reassign: top-M + backfill/renormalise, fixed shapes, one launch
+    select.py   select_reassign: top-M + backfill/renormalise, fixed shapes, one launch;
+                route_select: the router's softmax/top-k and the selection in one launch
     experts.py  fused_experts: the kept experts' FFN, each weight byte read once per step
     hf.py       register_base_triton: the FFN as transformers experts implementation
     step.py     select_step: one layer's selection from a base.routing.RoutedBatch
@@ -10,11 +11,12 @@ CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compile
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
 from kernels.hf import base_triton_experts_forward, register_base_triton
 from kernels.score import fuse_router_predictor, fused_router_logits, prepare_predictor, score_experts
-from kernels.select import Selection, select_reassign
+from kernels.select import Routing, Selection, route_select, select_reassign
 from kernels.step import select_step
 
 __all__ = [
     "ExpertsLayout",
+    "Routing",
     "Selection",
     "base_triton_experts_forward",
     "experts_reference",
@@ -23,6 +25,7 @@ __all__ = [
     "fused_router_logits",
     "prepare_predictor",
     "register_base_triton",
+    "route_select",
     "score_experts",
     "select_reassign",
     "select_step",

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from kernels import fuse_router_predictor, fused_router_logits, prepare_predictor, register_base_triton
 from kernels.experts import device_name
 from kernels.score import score_experts
-from kernels.select import select_reassign
+from kernels.experts import fused_experts
+from kernels.select import route_select, select_reassign
 from kernels.timing import (MODELS, SMOKE_MODELS, copy_bandwidth, expert_bytes, experts_module, make_routing,
                             make_weight_sets, set_impl, time_eager, time_graph)  # fmt: skip
 
@@ -176,6 +177,14 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
             p, i, w = topk(logits_TE)
             return select_reassign(p, i, w, active_T, budget, kind="base", g_TE=g_TE, pred_b_E=pred_b_E)
 
+        def route_rsum():  # the model's GEMM, then softmax/top-k/selection in one launch
+            return route_select(F.linear(z_TH, router_EH), K, active_T, budget, norm_topk=norm, kind="router_sum")
+
+        def route_base():  # one GEMM over [router; predictor], then one launch
+            logits_TE, g_TE = fused_router_logits(z_TH, wcat_CH)
+            return route_select(logits_TE, K, active_T, budget, norm_topk=norm, kind="base", g_TE=g_TE,
+                                pred_b_E=pred_b_E)  # fmt: skip
+
         def base_torch():
             from base.routing import RoutedBatch, reassign
             from base.selectors import Artifacts, build_selector
@@ -188,15 +197,45 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
 
         row = dict(model=name, T=T, M=budget)
         for label, fn in [("plain_router", plain), ("router_sum", router_sum), ("base_gather", base_gather),
-                          ("base_fused", base_fused), ("base_torch", base_torch)]:  # fmt: skip
+                          ("base_fused", base_fused), ("route_rsum", route_rsum), ("route_base", route_base),
+                          ("base_torch", base_torch)]:  # fmt: skip
             res = guarded(f"select {name} {label} T={T}", time_graph, [fn] * 20, reps, dev)
             if res is not None:
                 row[f"{label}_us"] = round(res[0], 2)
-        for label in ["router_sum", "base_gather", "base_fused", "base_torch"]:
+        for label in ["router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "base_torch"]:
             if f"{label}_us" in row and "plain_router_us" in row:
                 row[f"{label}_extra_us"] = round(row[f"{label}_us"] - row["plain_router_us"], 2)
         rows.append(row)
         log(f"  select {name} T={T}: " + " ".join(f"{k}={v}" for k, v in row.items() if k.endswith("_us")))
+    return rows
+
+
+def bench_breakdown(name: str, m: dict, dev, copy_gbps: float, reps: int) -> list:
+    """Time the first n launches of fused_experts (route, +gate_up, +down, +reduce); a launch's
+    cost is the difference of consecutive rows."""
+    H, I, E, K = m["H"], m["I"], m["E"], m["K"]
+    sets = make_weight_sets(E, H, I, 3, dev)
+    rows = []
+    for T, M in [(1, 16), (16, 16), (64, 16), (16, None), (128, 16)]:
+        r = make_routing(H, E, K, T, m["norm"], False, dev, seed=T)
+        idx, w = r.idx_TK, r.w_TK
+        if M is not None:
+            sel = select_reassign(r.probs_TE, idx, w, r.active_T, M, kind="router_sum")
+            idx, w = sel.topk_idx_TK, sel.topk_w_TK
+        n_run = int(torch.unique(idx[w != 0]).numel())
+        row = dict(model=name, T=T, M=M or "dense", kept=n_run, floor_us=expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3))
+        prev = 0.0
+        for n, label in enumerate(["route", "gate_up", "down", "reduce"], start=1):
+            calls = [lambda gu=gu, dn=dn, n=n: fused_experts(r.x_TH, gu, dn, idx, w, _stages=n) for gu, dn in sets]
+            res = guarded(f"breakdown {label}", time_graph, calls, reps, dev)
+            if res is None:
+                break
+            row[f"upto_{label}_us"] = round(res[0], 2)
+            row[f"{label}_us"] = round(res[0] - prev, 2)
+            prev = res[0]
+        rows.append(row)
+        log(f"  breakdown {name} T={T} M={row['M']} kept={n_run} floor={row['floor_us']:.1f} "
+            + " ".join(f"{k}={v}" for k, v in row.items() if k.endswith("_us") and not k.startswith("upto")))  # fmt: skip
     return rows
 
 
@@ -224,7 +263,7 @@ def table_experts(rows: list, copy_gbps: float) -> str:
 
 
 def table_select(rows: list) -> str:
-    cols = ["plain_router", "router_sum", "base_gather", "base_fused", "base_torch"]
+    cols = ["plain_router", "router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "base_torch"]
     lines = ["selection step per layer (M=16), us per step; extra = minus the plain router",
              f"{'model':18} {'T':>4} " + " ".join(f"{c[:13]:>13}" for c in cols)]  # fmt: skip
     for r in rows:
@@ -294,6 +333,8 @@ def main() -> None:
         report["experts"] += rows or []
         save()
         if i == 0:
+            report["breakdown"] = guarded("breakdown", bench_breakdown, name, models[name], dev, copy_gbps, args.reps) or []
+            save()
             for sname in order:
                 report["select"] += guarded(f"select {sname}", bench_select, sname, models[sname], dev,
                                             time.time() + 40, args.reps, ts) or []  # fmt: skip
@@ -305,7 +346,13 @@ def main() -> None:
     (args.out / "table.txt").write_text(text + "\n")
     # the reply shows the tail of the output: Qwen3 random-routing rows and the selection table
     short = [r for r in report["experts"] if r["routing"] == "random" and r["model"] == order[0]]
-    print("\n" + table_experts(short, copy_gbps) + "\n\n" + table_select(report["select"]), flush=True)
+    bd = "\n".join(
+        f"breakdown {b['model']} T={b['T']} M={b['M']} kept={b['kept']} floor={b['floor_us']:.1f}: "
+        + " ".join(f"{k[:-3]}={v}" for k, v in b.items() if k.endswith("_us") and k != "floor_us" and not k.startswith("upto"))
+        for b in report.get("breakdown", [])
+    )  # fmt: skip
+    (args.out / "table.txt").write_text(text + "\n\n" + bd + "\n")
+    print("\n" + table_experts(short, copy_gbps) + "\n\n" + table_select(report["select"]) + "\n\n" + bd, flush=True)
     log(f"wrote {out_json}")
 
 

@@ -3,8 +3,8 @@
     python -m kernels.tune                                  # every model of kernels/timing.py, all T
     python -m kernels.tune --models qwen3_30b_a3b --ts 16 64 --out /tmp/cfg.json
 
-Objective per shape: the sum over two routings (budget 16 after router_sum selection, and the
-dense union) of time / memory floor, so one config serves budgeted and dense decoding alike.
+Objective per shape: the mean over three routings (budgets 8 and 16 after router_sum selection,
+and the dense union) of time / memory floor, so one config serves budgeted and dense decoding.
 Search: coordinate descent, gate_up candidates with the default down config, then down
 candidates with the best gate_up. Timed as kernels/bench.py times (CUDA graphs, weight sets
 rotated). Entries not tuned fall back to the nearest T, then to configs/default.json.
@@ -26,10 +26,12 @@ from kernels.timing import MODELS, expert_bytes, make_routing, make_weight_sets,
 # so every persistent program starts at once and none trails the others.
 # (TB pairs per tile, BI intermediate rows, BH hidden per step, num_warps, num_stages, PER_SM)
 GATE_UP = [(16, 32, 128, 4, 4, 3), (16, 64, 128, 4, 3, 2), (16, 32, 256, 4, 3, 2), (16, 16, 256, 4, 4, 3),
-           (32, 32, 128, 4, 4, 2), (64, 32, 64, 4, 4, 2), (16, 64, 64, 4, 5, 2), (16, 32, 128, 8, 4, 2)]  # fmt: skip
+           (32, 32, 128, 4, 4, 2), (64, 32, 64, 4, 4, 2), (16, 64, 64, 4, 5, 2), (16, 32, 128, 8, 4, 2),
+           (64, 64, 64, 8, 3, 2), (32, 64, 64, 4, 4, 2), (128, 32, 64, 8, 3, 2)]  # fmt: skip
 # (TB, BHO hidden outputs per work item, BI intermediate per step, num_warps, num_stages, PER_SM)
 DOWN = [(16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 4, 3), (16, 128, 64, 4, 4, 2), (16, 64, 256, 4, 3, 2),
-        (32, 64, 128, 4, 4, 2), (64, 64, 64, 4, 4, 2), (16, 32, 256, 4, 3, 4), (16, 128, 128, 8, 3, 1)]  # fmt: skip
+        (32, 64, 128, 4, 4, 2), (64, 64, 64, 4, 4, 2), (16, 32, 256, 4, 3, 4), (16, 128, 128, 8, 3, 1),
+        (64, 128, 64, 8, 3, 2), (32, 128, 64, 4, 4, 2), (128, 64, 64, 8, 3, 2)]  # fmt: skip
 TS = [1, 8, 16, 32, 64, 128]
 
 
@@ -46,9 +48,12 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
     H, I, E, K = model["H"], model["I"], model["E"], model["K"]
     dev = sets[0][0].device
     r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
-    sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, 16, kind="router_sum")
     cases = []
-    for idx, w in [(sel.topk_idx_TK, sel.topk_w_TK), (r.idx_TK, r.w_TK)]:
+    routings = [(r.idx_TK, r.w_TK)]
+    for M in (8, 16):
+        sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
+        routings.append((sel.topk_idx_TK, sel.topk_w_TK))
+    for idx, w in routings:
         n_run = int(torch.unique(idx[w != 0]).numel())
         floor_us = expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)
         cases.append((idx, w, floor_us))

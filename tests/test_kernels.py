@@ -25,6 +25,7 @@ from kernels import (
     fused_experts,
     prepare_predictor,
     register_base_triton,
+    route_select,
     score_experts,
     select_reassign,
     select_step,
@@ -137,6 +138,43 @@ def test_select_scores_in_kernel(kind, T, E, K):
     keep_E, idx_TK, w_TK = reference_select(b, out.score_E, 7, "backfill", True)  # exact given score
     assert torch.equal(out.keep_E, keep_E)
     assert_same_routing(out.topk_idx_TK, out.topk_w_TK, idx_TK, w_TK, 1e-5)
+
+
+ROUTE_CASES = [  # T, E, K, norm_topk, scale, dtype, kind
+    (1, 8, 2, True, 1.0, torch.float32, "router_sum"),
+    (16, 60, 4, False, 1.0, torch.float16, "base"),
+    (20, 64, 6, False, 2.5, torch.float32, "count"),
+    (64, 128, 8, True, 1.0, torch.float32, "base"),
+]
+
+
+@pytest.mark.parametrize("T,E,K,norm,scale,dtype,kind", ROUTE_CASES)
+def test_route_select_matches_router_and_reference(T, E, K, norm, scale, dtype, kind):
+    """Softmax + top-k (+ renorm, scale) + selection in one launch == torch router + references."""
+    H, M = 16, 7
+    b = make_batch(T, E, K, H, seed=T + E)
+    g = torch.Generator().manual_seed(T)
+    logits_TE = (torch.randn(T, E, generator=g) * 2).to(dtype)
+    art = make_artifacts(E, H)
+    g_TE = b.z_TH @ art.pred_w_LHE[1]
+    routing, sel = route_select(logits_TE, K, b.active_T, M, norm_topk=norm, scale=scale, kind=kind, g_TE=g_TE,
+                                pred_b_E=art.pred_b_LE[1])  # fmt: skip
+    probs_TE = logits_TE.float().softmax(-1)
+    w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+    if norm:
+        w_TK = w_TK / w_TK.sum(-1, keepdim=True)
+    w_TK = (w_TK * scale).to(dtype)
+    torch.testing.assert_close(routing.probs_TE, probs_TE, rtol=1e-5, atol=1e-7)
+    assert torch.equal(routing.topk_idx_TK, idx_TK)
+    torch.testing.assert_close(routing.topk_w_TK, w_TK, rtol=1e-3 if dtype == torch.float16 else 1e-5, atol=1e-6)
+    ref = RoutedBatch(z_TH=b.z_TH, probs_TE=routing.probs_TE, topk_idx_TK=routing.topk_idx_TK,
+                      topk_w_TK=routing.topk_w_TK, active_T=b.active_T, layer=1)  # fmt: skip
+    ref_score = build_selector(kind, Artifacts(pred_w_LHE=art.pred_w_LHE, pred_b_LE=art.pred_b_LE)).score(ref)
+    union_E = pair_counts_E(idx_TK, b.active_T, E) > 0
+    torch.testing.assert_close(sel.score_E[union_E], ref_score[union_E], rtol=1e-5, atol=1e-6)
+    keep_E, r_idx, r_w = reference_select(ref, sel.score_E, M, "backfill", True)
+    assert torch.equal(sel.keep_E, keep_E)
+    assert_same_routing(sel.topk_idx_TK, sel.topk_w_TK, r_idx, r_w, 1e-3 if dtype == torch.float16 else 1e-5)
 
 
 # ----------------------------------------------------------------------------- score
@@ -319,6 +357,24 @@ def test_gpu_select_and_score(kind):
     keep_ref, idx_TK, w_TK = reference_select(cpu_b, sel.score_E.cpu(), 16, "backfill", True)
     assert torch.equal(sel.keep_E.cpu(), keep_ref)
     assert_same_routing(sel.topk_idx_TK, sel.topk_w_TK, idx_TK, w_TK, 1e-2)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_route_select():
+    T, E, K, M = 64, 128, 8, 16
+    b = make_batch(T, E, K, 8, device="cuda", seed=3)
+    logits_TE = torch.randn(T, E, device="cuda").to(torch.bfloat16)
+    routing, sel = route_select(logits_TE, K, b.active_T, M, norm_topk=True, kind="router_sum")
+    probs_TE = logits_TE.float().softmax(-1)
+    torch.testing.assert_close(routing.probs_TE, probs_TE, rtol=1e-4, atol=1e-6)
+    w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+    assert_same_routing(routing.topk_idx_TK, routing.topk_w_TK, idx_TK, (w_TK / w_TK.sum(-1, keepdim=True)), 1e-2)
+    cpu = RoutedBatch(z_TH=b.z_TH.cpu(), probs_TE=routing.probs_TE.cpu(), topk_idx_TK=routing.topk_idx_TK.cpu(),
+                      topk_w_TK=routing.topk_w_TK.cpu(), active_T=b.active_T.cpu(), layer=1)  # fmt: skip
+    keep_E, r_idx, r_w = reference_select(cpu, sel.score_E.cpu(), M, "backfill", True)
+    assert torch.equal(sel.keep_E.cpu(), keep_E)
+    assert_same_routing(sel.topk_idx_TK, sel.topk_w_TK, r_idx, r_w, 1e-2)
 
 
 @pytest.mark.gpu
