@@ -10,7 +10,12 @@ CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compile
 """
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
 from kernels.hf import base_triton_experts_forward, register_base_triton
-from kernels.score import fuse_router_predictor, fused_router_logits, prepare_predictor, score_experts
+from kernels.score import (
+    fuse_router_predictor,
+    fused_router_logits,
+    prepare_predictor,
+    score_experts,
+)
 from kernels.select import Routing, Selection, route_select, select_reassign
 from kernels.step import select_step
 

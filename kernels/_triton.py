@@ -8,8 +8,9 @@ interpreted by accident because some test set that variable. Kernels here call n
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import triton

@@ -31,13 +31,27 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels import fuse_router_predictor, fused_router_logits, prepare_predictor, register_base_triton
-from kernels.experts import device_name
+from kernels import (
+    fuse_router_predictor,
+    fused_router_logits,
+    prepare_predictor,
+    register_base_triton,
+)
+from kernels.experts import device_name, fused_experts
 from kernels.score import score_experts
-from kernels.experts import fused_experts
 from kernels.select import route_select, select_reassign
-from kernels.timing import (MODELS, SMOKE_MODELS, copy_bandwidth, expert_bytes, experts_module, make_routing,
-                            make_weight_sets, set_impl, time_eager, time_graph)  # fmt: skip
+from kernels.timing import (
+    MODELS,
+    SMOKE_MODELS,
+    copy_bandwidth,
+    expert_bytes,
+    experts_module,
+    make_routing,
+    make_weight_sets,  # fmt: skip
+    set_impl,
+    time_eager,
+    time_graph,
+)
 
 TS = [1, 8, 16, 32, 64, 128]
 BUDGETS = [8, 16, 32, 64, None]
@@ -63,13 +77,13 @@ def guarded(what: str, fn, *args, **kwargs):
 def run_gpu_tests(out: Path, timeout_s: int) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_kernels.py", "-p", "no:cacheprovider"]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         text, rc = f"TIMEOUT after {timeout_s}s\n{e.stdout or ''}", -1
     (out / "gpu_tests.log").write_text(text)
     summary = [line for line in text.splitlines() if "passed" in line or "failed" in line or "error" in line.lower()]
-    return dict(returncode=rc, summary=summary[-5:])
+    return {"returncode": rc, "summary": summary[-5:]}
 
 
 # ----------------------------------------------------------------------------- expert FFN
@@ -96,9 +110,9 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                     idx, w = sel.topk_idx_TK, sel.topk_w_TK
                 n_run = int(torch.unique(idx[w != 0]).numel())
                 nbytes = expert_bytes(n_run, H, I, T)
-                row = dict(model=name, routing=routing, T=T, M=M if M is not None else "dense", union=union,
-                           kept=n_run, bytes=nbytes, floor_us=nbytes / (copy_gbps * 1e3),
-                           gflop=2 * 3 * H * I * int((w != 0).sum()) / 1e9)  # fmt: skip
+                row = {"model": name, "routing": routing, "T": T, "M": M if M is not None else "dense", "union": union,
+                           "kept": n_run, "bytes": nbytes, "floor_us": nbytes / (copy_gbps * 1e3),
+                           "gflop": 2 * 3 * H * I * int((w != 0).sum()) / 1e9}  # fmt: skip
                 if M is not None and M >= union and dense_row is not None:
                     row.update({k: v for k, v in dense_row.items() if k.startswith(tuple(IMPLS))})
                     rows.append(row)
@@ -110,9 +124,9 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                         continue  # host-bound loop with syncs; a few rows suffice
                     for mod in mods:
                         set_impl(mod, impl)
-                    calls = [lambda mod=mod, idx=idx, w=w: mod(r.x_TH, idx, w) for mod in mods]
+                    calls = [lambda mod=mod, x=r.x_TH, idx=idx, w=w: mod(x, idx, w) for mod in mods]
                     if impl == "eager":
-                        res = guarded(f"{name} {impl} T={T} M={M}", lambda: (time_eager(calls, 6, dev), "eager"))
+                        res = guarded(f"{name} {impl} T={T} M={M}", lambda c=calls: (time_eager(c, 6, dev), "eager"))
                     else:
                         res = guarded(f"{name} {impl} T={T} M={M}", time_graph, calls, reps, dev)
                     if res is None:
@@ -145,11 +159,7 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
     pred_b_E = (torch.randn(E, generator=g) * 0.1).to(dev)
     pred_w_EH = prepare_predictor(pred_w_HE)
     wcat_CH = fuse_router_predictor(router_EH, pred_w_HE)
-    rows = []
-    for T in ts:
-        if time.time() > deadline:
-            log(f"  select: out of time at {name} T={T}")
-            break
+    def one_row(T: int) -> dict:
         z_TH = torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
         active_T = torch.ones(T, dtype=torch.bool, device=dev)
 
@@ -195,7 +205,7 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
             keep_E, score_E = sel.keep(b, budget)
             return reassign(b, keep_E, score_E)
 
-        row = dict(model=name, T=T, M=budget)
+        row = {"model": name, "T": T, "M": budget}
         for label, fn in [("plain_router", plain), ("router_sum", router_sum), ("base_gather", base_gather),
                           ("base_fused", base_fused), ("route_rsum", route_rsum), ("route_base", route_base),
                           ("base_torch", base_torch)]:  # fmt: skip
@@ -205,8 +215,15 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
         for label in ["router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "base_torch"]:
             if f"{label}_us" in row and "plain_router_us" in row:
                 row[f"{label}_extra_us"] = round(row[f"{label}_us"] - row["plain_router_us"], 2)
-        rows.append(row)
         log(f"  select {name} T={T}: " + " ".join(f"{k}={v}" for k, v in row.items() if k.endswith("_us")))
+        return row
+
+    rows = []
+    for T in ts:
+        if time.time() > deadline:
+            log(f"  select: out of time at {name} T={T}")
+            break
+        rows.append(one_row(T))
     return rows
 
 
@@ -223,10 +240,12 @@ def bench_breakdown(name: str, m: dict, dev, copy_gbps: float, reps: int) -> lis
             sel = select_reassign(r.probs_TE, idx, w, r.active_T, M, kind="router_sum")
             idx, w = sel.topk_idx_TK, sel.topk_w_TK
         n_run = int(torch.unique(idx[w != 0]).numel())
-        row = dict(model=name, T=T, M=M or "dense", kept=n_run, floor_us=expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3))
+        floor_us = expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)
+        row = {"model": name, "T": T, "M": M or "dense", "kept": n_run, "floor_us": floor_us}
         prev = 0.0
         for n, label in enumerate(["route", "gate_up", "down", "reduce"], start=1):
-            calls = [lambda gu=gu, dn=dn, n=n: fused_experts(r.x_TH, gu, dn, idx, w, _stages=n) for gu, dn in sets]
+            calls = [lambda gu=gu, dn=dn, n=n, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, _stages=n)
+                     for gu, dn in sets]  # fmt: skip
             res = guarded(f"breakdown {label}", time_graph, calls, reps, dev)
             if res is None:
                 break
@@ -253,7 +272,7 @@ def table_experts(rows: list, copy_gbps: float) -> str:
     for r in rows:
         o, gm = r.get("base_triton_us"), r.get("grouped_mm_us")
         lines.append(
-            f"{r['model'][:18]:18} {r['routing'][:6]:6} {r['T']:>4} {str(r['M']):>5} "
+            f"{r['model'][:18]:18} {r['routing'][:6]:6} {r['T']:>4} {r['M']!s:>5} "
             f"{str(r['kept']) + '/' + str(r['union']):>9} {r['bytes'] / 1e6:6.0f} {r['floor_us']:7.1f} | "
             f"{fmt(o):>8} {r.get('base_triton_frac', 0) * 100:5.0f} | {fmt(gm):>8} "
             f"{r.get('grouped_mm_frac', 0) * 100:5.0f} | {fmt(r.get('batched_mm_us')):>8} | "
@@ -297,9 +316,9 @@ def main() -> None:
     import triton
 
     gpu = device_name(dev)
-    report = dict(device=gpu, torch=torch.__version__, triton=triton.__version__,
-                  transformers=transformers.__version__, python=platform.python_version(),
-                  started=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+    report = {"device": gpu, "torch": torch.__version__, "triton": triton.__version__,
+                  "transformers": transformers.__version__, "python": platform.python_version(),
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
     out_json = args.out / f"{gpu}.json"
 
     def save():

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -267,11 +267,11 @@ def _reduce_kernel(
 class ExpertsConfig:
     """Launch parameters of the gate_up and down kernels for one (H, I, T-bucket)."""
 
-    gate_up: dict = field(default_factory=lambda: dict(TB=16, BI=32, BH=128, num_warps=4, num_stages=4, PER_SM=3))
-    down: dict = field(default_factory=lambda: dict(TB=16, BHO=32, BI=128, num_warps=4, num_stages=4, PER_SM=4))
+    gate_up: dict = field(default_factory=lambda: dict(TB=16, BI=32, BH=128, num_warps=4, num_stages=4, PER_SM=3))  # noqa: C408
+    down: dict = field(default_factory=lambda: dict(TB=16, BHO=32, BI=128, num_warps=4, num_stages=4, PER_SM=4))  # noqa: C408
 
 
-@lru_cache(maxsize=None)
+@cache
 def num_sms(device: torch.device) -> int:
     """Programs of the persistent kernels = PER_SM x this (the interpreter runs a few)."""
     if device.type != "cuda":
@@ -289,7 +289,7 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device).replace(" ", "_")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_configs(name: str) -> dict:
     path = CONFIG_DIR / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -372,7 +372,7 @@ def fused_experts(
     if _stages < 2:
         return out_TH
     gu, dn = dict(cfg.gate_up), dict(cfg.down)
-    n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))  # noqa: E731
+    n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))
     _gate_up_kernel.on(dev)[(n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)](
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
         E, H, I, K, I if not layout.interleaved else 1, float(layout.alpha), float(layout.limit),

@@ -25,11 +25,10 @@ No host synchronisation; score_E has shape (E,) whatever the routing: safe in a 
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import dual_jit, empty, next_pow2
+from kernels._triton import dual_jit, empty
 from kernels.select import KINDS
 
 

@@ -37,7 +37,7 @@ def select_step(
     layer with kernels.score.prepare_predictor; derived from artifacts per call otherwise)."""
     art = artifacts or Artifacts()
     dev, L = batch.probs_TE.device, batch.layer
-    common = dict(reassign_mode=reassign_mode, renormalize=renormalize)
+    common = {"reassign_mode": reassign_mode, "renormalize": renormalize}
     args = (batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, budget)
 
     def layer_row(t: Tensor | None, what: str) -> Tensor:

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 # One MoE layer of each model: hidden, expert intermediate, routed experts, top-k, renormalised top-k.
 MODELS = {
-    "qwen3_30b_a3b": dict(H=2048, I=768, E=128, K=8, norm=True),
-    "qwen15_moe_a27b": dict(H=2048, I=1408, E=60, K=4, norm=False),
-    "deepseek_v2_lite": dict(H=2048, I=1408, E=64, K=6, norm=False),
+    "qwen3_30b_a3b": {"H": 2048, "I": 768, "E": 128, "K": 8, "norm": True},
+    "qwen15_moe_a27b": {"H": 2048, "I": 1408, "E": 60, "K": 4, "norm": False},
+    "deepseek_v2_lite": {"H": 2048, "I": 1408, "E": 64, "K": 6, "norm": False},
 }
-SMOKE_MODELS = {"smoke": dict(H=40, I=24, E=16, K=4, norm=True)}  # CPU check of the harness
+SMOKE_MODELS = {"smoke": {"H": 40, "I": 24, "E": 16, "K": 4, "norm": True}}  # CPU check of the harness
 SKEW = 2.0  # skewed routing: fixed per-expert logit offsets ~ SKEW * N(0, 1)
 
 
@@ -153,8 +153,7 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
 def copy_bandwidth(device, gib: float = 2.0, reps: int = 20) -> float:
     """Device-to-device copy, GB/s counting bytes read plus bytes written."""
     n = int(gib * 2**30) // 4
-    a = torch.randn(n, device=device)
-    b = torch.empty_like(a)
-    us = time_eager([lambda: b.copy_(a)], reps, device)
-    del a, b
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    us = time_eager([lambda: dst.copy_(src)], reps, device)
     return 2 * n * 4 / (us * 1e-6) / 1e9

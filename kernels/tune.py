@@ -3,8 +3,9 @@
     python -m kernels.tune                                  # every model of kernels/timing.py, all T
     python -m kernels.tune --models qwen3_30b_a3b --ts 16 64 --out /tmp/cfg.json
 
-Objective per shape: the mean over three routings (budgets 8 and 16 after router_sum selection,
+Objective per shape: the mean over three routings (budgets 16 and 32 after router_sum selection,
 and the dense union) of time / memory floor, so one config serves budgeted and dense decoding.
+(Run v2 also had budget 8: its gain at T=128 picked TB=128, which cost 1.3-1.4x at M >= 32.)
 Search: coordinate descent, gate_up candidates with the default down config, then down
 candidates with the best gate_up. Timed as kernels/bench.py times (CUDA graphs, weight sets
 rotated). Entries not tuned fall back to the nearest T, then to configs/default.json.
@@ -18,9 +19,22 @@ from pathlib import Path
 
 import torch
 
-from kernels.experts import CONFIG_DIR, ExpertsConfig, _load_configs, config_key, device_name, fused_experts
+from kernels.experts import (
+    CONFIG_DIR,
+    ExpertsConfig,
+    _load_configs,
+    config_key,
+    device_name,
+    fused_experts,
+)
 from kernels.select import select_reassign
-from kernels.timing import MODELS, expert_bytes, make_routing, make_weight_sets, time_graph
+from kernels.timing import (
+    MODELS,
+    expert_bytes,
+    make_routing,
+    make_weight_sets,
+    time_graph,
+)
 
 # PER_SM <= the CTAs an SM holds at once (registers and shared memory, read off an sm_90 build),
 # so every persistent program starts at once and none trails the others.
@@ -36,11 +50,11 @@ TS = [1, 8, 16, 32, 64, 128]
 
 
 def gate_up_cfg(c: tuple) -> dict:
-    return dict(TB=c[0], BI=c[1], BH=c[2], num_warps=c[3], num_stages=c[4], PER_SM=c[5])
+    return {"TB": c[0], "BI": c[1], "BH": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
 
 
 def down_cfg(c: tuple) -> dict:
-    return dict(TB=c[0], BHO=c[1], BI=c[2], num_warps=c[3], num_stages=c[4], PER_SM=c[5])
+    return {"TB": c[0], "BHO": c[1], "BI": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
 
 
 def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print) -> dict:
@@ -50,7 +64,7 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
     r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
     cases = []
     routings = [(r.idx_TK, r.w_TK)]
-    for M in (8, 16):
+    for M in (16, 32):
         sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
         routings.append((sel.topk_idx_TK, sel.topk_w_TK))
     for idx, w in routings:
@@ -61,7 +75,8 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
     def objective(cfg: ExpertsConfig) -> float:
         total = 0.0
         for idx, w, floor_us in cases:
-            calls = [lambda gu=gu, dn=dn: fused_experts(r.x_TH, gu, dn, idx, w, config=cfg) for gu, dn in sets]
+            calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, config=cfg)
+                     for gu, dn in sets]  # fmt: skip
             us, _ = time_graph(calls, reps, dev)
             total += us / floor_us
         return total
@@ -84,7 +99,7 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
             continue
         if v < best:
             best, best_d = v, d
-    return dict(gate_up=gate_up_cfg(best_g), down=down_cfg(best_d), objective=round(best / len(cases), 3))
+    return {"gate_up": gate_up_cfg(best_g), "down": down_cfg(best_d), "objective": round(best / len(cases), 3)}
 
 
 def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: int = 10, log=print,
