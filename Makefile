@@ -43,6 +43,8 @@ quality: $(STAMP)  ## quality curves on the mini model (the sweep, then results/
 	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=dense budget=null
 	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=oea method.k0=1,2,3 budget=null
 	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=base method.reassign=drop
+	$(OFFLINE) $(PY) run.py exp_name=quality_mini stage=fit logger=none
+	cp "outputs/quality_mini/stage=fit/predictor.csv" results/quality_mini_predictor_r2.csv
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
 clean:  ## remove outputs (keeps the venv)
