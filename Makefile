@@ -47,5 +47,9 @@ quality: $(STAMP)  ## quality curves on the mini model (the sweep, then results/
 	cp "outputs/quality_mini/stage=fit/predictor.csv" results/quality_mini_predictor_r2.csv
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
+bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/
+	python -m kernels.bench --out benchmarks/kernels
+	python -m analysis.kernel_table benchmarks/kernels/$$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
+
 clean:  ## remove outputs (keeps the venv)
 	rm -rf outputs/*/ wandb

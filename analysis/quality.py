@@ -53,5 +53,5 @@ if __name__ == "__main__":
     dest.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(dest.with_suffix(".csv"), index=False)
     piv = pivot(table).round(3)
-    dest.with_suffix(".md").write_text(piv.to_markdown() + "\n")
+    dest.with_suffix(".md").write_text(piv.astype(object).where(piv.notna(), "").to_markdown() + "\n")
     print(piv.to_string())
