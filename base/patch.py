@@ -19,8 +19,10 @@ from base.families import FAMILIES, MoeLayer, find_moe_layers
 from base.routing import RoutedBatch, StepStats, pair_counts_E, reassign, step_stats
 from base.selectors import Selector
 
-# Selectors with a fused Triton path (kernels/step.py); the others run the PyTorch reference.
+# Selectors with a Triton path (kernels/step.py); the others run the PyTorch reference.
 TRITON_SELECTORS = ("router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base")
+# ... of which these can also replace the router's own softmax/top-k (kernels.route_select).
+ROUTE_SELECT_KINDS = ("router_sum", "router_sq", "count", "calib_energy", "base")
 
 
 @dataclass
@@ -86,6 +88,8 @@ class BudgetPatch:
     records: list[StatRecord] = field(default_factory=list)
     _handles: list[Any] = field(default_factory=list)
     _pred_w_EH: dict[int, Tensor] = field(default_factory=dict)  # triton: predictor laid out per layer
+    _wcat_CH: dict[int, Tensor] = field(default_factory=dict)  # triton: [router; predictor] weights
+    _forwards: dict[int, Any] = field(default_factory=dict)  # routers whose forward was replaced
 
     # ---- hooks -------------------------------------------------------------------------------
     def _model_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -114,9 +118,7 @@ class BudgetPatch:
             return None
         logits, w_TK, idx_TK = output
         z_TH = args[0].reshape(-1, args[0].shape[-1])
-        active_T = self.ctx.active_T
-        if active_T is None or active_T.shape[0] != z_TH.shape[0]:
-            active_T = torch.ones(z_TH.shape[0], dtype=torch.bool, device=z_TH.device)
+        active_T = self._active_T(z_TH)
         batch = RoutedBatch(
             z_TH=z_TH,
             probs_TE=torch.softmax(logits.reshape(z_TH.shape[0], -1).float(), dim=-1),
@@ -128,9 +130,7 @@ class BudgetPatch:
         sel = self.selector
         if (sel is not None and sel.needs_norms) or self.options.energy:
             batch.norms_TK = expert_norms_TK(layer.experts, z_TH, idx_TK)
-        renorm = self.options.renormalize == "always" or (
-            self.options.renormalize == "model" and self.renormalizes
-        )
+        renorm = self._renorm()
         if sel is None:
             keep_E = pair_counts_E(idx_TK, active_T, batch.num_experts) > 0
             new = None
@@ -144,6 +144,45 @@ class BudgetPatch:
         if new is None:
             return None
         return (logits, new[1], new[0])
+
+    def _active_T(self, z_TH: Tensor) -> Tensor:
+        active_T = self.ctx.active_T
+        if active_T is None or active_T.shape[0] != z_TH.shape[0]:
+            active_T = torch.ones(z_TH.shape[0], dtype=torch.bool, device=z_TH.device)
+        return active_T
+
+    def _renorm(self) -> bool:
+        return self.options.renormalize == "always" or (self.options.renormalize == "model" and self.renormalizes)
+
+    def _route_select_forward(self, layer: MoeLayer, original: Any, hidden_states: Tensor) -> tuple:
+        """The router's forward at decode as ONE kernel: its softmax/top-k, the score, the top-M and
+        the backfill (kernels.route_select); for `base` the predictor rides in the router's GEMM."""
+        if not (self.ctx.is_decode or self.options.apply_to == "all"):
+            return original(hidden_states)
+        from kernels import fuse_router_predictor, fused_router_logits, route_select
+
+        router, sel, L = layer.router, self.selector, layer.index
+        z_TH = hidden_states.reshape(-1, hidden_states.shape[-1]).to(router.weight.dtype)
+        extra: dict[str, Tensor] = {}
+        if sel.name == "base":
+            if L not in self._wcat_CH:
+                self._wcat_CH[L] = fuse_router_predictor(router.weight, sel.artifacts.pred_w_LHE[L].to(z_TH.device))
+            logits_TE, g_TE = fused_router_logits(z_TH, self._wcat_CH[L])
+            extra = {"g_TE": g_TE, "pred_b_E": sel.artifacts.pred_b_LE[L].to(z_TH.device, torch.float32)}
+        else:
+            logits_TE = torch.nn.functional.linear(z_TH, router.weight)
+            if sel.name == "calib_energy":
+                extra = {"energy_E": sel.artifacts.energy_LE[L].to(z_TH.device, torch.float32)}
+        active_T = self._active_T(z_TH)
+        routing, out = route_select(
+            logits_TE, layer.top_k, active_T, self.options.budget, norm_topk=self.renormalizes,
+            scale=float(getattr(router, "routed_scaling_factor", 1.0)), kind=sel.name,
+            reassign_mode=self.options.reassign, renormalize=self._renorm(), **extra,
+        )  # fmt: skip
+        if self.options.record_stats:
+            batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, L)
+            self.records.append(StatRecord(L, self.ctx.step, self.ctx.is_decode, step_stats(batch, out.keep_E)))
+        return logits_TE, out.topk_w_TK, out.topk_idx_TK
 
     def _triton_select(self, batch: RoutedBatch, sel: Selector, renorm: bool) -> tuple[Tensor, tuple]:
         from kernels.score import prepare_predictor
@@ -184,6 +223,10 @@ class BudgetPatch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for layer in self.layers:
+            if layer.index in self._forwards:
+                del layer.router.forward  # back to the class's forward
+        self._forwards.clear()
 
 
 def patch_model(
@@ -208,6 +251,24 @@ def patch_model(
     )
     patch._handles.append(model.register_forward_pre_hook(patch._model_pre_hook, with_kwargs=True))
     for layer in layers:
+        if _can_route_select(patch, layer):
+            original = layer.router.forward
+            layer.router.forward = lambda h, layer=layer, original=original: patch._route_select_forward(
+                layer, original, h)
+            patch._forwards[layer.index] = original
+            continue
         hook = lambda mod, args, out, layer=layer: patch._router_hook(layer, mod, args, out)
         patch._handles.append(layer.router.register_forward_hook(hook))
     return patch
+
+
+def _can_route_select(patch: BudgetPatch, layer: MoeLayer) -> bool:
+    """route_select reproduces softmax -> top-k (-> renormalise, scale) routers without a bias."""
+    sel, router = patch.selector, layer.router
+    return (
+        patch.options.backend == "triton" and sel is not None and sel.name in ROUTE_SELECT_KINDS
+        and not patch.options.energy and getattr(router, "bias", None) is None
+        and getattr(router, "topk_method", "greedy") == "greedy"
+        and type(router).__name__ in ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter",
+                                      "MixtralTopKRouter", "DeepseekV2TopkRouter")
+    )
