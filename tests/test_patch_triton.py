@@ -30,11 +30,11 @@ def _artifacts(model, seed: int = 0) -> Artifacts:
                      pred_w_LHE=0.3 * torch.randn(L, H, E, generator=g), pred_b_LE=torch.randn(L, E, generator=g))
 
 
-def _decode(model, family, selector, backend, ids_BS, mask_BS, budget):
+def _decode(model, family, selector, backend, ids_BS, mask_BS, budget, new_tokens=4):
     patch = patch_model(model, family, selector, PatchOptions(budget=budget, backend=backend), pad_token_id=None)
     try:
         with torch.no_grad():
-            out = model.generate(input_ids=ids_BS, attention_mask=mask_BS, max_new_tokens=4, do_sample=False,
+            out = model.generate(input_ids=ids_BS, attention_mask=mask_BS, max_new_tokens=new_tokens, do_sample=False,
                                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         kept = [r["kept"] for r in patch.stats_rows() if r["decode"]]
         fused = bool(patch._forwards)
@@ -63,3 +63,32 @@ def test_triton_backend_matches_torch(name, selector):
     assert kept == kept_ref and max(kept) <= budget
     # After remove() the router is the model's own again.
     assert all("forward" not in vars(layer.router) for layer in find_moe_layers(model))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_deepseek"])
+@pytest.mark.parametrize("selector", ["router_sum", "base"])
+def test_gpu_triton_backend_and_base_triton_match_torch(name, selector):
+    """Compiled kernels (route_select + base_triton experts) against the eager PyTorch path, fp32;
+    one decode step (prefill + 1), since tf32 dots may flip later greedy choices of a random model."""
+    from kernels import register_base_triton
+
+    cfg, model = _model(name)
+    model = model.cuda()
+    torch.manual_seed(1)
+    ids_BS = torch.randint(3, 250, (16, 6), device="cuda")
+    mask_BS = torch.ones_like(ids_BS)
+    mask_BS[0, :2] = 0
+    sel = build_selector(selector, _artifacts(model))
+    ref, kept_ref, _ = _decode(model, cfg.family, sel, "torch", ids_BS, mask_BS, 5, new_tokens=2)
+    register_base_triton()
+    model.set_experts_implementation("base_triton")
+    try:
+        out, kept, fused = _decode(model, cfg.family, sel, "triton", ids_BS, mask_BS, 5, new_tokens=2)
+    finally:
+        model.set_experts_implementation("eager")
+    assert fused
+    assert torch.equal(out.sequences[:, :-1], ref.sequences[:, :-1])
+    rel = (out.logits[-1] - ref.logits[-1]).norm() / ref.logits[-1].norm()
+    assert rel < 1e-2, rel
+    assert kept == kept_ref and max(kept) <= 5
