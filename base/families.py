@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from base.config import ModelConfig
+from base.config import ConfigError, ModelConfig
 from base.registry import Registry
 
 
@@ -79,7 +79,13 @@ def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
     family = FAMILIES.get(cfg.family)
     if cfg.init == "random":
         return AutoConfig.for_model(family.model_type, **cfg.arch)
-    return AutoConfig.from_pretrained(resolve_path(cfg.path, root), trust_remote_code=cfg.trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(resolve_path(cfg.path, root), trust_remote_code=cfg.trust_remote_code)
+    except OSError as err:
+        raise ConfigError(
+            f"model {cfg.name}: cannot load {cfg.path!r} ({type(err).__name__}); point model.path at a local "
+            f"checkpoint directory, or use model.init=random to build the architecture with random weights"
+        ) from err
 
 
 def num_experts(cfg: ModelConfig, root: Path) -> int:

@@ -73,3 +73,9 @@ def test_budget_above_expert_count_fails(compose, tmp_path):
 
 def test_dense_ignores_budget(compose, tmp_path):
     assert run.build_config(compose(["method=dense", "budget=8"]), tmp_path).budget is None
+
+
+def test_missing_pretrained_weights_fail_with_a_way_out(compose, tmp_path):
+    rc = run.build_config(compose(["model=qwen3_30b", "model.path=/nonexistent/qwen3"]), tmp_path)
+    with pytest.raises(ConfigError, match="model.path at a local checkpoint directory, or use model.init=random"):
+        num_experts(rc.model, ROOT)
