@@ -90,6 +90,7 @@ class BudgetPatch:
     _pred_w_EH: dict[int, Tensor] = field(default_factory=dict)  # triton: predictor laid out per layer
     _wcat_CH: dict[int, Tensor] = field(default_factory=dict)  # triton: [router; predictor] weights
     _forwards: dict[int, Any] = field(default_factory=dict)  # routers whose forward was replaced
+    _ended_ids: dict[torch.device, Tensor] = field(default_factory=dict)  # pad + EOS ids, per device
 
     # ---- hooks -------------------------------------------------------------------------------
     def _model_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -104,18 +105,27 @@ class BudgetPatch:
             active_BS &= mask[:, -S:].bool()
         if self.ctx.is_decode:
             self.ctx.step += 1
-            ended = [t for t in (self.ctx.pad_token_id, *self.ctx.eos_token_ids) if t is not None]
-            if ids is not None and ended:
+            ended = self._ended(x.device)
+            if ids is not None and ended.numel():
                 # generate() feeds a finished row its EOS once, then the pad token; such rows must
                 # not score or add experts.
-                active_BS &= ~torch.isin(ids, torch.tensor(ended, device=ids.device))
+                active_BS &= ~torch.isin(ids, ended)
             if self.ctx.finished_B is not None and self.ctx.finished_B.shape[0] == B:
                 active_BS &= ~self.ctx.finished_B.to(x.device)[:, None]
         self.ctx.active_T = active_BS.reshape(-1)
 
+    def _ended(self, device: torch.device) -> Tensor:
+        """Token ids that mark a finished row, built once per device (no copy per decode step)."""
+        if device not in self._ended_ids:
+            ids = [t for t in (self.ctx.pad_token_id, *self.ctx.eos_token_ids) if t is not None]
+            self._ended_ids[device] = torch.tensor(ids, dtype=torch.long, device=device)
+        return self._ended_ids[device]
+
     def _router_hook(self, layer: MoeLayer, module: nn.Module, args: tuple, output: tuple) -> tuple | None:
         if not (self.ctx.is_decode or self.options.apply_to == "all"):
             return None
+        if self.selector is None and not self.options.record_stats:
+            return None  # dense with nothing to record: leave the router alone
         logits, w_TK, idx_TK = output
         z_TH = args[0].reshape(-1, args[0].shape[-1])
         active_T = self._active_T(z_TH)
