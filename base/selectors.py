@@ -35,6 +35,11 @@ class Artifacts:
     pred_w_LHE: Tensor | None = None  # linear predictor of log||E_u(z)||: z @ W + b
     pred_b_LE: Tensor | None = None
 
+    def to(self, device: torch.device) -> Artifacts:
+        """The same statistics on `device` (a patch moves them once, so no step copies them)."""
+        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(self).items()}
+        return Artifacts(**moved)
+
 
 class Selector:
     """Scores experts from a RoutedBatch; `keep` returns the kept set as a bool mask over E."""

@@ -121,7 +121,7 @@ def test_budget_covering_the_union_equals_dense(model, dense, name):
     assert len(out.logits) == len(dense.logits) == NEW
     for got, want in zip(out.logits, dense.logits):
         assert torch.equal(got, want)
-    assert len(patch.records) == (NEW - 1) * L
+    assert len(patch.stats_rows()) == (NEW - 1) * L
 
 
 def test_binding_budget_changes_decode_but_not_prefill(model, dense):
@@ -138,7 +138,7 @@ def test_prefill_untouched_unless_apply_to_all(model):
     with patched(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=1)) as patch, torch.no_grad():
         logits = model(input_ids=IDS, attention_mask=MASK).logits
     assert torch.equal(logits, dense_logits)
-    assert patch.records == []
+    assert patch.stats_rows() == []
 
     probe = MoeProbe(model)
     try:

@@ -1,0 +1,304 @@
+"""Decode engine: prefill dense, then decode steps replayed from one CUDA graph per batch size.
+
+    engine = DecodeEngine(model, batch_size=16, max_len=640, patch=patch, eos_ids=(2,), pad_id=0)
+    result = engine.generate(ids_BP, mask_BP, max_new=384)       # tokens_BN, step times
+    engine.release()                                            # free the graph and the cache
+
+Everything a decode step touches is a static buffer updated in place, so the whole step (model
+forward, selection, statistics, greedy or sampled next token, finished rows) is captured once and
+replayed: the KV cache (`StaticKV`, written at the step's position), the input token, per-row
+positions, the key-validity mask (no attention to empty or padded cache slots), finished rows,
+and the generated tokens. The patch's selection state is on the device from patch time on and its
+statistics accumulate in device tensors (base/recorder.py), so a step never syncs the host.
+On a CPU (or with graph=False) the same step function runs eagerly.
+
+A finished row keeps decoding a pad token, but it neither scores nor adds experts (inactive), as
+with transformers' generate. Rows past the real batch (a short last batch) are finished from the
+start, so one graph serves every batch of an evaluation.
+
+Shapes: B batch (static), P prompt length, L cache length (static), N new tokens, V vocabulary.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from base.patch import BudgetPatch, model_device
+
+
+class StaticKV:
+    """A KV cache of fixed shape (B, heads, L, d) per attention layer, written at `write_pos`.
+
+    Duck-typed for transformers' attention layers, which call `cache.update(k, v, layer_idx, ...)`
+    and use the returned full-length tensors with the 4D mask the engine passes. Buffers are
+    allocated by the first (prefill) forward, outside any graph, and keep their addresses."""
+
+    is_compileable = True
+
+    def __init__(self, max_len: int, device: torch.device) -> None:
+        self.max_len = max_len
+        self.layers: dict[int, tuple[Tensor, Tensor]] = {}
+        self.write_pos = torch.zeros(1, dtype=torch.long, device=device)  # positions written this forward
+        self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if layer_idx not in self.layers:
+            B, h, _, _ = key.shape
+            self.layers[layer_idx] = (key.new_zeros(B, h, self.max_len, key.shape[-1]),
+                                      value.new_zeros(B, value.shape[1], self.max_len, value.shape[-1]))
+        k_cache, v_cache = self.layers[layer_idx]
+        k_cache.index_copy_(2, self.write_pos, key)
+        v_cache.index_copy_(2, self.write_pos, value)
+        return k_cache, v_cache
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.host_len
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.max_len
+
+    def zero_(self) -> None:
+        for k, v in self.layers.values():
+            k.zero_()
+            v.zero_()
+
+
+@dataclass
+class Sampling:
+    """Greedy (do_sample False) or temperature / top-k / top-p sampling, in the graph."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def next_token(self, logits_BV: Tensor) -> Tensor:
+        if not self.do_sample:
+            return logits_BV.argmax(-1)
+        logits_BV = logits_BV.float() / max(self.temperature, 1e-5)
+        if self.top_k:
+            kth_B1 = logits_BV.topk(min(self.top_k, logits_BV.shape[-1]), dim=-1).values[:, -1:]
+            logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            sorted_BV, order_BV = logits_BV.sort(dim=-1, descending=True)
+            cum_BV = sorted_BV.softmax(-1).cumsum(-1)
+            drop_BV = (cum_BV - sorted_BV.softmax(-1)) > self.top_p  # keep the first token always
+            logits_BV = logits_BV.scatter(1, order_BV, sorted_BV.masked_fill(drop_BV, float("-inf")))
+        probs_BV = logits_BV.softmax(-1)
+        # Exponential race: argmax p / Exp(1) samples from p; graph-safe (no multinomial).
+        return (probs_BV / torch.empty_like(probs_BV).exponential_()).argmax(-1)
+
+
+@dataclass
+class GenerateResult:
+    tokens_BN: Tensor  # generated tokens (pad after a row finished), on the CPU
+    steps: int  # decode steps run (the prefill's token is step 0 and not counted)
+    step_ms: list[float]  # per graph-replayed step (CUDA events); empty when eager or untimed
+    eager_steps: int  # steps run eagerly (on CPU: all; on a GPU: the warm-up before capture)
+
+
+def _forward_kwargs(model: nn.Module) -> tuple[str, bool]:
+    params = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+
+
+class DecodeEngine:
+    """Static-shape prefill + decode for one batch size and cache length (see the module doc)."""
+
+    def __init__(self, model: nn.Module, batch_size: int, max_len: int, patch: BudgetPatch | None = None,
+                 eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
+                 sampling: Sampling | None = None) -> None:
+        self.model, self.patch, self.B, self.L = model, patch, batch_size, max_len
+        self.device = model_device(model)
+        self.dtype = next(model.parameters()).dtype
+        self.graph_enabled = self.device.type == "cuda" if graph is None else graph
+        self.sampling = sampling or Sampling()
+        self.pad_id = pad_id
+        self._cache_kw, self._has_keep = _forward_kwargs(model)
+        dev, B, L = self.device, batch_size, max_len
+        self.eos_D = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
+        self.cache = StaticKV(L, dev)
+        self.tok_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)  # the token fed this step
+        self.rowpos_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)  # its position in its row
+        self.pos_1 = torch.zeros(1, dtype=torch.long, device=dev)  # its cache slot (same for all rows)
+        self.valid_BL = torch.zeros(B, L, dtype=torch.bool, device=dev)  # cache slots a row may attend to
+        self.finished_B = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.stop_at_eos = torch.ones((), dtype=torch.bool, device=dev)
+        self.gen_i = torch.zeros(1, dtype=torch.long, device=dev)  # index of the next generated token
+        self.out_BN = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.arange_L = torch.arange(L, device=dev)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_n = 0  # capacity of out_BN when the graph was captured
+
+    # ---- the step ----------------------------------------------------------------------------
+    def _model_kwargs(self) -> dict:
+        kw = {self._cache_kw: self.cache, "use_cache": True}
+        if self._has_keep:
+            kw["logits_to_keep"] = 1
+        return kw
+
+    def _mask(self, allowed_B1QL: Tensor) -> Tensor:
+        """The 4D mask in the form the model's attention takes: bool for sdpa, additive otherwise."""
+        if getattr(self.model.config, "_attn_implementation", "sdpa") == "sdpa":
+            return allowed_B1QL
+        return torch.zeros((), dtype=self.dtype, device=self.device).masked_fill(
+            ~allowed_B1QL, torch.finfo(self.dtype).min)
+
+    def _step(self) -> None:
+        """One decode step on the static buffers; no host sync (captured as is)."""
+        self.valid_BL.index_fill_(1, self.pos_1, True)
+        self.cache.write_pos.copy_(self.pos_1)
+        if self.patch is not None:
+            self.patch.begin_forward(True, ~self.finished_B)
+        out = self.model(input_ids=self.tok_B1, attention_mask=self._mask(self.valid_BL[:, None, None, :]),
+                         position_ids=self.rowpos_B1, **self._model_kwargs())
+        nxt_B = self.sampling.next_token(out.logits[:, -1])
+        self._emit(nxt_B)
+        self.pos_1 += 1
+        self.rowpos_B1 += 1
+
+    def _emit(self, nxt_B: Tensor) -> None:
+        """Record the next token of every row; a finished row gets the pad token."""
+        nxt_B = torch.where(self.finished_B, self.pad_id, nxt_B)
+        self.finished_B |= self.stop_at_eos & torch.isin(nxt_B, self.eos_D)
+        self.tok_B1.copy_(nxt_B[:, None])
+        self.out_BN.index_copy_(1, self.gen_i.clamp(max=self.out_BN.shape[1] - 1), nxt_B[:, None])
+        self.gen_i += 1
+
+    # ---- prefill -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, ids_BP: Tensor, mask_BP: Tensor, max_new: int, stop_at_eos: bool = True) -> None:
+        """Dense forward over the (left-padded) prompts; fills the cache and the first new token.
+        Rows beyond ids_BP's batch are padding rows, finished from the start."""
+        b, P = ids_BP.shape
+        if b > self.B or P + max_new > self.L:
+            raise ValueError(f"batch {b} x {P}+{max_new} tokens exceed the engine's {self.B} x {self.L}")
+        dev, B = self.device, self.B
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros(B, P, dtype=torch.long, device=dev)
+        ids[:b], mask[:b] = ids_BP.to(dev), mask_BP.to(dev)
+        mask[b:, -1] = 1  # padding rows: one token, so no row attends to nothing
+        self.cache.zero_()
+        self.valid_BL.zero_()
+        self.valid_BL[:, :P] = mask.bool()
+        # positions as transformers' generate computes them for left padding
+        pos_BP = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        causal_PP = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        mask_B1PL = torch.zeros(B, 1, P, self.L, dtype=torch.bool, device=dev)
+        mask_B1PL[:, 0, :, :P] = causal_PP & mask.bool()[:, None, :]
+        mask_B1PL[:, 0, :, :P] |= torch.eye(P, dtype=torch.bool, device=dev)  # pad queries: themselves
+        decode_pos = self.cache.write_pos  # the graph reads this tensor: keep it
+        self.cache.write_pos = torch.arange(P, device=dev)
+        if self.patch is not None:
+            self.patch.ctx.managed = True
+            self.patch.begin_forward(False, mask.reshape(-1).bool())
+        out = self.model(input_ids=ids, attention_mask=self._mask(mask_B1PL), position_ids=pos_BP,
+                         **self._model_kwargs())
+        self.cache.write_pos = decode_pos
+        self.cache.host_len = P
+        if self.out_BN.shape[1] < max_new:
+            self.out_BN = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+            self._graph = None  # it wrote into the old buffer
+        self.finished_B.zero_()
+        self.finished_B[b:] = True
+        self.stop_at_eos.fill_(stop_at_eos)
+        self.gen_i.zero_()
+        self.pos_1.fill_(P)
+        self.rowpos_B1.copy_(pos_BP[:, -1:] + 1)
+        self._emit(self.sampling.next_token(out.logits[:, -1]))
+
+    # ---- decoding ----------------------------------------------------------------------------
+    def _capture(self) -> None:
+        """Capture `_step` after one eager warm-up step on a side stream (compiles kernels, fills
+        lazy state); that warm-up is a real decode step."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step()
+        self._graph = graph
+
+    @torch.no_grad()
+    def decode(self, steps: int, timed: bool = False,
+               after_step: Callable[[int], None] | None = None) -> tuple[list[float], int]:
+        """Run `steps` decode steps after a prefill. Returns (per-step ms of timed graph replays,
+        steps run eagerly). `after_step(i)` runs on the host after step i (it may sync)."""
+        if self.patch is not None:
+            self.patch.recorder.reserve(steps + 1)
+        eager, events = 0, []
+        for i in range(steps):
+            if not self.graph_enabled:
+                self._step()
+                eager += 1
+            elif self._graph is None:
+                self._capture()  # runs step i eagerly
+                eager += 1
+            else:
+                if timed:
+                    events.append(torch.cuda.Event(enable_timing=True))
+                    events[-1].record()
+                self._graph.replay()
+            if after_step is not None:
+                after_step(i)
+        if timed and events:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            events.append(end)
+            torch.cuda.synchronize()
+            ms = [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:])]
+        else:
+            ms = []
+        if self.patch is not None:
+            self.patch.recorder.advance_host(steps - eager)
+        self.cache.host_len += steps
+        return ms, eager
+
+    @torch.no_grad()
+    def generate(self, ids_BP: Tensor, mask_BP: Tensor, max_new: int, stop_at_eos: bool = True,
+                 stop: Callable[[Tensor], Tensor] | None = None, timed: bool = False) -> GenerateResult:
+        """Prefill, then decode until max_new tokens or every row is finished.
+
+        `stop(tokens_bN) -> finished_b` (host, bool per real row) is asked after every step with
+        the tokens so far: a row it marks stops scoring and adding experts from the next step on.
+        Without `stop` the loop never syncs the host until the end."""
+        b = ids_BP.shape[0]
+        self.prefill(ids_BP, mask_BP, max_new, stop_at_eos)
+        state = {"done": False, "steps": 0}
+
+        def check(i: int) -> None:
+            state["steps"] = i + 1
+            if stop is None:
+                return
+            toks = self.out_BN[:b, : i + 2].cpu()
+            done_b = stop(toks) | self.finished_B[:b].cpu()
+            self.finished_B[:b] = done_b.to(self.device)
+            state["done"] = bool(done_b.all())
+
+        if stop is not None:
+            check(-1)  # the prefill's token may already end a row
+        ms, eager, steps = [], 0, 0
+        # Decode in chunks so a host stop check can end the loop early (per step when stop is set).
+        while steps < max_new - 1 and not state["done"]:
+            chunk = 1 if stop is not None else max_new - 1 - steps
+            m, e = self.decode(chunk, timed=timed,
+                               after_step=(lambda i, s=steps: check(s + i)) if stop is not None else None)
+            ms += m
+            eager += e
+            steps += chunk
+        if self.patch is not None:
+            self.patch.ctx.managed = False
+        return GenerateResult(self.out_BN[:b, : steps + 1].cpu(), steps, ms, eager)
+
+    def release(self) -> None:
+        """Free the graph and the cache (another patch or batch size needs its own)."""
+        self._graph = None
+        self.cache = StaticKV(self.L, self.device)
+        if self.patch is not None:
+            self.patch.ctx.managed = False
