@@ -8,6 +8,7 @@ Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, repo
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -31,11 +32,24 @@ from base.config import (
 
 ROOT = Path(__file__).resolve().parent
 
-# Run folders are named by their overrides; a run with none is "default".
-OmegaConf.register_new_resolver("run_name", lambda s: s or "default", replace=True)
+MAX_RUN_NAME = 120  # file systems allow 255 bytes per name; leave room for Hydra's own suffixes
 
 
-def build_config(cfg: DictConfig, out_dir: Path) -> RunConfig:
+def run_name(overrides: str) -> str:
+    """A run folder's name: its sorted overrides, "default" for none; a long one keeps a readable
+    prefix and a hash of the whole (every override is in config.yaml and report.json)."""
+    if not overrides:
+        return "default"
+    if len(overrides) <= MAX_RUN_NAME:
+        return overrides
+    digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
+    return f"{overrides[: MAX_RUN_NAME - 12].rstrip(',')}-{digest}"
+
+
+OmegaConf.register_new_resolver("run_name", run_name, replace=True)
+
+
+def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConfig:
     """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range."""
     c = OmegaConf.to_container(cfg, resolve=True)
     def resolve(p: str) -> Path:
@@ -52,12 +66,13 @@ def build_config(cfg: DictConfig, out_dir: Path) -> RunConfig:
         out_dir=out_dir,
         artifacts_dir=resolve(c["artifacts_dir"]),
         root=ROOT,
+        overrides=overrides,
         force=bool(c["force"]),
         experiment=c["exp_name"],
         eval=EvalConfig(**c["eval"]),
         calibration=CalibConfig(**c["calibration"]),
         predictor=PredictorConfig(**c["predictor"]),
-        throughput=ThroughputConfig(**{**c["throughput"], "budgets": c["throughput"]["budgets"] or []}),
+        throughput=ThroughputConfig(**c["throughput"]),
         stats=StatsConfig(**c["stats"]),
         logger=LoggerConfig(**c["logger"]),
     )
@@ -67,7 +82,7 @@ def build_config(cfg: DictConfig, out_dir: Path) -> RunConfig:
 def main(cfg: DictConfig) -> dict | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_cfg = build_config(cfg, out_dir)
+        run_cfg = build_config(cfg, out_dir, HydraConfig.get().job.override_dirname)
     except (ConfigError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -142,17 +142,53 @@ class PredictorConfig:
             raise ConfigError(f"predictor.holdout={self.holdout} must be in (0, 1)")
 
 
+def parse_method_spec(spec: str) -> dict[str, Any]:
+    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation) ->
+    {"method", "k0", "impl"}, validated."""
+    from base.selectors import SELECTORS
+
+    name, *opts = str(spec).split(":")
+    _choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
+    out: dict[str, Any] = {"method": name, "k0": None, "impl": None}
+    for opt in opts:
+        if opt.isdigit():
+            out["k0"] = _int(f"throughput.methods[]={spec!r} k0", opt, 1)
+        elif opt:
+            out["impl"] = opt
+        else:
+            raise ConfigError(f"throughput.methods[]={spec!r}: options are :K0 (oea, e.g. oea:1) and "
+                              ":IMPL (an experts implementation, e.g. dense:grouped_mm)")
+    if name == "oea" and out["k0"] is None:
+        raise ConfigError(f"throughput.methods[]={spec!r}: oea needs its k0, e.g. oea:1")
+    return out
+
+
 @dataclass
 class ThroughputConfig:
-    batch_sizes: list[int]
-    budgets: list[int | None]  # each timed for the run's method; null = dense baseline
-    steps: int = 16
-    warmup: int = 4
-    prompt_len: int = 32
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 16, 32, 64, 128])
+    methods: list[str] | None = None  # null: dense and the run's method; entries as parse_method_spec
+    budgets: list[int] | None = None  # for budgeted methods; null: the run's budget
+    prompt_len: int = 256
+    gen_tokens: int = 384  # new tokens per sequence, EOS ignored (the paper's setting)
+    warmup: int = 4  # untimed graph replays before the timed ones
+    stats_steps: int = 16  # steps of the short passes: statistics, non-expert time, eager reference
+    non_expert: bool = True  # CUDA: also time the step with the expert FFN skipped
+    eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
+
+    @property
+    def specs(self) -> list[dict[str, Any]] | None:
+        return [parse_method_spec(m) for m in self.methods] if self.methods is not None else None
 
     def __post_init__(self) -> None:
-        for b in self.batch_sizes:
-            _int("throughput.batch_sizes[]", b, 1)
+        if not self.batch_sizes:
+            raise ConfigError("throughput.batch_sizes is empty")
+        self.batch_sizes = [_int("throughput.batch_sizes[]", b, 1) for b in self.batch_sizes]
+        self.budgets = None if self.budgets is None else [_int("throughput.budgets[]", b, 1) for b in self.budgets]
+        self.specs  # validates every entry
+        self.prompt_len = _int("throughput.prompt_len", self.prompt_len, 1)
+        self.gen_tokens = _int("throughput.gen_tokens", self.gen_tokens, 2)
+        self.warmup = _int("throughput.warmup", self.warmup, 0)
+        self.stats_steps = _int("throughput.stats_steps", self.stats_steps, 1)
 
 
 @dataclass
@@ -186,6 +222,7 @@ class RunConfig:
     root: Path  # repo root: relative paths in configs resolve against it
     force: bool = False
     experiment: str = "default"
+    overrides: str = ""  # the run's command-line overrides (its folder name may be shortened)
     eval: EvalConfig = field(default_factory=EvalConfig)
     calibration: CalibConfig | None = None
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
@@ -209,6 +246,10 @@ class RunConfig:
                 f"budget={self.budget} exceeds the {num_experts} experts of {self.model.name}; "
                 f"choose 1..{num_experts} or null (dense)"
             )
+        for b in (self.throughput.budgets or []) if (self.throughput and self.stage == "throughput") else []:
+            if b > num_experts:
+                raise ConfigError(f"throughput.budgets has {b}, above the {num_experts} experts of "
+                                  f"{self.model.name}; choose budgets in 1..{num_experts}")
 
     def resolve(self, path: str) -> Path:
         p = Path(path)

@@ -21,30 +21,56 @@ from base.families import find_moe_layers, load_model, load_tokenizer, num_exper
 from base.logger import Logger
 from base.patch import BudgetPatch, PatchOptions, patch_model
 from base.selectors import SELECTORS, build_selector
+from base.throughput import Variant
 
 
-def make_patcher(cfg: RunConfig, model, tokenizer, layers) -> tuple[Any, dict]:
-    """A function budget -> BudgetPatch for the run's method, and where its artifacts came from."""
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    return tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+
+
+def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
+                 k0: int | None = None) -> tuple[Any, dict]:
+    """A function (budget, record_stats) -> BudgetPatch for a method (the run's by default), and
+    where its artifacts came from."""
     m = cfg.method
-    if m.name == "dense":
+    name, k0 = (name or m.name), (k0 if name else m.k0)
+    if name == "dense":
         selector, info = None, {}
     else:
-        cls = SELECTORS.get(m.name)
+        cls = SELECTORS.get(name)
         arts, info = selector_artifacts(cfg, cls, model, tokenizer, layers)
-        selector = build_selector(m.name, arts, k0=m.k0)
+        selector = build_selector(name, arts, k0=k0)
 
-    def make(budget: int | None) -> BudgetPatch:
+    def make(budget: int | None, record_stats: bool | None = None) -> BudgetPatch:
+        record = cfg.stats.enabled if record_stats is None else record_stats
         opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
-                            apply_to=m.apply_to, record_stats=cfg.stats.enabled, energy=cfg.stats.energy,
+                            apply_to=m.apply_to, record_stats=record, energy=cfg.stats.energy and record,
                             backend=m.backend)
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         sel = selector if (budget is not None or (selector is not None and not selector.uses_budget)) else None
-        eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-        eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
         return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id,
-                           eos_token_ids=eos)
+                           eos_token_ids=eos_ids(model, tokenizer))
 
     return make, info
+
+
+def throughput_variants(cfg: RunConfig) -> list[Variant]:
+    """The configurations of a throughput run: dense first, then each method at each budget."""
+    tp = cfg.throughput
+    specs = tp.specs or [{"method": "dense", "k0": None, "impl": None},
+                         {"method": cfg.method.name, "k0": cfg.method.k0, "impl": None}]
+    budgets = tp.budgets or ([cfg.budget] if cfg.budget is not None else [])
+    out: list[Variant] = []
+    for spec in specs:
+        name = spec["method"]
+        if name == "dense" or not SELECTORS.get(name).uses_budget:
+            out.append(Variant(name, None, spec["k0"], spec["impl"]))
+        else:
+            out += [Variant(name, b, spec["k0"], spec["impl"]) for b in budgets]
+    out = list(dict.fromkeys(out))
+    out.sort(key=lambda v: v.method != "dense" or v.experts_impl is not None)  # the dense reference first
+    return out
 
 
 def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
@@ -81,7 +107,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     report: dict[str, Any] = {
         "stage": cfg.stage, "model": cfg.model.name, "method": cfg.method.name, "budget": cfg.budget,
         "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
-        "moe_layers": len(layers), "top_k": layers[0].top_k,
+        "moe_layers": len(layers), "top_k": layers[0].top_k, "overrides": cfg.overrides,
     }
     try:
         if cfg.stage == "describe":
@@ -117,22 +143,30 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         report["summary"] = {"r2_mean": sum(pred.meta["r2"]) / len(rows),
                              "r2_within_mean": sum(pred.meta["r2_within"]) / len(rows)}
         return
-    make_patch, info = make_patcher(cfg, model, tokenizer, layers)
-    report["artifacts"] = info
     report["method_config"] = vars(cfg.method)
     if cfg.stage == "throughput":
-        tp = cfg.throughput
-        budgets = tp.budgets or [None, cfg.budget]
-        tp_cfg = type(tp)(**{**vars(tp), "budgets": list(dict.fromkeys(budgets))})
         from base.throughput import measure
 
-        rows = measure(model, make_patch, tp_cfg, cfg.seed)
+        patchers: dict[tuple, Any] = {}
+
+        def make_variant(v: Variant, record: bool) -> BudgetPatch:
+            key = (v.method, v.k0)
+            if key not in patchers:
+                patchers[key], report.setdefault("artifacts_by_method", {})[v.label] = make_patcher(
+                    cfg, model, tokenizer, layers, v.method, v.k0)
+            return patchers[key](v.budget, record)
+
+        rows = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
         outputs.write_table(out / "throughput.csv", rows)
         logger.table("throughput", rows)
         report["throughput"] = rows
         report["device"] = str(next(model.parameters()).device)
+        if torch.cuda.is_available() and report["device"].startswith("cuda"):
+            report["gpu"] = torch.cuda.get_device_name()
         return
     # evaluate
+    make_patch, info = make_patcher(cfg, model, tokenizer, layers)
+    report["artifacts"] = info
     from base.evaluate import evaluate
 
     patch = make_patch(cfg.budget)

@@ -1,96 +1,165 @@
-"""Decode throughput: time decode steps of the patched model for several batch sizes and budgets.
+"""Decode throughput: dense and every configured selector in one process, over batch x budget.
 
-On CPU this is a smoke test of the whole decode path; GPU numbers come from `kernels/bench.py` and
-the GPU throughput experiments. Timing: warm-up steps first, then device-synchronised wall time
-over `steps` decode steps (CUDA events on a GPU).
-Shapes: B sequences, P prompt length, V vocabulary.
+Each (batch size, method, budget) decodes `gen_tokens` tokens after `prompt_len` random prompt
+tokens, EOS ignored (as in the paper), through base/engine.py: on CUDA the decode step is one CUDA
+graph, replayed and timed step by step with CUDA events; on a CPU the same engine runs eagerly (a
+smoke test of the bookkeeping, not a speed figure). Per configuration:
+  timed pass    statistics off (recording adds kernels to the step), every replay timed:
+                median / p90 step latency, tokens/s = batch / median step
+  stats pass    `stats_steps` steps with selection statistics on: mean union before selection,
+                experts kept
+  non-expert    the same step with the expert FFN skipped (base_skip experts): its median is the
+                time of everything else, so moe_share = 1 - non_expert / step
+  memory        peak GPU memory of the configuration
+Speed-up is against the dense row of the same batch size, measured in the same process. The first
+configuration is also decoded eagerly once (mode=eager) to put the graph's effect on record.
+
+Shapes: B batch, P prompt length, N new tokens.
 """
 from __future__ import annotations
 
-import inspect
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from base.config import ThroughputConfig
+from base.engine import DecodeEngine
 from base.patch import BudgetPatch
 
+SKIP_EXPERTS = "base_skip"
 
-class _Timer:
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
 
-    def __enter__(self) -> _Timer:
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
+@dataclass(frozen=True)
+class Variant:
+    """One timed configuration of a method: dense, a selector at a budget, or oea at its k0."""
+
+    method: str
+    budget: int | None = None
+    k0: int | None = None
+    experts_impl: str | None = None  # None: the model's own
+
+    @property
+    def label(self) -> str:
+        name = self.method if self.k0 is None else f"{self.method}(k0={self.k0})"
+        return name if self.experts_impl is None else f"{name}[{self.experts_impl}]"
+
+
+def register_skip_experts() -> str:
+    """An experts implementation that returns zeros: the step without its expert FFN."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(SKIP_EXPERTS, lambda self, x, idx, w: torch.zeros_like(x))
+    return SKIP_EXPERTS
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def _peak_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
+class _ExpertsImpl:
+    """Temporarily switch the model's experts implementation (restored on exit)."""
+
+    def __init__(self, model: nn.Module, impl: str | None) -> None:
+        self.model, self.impl = model, impl
+        self.before = getattr(model.config, "_experts_implementation", None)
+
+    def __enter__(self) -> None:
+        if self.impl is not None:
+            self.model.set_experts_implementation(self.impl)
 
     def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self.end.record()
+        if self.impl is not None:
+            self.model.set_experts_implementation(self.before or "eager")
+
+
+def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
+            cfg: ThroughputConfig, ids_BP: torch.Tensor, stats: bool, steps: int,
+            graph: bool | None = None) -> tuple[list[float], float, list[dict], int]:
+    """Decode `steps` steps of variant v; (per-step ms, wall s, stats rows, eager steps)."""
+    patch = make_patch(v, stats)
+    engine = DecodeEngine(model, bs, cfg.prompt_len + steps + 1, patch=patch, graph=graph)
+    try:
+        mask_BP = torch.ones_like(ids_BP)
+        engine.prefill(ids_BP, mask_BP, steps + 1, stop_at_eos=False)
+        t0 = time.perf_counter()
+        ms, eager = engine.decode(steps, timed=True)
+        if engine.device.type == "cuda":
             torch.cuda.synchronize()
-            self.seconds = self.start.elapsed_time(self.end) / 1e3
-        else:
-            self.seconds = time.perf_counter() - self.t0
+        wall = time.perf_counter() - t0
+        rows = [r for r in patch.stats_rows() if r["decode"]] if (patch is not None and stats) else []
+    finally:
+        engine.release()
+        if patch is not None:
+            patch.remove()
+    return ms, wall, rows, eager
 
 
-def cache_kwarg(model: nn.Module) -> str:
-    """transformers renamed `past_key_values` to `cache` (5.2x); accept both versions."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-@torch.no_grad()
-def time_decode(model: nn.Module, batch_size: int, cfg: ThroughputConfig, seed: int) -> float:
-    """Seconds for `cfg.steps` greedy decode steps after a prefill and `cfg.warmup` untimed steps."""
+def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None],
+            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> list[dict]:
+    """One row per (batch size, variant); see the module doc for the columns."""
     device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    if cuda:
+        register_skip_experts()
     vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(seed)
-    ids_BP = torch.randint(0, vocab, (batch_size, cfg.prompt_len), generator=gen).to(device)
-    mask = torch.ones(batch_size, cfg.prompt_len + cfg.warmup + cfg.steps + 1, dtype=torch.long, device=device)
-    kv = {cache_kwarg(model): DynamicCache(config=model.config)}
-    out = model(input_ids=ids_BP, attention_mask=mask[:, : cfg.prompt_len], use_cache=True, **kv)
-    pos = cfg.prompt_len
-    nxt = out.logits[:, -1:].argmax(-1)
-
-    def step() -> None:
-        nonlocal pos, nxt
-        pos += 1
-        o = model(input_ids=nxt, attention_mask=mask[:, :pos], use_cache=True, **kv)
-        nxt = o.logits[:, -1:].argmax(-1)
-
-    for _ in range(cfg.warmup):
-        step()
-    with _Timer(device) as timer:
-        for _ in range(cfg.steps):
-            step()
-    return timer.seconds
-
-
-def measure(model: nn.Module, make_patch: Callable[[int | None], BudgetPatch], cfg: ThroughputConfig,
-            seed: int) -> list[dict]:
-    """One row per (batch size, budget): tokens/s, ms per step, mean union and kept experts."""
-    rows = []
+    rows: list[dict] = []
     for bs in cfg.batch_sizes:
-        for budget in cfg.budgets:
-            patch = make_patch(budget)
-            # Fixed-length decoding: every row stays active, whatever tokens it emits.
-            patch.ctx.pad_token_id, patch.ctx.eos_token_ids = None, ()
-            try:
-                seconds = time_decode(model, bs, cfg, seed)
-                stats = [r for r in patch.stats_rows() if r["decode"]]
-            finally:
-                patch.remove()
-            mean = lambda k: sum(r[k] for r in stats) / max(1, len(stats))
-            rows.append({
-                "batch_size": bs, "budget": budget, "steps": cfg.steps,
-                "tokens_per_s": bs * cfg.steps / seconds, "ms_per_step": 1e3 * seconds / cfg.steps,
-                "union_mean": mean("union"), "kept_mean": mean("kept"),
-            })
+        gen = torch.Generator().manual_seed(seed + bs)
+        ids_BP = torch.randint(0, vocab, (bs, cfg.prompt_len), generator=gen).to(device)
+        for i, v in enumerate(variants):
+            with _ExpertsImpl(model, v.experts_impl):
+                _peak_reset(device)
+                steps = cfg.gen_tokens - 1  # the prefill makes the first token
+                ms, wall, _, eager = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
+                timed = ms if ms else None
+                step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
+                row = {
+                    "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
+                    "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
+                    "mode": "graph" if timed else "eager", "steps": len(ms) if ms else steps,
+                    "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
+                    "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(device),
+                }
+                _, _, stats_rows, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, True, cfg.stats_steps)
+                n = max(1, len(stats_rows))
+                row["union_mean"] = sum(r["union"] for r in stats_rows) / n
+                row["kept_mean"] = sum(r["kept"] for r in stats_rows) / n
+                if cuda and cfg.non_expert:
+                    with _ExpertsImpl(model, SKIP_EXPERTS):
+                        ne, _, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps)
+                    row["non_expert_ms"] = statistics.median(ne) if ne else None
+                    row["moe_share"] = 1 - row["non_expert_ms"] / step_ms if ne else None
+                rows.append(row)
+                if cuda and cfg.eager_reference and bs == cfg.batch_sizes[0] and i == 0:
+                    _, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps, graph=False)
+                    eager_ms = 1e3 * wall / cfg.stats_steps
+                    rows.append({**row, "mode": "eager", "steps": cfg.stats_steps, "ms_per_step": eager_ms,
+                                 "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
+                                 "moe_share": None})
+            print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {rows[-1]['ms_per_step']:.2f} ms/step",
+                  flush=True)
+    _speedups(rows)
     return rows
+
+
+def _speedups(rows: list[dict]) -> None:
+    """speedup = tokens/s over the dense row (model's own experts implementation) of the same batch."""
+    dense = {(r["batch_size"], r["mode"]): r["tokens_per_s"] for r in rows
+             if r["method"] == "dense" and r["variant"] == "dense"}
+    for r in rows:
+        base = dense.get((r["batch_size"], r["mode"]))
+        r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None

@@ -77,11 +77,28 @@ def test_fit_and_throughput_stages(tmp_path):
     r2 = pd.read_csv(_run_dir(tmp_path / "default", "stage=fit") / "predictor.csv")
     assert len(r2) == 2 and r2["r2"].notna().all()
     tp = _run(tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
-              "throughput.steps=3", "throughput.warmup=1")
+              "throughput.prompt_len=6", "throughput.gen_tokens=4", "throughput.stats_steps=3",
+              "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]")
     assert tp.returncode == 0
     rows = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "throughput.csv")
-    assert len(rows) == 2 and (rows["tokens_per_s"] > 0).all()
-    assert rows.loc[rows["budget"] == 3, "kept_mean"].iloc[0] <= 3
+    # dense first, count at each budget, oea once (it ignores the budget); CPU: eager engine
+    assert rows["variant"].tolist() == ["dense", "count", "count", "oea(k0=1)"]
+    assert (rows["tokens_per_s"] > 0).all() and (rows["mode"] == "eager").all()
+    for budget in (2, 3):
+        assert 0 < rows.loc[rows["budget"] == budget, "kept_mean"].iloc[0] <= budget
+    dense = rows.iloc[0]
+    assert dense["kept_mean"] == dense["union_mean"] > 3 and dense["speedup_vs_dense"] == 1.0
+
+
+def test_many_overrides_fit_in_a_folder_name(tmp_path):
+    """Hydra names a run folder by its overrides; past a file-name limit the name gets a hash."""
+    long = [f"throughput.methods=[{','.join(['dense'] * 60)}]", "stage=describe", "model.device=meta",
+            "model=qwen3_30b", "model.init=random"]
+    proc = _run(tmp_path, *long)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (folder,) = [p for p in (tmp_path / "default").iterdir()]
+    assert len(folder.name) <= 120
+    assert "dense" in json.loads((folder / "report.json").read_text())["overrides"]
 
 
 def test_describe_real_shape_on_meta(tmp_path):
