@@ -32,6 +32,8 @@ def model_identity(cfg: RunConfig, layers: list[MoeLayer]) -> dict:
              "hidden": int(layers[0].router.weight.shape[-1])}
     if m.init == "random":
         ident.update(arch=m.arch, seed=cfg.seed)
+        if m.routing != "uniform":
+            ident.update(routing=m.routing, skew_ratio=m.skew_ratio)
     return ident
 
 

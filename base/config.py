@@ -16,6 +16,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "meta")
 APPLY_TO = ("decode", "all")
 EVAL_ORDERS = ("mixed", "lm_eval")
+ROUTINGS = ("uniform", "skewed")
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,8 @@ class ModelConfig:
     experts_impl: str | None = None  # transformers experts implementation (eager, grouped_mm, ...)
     calib_files: list[str] | None = None  # calibration text for this model, over calibration.files
     arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture
+    routing: str = "uniform"  # init=random: uniform (as built) or skewed (base/skew.py)
+    skew_ratio: float = 0.6  # skewed: dense batch-16 union as a fraction of the uniform one
 
     def __post_init__(self) -> None:
         _choice("model.init", self.init, INITS)
@@ -62,6 +65,12 @@ class ModelConfig:
         _choice("model.device", self.device, DEVICES)
         if self.init == "random" and not self.arch:
             raise ConfigError(f"model {self.name}: init=random needs model.arch (the architecture numbers)")
+        _choice("model.routing", self.routing, ROUTINGS)
+        if self.routing == "skewed" and self.init != "random":
+            raise ConfigError("model.routing=skewed applies to random-weight models (model.init=random) only; "
+                              "a trained model routes as it was trained")
+        if not 0.0 < float(self.skew_ratio) <= 1.0:
+            raise ConfigError(f"model.skew_ratio={self.skew_ratio} must be in (0, 1]")
 
 
 @dataclass

@@ -118,7 +118,13 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
             resolve_path(cfg.path, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
         )
         model.to(device)
-    return model.eval()
+    model.eval()
+    if cfg.routing == "skewed":
+        from base.skew import skew_routing
+
+        family = FAMILIES.get(cfg.family)
+        model.base_skew_report = skew_routing(model, family.renormalizes(model.config), cfg.skew_ratio, seed)
+    return model
 
 
 def byte_tokenizer():

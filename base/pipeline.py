@@ -104,7 +104,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     torch.manual_seed(cfg.seed)
     model = load_model(cfg.model, cfg.root, seed=cfg.seed, experts_impl=cfg.model.experts_impl)
     layers = find_moe_layers(model)
-    report: dict[str, Any] = {
+    report: dict[str, Any] = {"routing": cfg.model.routing, "skew": getattr(model, "base_skew_report", None),
         "stage": cfg.stage, "model": cfg.model.name, "method": cfg.method.name, "budget": cfg.budget,
         "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
         "moe_layers": len(layers), "top_k": layers[0].top_k, "overrides": cfg.overrides,

@@ -1,0 +1,169 @@
+"""The decode engine (base/engine.py): same tokens and statistics as transformers' generate on the
+CPU, finished and padding rows inactive, device-side statistics; on a GPU, CUDA-graph replay equals
+eager decoding for dense and base. Also the routing skew of random models (base/skew.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from base.config import ModelConfig
+from base.engine import DecodeEngine
+from base.families import find_moe_layers, load_model, load_tokenizer
+from base.patch import PatchOptions, patch_model
+from base.selectors import Artifacts, build_selector
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(name: str, **over) -> ModelConfig:
+    return ModelConfig(**{**yaml.safe_load((ROOT / "conf/model" / f"{name}.yaml").read_text()), **over})
+
+
+@pytest.fixture(scope="module")
+def mini():
+    cfg = _cfg("mini")
+    return load_model(cfg, ROOT), load_tokenizer(cfg, ROOT)
+
+
+def _artifacts(model, seed: int = 0) -> Artifacts:
+    layers = find_moe_layers(model)
+    L, E, H = len(layers), layers[0].num_experts, model.config.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    return Artifacts(freq_LE=torch.rand(L, E, generator=g), energy_LE=torch.rand(L, E, generator=g) + 0.1,
+                     pred_w_LHE=0.3 * torch.randn(L, H, E, generator=g), pred_b_LE=torch.randn(L, E, generator=g))
+
+
+PROMPTS = ["12+34=", "sort: 3 1 2 ->", "rev: abcdef ->", "9+1=", "cmp 3 4:", "count a in aab:"]
+
+
+@pytest.mark.parametrize("method", ["dense", "router_sum", "base"])
+def test_engine_equals_generate_with_padding_rows(mini, method):
+    """6 left-padded prompts in an engine of batch 8: the 2 spare rows are finished from the start,
+    so tokens and every selection statistic equal transformers' generate on the 6 prompts."""
+    model, tok = mini
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    sel = None if method == "dense" else build_selector(method, _artifacts(model))
+    patch = patch_model(model, "qwen3_moe", sel, PatchOptions(budget=4), pad_token_id=tok.pad_token_id)
+    try:
+        with torch.no_grad():
+            ref = model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=None)
+        ref_rows = patch.stats_rows()
+        patch.reset()
+        engine = DecodeEngine(model, 8, 64, patch=patch, pad_id=tok.pad_token_id)
+        res = engine.generate(enc["input_ids"], enc["attention_mask"], 10, stop_at_eos=False)
+        rows = patch.stats_rows()
+    finally:
+        patch.remove()
+    assert torch.equal(res.tokens_BN, ref[:, enc["input_ids"].shape[1]:])
+    assert res.steps == 9 and res.eager_steps == 9  # CPU: every step eager
+    assert len(rows) == len(ref_rows) == 9 * 6
+    for a, b in zip(rows, ref_rows):
+        assert (a["layer"], a["union"], a["kept"], a["tokens"]) == (b["layer"], b["union"], b["kept"], b["tokens"])
+        assert a["tokens"] == 6
+        assert a["kept"] <= (4 if method != "dense" else a["union"])
+
+
+def test_stop_callback_finishes_rows_and_removes_them_from_the_union():
+    model = load_model(_cfg("tiny_qwen3"), ROOT)
+    patch = patch_model(model, "qwen3_moe", None, PatchOptions(budget=None), pad_token_id=0)
+    ids = torch.randint(3, 90, (4, 5), generator=torch.Generator().manual_seed(0))
+    calls = []
+
+    def stop(tokens_bN):  # row 1 ends after its second token, row 3 after its fourth
+        calls.append(tokens_bN.shape[1])
+        n = tokens_bN.shape[1]
+        return torch.tensor([False, n >= 2, False, n >= 4])
+
+    try:
+        engine = DecodeEngine(model, 4, 32, patch=patch, pad_id=0)
+        res = engine.generate(ids, torch.ones_like(ids), 8, stop_at_eos=False, stop=stop)
+        rows = patch.stats_rows()
+    finally:
+        patch.remove()
+    assert calls == list(range(1, 9))  # after the prefill's token, then after every step
+    assert (res.tokens_BN[1, 2:] == 0).all() and (res.tokens_BN[3, 4:] == 0).all()  # pad once finished
+    tokens_by_step = [r["tokens"] for r in rows if r["layer"] == 0]
+    # step s feeds token s-1: row 1 is out from step 2 (it fed its 2nd token), row 3 from step 4
+    assert tokens_by_step == [4, 3, 3, 2, 2, 2, 2]
+
+
+def test_eos_ends_a_row_inside_the_step():
+    model = load_model(_cfg("tiny_qwen3"), ROOT)
+    ids = torch.randint(3, 90, (2, 5), generator=torch.Generator().manual_seed(1))
+    free = DecodeEngine(model, 2, 32).generate(ids, torch.ones_like(ids), 6, stop_at_eos=False).tokens_BN
+    eos = int(free[0, 2])  # make row 0's third token an EOS
+    out = DecodeEngine(model, 2, 32, eos_ids=(eos,), pad_id=0).generate(ids, torch.ones_like(ids), 6).tokens_BN
+    assert out[0, 2] == eos and (out[0, 3:] == 0).all()
+    first = int((free[1] == eos).nonzero()[0]) if (free[1] == eos).any() else 6
+    assert torch.equal(out[1, : first + 1], free[1, : first + 1])
+
+
+def test_recorder_grows_past_its_capacity_in_eager_decoding(mini):
+    model, tok = mini
+    patch = patch_model(model, "qwen3_moe", None, PatchOptions(budget=None), pad_token_id=tok.pad_token_id)
+    try:
+        cap = patch.recorder.capacity
+        ids = torch.full((2, 3), 5)
+        DecodeEngine(model, 2, cap + 16, patch=patch).generate(ids, torch.ones_like(ids), cap + 10, stop_at_eos=False)
+        rows = patch.stats_rows()
+    finally:
+        patch.remove()
+    L = len(find_moe_layers(model))
+    assert len(rows) == (cap + 9) * L and rows[-1]["step"] == cap + 9
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_olmoe", "tiny_deepseek"])
+def test_skewed_routing_hits_its_union_and_survives_a_patch(name):
+    cfg = _cfg(name, routing="skewed", skew_ratio=0.6)
+    model = load_model(cfg, ROOT, seed=0)
+    for r in model.base_skew_report:
+        assert r["union_skewed"] == pytest.approx(0.6 * r["union_uniform"], abs=0.6)
+    router = find_moe_layers(model)[0].router
+    forward = router.forward
+    patch = patch_model(model, cfg.family, build_selector("router_sum"), PatchOptions(budget=2, backend="torch"))
+    patch.remove()
+    assert router.forward is forward  # the skewed forward stays after a patch is removed
+
+
+def test_skew_needs_random_weights():
+    from base.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.init=random"):
+        _cfg("mini", routing="skewed")
+
+
+# ---- GPU: graph replay equals eager ------------------------------------------------------------
+def _decode_gpu(model, family, method, backend, graph):
+    sel = None if method == "dense" else build_selector(method, _artifacts(model))
+    patch = patch_model(model, family, sel, PatchOptions(budget=3, backend=backend), pad_token_id=0)
+    ids = torch.randint(3, 90, (16, 7), generator=torch.Generator().manual_seed(2)).cuda()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    try:
+        engine = DecodeEngine(model, 16, 48, patch=patch, pad_id=0, graph=graph)
+        res = engine.generate(ids, mask, 20, stop_at_eos=False)
+        rows = patch.stats_rows()
+    finally:
+        patch.remove()
+    return res, rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("experts_impl", ["eager", "base_triton"])
+@pytest.mark.parametrize("method,backend", [("dense", "torch"), ("base", "torch"), ("base", "triton"),
+                                            ("router_sum", "triton")])
+def test_gpu_graph_replay_equals_eager(method, backend, experts_impl):
+    from kernels import register_base_triton
+
+    register_base_triton()
+    model = load_model(_cfg("tiny_qwen3", device="cuda", dtype="float32"), ROOT, experts_impl=experts_impl)
+    eager, eager_rows = _decode_gpu(model, "qwen3_moe", method, backend, graph=False)
+    graph, graph_rows = _decode_gpu(model, "qwen3_moe", method, backend, graph=True)
+    assert graph.eager_steps == 1 and eager.eager_steps == 19  # the graph path: one warm-up step
+    assert torch.equal(graph.tokens_BN, eager.tokens_BN)
+    assert graph_rows == eager_rows
+    assert all(r["kept"] <= 3 for r in graph_rows) or method == "dense"
