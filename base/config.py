@@ -118,9 +118,11 @@ class EvalConfig:
     top_p: float = 0.8
     top_k: int = 20
     max_gen_toks: int | None = None  # cap over the tasks' own max_gen_toks
+    engine: str = "auto"  # decode through base/engine.py: auto = on a GPU (CUDA graphs); on; off
 
     def __post_init__(self) -> None:
         _choice("eval.order", self.order, EVAL_ORDERS)
+        _choice("eval.engine", self.engine, ("auto", "on", "off"))
 
 
 @dataclass

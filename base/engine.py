@@ -115,7 +115,9 @@ class DecodeEngine:
         self.model, self.patch, self.B, self.L = model, patch, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
-        self.graph_enabled = self.device.type == "cuda" if graph is None else graph
+        # transformers' `eager` experts loop branches on tensor values (nonzero): not capturable
+        capturable = getattr(model.config, "_experts_implementation", None) != "eager"
+        self.graph_enabled = (self.device.type == "cuda" and capturable) if graph is None else graph
         self.sampling = sampling or Sampling()
         self.pad_id = pad_id
         self._cache_kw, self._has_keep = _forward_kwargs(model)

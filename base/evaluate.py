@@ -34,22 +34,26 @@ class RowStops(StoppingCriteria):
         self.eos_ids, self.patch = eos_ids, patch
         self.done: torch.Tensor | None = None
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        B = input_ids.shape[0]
+    def done_rows(self, new_bN: torch.Tensor) -> torch.Tensor:
+        """Which rows are done, given each row's new tokens so far (host tensor)."""
+        b = new_bN.shape[0]
         if self.done is None:
-            self.done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        new = input_ids[:, self.prompt_len:]
-        for b in range(B):
-            if self.done[b]:
+            self.done = torch.zeros(b, dtype=torch.bool)
+        for i in range(b):
+            if self.done[i]:
                 continue
-            toks = new[b].tolist()
+            toks = new_bN[i].tolist()
             text = self.tok.decode(toks, skip_special_tokens=False)
-            if (len(toks) >= self.max_new[b] or (toks and toks[-1] in self.eos_ids)
-                    or any(s in text for s in self.untils[b])):
-                self.done[b] = True
-        if self.patch is not None:
-            self.patch.ctx.finished_B = self.done.clone()
+            if (len(toks) >= self.max_new[i] or (toks and toks[-1] in self.eos_ids)
+                    or any(s in text for s in self.untils[i])):
+                self.done[i] = True
         return self.done.clone()
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        done = self.done_rows(input_ids[:, self.prompt_len:].cpu()).to(input_ids.device)
+        if self.patch is not None:
+            self.patch.ctx.finished_B = done.clone()
+        return done
 
 
 def _truncate(text: str, until: list[str]) -> str:
@@ -67,6 +71,10 @@ class BudgetedHFLM(HFLM):
         super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
         self.eval_cfg, self.seed, self.patch = eval_cfg, seed, patch
         self.decode_batches = 0
+        on_gpu = torch.device(self.device).type == "cuda"
+        self.use_engine = eval_cfg.engine == "on" or (eval_cfg.engine == "auto" and on_gpu)
+        self._engine = None
+        self.engine_steps = 0
 
     def _sampling(self) -> dict[str, Any]:
         c = self.eval_cfg
@@ -79,21 +87,47 @@ class BudgetedHFLM(HFLM):
         enc, mask = enc.to(self.device), mask.to(self.device)
         eos = {self.tokenizer.eos_token_id} | ({self.tokenizer.pad_token_id} - {None})
         stops = RowStops(self.tokenizer, enc.shape[1], untils, max_new, eos, self.patch)
+        if self.use_engine:
+            new = self._engine_generate(enc, mask, max(max_new), stops)
+        else:
+            new = self._hf_generate(enc, mask, max(max_new), stops)
+        self.decode_batches += 1
+        texts = []
+        for row, until, n in zip(new.tolist(), untils, max_new):
+            texts.append(_truncate(self.tok_decode(row[:n], skip_special_tokens=True), until))
+        return texts
+
+    def _hf_generate(self, enc, mask, max_new: int, stops: RowStops) -> torch.Tensor:
         if self.patch is not None:
             self.patch.ctx.finished_B = None
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=enc, attention_mask=mask, max_new_tokens=max(max_new),
+                input_ids=enc, attention_mask=mask, max_new_tokens=max_new,
                 stopping_criteria=StoppingCriteriaList([stops]), pad_token_id=self.tokenizer.pad_token_id,
                 use_cache=True, **self._sampling(),
             )
         if self.patch is not None:
             self.patch.ctx.finished_B = None
-        self.decode_batches += 1
-        texts = []
-        for row, until, n in zip(out[:, enc.shape[1]:].tolist(), untils, max_new):
-            texts.append(_truncate(self.tok_decode(row[:n], skip_special_tokens=True), until))
-        return texts
+        return out[:, enc.shape[1]:]
+
+    def _engine_generate(self, enc, mask, max_new: int, stops: RowStops) -> torch.Tensor:
+        """The same decoding through base/engine.py: one CUDA graph per evaluation, reused by every
+        batch (a short last batch fills its spare rows with finished padding). The host checks the
+        stop strings after every step, so rows finish exactly when generate's would."""
+        from base.engine import DecodeEngine, Sampling
+
+        need = enc.shape[1] + max_new
+        if self._engine is None or self._engine.L < need:
+            if self._engine is not None:
+                self._engine.release()
+            c = self.eval_cfg
+            sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
+            self._engine = DecodeEngine(self.model, int(self.batch_size), -(-need // 256) * 256, patch=self.patch,
+                                        eos_ids=tuple(sorted(stops.eos_ids)), pad_id=self.tokenizer.pad_token_id,
+                                        sampling=sampling)
+        res = self._engine.generate(enc, mask, max_new, stop=stops.done_rows)
+        self.engine_steps += res.steps
+        return res.tokens_BN
 
     def _request_args(self, req) -> tuple[str, list[str], int]:
         context, gen_kwargs = req.args
@@ -126,6 +160,7 @@ class EvalResult:
     metrics: list[dict[str, Any]]  # one row per (task, metric)
     raw: dict[str, Any]  # lm-eval's output without samples (results, groups, configs, ...)
     decode_batches: int
+    engine: bool  # decoded through base/engine.py (CUDA graphs on a GPU)
 
 
 def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
@@ -156,4 +191,6 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
                 rows.append({"task": name, "kind": section[:-1], "metric": metric, "filter": filt,
                              "value": float(value), "n": (out.get("n-samples", {}).get(name) or {}).get("effective")})
     raw = {k: v for k, v in out.items() if k != "samples"}
-    return EvalResult(rows, raw, lm.decode_batches)
+    if lm._engine is not None:
+        lm._engine.release()
+    return EvalResult(rows, raw, lm.decode_batches, lm.use_engine)

@@ -108,3 +108,17 @@ def test_describe_real_shape_on_meta(tmp_path):
     assert (rep["num_experts"], rep["moe_layers"], rep["top_k"], rep["hidden_size"]) == (128, 48, 8, 2048)
     assert 30.0e9 < rep["params_total"] < 31.0e9
     assert 3.0e9 < rep["params_active_per_token"] < 3.5e9
+
+
+def test_evaluate_through_the_engine_equals_generate(tmp_path):
+    """eval.engine=on (what a GPU uses by default) gives generate's answers and statistics."""
+    common = ("model=mini", "task=mini_smoke", "method=base", "budget=6", "batch_size=8")
+    runs = {}
+    for engine in ("off", "on"):
+        assert _run(tmp_path, *common, f"eval.engine={engine}", f"exp_name={engine}").returncode == 0
+        out = next((tmp_path / engine).iterdir())
+        runs[engine] = (json.loads((out / "report.json").read_text()), pd.read_csv(out / "selection_steps.csv"))
+    (off, off_steps), (on, on_steps) = runs["off"], runs["on"]
+    assert (off["eval"]["engine"], on["eval"]["engine"]) == (False, True)
+    assert on["metrics"] == off["metrics"]
+    pd.testing.assert_frame_equal(on_steps, off_steps)
