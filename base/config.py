@@ -180,10 +180,13 @@ class ThroughputConfig:
     methods: list[str] | None = None  # null: dense and the run's method; entries as parse_method_spec
     budgets: list[int] | None = None  # for budgeted methods; null: the run's budget
     prompt_len: int = 256
-    gen_tokens: int = 384  # new tokens per sequence, EOS ignored (the paper's setting)
+    gen_tokens: int = 384  # new tokens per sequence, EOS ignored (the paper's setting); sizes the cache
+    timed_steps: int | None = None  # decode steps timed (null: all gen_tokens - 1); the step's cost
+    # does not depend on its position (static cache, masked), so fewer steps time the same step
     warmup: int = 4  # untimed graph replays before the timed ones
     stats_steps: int = 16  # steps of the short passes: statistics, non-expert time, eager reference
-    non_expert: bool = True  # CUDA: also time the step with the expert FFN skipped
+    non_expert: bool = True  # CUDA: also time the step with the expert FFN skipped (dense, oea and
+    # the first budget only: each is one more capture)
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
 
     @property
@@ -200,6 +203,7 @@ class ThroughputConfig:
         self.gen_tokens = _int("throughput.gen_tokens", self.gen_tokens, 2)
         self.warmup = _int("throughput.warmup", self.warmup, 0)
         self.stats_steps = _int("throughput.stats_steps", self.stats_steps, 1)
+        self.timed_steps = _int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
 
 
 @dataclass

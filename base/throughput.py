@@ -89,14 +89,20 @@ class _ExpertsImpl:
 def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
             cfg: ThroughputConfig, ids_BP: torch.Tensor, stats: bool, steps: int,
             graph: bool | None = None) -> tuple[list[float], float, list[dict], int]:
-    """Decode `steps` steps of variant v; (per-step ms, wall s, stats rows, eager steps)."""
+    """Decode `steps` steps of variant v with a cache for gen_tokens; (per-step ms of the timed
+    replays after `warmup` untimed ones, wall s, stats rows, eager steps)."""
     patch = make_patch(v, stats)
-    engine = DecodeEngine(model, bs, cfg.prompt_len + steps + 1, patch=patch, graph=graph)
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=graph)
     try:
         mask_BP = torch.ones_like(ids_BP)
-        engine.prefill(ids_BP, mask_BP, steps + 1, stop_at_eos=False)
+        engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
+        # warm-up: the capture (one eager step) and untimed replays; the cache holds gen_tokens
+        warm = min(max(1, cfg.warmup), cfg.gen_tokens - 2) if engine.graph_enabled else 0
+        steps = max(1, min(steps, cfg.gen_tokens - 1 - warm))
+        _, eager0 = engine.decode(warm) if warm else ([], 0)
         t0 = time.perf_counter()
         ms, eager = engine.decode(steps, timed=True)
+        eager += eager0
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
@@ -116,6 +122,7 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
     if cuda:
         register_skip_experts()
     vocab = model.config.vocab_size
+    first_budget = next((v.budget for v in variants if v.budget is not None), None)
     rows: list[dict] = []
     for bs in cfg.batch_sizes:
         gen = torch.Generator().manual_seed(seed + bs)
@@ -123,7 +130,8 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
         for i, v in enumerate(variants):
             with _ExpertsImpl(model, v.experts_impl):
                 _peak_reset(device)
-                steps = cfg.gen_tokens - 1  # the prefill makes the first token
+                steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
+                t_cfg = time.perf_counter()
                 ms, wall, _, eager = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
                 timed = ms if ms else None
                 step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
@@ -138,7 +146,7 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
                 n = max(1, len(stats_rows))
                 row["union_mean"] = sum(r["union"] for r in stats_rows) / n
                 row["kept_mean"] = sum(r["kept"] for r in stats_rows) / n
-                if cuda and cfg.non_expert:
+                if cuda and cfg.non_expert and (v.budget is None or v.budget == first_budget):
                     with _ExpertsImpl(model, SKIP_EXPERTS):
                         ne, _, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps)
                     row["non_expert_ms"] = statistics.median(ne) if ne else None
@@ -150,8 +158,9 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
                     rows.append({**row, "mode": "eager", "steps": cfg.stats_steps, "ms_per_step": eager_ms,
                                  "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
                                  "moe_share": None})
-            print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {rows[-1]['ms_per_step']:.2f} ms/step",
-                  flush=True)
+            row["config_s"] = time.perf_counter() - t_cfg
+            print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
+                  f"({row['config_s']:.1f} s)", flush=True)
     _speedups(rows)
     return rows
 

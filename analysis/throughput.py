@@ -1,0 +1,72 @@
+"""End-to-end throughput tables from the runs of an experiment folder (reads outputs/ only).
+
+    python -m analysis.throughput outputs/throughput results/throughput
+
+Writes <out>.csv (every row of every run, with model and routing) and <out>.md: per model, routing
+and batch size, dense tokens/s and the speed-up of each method over it (same process), and where
+the step's time goes (non-expert ms, MoE share).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def collect(exp_dir: Path) -> pd.DataFrame:
+    frames = []
+    for report in sorted(exp_dir.glob("*/report.json")):
+        rep = json.loads(report.read_text())
+        if "throughput" not in rep:
+            continue
+        df = pd.DataFrame(rep["throughput"])
+        df.insert(0, "routing", rep.get("routing", "uniform"))
+        df.insert(0, "model", rep["model"])
+        df["gpu"] = rep.get("gpu", rep.get("device"))
+        frames.append(df)
+    if not frames:
+        raise SystemExit(f"no throughput runs under {exp_dir}")
+    df = pd.concat(frames, ignore_index=True)
+    for col in ("non_expert_ms", "moe_share"):  # CPU runs have no non-expert timing
+        if col not in df:
+            df[col] = float("nan")
+    return df
+
+
+def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    g = df[df["mode"] == "graph"].copy()
+    g["col"] = g.apply(lambda r: r["variant"] if pd.isna(r["budget"]) else f"{r['variant']}@{int(r['budget'])}", axis=1)
+    dense = g[g["variant"] == "dense"].set_index(["model", "routing", "batch_size"])
+    wide = g.pivot_table(index=["model", "routing", "batch_size"], columns="col", values="speedup_vs_dense")
+    wide = wide.drop(columns=["dense"], errors="ignore").round(2)
+    wide.insert(0, "dense union", dense["union_mean"].round(1))
+    wide.insert(0, "dense tok/s", dense["tokens_per_s"].round(0))
+    wide.insert(0, "dense ms", dense["ms_per_step"].round(2))
+    return wide.reset_index()
+
+
+def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
+    g = df[(df["mode"] == "graph") & df["non_expert_ms"].notna()]
+    cols = ["model", "routing", "batch_size", "variant", "budget", "ms_per_step", "non_expert_ms", "moe_share",
+            "kept_mean", "tokens_per_s"]
+    return g[cols].round(3)
+
+
+def main(exp_dir: str, out: str) -> None:
+    df = collect(Path(exp_dir))
+    out_p = Path(out)
+    out_p.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_p.with_suffix(".csv"), index=False)
+    eager = df[df["mode"] == "eager"][["model", "routing", "batch_size", "variant", "ms_per_step", "tokens_per_s"]]
+    text = ["Speed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
+            speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",
+            breakdown_table(df).to_markdown(index=False), "\n\nEager decoding (same engine, no graph), once per run\n",
+            eager.round(2).to_markdown(index=False), "\n"]
+    out_p.with_suffix(".md").write_text("\n".join(text))
+    print("\n".join(text))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
