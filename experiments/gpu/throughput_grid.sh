@@ -4,6 +4,9 @@
 # models on GPU 1. Each run writes outputs/throughput/<run>/; then
 #   python -m analysis.throughput outputs/throughput results/throughput
 #   bash experiments/gpu/throughput_grid.sh [model ...]      (default: all four)
+# To split the grid over calls of a 10-minute limit, name the runs of each GPU (model:routing):
+#   GPU0="qwen3_30b:uniform" GPU1="qwen3_30b:skewed" bash experiments/gpu/throughput_grid.sh
+# TESTS=1 runs the GPU tests first on the last GPU.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -11,20 +14,33 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-models=("$@"); [ ${#models[@]} -eq 0 ] && models=(qwen3_30b qwen15_moe deepseek_v2_lite olmoe)
 ngpu=$(nvidia-smi -L | wc -l)
-run_models() {  # gpu, models...
+last=$((ngpu - 1))
+run_on() {  # gpu, model:routing ...
   local gpu=$1; shift
-  for m in "$@"; do for routing in uniform skewed; do
+  if [ "${TESTS:-0}" = 1 ] && [ "$gpu" = "$last" ]; then
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine.py \
+      tests/test_kernels.py tests/test_patch_triton.py > "$OUT/gpu_tests.log" 2>&1
+    echo "tests rc=$?" >> "$OUT/gpu_tests.log"
+  fi
+  for spec in "$@"; do
+    local m=${spec%%:*} routing=${spec##*:}
     CUDA_VISIBLE_DEVICES=$gpu python3 run.py experiment=throughput model=$m model.routing=$routing ${EXTRA:-} \
       > "$OUT/grid_${m}_${routing}.log" 2>&1 || echo "FAILED $m $routing" >> "$OUT/grid_failed.log"
-  done; done
+  done
 }
-if [ "$ngpu" -ge 2 ] && [ ${#models[@]} -gt 1 ]; then
-  run_models 0 "${models[0]}" & run_models 1 "${models[@]:1}"; wait
+if [ -n "${GPU0:-}" ]; then
+  run_on 0 $GPU0 & { [ "$ngpu" -ge 2 ] && run_on 1 ${GPU1:-}; }; wait
 else
-  run_models 0 "${models[@]}"
+  models=("$@"); [ ${#models[@]} -eq 0 ] && models=(qwen3_30b qwen15_moe deepseek_v2_lite olmoe)
+  specs=(); for m in "${models[@]}"; do specs+=("$m:uniform" "$m:skewed"); done
+  if [ "$ngpu" -ge 2 ] && [ ${#specs[@]} -gt 2 ]; then
+    run_on 0 "${specs[@]:0:2}" & run_on 1 "${specs[@]:2}"; wait
+  else
+    run_on 0 "${specs[@]}"
+  fi
 fi
+[ -f "$OUT/gpu_tests.log" ] && tail -4 "$OUT/gpu_tests.log"
 tar czf "$OUT/throughput_runs.tgz" outputs/throughput
 cat "$OUT"/grid_*.log | grep -E "^\[throughput\] batch|Error|error" | tail -40
 python3 -m analysis.throughput outputs/throughput "$OUT/throughput" > /dev/null 2>&1 && tail -30 "$OUT/throughput.md"
