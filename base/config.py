@@ -188,6 +188,7 @@ class ThroughputConfig:
     non_expert: bool = True  # CUDA: also time the step with the expert FFN skipped (dense, oea and
     # the first budget only: each is one more capture)
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
+    profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
 
     @property
     def specs(self) -> list[dict[str, Any]] | None:
@@ -203,6 +204,7 @@ class ThroughputConfig:
         self.gen_tokens = _int("throughput.gen_tokens", self.gen_tokens, 2)
         self.warmup = _int("throughput.warmup", self.warmup, 0)
         self.stats_steps = _int("throughput.stats_steps", self.stats_steps, 1)
+        self.profile_batch = _int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
         self.timed_steps = _int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
 
 

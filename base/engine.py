@@ -223,8 +223,15 @@ class DecodeEngine:
             self._step()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step()
+        try:
+            with torch.cuda.graph(graph):
+                self._step()
+        except RuntimeError as err:
+            impl = getattr(self.model.config, "_experts_implementation", None)
+            raise RuntimeError(
+                f"the decode step cannot be captured in a CUDA graph ({err}); experts implementation "
+                f"{impl!r}, dtype {self.dtype}. Use model.experts_impl=base_triton (or grouped_mm in bf16), "
+                f"or decode eagerly (eval.engine=off)") from err
         self._graph = graph
 
     @torch.no_grad()

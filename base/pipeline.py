@@ -156,8 +156,10 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                     cfg, model, tokenizer, layers, v.method, v.k0)
             return patchers[key](v.budget, record)
 
-        rows = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
+        rows, profile = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
         outputs.write_table(out / "throughput.csv", rows)
+        outputs.write_table(out / "profile.csv", profile)
+        report["profile"] = profile
         logger.table("throughput", rows)
         report["throughput"] = rows
         report["device"] = str(next(model.parameters()).device)

@@ -11,6 +11,8 @@ smoke test of the bookkeeping, not a speed figure). Per configuration:
   non-expert    the same step with the expert FFN skipped (base_skip experts): its median is the
                 time of everything else, so moe_share = 1 - non_expert / step
   memory        peak GPU memory of the configuration
+  profile       at `profile_batch`, for dense, oea and the first budget: device ms per step by
+                kernel class (attention, norms, router/selection, expert FFN, LM head, ...)
 Speed-up is against the dense row of the same batch size, measured in the same process. The first
 configuration is also decoded eagerly once (mode=eager) to put the graph's effect on record.
 
@@ -114,9 +116,28 @@ def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
     return ms, wall, rows, eager
 
 
+def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
+             cfg: ThroughputConfig, ids_BP: torch.Tensor) -> dict[str, float]:
+    """ms per step by kernel class over `stats_steps` eager steps (base/profile.py)."""
+    from base.profile import profile_steps
+
+    patch = make_patch(v, False)
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=False)
+    try:
+        engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
+        engine.decode(1)  # warm
+        steps = min(cfg.stats_steps, cfg.gen_tokens - 2)
+        return profile_steps(model, lambda: engine.decode(steps), steps)
+    finally:
+        engine.release()
+        if patch is not None:
+            patch.remove()
+
+
 def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None],
-            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> list[dict]:
-    """One row per (batch size, variant); see the module doc for the columns."""
+            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict]]:
+    """One row per (batch size, variant), see the module doc for the columns; and at
+    cfg.profile_batch, one row per (variant, kernel class) with ms per step (base/profile.py)."""
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     if cuda:
@@ -124,6 +145,7 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
     vocab = model.config.vocab_size
     first_budget = next((v.budget for v in variants if v.budget is not None), None)
     rows: list[dict] = []
+    profile: list[dict] = []
     for bs in cfg.batch_sizes:
         gen = torch.Generator().manual_seed(seed + bs)
         ids_BP = torch.randint(0, vocab, (bs, cfg.prompt_len), generator=gen).to(device)
@@ -158,11 +180,15 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
                     rows.append({**row, "mode": "eager", "steps": cfg.stats_steps, "ms_per_step": eager_ms,
                                  "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
                                  "moe_share": None})
+                if bs == cfg.profile_batch and (v.budget is None or v.budget == first_budget):
+                    for cls, ms in _profile(model, make_patch, v, bs, cfg, ids_BP).items():
+                        profile.append({"batch_size": bs, "variant": v.label, "budget": v.budget, "class": cls,
+                                        "ms_per_step": ms, "graph_ms_per_step": step_ms})
             row["config_s"] = time.perf_counter() - t_cfg
             print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
                   f"({row['config_s']:.1f} s)", flush=True)
     _speedups(rows)
-    return rows
+    return rows, profile
 
 
 def _speedups(rows: list[dict]) -> None:

@@ -78,7 +78,8 @@ def test_fit_and_throughput_stages(tmp_path):
     assert len(r2) == 2 and r2["r2"].notna().all()
     tp = _run(tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
               "throughput.prompt_len=6", "throughput.gen_tokens=4", "throughput.stats_steps=3",
-              "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]")
+              "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]",
+              "throughput.profile_batch=4")
     assert tp.returncode == 0
     rows = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "throughput.csv")
     # dense first, count at each budget, oea once (it ignores the budget); CPU: eager engine
@@ -88,6 +89,9 @@ def test_fit_and_throughput_stages(tmp_path):
         assert 0 < rows.loc[rows["budget"] == budget, "kept_mean"].iloc[0] <= budget
     dense = rows.iloc[0]
     assert dense["kept_mean"] == dense["union_mean"] > 3 and dense["speedup_vs_dense"] == 1.0
+    prof = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "profile.csv")
+    assert set(prof["variant"]) == {"dense", "count", "oea(k0=1)"}  # the first budget only
+    assert {"attention", "expert FFN", "router/selection", "LM head"} <= set(prof["class"])
 
 
 def test_many_overrides_fit_in_a_folder_name(tmp_path):
