@@ -15,6 +15,26 @@ from pathlib import Path
 import pandas as pd
 
 
+def collect_profiles(exp_dir: Path) -> pd.DataFrame:
+    """ms per step by kernel class (eager steps, kernel time only), one column per class."""
+    frames = []
+    for report in sorted(exp_dir.glob("*/report.json")):
+        rep = json.loads(report.read_text())
+        if rep.get("profile"):
+            df = pd.DataFrame(rep["profile"])
+            df.insert(0, "routing", rep.get("routing", "uniform"))
+            df.insert(0, "model", rep["model"])
+            frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    wide = df.pivot_table(index=["model", "routing", "batch_size", "variant", "graph_ms_per_step"],
+                          columns="class", values="ms_per_step").round(2)
+    order = [c for c in ("attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP",
+                         "LM head", "embedding", "other", "total") if c in wide.columns]
+    return wide[order].reset_index()
+
+
 def collect(exp_dir: Path) -> pd.DataFrame:
     frames = []
     for report in sorted(exp_dir.glob("*/report.json")):
@@ -64,6 +84,10 @@ def main(exp_dir: str, out: str) -> None:
             speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",
             breakdown_table(df).to_markdown(index=False), "\n\nEager decoding (same engine, no graph), once per run\n",
             eager.round(2).to_markdown(index=False), "\n"]
+    prof = collect_profiles(Path(exp_dir))
+    if not prof.empty:
+        text += ["\nWhere an eager step's kernel time goes (ms per step; graph_ms_per_step: the replayed step)\n",
+                 prof.to_markdown(index=False), "\n"]
     out_p.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))
 

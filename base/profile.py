@@ -6,6 +6,11 @@ engine run under torch.profiler, and the device time of the kernels launched ins
 summed (a kernel belongs to the innermost tagged module that launched it; untagged: `other`).
 Kernel time only: launch gaps, which a CUDA graph shrinks, are not in it, so `total` is below an
 eager step's wall time and close to a graph replay's.
+
+Known issue: the first H200 run (results/throughput/runs/*/profile.csv) attributed by each
+event's self device time, which counted kernels twice (an operator and its runtime launch call)
+and put Triton kernels under `other` (its total exceeded the graph step: 42 vs 25 ms). This
+version counts each operator's own kernels once; it has not been run on a GPU yet.
 """
 from __future__ import annotations
 
@@ -72,7 +77,12 @@ def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -
     for ev in prof.events():
         if ev.name.startswith("cls:"):
             continue
-        t = (ev.self_device_time_total if cuda else ev.self_cpu_time_total) / 1e3
+        # A GPU kernel is counted once, with the operator it belongs to (ev.kernels); a runtime call
+        # (cudaLaunchKernel) also reports device time for the same kernel and is skipped.
+        if cuda:
+            t = sum(k.duration for k in ev.kernels) / 1e3
+        else:
+            t = ev.self_cpu_time_total / 1e3
         if t <= 0:
             continue
         total += t

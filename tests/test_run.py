@@ -92,6 +92,9 @@ def test_fit_and_throughput_stages(tmp_path):
     prof = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "profile.csv")
     assert set(prof["variant"]) == {"dense", "count", "oea(k0=1)"}  # the first budget only
     assert {"attention", "expert FFN", "router/selection", "LM head"} <= set(prof["class"])
+    for _, one in prof.groupby("variant"):  # every kernel (CPU: operator) in exactly one class
+        parts = one.loc[one["class"] != "total", "ms_per_step"].sum()
+        assert parts == pytest.approx(one.loc[one["class"] == "total", "ms_per_step"].iloc[0], rel=1e-6)
 
 
 def test_many_overrides_fit_in_a_folder_name(tmp_path):
