@@ -48,6 +48,5 @@ def throughput_frame(root: str | Path) -> pd.DataFrame:
     rows = []
     for rep in reports(root):
         for r in rep.get("throughput", []):
-            rows.append({"run": rep["run"], "model": rep["model"],
-                         "method": rep["method"] if r["budget"] is not None else "dense", **r})
+            rows.append({"run": rep["run"], "model": rep["model"], "routing": rep.get("routing", "uniform"), **r})
     return pd.DataFrame(rows)

@@ -67,6 +67,26 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def headline_table(df: pd.DataFrame, batch: int = 16) -> pd.DataFrame:
+    """The README's table: one row per (model, routing) at one batch size."""
+    g = df[(df["mode"] == "graph") & (df["batch_size"] == batch)]
+    out = []
+    for (model, routing), one in g.groupby(["model", "routing"]):
+        def at(variant: str, budget: float | None = None, col: str = "speedup_vs_dense") -> float:
+            sel = one[(one["variant"] == variant) & (one["budget"].isna() if budget is None else one["budget"] == budget)]
+            return float(sel[col].iloc[0]) if len(sel) else float("nan")
+
+        out.append({
+            "model": model, "routing": routing, "dense union": at("dense", col="union_mean"),
+            "dense ms/step": at("dense", col="ms_per_step"), "dense tok/s": at("dense", col="tokens_per_s"),
+            "non-expert ms": at("dense", col="non_expert_ms"), "MoE share (dense)": at("dense", col="moe_share"),
+            "base M=16 tok/s": at("base", 16, "tokens_per_s"), "base M=16": at("base", 16),
+            "base M=10": at("base", 10), "base M=8": at("base", 8), "router_sum M=16": at("router_sum", 16),
+            "oea k0=1": at("oea(k0=1)"), "oea k0=1 kept": at("oea(k0=1)", col="kept_mean"),
+        })
+    return pd.DataFrame(out).round(2)
+
+
 def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
     g = df[(df["mode"] == "graph") & df["non_expert_ms"].notna()]
     cols = ["model", "routing", "batch_size", "variant", "budget", "ms_per_step", "non_expert_ms", "moe_share",
@@ -80,7 +100,9 @@ def main(exp_dir: str, out: str) -> None:
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)
     eager = df[df["mode"] == "eager"][["model", "routing", "batch_size", "variant", "ms_per_step", "tokens_per_s"]]
-    text = ["Speed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
+    text = ["Batch 16 (speed-ups: tokens/s over dense, same process, CUDA-graph replay)\n",
+            headline_table(df).to_markdown(index=False),
+            "\n\nSpeed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
             speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",
             breakdown_table(df).to_markdown(index=False), "\n\nEager decoding (same engine, no graph), once per run\n",
             eager.round(2).to_markdown(index=False), "\n"]

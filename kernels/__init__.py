@@ -5,7 +5,7 @@
                 route_select: the router's softmax/top-k and the selection in one launch
     experts.py  fused_experts: the kept experts' FFN, each weight byte read once per step
     hf.py       register_base_triton: the FFN as transformers experts implementation
-    step.py     select_step: one layer's selection from a base.routing.RoutedBatch
+    step.py     select_step: one layer's selection from plain tensors
 CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled.
 """
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
