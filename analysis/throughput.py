@@ -72,7 +72,7 @@ def headline_table(df: pd.DataFrame, batch: int = 16) -> pd.DataFrame:
     g = df[(df["mode"] == "graph") & (df["batch_size"] == batch)]
     out = []
     for (model, routing), one in g.groupby(["model", "routing"]):
-        def at(variant: str, budget: float | None = None, col: str = "speedup_vs_dense") -> float:
+        def at(variant: str, budget: float | None = None, col: str = "speedup_vs_dense", one=one) -> float:
             sel = one[(one["variant"] == variant) & (one["budget"].isna() if budget is None else one["budget"] == budget)]
             return float(sel[col].iloc[0]) if len(sel) else float("nan")
 

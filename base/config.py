@@ -199,7 +199,8 @@ class ThroughputConfig:
             raise ConfigError("throughput.batch_sizes is empty")
         self.batch_sizes = [_int("throughput.batch_sizes[]", b, 1) for b in self.batch_sizes]
         self.budgets = None if self.budgets is None else [_int("throughput.budgets[]", b, 1) for b in self.budgets]
-        self.specs  # validates every entry
+        for spec in self.methods or []:
+            parse_method_spec(spec)  # fails with the valid choices
         self.prompt_len = _int("throughput.prompt_len", self.prompt_len, 1)
         self.gen_tokens = _int("throughput.gen_tokens", self.gen_tokens, 2)
         self.warmup = _int("throughput.warmup", self.warmup, 0)

@@ -21,6 +21,7 @@ Shapes: B batch (static), P prompt length, L cache length (static), N new tokens
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -261,7 +262,7 @@ class DecodeEngine:
             end.record()
             events.append(end)
             torch.cuda.synchronize()
-            ms = [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:])]
+            ms = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
         else:
             ms = []
         if self.patch is not None:

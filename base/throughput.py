@@ -60,7 +60,7 @@ def register_skip_experts() -> str:
 
 def _quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -154,7 +154,7 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
                 _peak_reset(device)
                 steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
                 t_cfg = time.perf_counter()
-                ms, wall, _, eager = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
+                ms, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
                 timed = ms if ms else None
                 step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
                 row = {

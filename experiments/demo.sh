@@ -7,5 +7,5 @@ common=(exp_name=demo logger=none "$@")
 $PY run.py "${common[@]}" stage=calibrate
 $PY run.py "${common[@]}" stage=fit
 $PY run.py -m "${common[@]}" stage=evaluate method=dense,base
-$PY run.py -m "${common[@]}" stage=throughput method=base "throughput.batch_sizes=[1,16]" throughput.prompt_len=32 throughput.gen_tokens=17
+$PY run.py -m "${common[@]}" stage=throughput method=base "throughput.batch_sizes=[1,16]" throughput.prompt_len=32 throughput.gen_tokens=17 throughput.profile_batch=null
 $PY -m analysis.compare outputs/demo

@@ -80,6 +80,15 @@ def random_artifacts(L: int, E: int, H: int, seed: int = 0) -> Artifacts:
     )
 
 
+def model_artifacts(model: nn.Module, seed: int = 0) -> Artifacts:
+    """Random artifacts shaped for `model` (calibration energies kept positive)."""
+    layers = find_moe_layers(model)
+    L, E, H = len(layers), layers[0].num_experts, model.config.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    return Artifacts(freq_LE=torch.rand(L, E, generator=g), energy_LE=torch.rand(L, E, generator=g) + 0.1,
+                     pred_w_LHE=0.3 * torch.randn(L, H, E, generator=g), pred_b_LE=torch.randn(L, E, generator=g))
+
+
 def ids_of(mask_E: Tensor) -> set[int]:
     return set(torch.nonzero(mask_E).flatten().tolist())
 

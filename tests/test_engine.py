@@ -13,7 +13,8 @@ from base.config import ModelConfig
 from base.engine import DecodeEngine
 from base.families import find_moe_layers, load_model, load_tokenizer
 from base.patch import PatchOptions, patch_model
-from base.selectors import Artifacts, build_selector
+from base.selectors import build_selector
+from tests.helpers import model_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,14 +29,6 @@ def mini():
     return load_model(cfg, ROOT), load_tokenizer(cfg, ROOT)
 
 
-def _artifacts(model, seed: int = 0) -> Artifacts:
-    layers = find_moe_layers(model)
-    L, E, H = len(layers), layers[0].num_experts, model.config.hidden_size
-    g = torch.Generator().manual_seed(seed)
-    return Artifacts(freq_LE=torch.rand(L, E, generator=g), energy_LE=torch.rand(L, E, generator=g) + 0.1,
-                     pred_w_LHE=0.3 * torch.randn(L, H, E, generator=g), pred_b_LE=torch.randn(L, E, generator=g))
-
-
 PROMPTS = ["12+34=", "sort: 3 1 2 ->", "rev: abcdef ->", "9+1=", "cmp 3 4:", "count a in aab:"]
 
 
@@ -45,7 +38,7 @@ def test_engine_equals_generate_with_padding_rows(mini, method):
     so tokens and every selection statistic equal transformers' generate on the 6 prompts."""
     model, tok = mini
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    sel = None if method == "dense" else build_selector(method, _artifacts(model))
+    sel = None if method == "dense" else build_selector(method, model_artifacts(model))
     patch = patch_model(model, "qwen3_moe", sel, PatchOptions(budget=4), pad_token_id=tok.pad_token_id)
     try:
         with torch.no_grad():
@@ -138,7 +131,7 @@ def test_skew_needs_random_weights():
 
 # ---- GPU: graph replay equals eager ------------------------------------------------------------
 def _decode_gpu(model, family, method, backend, graph):
-    sel = None if method == "dense" else build_selector(method, _artifacts(model))
+    sel = None if method == "dense" else build_selector(method, model_artifacts(model))
     patch = patch_model(model, family, sel, PatchOptions(budget=3, backend=backend), pad_token_id=0)
     ids = torch.randint(3, 90, (16, 7), generator=torch.Generator().manual_seed(2)).cuda()
     mask = torch.ones_like(ids)

@@ -12,7 +12,8 @@ import yaml
 from base.config import ModelConfig
 from base.families import find_moe_layers, load_model
 from base.patch import PatchOptions, patch_model
-from base.selectors import Artifacts, build_selector
+from base.selectors import build_selector
+from tests.helpers import model_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,14 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _model(name: str):
     cfg = ModelConfig(**yaml.safe_load((ROOT / "conf/model" / f"{name}.yaml").read_text()))
     return cfg, load_model(cfg, ROOT, seed=0, experts_impl="eager")
-
-
-def _artifacts(model, seed: int = 0) -> Artifacts:
-    layers = find_moe_layers(model)
-    L, E, H = len(layers), layers[0].num_experts, model.config.hidden_size
-    g = torch.Generator().manual_seed(seed)
-    return Artifacts(freq_LE=torch.rand(L, E, generator=g), energy_LE=torch.rand(L, E, generator=g) + 0.1,
-                     pred_w_LHE=0.3 * torch.randn(L, H, E, generator=g), pred_b_LE=torch.randn(L, E, generator=g))
 
 
 def _decode(model, family, selector, backend, ids_BS, mask_BS, budget, new_tokens=4):
@@ -51,7 +44,7 @@ def test_triton_backend_matches_torch(name, selector):
     ids_BS = torch.randint(3, 250, (5, 6))
     mask_BS = torch.ones_like(ids_BS)
     mask_BS[0, :2] = 0  # a left-padded row
-    sel = build_selector(selector, _artifacts(model))
+    sel = build_selector(selector, model_artifacts(model))
     budget = 3 if name != "tiny_mixtral" else 2
     ref, kept_ref, _ = _decode(model, cfg.family, sel, "torch", ids_BS, mask_BS, budget)
     out, kept, fused = _decode(model, cfg.family, sel, "triton", ids_BS, mask_BS, budget)
@@ -79,7 +72,7 @@ def test_gpu_triton_backend_and_base_triton_match_torch(name, selector):
     ids_BS = torch.randint(3, 250, (16, 6), device="cuda")
     mask_BS = torch.ones_like(ids_BS)
     mask_BS[0, :2] = 0
-    sel = build_selector(selector, _artifacts(model))
+    sel = build_selector(selector, model_artifacts(model))
     ref, kept_ref, _ = _decode(model, cfg.family, sel, "torch", ids_BS, mask_BS, 5, new_tokens=2)
     register_base_triton()
     model.set_experts_implementation("base_triton")
