@@ -22,9 +22,11 @@ from base.routing import RoutedBatch, pair_counts_E, reassign
 from base.selectors import Selector
 
 # Selectors with a Triton path (kernels.select_step); the others run the PyTorch reference.
-TRITON_SELECTORS = ("router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base")
-# ... of which these can also replace the router's own softmax/top-k (kernels.route_select).
-ROUTE_SELECT_KINDS = ("router_sum", "router_sq", "count", "calib_energy", "base")
+TRITON_SELECTORS = ("router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base", "fixed")
+# ... all of which can also replace the router's own softmax/top-k (kernels.route_select).
+ROUTE_SELECT_KINDS = TRITON_SELECTORS
+# Selectors whose score is a fixed per-layer vector (the kernels take it as score_E).
+STATIC_SCORES = ("calib_freq", "fixed")
 # Routers route_select reproduces: softmax -> top-k (-> renormalise, scale), no bias.
 ROUTE_SELECT_ROUTERS = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter",
                         "DeepseekV2TopkRouter")
@@ -93,6 +95,8 @@ class TritonBackend(TorchBackend):
             L, row = layer.index, {}
             if self.kind == "calib_freq":
                 row["freq_E"] = art.freq_LE[L].float()
+            if self.kind == "fixed":  # lower id first, as base.selectors.Fixed
+                row["freq_E"] = -torch.arange(layer.num_experts, dtype=torch.float32, device=device)
             if self.kind == "calib_energy":
                 row["energy_E"] = art.energy_LE[L].float()
             if self.kind == "base":
@@ -108,7 +112,8 @@ class TritonBackend(TorchBackend):
         from kernels.step import select_step
 
         p, row = self.policy, self.per_layer[batch.layer]
-        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, self.kind, p.budget,
+        kind = "calib_freq" if self.kind in STATIC_SCORES else self.kind  # a static score_E
+        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind, p.budget,
                           z_TH=batch.z_TH, reassign_mode=p.reassign, renormalize=p.renormalize, **row)
         return Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK)
 
@@ -139,11 +144,14 @@ class TritonBackend(TorchBackend):
             logits_TE = nn.functional.linear(z_TH, router.weight)
             if self.kind == "calib_energy":
                 extra = {"energy_E": row["energy_E"]}
+            if self.kind in STATIC_SCORES:
+                extra = {"score_E": row["freq_E"]}
         if bias_E is not None:
             logits_TE = logits_TE + bias_E
         routing, out = route_select(
             logits_TE, layer.top_k, active_T, p.budget, norm_topk=norm_topk,
-            scale=float(getattr(router, "routed_scaling_factor", 1.0)), kind=self.kind,
+            scale=float(getattr(router, "routed_scaling_factor", 1.0)),
+            kind="router_sum" if self.kind in STATIC_SCORES else self.kind,
             reassign_mode=p.reassign, renormalize=p.renormalize, **extra,
         )  # fmt: skip
         batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, L)

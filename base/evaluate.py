@@ -74,7 +74,7 @@ class BudgetedHFLM(HFLM):
         on_gpu = torch.device(self.device).type == "cuda"
         self.use_engine = eval_cfg.engine == "on" or (eval_cfg.engine == "auto" and on_gpu)
         self._engine = None
-        self.engine_steps = 0
+        self.decode_steps = 0
 
     def _sampling(self) -> dict[str, Any]:
         c = self.eval_cfg
@@ -92,6 +92,7 @@ class BudgetedHFLM(HFLM):
         else:
             new = self._hf_generate(enc, mask, max(max_new), stops)
         self.decode_batches += 1
+        self.decode_steps += max(0, new.shape[1] - 1)  # the first new token comes from the prefill
         texts = []
         for row, until, n in zip(new.tolist(), untils, max_new):
             texts.append(_truncate(self.tok_decode(row[:n], skip_special_tokens=True), until))
@@ -125,9 +126,7 @@ class BudgetedHFLM(HFLM):
             self._engine = DecodeEngine(self.model, int(self.batch_size), -(-need // 256) * 256, patch=self.patch,
                                         eos_ids=tuple(sorted(stops.eos_ids)), pad_id=self.tokenizer.pad_token_id,
                                         sampling=sampling)
-        res = self._engine.generate(enc, mask, max_new, stop=stops.done_rows)
-        self.engine_steps += res.steps
-        return res.tokens_BN
+        return self._engine.generate(enc, mask, max_new, stop=stops.done_rows).tokens_BN
 
     def _request_args(self, req) -> tuple[str, list[str], int]:
         context, gen_kwargs = req.args
@@ -160,6 +159,7 @@ class EvalResult:
     metrics: list[dict[str, Any]]  # one row per (task, metric)
     raw: dict[str, Any]  # lm-eval's output without samples (results, groups, configs, ...)
     decode_batches: int
+    decode_steps: int  # decode forwards over all batches
     engine: bool  # decoded through base/engine.py (CUDA graphs on a GPU)
 
 
@@ -193,4 +193,4 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     raw = {k: v for k, v in out.items() if k != "samples"}
     if lm._engine is not None:
         lm._engine.release()
-    return EvalResult(rows, raw, lm.decode_batches, lm.use_engine)
+    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.use_engine)

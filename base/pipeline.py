@@ -187,7 +187,9 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     logger.table("selection", summary_rows)
     logger.lm_eval(result.raw)
     report["eval"] = {"order": cfg.eval.order, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
-                      "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine}
+                      "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine,
+                      "decode_steps": result.decode_steps,
+                      "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None}
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
     report["selection"] = summary_rows

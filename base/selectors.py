@@ -11,7 +11,8 @@ Most selectors are a per-pair term summed per expert (`aggregate_E`); they diffe
     calib_energy  w^2 * mean calibration ||E_u||^2
     base          w^2 * exp(2 * g_u(z_t)), g the layer's linear predictor of log||E_u(z_t)||
     oracle        w^2 * ||E_u(z_t)||^2 (true norms; runs every routed expert)
-`calib_freq` ranks by a static calibration frequency and `oea` keeps each token's top-k0.
+`calib_freq` ranks by a static calibration frequency, `fixed` by expert id (no scoring: a timing
+baseline), and `oea` keeps each token's top-k0.
 """
 from __future__ import annotations
 
@@ -134,6 +135,18 @@ class CalibEnergy(Selector):
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         energy_E = self.artifacts.energy_LE[batch.layer].to(batch.probs_TE.device, torch.float32)
         return _w(batch) ** 2 * energy_E[batch.topk_idx_TK]
+
+
+@register_selector("fixed")
+class Fixed(Selector):
+    """No scoring: a fixed preference order (lower expert id first) over the batch's union.
+
+    Not a quality rule: the baseline against which a selector's scoring overhead is timed, since it
+    keeps M experts through the same select/backfill path without computing any score."""
+
+    def score(self, batch: RoutedBatch) -> Tensor:
+        E = batch.num_experts
+        return -torch.arange(E, device=batch.probs_TE.device, dtype=torch.float32)
 
 
 def predicted_log_norm_TK(artifacts: Artifacts, batch: RoutedBatch) -> Tensor:

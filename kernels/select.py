@@ -350,6 +350,7 @@ def route_select(
     g_TE: Tensor | None = None,
     pred_b_E: Tensor | None = None,
     energy_E: Tensor | None = None,
+    score_E: Tensor | None = None,
     reassign_mode: str = "backfill",
     renormalize: bool = True,
 ) -> tuple[Routing, Selection]:
@@ -359,7 +360,8 @@ def route_select(
     does after its GEMM, so the selection adds no launch: logits_TE may be the router half of
     `fused_router_logits` and g_TE its predictor half. Top-k ties go to the lower expert id
     (torch.topk leaves them unspecified); probs equal torch's fp32 softmax up to rounding.
-    One program does all T tokens (it reads back its own routing after a CTA barrier).
+    One program does all T tokens (it reads back its own routing after a CTA barrier). A static
+    score_E (calib_freq, fixed) replaces the in-kernel score; `kind` is then ignored.
     """
     _check(kind, reassign_mode, budget)
     T, E = logits_TE.shape
@@ -368,6 +370,8 @@ def route_select(
     probs_TE = empty(T, E, device=dev, dtype=torch.float32)
     idx_TK = empty(T, top_k, device=dev, dtype=torch.int64)
     w_TK = empty(T, top_k, device=dev, dtype=w_dtype or logits_TE.dtype)
-    sel = _launch(probs_TE, idx_TK, w_TK, active_T, M, None, kind, g_TE, pred_b_E, energy_E, reassign_mode,
+    if score_E is not None:
+        score_E = score_E.float().contiguous()
+    sel = _launch(probs_TE, idx_TK, w_TK, active_T, M, score_E, kind, g_TE, pred_b_E, energy_E, reassign_mode,
                   renormalize, logits_TE=logits_TE, norm=norm_topk, route_scale=scale)  # fmt: skip
     return Routing(probs_TE, idx_TK, w_TK), sel

@@ -37,7 +37,7 @@ def _decode(model, family, selector, backend, ids_BS, mask_BS, budget, new_token
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_deepseek", "tiny_mixtral", "tiny_gpt_oss"])
-@pytest.mark.parametrize("selector", ["router_sum", "base"])
+@pytest.mark.parametrize("selector", ["router_sum", "base", "fixed"])
 def test_triton_backend_matches_torch(name, selector):
     cfg, model = _model(name)
     torch.manual_seed(1)

@@ -127,5 +127,6 @@ def test_evaluate_through_the_engine_equals_generate(tmp_path):
         runs[engine] = (json.loads((out / "report.json").read_text()), pd.read_csv(out / "selection_steps.csv"))
     (off, off_steps), (on, on_steps) = runs["off"], runs["on"]
     assert (off["eval"]["engine"], on["eval"]["engine"]) == (False, True)
+    assert on["eval"]["decode_steps"] == off["eval"]["decode_steps"] > 0
     assert on["metrics"] == off["metrics"]
     pd.testing.assert_frame_equal(on_steps, off_steps)

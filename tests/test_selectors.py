@@ -105,6 +105,15 @@ def test_count_tie_broken_by_router_sum_not_by_id():
     assert ids_of(make("router_sum").keep(b, 1)[0]) == {4}
 
 
+def test_fixed_keeps_the_lowest_ids_of_the_union_whatever_the_weights():
+    for budget in range(1, 6):
+        want = set(sorted(UNION)[:budget])
+        assert ids_of(make("fixed").keep(hand_batch(), budget)[0]) == want
+    heavier = hand_batch()
+    heavier.topk_w_TK = heavier.topk_w_TK.flip(-1)  # other weights: the same kept set
+    assert ids_of(make("fixed").keep(heavier, 2)[0]) == set(sorted(UNION)[:2])
+
+
 def test_oea_keeps_union_of_each_tokens_top_k0_by_probability():
     sel = make("oea", k0=1)
     assert sel.uses_budget is False
