@@ -39,12 +39,27 @@ def test_experiments_compose(compose, tmp_path):
         ("stage=train", "stage='train' is not valid; choose one of: calibrate, fit, evaluate, throughput, describe"),
         ("method.reassign=swap", "method.reassign='swap' is not valid; choose one of: backfill, drop"),
         ("eval.order=sorted", "eval.order='sorted' is not valid; choose one of: mixed, lm_eval"),
+        ("eval.engine=maybe", "eval.engine='maybe' is not valid; choose one of: auto, on, off"),
+        ("throughput.methods=[bogus]", "throughput.methods[]='bogus' is not valid; choose one of: dense,"),
+        ("throughput.methods=[oea]", "oea needs its k0, e.g. oea:1"),
+        ("throughput.budgets=[0]", "throughput.budgets[]=0 is out of range: must be >= 1"),
+        ("throughput.batch_sizes=[]", "throughput.batch_sizes is empty"),
+        ("throughput.timed_steps=400", "throughput.timed_steps=400 is out of range: must be [1, 383]"),
+        ("model.routing=skewed", "model.routing=skewed applies to random-weight models (model.init=random) only"),
+        ("model.routing=zipf", "model.routing='zipf' is not valid; choose one of: uniform, skewed"),
     ],
 )
 def test_invalid_values_fail_with_valid_choices(compose, tmp_path, override, message):
     with pytest.raises(ConfigError) as err:
         run.build_config(compose([override]), tmp_path)
     assert message in str(err.value)
+
+
+def test_throughput_budget_above_the_experts_fails_before_loading(compose, tmp_path):
+    rc = run.build_config(compose(["model=qwen3_30b", "model.init=random", "stage=throughput",
+                                   "throughput.budgets=[16,200]"]), tmp_path)
+    with pytest.raises(ConfigError, match="throughput.budgets has 200, above the 128 experts of qwen3_30b"):
+        rc.check_budget(128)
 
 
 def test_unknown_method_lists_selectors(compose, tmp_path):
