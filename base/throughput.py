@@ -134,6 +134,34 @@ def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch
             patch.remove()
 
 
+def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant,
+                 bs: int, cfg: ThroughputConfig, ids_BP: torch.Tensor, extra_passes: bool) -> dict:
+    """The timed pass, the statistics pass and (CUDA, extra_passes) the non-expert pass of one
+    configuration: its row of throughput.csv (speed-up added later)."""
+    device = ids_BP.device
+    _peak_reset(device)
+    steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
+    ms, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
+    step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
+    row = {
+        "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
+        "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
+        "mode": "graph" if ms else "eager", "steps": len(ms) if ms else steps,
+        "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
+        "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(device),
+    }
+    _, _, stats_rows, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, True, cfg.stats_steps)
+    n = max(1, len(stats_rows))
+    row["union_mean"] = sum(r["union"] for r in stats_rows) / n
+    row["kept_mean"] = sum(r["kept"] for r in stats_rows) / n
+    if device.type == "cuda" and cfg.non_expert and extra_passes:
+        with _ExpertsImpl(model, SKIP_EXPERTS):
+            ne, _, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps)
+        row["non_expert_ms"] = statistics.median(ne) if ne else None
+        row["moe_share"] = 1 - row["non_expert_ms"] / step_ms if ne else None
+    return row
+
+
 def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None],
             variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict]]:
     """One row per (batch size, variant), see the module doc for the columns; and at
@@ -142,37 +170,18 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
     cuda = device.type == "cuda"
     if cuda:
         register_skip_experts()
-    vocab = model.config.vocab_size
+    # the non-expert pass and the profile: dense, oea and the first budget (each is another capture)
     first_budget = next((v.budget for v in variants if v.budget is not None), None)
     rows: list[dict] = []
     profile: list[dict] = []
     for bs in cfg.batch_sizes:
         gen = torch.Generator().manual_seed(seed + bs)
-        ids_BP = torch.randint(0, vocab, (bs, cfg.prompt_len), generator=gen).to(device)
+        ids_BP = torch.randint(0, model.config.vocab_size, (bs, cfg.prompt_len), generator=gen).to(device)
         for i, v in enumerate(variants):
+            t0 = time.perf_counter()
+            extra = v.budget is None or v.budget == first_budget
             with _ExpertsImpl(model, v.experts_impl):
-                _peak_reset(device)
-                steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
-                t_cfg = time.perf_counter()
-                ms, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
-                timed = ms if ms else None
-                step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
-                row = {
-                    "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
-                    "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
-                    "mode": "graph" if timed else "eager", "steps": len(ms) if ms else steps,
-                    "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
-                    "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(device),
-                }
-                _, _, stats_rows, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, True, cfg.stats_steps)
-                n = max(1, len(stats_rows))
-                row["union_mean"] = sum(r["union"] for r in stats_rows) / n
-                row["kept_mean"] = sum(r["kept"] for r in stats_rows) / n
-                if cuda and cfg.non_expert and (v.budget is None or v.budget == first_budget):
-                    with _ExpertsImpl(model, SKIP_EXPERTS):
-                        ne, _, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps)
-                    row["non_expert_ms"] = statistics.median(ne) if ne else None
-                    row["moe_share"] = 1 - row["non_expert_ms"] / step_ms if ne else None
+                row = _measure_one(model, make_patch, v, bs, cfg, ids_BP, extra)
                 rows.append(row)
                 if cuda and cfg.eager_reference and bs == cfg.batch_sizes[0] and i == 0:
                     _, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps, graph=False)
@@ -180,11 +189,11 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
                     rows.append({**row, "mode": "eager", "steps": cfg.stats_steps, "ms_per_step": eager_ms,
                                  "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
                                  "moe_share": None})
-                if bs == cfg.profile_batch and (v.budget is None or v.budget == first_budget):
+                if bs == cfg.profile_batch and extra:
                     for cls, ms in _profile(model, make_patch, v, bs, cfg, ids_BP).items():
                         profile.append({"batch_size": bs, "variant": v.label, "budget": v.budget, "class": cls,
-                                        "ms_per_step": ms, "graph_ms_per_step": step_ms})
-            row["config_s"] = time.perf_counter() - t_cfg
+                                        "ms_per_step": ms, "graph_ms_per_step": row["ms_per_step"]})
+            row["config_s"] = time.perf_counter() - t0
             print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
                   f"({row['config_s']:.1f} s)", flush=True)
     _speedups(rows)
