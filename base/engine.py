@@ -135,7 +135,7 @@ class DecodeEngine:
         self.out_BN = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.arange_L = torch.arange(L, device=dev)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_n = 0  # capacity of out_BN when the graph was captured
+        self._graph_rows: Tensor | None = None  # the recorder buffer the graph writes into
 
     # ---- the step ----------------------------------------------------------------------------
     def _model_kwargs(self) -> dict:
@@ -234,6 +234,12 @@ class DecodeEngine:
                 f"{impl!r}, dtype {self.dtype}. Use model.experts_impl=base_triton (or grouped_mm in bf16), "
                 f"or decode eagerly (eval.engine=off)") from err
         self._graph = graph
+        self._graph_rows = self.patch.recorder.rows_LSF if self.patch is not None else None
+
+    def _graph_stale(self) -> bool:
+        """A graph writes statistics into the recorder buffer it was captured with; once the
+        recorder has grown (a long evaluation), the step is captured again."""
+        return self.patch is not None and self.patch.recorder.rows_LSF is not self._graph_rows
 
     @torch.no_grad()
     def decode(self, steps: int, timed: bool = False,
@@ -247,7 +253,7 @@ class DecodeEngine:
             if not self.graph_enabled:
                 self._step()
                 eager += 1
-            elif self._graph is None:
+            elif self._graph is None or self._graph_stale():
                 self._capture()  # runs step i eagerly
                 eager += 1
             else:

@@ -4,6 +4,7 @@ eager decoding for dense and base. Also the routing skew of random models (base/
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -107,6 +108,42 @@ def test_recorder_grows_past_its_capacity_in_eager_decoding(mini):
         patch.remove()
     L = len(find_moe_layers(model))
     assert len(rows) == (cap + 9) * L and rows[-1]["step"] == cap + 9
+
+
+def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
+    """Chunked decoding (a host stop check per step, as in evaluation) past the recorder's capacity:
+    the statistics buffer is reallocated, so the step must be captured again. On a CPU a stand-in
+    graph replays the step eagerly; the rows must equal eager decoding's."""
+    model, tok = mini
+    ids = torch.full((2, 3), 5)
+
+    def run(graph: bool) -> tuple[list[dict], int]:
+        patch = patch_model(model, "qwen3_moe", None, PatchOptions(budget=None), pad_token_id=tok.pad_token_id)
+        engine = DecodeEngine(model, 2, 128, patch=patch, graph=graph)
+        captures = []
+
+        class Replay:  # what a CUDA graph would do: run the step's device work, no host bookkeeping
+            def replay(self):
+                with mock.patch("base.recorder._capturing", return_value=True):
+                    engine._step()
+
+        def capture():
+            captures.append(patch.recorder.capacity)
+            engine._step()  # the warm-up step the real capture runs eagerly
+            engine._graph, engine._graph_rows = Replay(), patch.recorder.rows_LSF
+
+        monkeypatch.setattr(engine, "_capture", capture)
+        try:
+            n = patch.recorder.capacity + 10
+            engine.generate(ids, torch.ones_like(ids), n, stop_at_eos=False, stop=lambda t: torch.zeros(2, dtype=bool))
+            return patch.stats_rows(), captures
+        finally:
+            patch.remove()
+
+    eager_rows, none = run(graph=False)
+    graph_rows, captures = run(graph=True)
+    assert none == [] and len(captures) == 2 and captures[1] > captures[0]
+    assert graph_rows == eager_rows
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_olmoe", "tiny_deepseek"])
