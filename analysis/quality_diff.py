@@ -1,0 +1,56 @@
+"""Differences in accuracy between base and every other variant at each budget, with 95 % intervals.
+
+    python -m analysis.quality_diff results/quality_mini.csv results/quality_mini_diff
+
+The committed quality runs keep no per-prompt records, so no paired test is possible from them:
+the interval here is the unpaired normal one, diff +- 1.96 * sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n)
+over the n prompts of each run. For runs over the same prompts whose outcomes are positively
+correlated it is wider than the paired interval, so "excludes zero" is a conservative call; a
+difference whose interval includes zero is reported as a tie (`call`).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+Z95 = 1.959964
+
+
+def diff_row(p_ref: float, p_other: float, n: int) -> dict[str, float | str]:
+    d = p_ref - p_other
+    half = Z95 * math.sqrt(p_ref * (1 - p_ref) / n + p_other * (1 - p_other) / n)
+    call = "tie" if d - half <= 0 <= d + half else ("higher" if d > 0 else "lower")
+    return {"diff": d, "low": d - half, "high": d + half, "call": call}
+
+
+def quality_diffs(df: pd.DataFrame, ref: str = "base", n: int = 1600) -> pd.DataFrame:
+    """One row per (other variant, budget): ref's accuracy minus the other's, interval and call."""
+    budgeted = df[df["budget"].notna()]
+    ref_acc = budgeted[budgeted["variant"] == ref].set_index("budget")["accuracy"]
+    rows = []
+    for (variant, budget), acc in budgeted.groupby(["variant", "budget"])["accuracy"].first().items():
+        if variant == ref or budget not in ref_acc.index:
+            continue
+        rows.append({"variant": variant, "budget": int(budget), f"{ref}": ref_acc[budget], "other": acc,
+                     **diff_row(float(ref_acc[budget]), float(acc), n)})
+    return pd.DataFrame(rows).sort_values(["variant", "budget"]).reset_index(drop=True)
+
+
+def main(src: str, dest: str, n: int = 1600) -> None:
+    table = quality_diffs(pd.read_csv(src), n=n)
+    out = Path(dest)
+    table.round(4).to_csv(out.with_suffix(".csv"), index=False)
+    calls = table.pivot(index="variant", columns="budget", values="call")
+    diffs = table.assign(cell=table.apply(lambda r: f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]", axis=1))
+    text = (f"base minus each variant, accuracy, 95 % unpaired interval (n = {n} prompts per run)\n\n"
+            + diffs.pivot(index="variant", columns="budget", values="cell").to_markdown() + "\n\n"
+            + calls.to_markdown() + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:4]))
