@@ -1,0 +1,44 @@
+"""analysis/: difference intervals of quality runs and the throughput tables, on small fixtures."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.quality_diff import diff_row, quality_diffs
+from analysis.throughput import collect, headline_table
+
+
+def test_diff_interval_calls_a_tie_only_when_it_includes_zero():
+    tie = diff_row(0.90, 0.89, n=1600)  # half-width ~0.021
+    assert tie["call"] == "tie" and tie["low"] < 0 < tie["high"]
+    assert tie["high"] - tie["low"] == pytest.approx(2 * 1.959964 * (0.09 / 1600 + 0.0979 / 1600) ** 0.5)
+    assert diff_row(0.90, 0.80, n=1600)["call"] == "higher"
+    assert diff_row(0.80, 0.90, n=1600)["call"] == "lower"
+
+
+def test_quality_diffs_pairs_base_with_each_variant_at_equal_budget():
+    df = pd.DataFrame([
+        {"variant": "base", "budget": 5, "accuracy": 0.9}, {"variant": "base", "budget": 6, "accuracy": 0.95},
+        {"variant": "count", "budget": 5, "accuracy": 0.6}, {"variant": "count", "budget": 7, "accuracy": 0.7},
+        {"variant": "dense", "budget": None, "accuracy": 0.99},
+    ])
+    out = quality_diffs(df)
+    assert out[["variant", "budget"]].values.tolist() == [["count", 5]]  # no base at 7, dense unbudgeted
+    assert out["diff"].iloc[0] == pytest.approx(0.3) and out["call"].iloc[0] == "higher"
+
+
+def test_throughput_headline_reads_run_reports(tmp_path):
+    rows = [{"batch_size": 16, "method": "dense", "budget": None, "variant": "dense", "mode": "graph",
+             "ms_per_step": 20.0, "tokens_per_s": 800.0, "union_mean": 80.0, "non_expert_ms": 12.0,
+             "moe_share": 0.4, "speedup_vs_dense": 1.0},
+            {"batch_size": 16, "method": "base", "budget": 16, "variant": "base", "mode": "graph",
+             "ms_per_step": 16.0, "tokens_per_s": 1000.0, "union_mean": 80.0, "non_expert_ms": 12.0,
+             "moe_share": 0.25, "speedup_vs_dense": 1.25}]
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps({"model": "m", "routing": "skewed", "throughput": rows}))
+    head = headline_table(collect(tmp_path)).iloc[0]
+    assert (head["model"], head["routing"], head["dense tok/s"], head["base M=16"]) == ("m", "skewed", 800.0, 1.25)
+    assert pd.isna(head["base M=10"])  # not measured: empty, not invented
