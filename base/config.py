@@ -43,6 +43,22 @@ def _int(what: str, value: Any, low: int, high: int | None = None, allow_none: b
     return value
 
 
+def _float(what: str, value: Any, low: float | None = None, high: float | None = None,
+           low_open: bool = False) -> float:
+    """A float in [low, high] ((low, high] when low_open); the message names the range."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    lo_ok = low is None or (v > low if low_open else v >= low)
+    hi_ok = high is None or v <= high
+    if v != v or not (lo_ok and hi_ok):
+        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        raise ConfigError(f"{what}={value!r} is out of range: must be a number {' and '.join(x for x in (lo, hi) if x)}")
+    return v
+
+
 @dataclass
 class ModelConfig:
     name: str  # the conf/model/<name>.yaml key; names artifacts and outputs
@@ -123,6 +139,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _choice("eval.order", self.order, EVAL_ORDERS)
         _choice("eval.engine", self.engine, ("auto", "on", "off"))
+        self.max_gen_toks = _int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
+        _float("eval.temperature", self.temperature, low=0.0, low_open=True)
+        _float("eval.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        self.top_k = _int("eval.top_k", self.top_k, 1)
 
 
 @dataclass
@@ -136,8 +156,9 @@ class CalibConfig:
     def __post_init__(self) -> None:
         if not self.files:
             raise ConfigError("calibration.files is empty")
-        _int("calibration.num_tokens", self.num_tokens, 1)
-        _int("calibration.seq_len", self.seq_len, 2)
+        self.num_tokens = _int("calibration.num_tokens", self.num_tokens, 1)
+        self.seq_len = _int("calibration.seq_len", self.seq_len, 2, max(2, self.num_tokens))
+        self.batch_size = _int("calibration.batch_size", self.batch_size, 1)
 
 
 @dataclass
@@ -149,6 +170,7 @@ class PredictorConfig:
 
     def __post_init__(self) -> None:
         _choice("predictor.fit_on", self.fit_on, ("routed", "all"))
+        self.ridge = _float("predictor.ridge", self.ridge, low=0.0)
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError(f"predictor.holdout={self.holdout} must be in (0, 1)")
 
@@ -254,8 +276,26 @@ class RunConfig:
         if self.method.name == "dense":
             self.budget = None  # dense keeps every routed expert whatever the budget says
         self.batch_size = _int("batch_size", self.batch_size, 1)
+        self.seed = _int("seed", self.seed, 0)
+        self._check_method_budget()
         if self.calibration is not None and self.model.calib_files:
             self.calibration.files = list(self.model.calib_files)
+
+    def _check_method_budget(self) -> None:
+        """A budgeted selector evaluated with no budget would run dense under its name."""
+        from base.selectors import SELECTORS
+
+        name = self.method.name
+        if self.stage == "evaluate" and name != "dense" and SELECTORS.get(name).uses_budget and self.budget is None:
+            raise ConfigError(f"method={name} needs a budget (budget=1..number of experts); "
+                              f"for no budget use method=dense")
+
+    def check_model_shape(self, num_experts: int, top_k: int) -> None:
+        """Checks that need the model's shape (read from its config, before any weights load)."""
+        self.check_budget(num_experts)
+        if self.method.k0 is not None and self.method.k0 > top_k:
+            raise ConfigError(f"method.k0={self.method.k0} exceeds the model's top-k ({top_k} for "
+                              f"{self.model.name}): it would keep every routed expert; choose 1..{top_k}")
 
     def check_budget(self, num_experts: int) -> None:
         """The budget can only be checked once the model's expert count is known."""

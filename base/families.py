@@ -29,6 +29,7 @@ class Family:
     model_type: str  # transformers' config model_type
     experts_key: str  # config attribute holding the number of routed experts
     renormalizes: Callable[[PretrainedConfig], bool]  # are top-k weights rescaled to sum to 1?
+    topk_key: str = "num_experts_per_tok"  # config attribute holding the experts per token
 
 
 FAMILIES: Registry[Family] = Registry("model family")

@@ -17,7 +17,8 @@ import yaml
 from base import outputs
 from base.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.config import RunConfig
-from base.families import find_moe_layers, load_model, load_tokenizer, num_experts
+from base.families import find_moe_layers, load_model, load_tokenizer
+from base.preflight import preflight
 from base.logger import Logger
 from base.patch import BudgetPatch, PatchOptions, patch_model
 from base.selectors import SELECTORS, build_selector
@@ -96,7 +97,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     if outputs.is_finished(out) and not cfg.force:
         print(f"[base] {out} is finished (report.json exists); skipping. force=true reruns it.")
         return None
-    cfg.check_budget(num_experts(cfg.model, cfg.root))  # fail before loading weights
+    preflight(cfg)  # every bad input fails here, before anything is written or loaded
     outputs.atomic_write_text(out / "config.yaml", resolved_config)
     (out / outputs.REPORT).unlink(missing_ok=True)
     logger = Logger(cfg.logger, out, out.name, yaml.safe_load(resolved_config))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from base.calibrate import Calibration
-from base.config import PredictorConfig
+from base.config import ConfigError, PredictorConfig
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Predictor:
         if any(mine.get(k) != identity.get(k) for k in keys):
             have = ", ".join(f"{k}={mine.get(k)}" for k in keys)
             want = ", ".join(f"{k}={identity.get(k)}" for k in keys)
-            raise ValueError(f"predictor {source} was fitted for another model ({have}); this run uses ({want})")
+            raise ConfigError(f"predictor {source} was fitted for another model ({have}); this run uses ({want})")
 
 
 def ridge_fit(x_nH: Tensor, y_n: Tensor, ridge: float) -> tuple[Tensor, Tensor]:

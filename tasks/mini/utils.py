@@ -20,4 +20,6 @@ def load_split(domain: str, **_: object) -> datasets.DatasetDict:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing; run `python -m experiments.mini.make_tasks`")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    if not rows:
+        raise ValueError(f"{path} holds no examples")
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})

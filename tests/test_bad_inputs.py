@@ -1,0 +1,104 @@
+"""Every bad input fails at start, before the run writes anything, with a message naming the valid
+range or choice (issue 8's table). Each case goes through run.build_config and pipeline.run as
+run.py does; the run folder must stay empty."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import run
+from base.config import ConfigError
+from base.pipeline import run as run_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]
+
+
+def _empty_task(tmp: Path) -> list[str]:
+    (tmp / "tasks").mkdir()
+    (tmp / "tasks" / "empty.jsonl").write_text("")
+    yaml = (ROOT / "tasks/smoke/smoke_copy.yaml").read_text()
+    yaml = yaml.replace("task: smoke_copy", "task: empty_copy").replace("tasks/smoke/copy.jsonl",
+                                                                        str(tmp / "tasks" / "empty.jsonl"))
+    (tmp / "tasks" / "empty.yaml").write_text(yaml)
+    return [f"task.include_path={tmp / 'tasks'}", "task.tasks=[empty_copy]"]
+
+
+def _predictor_file(tmp: Path, kind: str) -> list[str]:
+    path = tmp / "pred.safetensors"
+    if kind == "garbage":
+        path.write_bytes(b"\x00\x01 not a safetensors file")
+    else:  # a real predictor file, fitted for another model
+        import torch
+
+        from base.predictor import Predictor
+
+        meta = {"model": {"name": "olmoe", "num_layers": 16, "num_experts": 64, "hidden": 2048}}
+        Predictor(torch.zeros(1, 2, 2), torch.zeros(1, 2), meta).save(path)
+    return [f"predictor.path={path}", "method=base", "budget=2"]
+
+
+CASES = [
+    (["seed=-1"], "seed=-1 is out of range: must be >= 0"),
+    (["stage=calibrate", "calibration.files=[missing.txt]"], "calibration.files: missing.txt does not exist"),
+    ("garbage", "is not a readable predictor file"),
+    ("other_model", "was fitted for another model"),
+    (["predictor.path=/nonexistent/pred.safetensors", "method=base", "budget=2"], "does not exist"),
+    (["eval.max_gen_toks=0"], "eval.max_gen_toks=0 is out of range: must be >= 1 or null"),
+    (["eval.temperature=-1"], "eval.temperature=-1 is out of range: must be a number > 0.0"),
+    (["task.tasks=[smoke_copyy]"], "unknown lm-eval task 'smoke_copyy'; close matches: smoke_copy"),
+    ("empty_task", "could not be built (its data is empty)"),
+    (["method=base", "budget=null"], "method=base needs a budget (budget=1..number of experts); for no budget use method=dense"),
+    (["method=oea", "method.k0=99", "budget=null"], "method.k0=99 exceeds the model's top-k (4 for tiny_qwen3)"),
+    (["predictor.ridge=-1"], "predictor.ridge=-1 is out of range: must be a number >= 0.0"),
+    (["calibration.seq_len=100000"], "calibration.seq_len=100000 is out of range: must be [2, 8192]"),
+    (["budget=300"], "budget=300 exceeds the 16 experts of tiny_qwen3; choose 1..16 or null (dense)"),
+]
+
+
+@pytest.mark.parametrize("case, message", CASES, ids=[m[:40] for _, m in CASES])
+def test_bad_input_fails_at_start_with_a_clear_message(compose, tmp_path, case, message):
+    builders = {"garbage": lambda: _predictor_file(tmp_path, "garbage"),
+                "other_model": lambda: _predictor_file(tmp_path, "other"),
+                "empty_task": lambda: _empty_task(tmp_path)}
+    overrides = case if isinstance(case, list) else builders[case]()
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as err:
+        cfg = compose([*FAST, f"artifacts_dir={tmp_path}/artifacts", *overrides])
+        rc = run.build_config(cfg, out)
+        run_pipeline(rc, OmegaConf.to_yaml(cfg))
+    assert message in str(err.value)
+    assert not out.exists() and not (tmp_path / "artifacts").exists()  # nothing written
+
+
+def test_run_py_prints_the_message_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", *FAST,
+                           "method=oea", "method.k0=99", "budget=null"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    assert "error: method.k0=99 exceeds the model's top-k" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"]
+    assert written == []  # Hydra's own .hydra/ and log aside, the run wrote nothing
+
+
+def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):
+    """The other-model check compares name, experts and hidden size: a matching file passes."""
+    import torch
+
+    from base.families import hf_config
+    from base.predictor import Predictor
+    from base.preflight import preflight
+
+    path = tmp_path / "p.safetensors"
+    rc = run.build_config(compose([*FAST, f"predictor.path={path}", "method=base", "budget=2"]), tmp_path / "o")
+    H = hf_config(rc.model, ROOT).hidden_size
+    E = hf_config(rc.model, ROOT).num_experts
+    meta = {"model": {"name": "tiny_qwen3", "num_layers": 2, "num_experts": E, "hidden": H}}
+    Predictor(torch.zeros(2, H, E), torch.zeros(2, E), meta).save(path)
+    preflight(rc)
