@@ -49,6 +49,15 @@ def run_name(overrides: str) -> str:
 OmegaConf.register_new_resolver("run_name", run_name, replace=True)
 
 
+def calibration(c: dict, overrides: str) -> dict:
+    """The calibration settings: a model's own files replace the default calibration.files, and a
+    calibration.files given on the command line replaces both."""
+    calib = dict(c["calibration"])
+    if c["model"].get("calib_files") and "calibration.files=" not in overrides:
+        calib["files"] = list(c["model"]["calib_files"])
+    return calib
+
+
 def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConfig:
     """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range."""
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -70,7 +79,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
         force=bool(c["force"]),
         experiment=c["exp_name"],
         eval=EvalConfig(**c["eval"]),
-        calibration=CalibConfig(**c["calibration"]),
+        calibration=CalibConfig(**calibration(c, overrides)),
         predictor=PredictorConfig(**c["predictor"]),
         throughput=ThroughputConfig(**c["throughput"]),
         stats=StatsConfig(**c["stats"]),
@@ -82,7 +91,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
 def main(cfg: DictConfig) -> dict | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_cfg = build_config(cfg, out_dir, HydraConfig.get().job.override_dirname)
+        run_cfg = build_config(cfg, out_dir, ",".join(HydraConfig.get().overrides.task))
     except (ConfigError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

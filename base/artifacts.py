@@ -16,7 +16,8 @@ from torch import nn
 
 from base.calibrate import Calibration, calibrate, read_texts, token_batches
 from base.config import RunConfig
-from base.families import MoeLayer
+from base.families import MoeLayer, resolve_path
+from base.outputs import file_lock
 from base.predictor import Predictor, fit_predictor
 from base.selectors import Artifacts, Selector
 
@@ -25,11 +26,49 @@ def _hash(obj: object) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+CHUNK = 1 << 20  # bytes read per sample of a large file
+WHOLE_LIMIT = 256 << 20  # files up to this size are hashed whole
+
+
+def file_fingerprint(path: Path) -> str:
+    """sha1 of a file's content; above WHOLE_LIMIT, of its size and 16 evenly spaced 1 MB chunks
+    (a multi-GB checkpoint is fingerprinted in milliseconds; replacing weights changes the chunks)."""
+    h = hashlib.sha1()
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if size <= WHOLE_LIMIT:
+            for block in iter(lambda: f.read(CHUNK), b""):
+                h.update(block)
+        else:
+            h.update(str(size).encode())
+            for i in range(16):
+                f.seek(i * (size - CHUNK) // 15)
+                h.update(f.read(CHUNK))
+    return h.hexdigest()[:16]
+
+
+def content_fingerprint(path: Path) -> str | None:
+    """Fingerprint of a local file or directory (its files, sorted, dotfiles skipped); None for a
+    hub id, whose content cannot be read offline."""
+    if path.is_file():
+        return file_fingerprint(path)
+    if not path.is_dir():
+        return None
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.parts[len(path.parts):]))
+    return _hash([[str(p.relative_to(path)), file_fingerprint(p)] for p in files])
+
+
 def model_identity(cfg: RunConfig, layers: list[MoeLayer]) -> dict:
+    """What makes calibration and predictor valid for a model: its config, its weights' and its
+    tokenizer's content (local paths), and for random weights the architecture, seed and routing."""
     m = cfg.model
     ident = {"name": m.name, "family": m.family, "path": m.path, "init": m.init, "dtype": m.dtype,
              "num_layers": len(layers), "num_experts": layers[0].num_experts,
              "hidden": int(layers[0].router.weight.shape[-1])}
+    if m.init == "pretrained":
+        ident["weights"] = content_fingerprint(Path(resolve_path(m.path, cfg.root)))
+    if m.tokenizer not in (None, "bytes"):
+        ident["tokenizer"] = content_fingerprint(Path(resolve_path(m.tokenizer, cfg.root)))
     if m.init == "random":
         ident.update(arch=m.arch, seed=cfg.seed)
         if m.routing != "uniform":
@@ -41,7 +80,9 @@ def calibration_settings(cfg: RunConfig) -> dict:
     c = cfg.calibration
     files = [str(cfg.resolve(f).relative_to(cfg.root)) if cfg.resolve(f).is_relative_to(cfg.root) else f
              for f in c.files]
-    return {"files": files, "num_tokens": c.num_tokens, "seq_len": c.seq_len, "all_experts": c.all_experts}
+    content = [content_fingerprint(cfg.resolve(f)) for f in c.files]  # edited text: new calibration
+    return {"files": files, "content": content, "num_tokens": c.num_tokens, "seq_len": c.seq_len,
+            "all_experts": c.all_experts}
 
 
 def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
@@ -54,11 +95,14 @@ def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list
     directory = artifact_dir(cfg, identity)
     if (directory / "calib.json").exists() and not recompute:
         return Calibration.load(directory), directory
-    text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
-    batches = token_batches(tokenizer, text, cfg.calibration)
-    meta = {"model": identity, "calibration": calibration_settings(cfg)}
-    calib = calibrate(model, layers, batches, cfg.calibration, meta)
-    calib.save(directory)
+    with file_lock(directory):
+        if (directory / "calib.json").exists() and not recompute:  # another process made it meanwhile
+            return Calibration.load(directory), directory
+        text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
+        batches = token_batches(tokenizer, text, cfg.calibration)
+        meta = {"model": identity, "calibration": calibration_settings(cfg)}
+        calib = calibrate(model, layers, batches, cfg.calibration, meta)
+        calib.save(directory)
     return calib, directory
 
 
@@ -70,7 +114,9 @@ def predictor_path(cfg: RunConfig, identity: dict) -> Path:
 
 
 def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
-                     refit: bool = False) -> tuple[Predictor, Path]:
+                     refit: bool = False, recalibrate: bool = True) -> tuple[Predictor, Path]:
+    """The cached predictor, or a new fit; refit=True fits again (and, with recalibrate, first
+    recomputes the calibration it is fitted on)."""
     identity = model_identity(cfg, layers)
     path = predictor_path(cfg, identity)
     if path.exists() and not refit:
@@ -79,9 +125,12 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
         return pred, path
     if cfg.predictor.path:
         raise FileNotFoundError(f"predictor.path={cfg.predictor.path} does not exist")
-    calib, _ = ensure_calibration(cfg, model, tokenizer, layers)
-    pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed)
-    pred.save(path)
+    calib, _ = ensure_calibration(cfg, model, tokenizer, layers, recompute=refit and recalibrate)
+    with file_lock(path.parent):
+        if path.exists() and not refit:  # another process fitted it meanwhile
+            return Predictor.load(path), path
+        pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed)
+        pred.save(path)
     return pred, path
 
 
@@ -90,11 +139,12 @@ def selector_artifacts(cfg: RunConfig, selector_cls: type[Selector], model: nn.M
     """Whatever the selector needs, computed (and cached) on demand; plus where it came from."""
     arts, info = Artifacts(), {}
     if selector_cls.needs_calibration:
-        calib, directory = ensure_calibration(cfg, model, tokenizer, layers)
+        calib, directory = ensure_calibration(cfg, model, tokenizer, layers, recompute=cfg.force)
         arts.freq_LE, arts.energy_LE = calib.freq_LE, calib.energy_LE
         info["calibration"] = str(directory)
     if selector_cls.needs_predictor:
-        pred, path = ensure_predictor(cfg, model, tokenizer, layers)
+        pred, path = ensure_predictor(cfg, model, tokenizer, layers, refit=cfg.force,
+                                      recalibrate=not selector_cls.needs_calibration)
         arts.pred_w_LHE, arts.pred_b_LE = pred.w_LHE, pred.b_LE
         info["predictor"] = str(path)
         info["predictor_r2"] = pred.meta["r2"]

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from base.config import CalibConfig
 from base.families import MoeLayer
+from base.outputs import atomic_save_tensors, atomic_write_text
 from base.patch import expert_norms_TK
 
 
@@ -63,10 +64,8 @@ class Calibration:
             for key, value in vars(lc).items():
                 if value is not None:
                     tensors[f"layer{i}.{key}"] = value.contiguous()
-        tmp = directory / "calib.safetensors.tmp"
-        save_file(tensors, str(tmp))
-        tmp.replace(directory / "calib.safetensors")
-        (directory / "calib.json").write_text(json.dumps(self.meta, indent=2))
+        atomic_save_tensors(tensors, directory / "calib.safetensors")
+        atomic_write_text(directory / "calib.json", json.dumps(self.meta, indent=2))  # last: marks it complete
 
     @classmethod
     def load(cls, directory: Path) -> Calibration:

@@ -4,6 +4,7 @@ Nothing in base/ reads Hydra: these dataclasses are the only way configuration e
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ def _float(what: str, value: Any, low: float | None = None, high: float | None =
         v = float("nan")
     lo_ok = low is None or (v > low if low_open else v >= low)
     hi_ok = high is None or v <= high
-    if v != v or not (lo_ok and hi_ok):
+    if math.isnan(v) or not (lo_ok and hi_ok):
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else f"<= {high}"
         raise ConfigError(f"{what}={value!r} is out of range: must be a number {' and '.join(x for x in (lo, hi) if x)}")
@@ -70,7 +71,8 @@ class ModelConfig:
     tokenizer: str | None = None  # path of a tokenizer; "bytes" = built-in byte-level; None = path
     trust_remote_code: bool = False
     experts_impl: str | None = None  # transformers experts implementation (eager, grouped_mm, ...)
-    calib_files: list[str] | None = None  # calibration text for this model, over calibration.files
+    calib_files: list[str] | None = None  # this model's calibration text: replaces the default
+    # calibration.files unless the command line sets calibration.files (run.py decides)
     arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture
     routing: str = "uniform"  # init=random: uniform (as built) or skewed (base/skew.py)
     skew_ratio: float = 0.6  # skewed: dense batch-16 union as a fraction of the uniform one
@@ -278,8 +280,6 @@ class RunConfig:
         self.batch_size = _int("batch_size", self.batch_size, 1)
         self.seed = _int("seed", self.seed, 0)
         self._check_method_budget()
-        if self.calibration is not None and self.model.calib_files:
-            self.calibration.files = list(self.model.calib_files)
 
     def _check_method_budget(self) -> None:
         """A budgeted selector evaluated with no budget would run dense under its name."""

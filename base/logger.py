@@ -43,7 +43,8 @@ class Logger:
         except Exception as err:  # logging must never fail a finished evaluation
             print(f"[logger] lm-eval WandbLogger skipped: {err}")
 
-    def finish(self) -> None:
+    def finish(self, ok: bool = True) -> None:
+        """End the wandb run; a run that raised is finished with exit code 1 (shown as failed)."""
         if self.run is not None:
-            self.run.finish()
+            self.run.finish(exit_code=0 if ok else 1)
             self.run = None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,31 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def atomic_save_tensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors through a per-process temporary name and a rename (never a half-written file)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+@contextmanager
+def file_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on <directory>/.lock for the with-block (other processes computing the
+    same artifact wait, then find it done)."""
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def write_table(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
 
@@ -32,6 +59,30 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
 
 def is_finished(out_dir: Path) -> bool:
     return (out_dir / REPORT).exists()
+
+
+# Keys that do not change what a run computes: changing them never makes a finished run stale.
+NON_SEMANTIC_KEYS = ("force", "logger")
+
+
+def config_hash(resolved_config: str) -> str:
+    """Hash of the resolved configuration (YAML) without NON_SEMANTIC_KEYS."""
+    import hashlib
+
+    import yaml
+
+    cfg = {k: v for k, v in (yaml.safe_load(resolved_config) or {}).items() if k not in NON_SEMANTIC_KEYS}
+    return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def finished_hash(out_dir: Path) -> str | None:
+    """The config hash of the finished run in out_dir ("" for a report without one), None if unfinished."""
+    if not is_finished(out_dir):
+        return None
+    try:
+        return json.loads((out_dir / REPORT).read_text()).get("config_hash", "")
+    except (OSError, ValueError):
+        return ""
 
 
 def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

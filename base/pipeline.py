@@ -18,9 +18,9 @@ from base import outputs
 from base.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.config import RunConfig
 from base.families import find_moe_layers, load_model, load_tokenizer
-from base.preflight import preflight
 from base.logger import Logger
 from base.patch import BudgetPatch, PatchOptions, patch_model
+from base.preflight import preflight
 from base.selectors import SELECTORS, build_selector
 from base.throughput import Variant
 
@@ -94,23 +94,29 @@ def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
 
 def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     out = cfg.out_dir
-    if outputs.is_finished(out) and not cfg.force:
-        print(f"[base] {out} is finished (report.json exists); skipping. force=true reruns it.")
+    chash = outputs.config_hash(resolved_config)
+    done = outputs.finished_hash(out)
+    if done == chash and not cfg.force:
+        print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it.")
         return None
+    if done is not None and done != chash:
+        print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
     preflight(cfg)  # every bad input fails here, before anything is written or loaded
     outputs.atomic_write_text(out / "config.yaml", resolved_config)
     (out / outputs.REPORT).unlink(missing_ok=True)
     logger = Logger(cfg.logger, out, out.name, yaml.safe_load(resolved_config))
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    model = load_model(cfg.model, cfg.root, seed=cfg.seed, experts_impl=cfg.model.experts_impl)
-    layers = find_moe_layers(model)
-    report: dict[str, Any] = {"routing": cfg.model.routing, "skew": getattr(model, "base_skew_report", None),
-        "stage": cfg.stage, "model": cfg.model.name, "method": cfg.method.name, "budget": cfg.budget,
-        "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
-        "moe_layers": len(layers), "top_k": layers[0].top_k, "overrides": cfg.overrides,
-    }
+    ok = False
     try:
+        t0 = time.perf_counter()
+        torch.manual_seed(cfg.seed)
+        model = load_model(cfg.model, cfg.root, seed=cfg.seed, experts_impl=cfg.model.experts_impl)
+        layers = find_moe_layers(model)
+        report: dict[str, Any] = {
+            "stage": cfg.stage, "model": cfg.model.name, "method": cfg.method.name, "budget": cfg.budget,
+            "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
+            "moe_layers": len(layers), "top_k": layers[0].top_k, "overrides": cfg.overrides, "config_hash": chash,
+            "routing": cfg.model.routing, "skew": getattr(model, "base_skew_report", None),
+        }
         if cfg.stage == "describe":
             report["describe"] = describe(cfg, model, layers)
         else:
@@ -118,8 +124,9 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
         report["wall_s"] = time.perf_counter() - t0
         logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
         outputs.write_report(out, report)  # last: its presence marks the run finished
+        ok = True
     finally:
-        logger.finish()
+        logger.finish(ok)  # a failed run is marked failed in wandb, not finished
     return report
 
 

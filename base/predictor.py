@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from base.calibrate import Calibration
 from base.config import ConfigError, PredictorConfig
+from base.outputs import atomic_save_tensors, atomic_write_text
 
 
 @dataclass
@@ -26,12 +27,9 @@ class Predictor:
     meta: dict  # model identity, calibration and fit settings, held-out R^2 per layer
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({"w_LHE": self.w_LHE.contiguous(), "b_LE": self.b_LE.contiguous()}, str(tmp),
-                  metadata={"meta": json.dumps(self.meta)})
-        tmp.replace(path)
-        path.with_suffix(".json").write_text(json.dumps(self.meta, indent=2))
+        atomic_write_text(path.with_suffix(".json"), json.dumps(self.meta, indent=2))
+        atomic_save_tensors({"w_LHE": self.w_LHE.contiguous(), "b_LE": self.b_LE.contiguous()}, path,
+                            metadata={"meta": json.dumps(self.meta)})  # last: its presence marks it complete
 
     @classmethod
     def load(cls, path: Path) -> Predictor:

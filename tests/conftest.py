@@ -25,7 +25,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def compose():
     """compose(overrides) -> the DictConfig run.py would get, without running anything."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     def _compose(overrides: list[str] | None = None):

@@ -94,3 +94,11 @@ def test_missing_pretrained_weights_fail_with_a_way_out(compose, tmp_path):
     rc = run.build_config(compose(["model=qwen3_30b", "model.path=/nonexistent/qwen3"]), tmp_path)
     with pytest.raises(ConfigError, match="model.path at a local checkpoint directory, or use model.init=random"):
         num_experts(rc.model, ROOT)
+
+
+def test_calibration_files_on_the_command_line_beat_the_models_own(compose, tmp_path):
+    own = run.build_config(compose(["model=mini"]), tmp_path)
+    assert own.calibration.files == ["data/calibration/mini.jsonl"]  # mini's calib_files
+    override = "calibration.files=[data/calibration/stdlib.txt]"
+    given = run.build_config(compose(["model=mini", override]), tmp_path, overrides=override)
+    assert given.calibration.files == ["data/calibration/stdlib.txt"]

@@ -130,3 +130,42 @@ def test_evaluate_through_the_engine_equals_generate(tmp_path):
     assert on["eval"]["decode_steps"] == off["eval"]["decode_steps"] > 0
     assert on["metrics"] == off["metrics"]
     pd.testing.assert_frame_equal(on_steps, off_steps)
+
+
+def test_a_changed_config_in_the_same_folder_reruns(compose, tmp_path, capsys):
+    """A folder is named by command-line overrides only, so a value changed another way (an
+    experiment file, a default) lands in the same folder: the config hash tells it apart."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.pipeline import run as run_pipeline
+
+    out = tmp_path / "same"
+    reports = []
+    for batch_size in (8, 8, 4):
+        cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", "method=router_sum", "budget=3",
+                       f"batch_size={batch_size}", f"artifacts_dir={tmp_path}/a"])
+        reports.append(run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True)))
+    assert reports[1] is None and "same config); skipping" in capsys.readouterr().out  # unchanged: skipped
+    assert reports[2]["batch_size"] == 4 and reports[2]["config_hash"] != reports[0]["config_hash"]
+    assert json.loads((out / "report.json").read_text())["batch_size"] == 4
+
+
+def test_two_processes_computing_one_artifact(tmp_path):
+    """Both calibrate the same model into one artifacts folder at once: the lock serialises them
+    and the files stay whole (atomic per-process temporary names)."""
+    import subprocess
+    import sys
+
+    from base.calibrate import Calibration
+
+    cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/art",
+           "logger=none", "model=tiny_qwen3", "task=smoke", "stage=calibrate"]
+    procs = [subprocess.Popen([*cmd, f"exp_name=p{i}"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    (calib_dir,) = {p.parent for p in (tmp_path / "art").rglob("calib.json")}
+    assert Calibration.load(calib_dir).meta["num_layers"] == 2
+    assert not [p for p in calib_dir.iterdir() if ".tmp" in p.name]
