@@ -96,6 +96,7 @@ def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = pd.DataFrame({
         "union_mean": df.groupby("layer")["union"].mean(),
         "kept_mean": df.groupby("layer")["kept"].mean(),
+        **({"executed_mean": df.groupby("layer")["executed"].mean()} if "executed" in df else {}),
         "weight_retained": sums["weight_kept"] / sums["weight_total"].clip(lower=1e-30),
         "tokens_lost_frac": sums["tokens_lost"] / sums["tokens"].clip(lower=1),
         "steps": df.groupby("layer")["step"].nunique(),
@@ -110,3 +111,25 @@ def overall(summary: list[dict[str, Any]]) -> dict[str, float]:
         return {}
     df = pd.DataFrame(summary)
     return {k: float(df[k].mean()) for k in df.columns if k not in ("layer", "steps")}
+
+
+# The metric that stands for a task in the summary, in order of preference, and its filter.
+SUMMARY_METRICS = ("exact_match", "acc", "pass@1", "pass_at_1", "f1", "acc_norm")
+SUMMARY_FILTERS = ("strict-match", "none")
+
+
+def summary_accuracy(metrics: list[dict[str, Any]], top_level: list[str]) -> tuple[float | None, list[dict]]:
+    """Mean of one named metric per top-level task or group (as the task config lists them).
+
+    A group stands for its members (lm-eval's group score); a plain task for itself. Returns the
+    mean and the rows that entered it, so a report says exactly what was averaged."""
+    used = []
+    for name in top_level:
+        rows = [r for r in metrics if r["task"] == name]
+        rank = lambda r: (SUMMARY_METRICS.index(r["metric"]) if r["metric"] in SUMMARY_METRICS else len(SUMMARY_METRICS),
+                          SUMMARY_FILTERS.index(r["filter"]) if r["filter"] in SUMMARY_FILTERS else len(SUMMARY_FILTERS))
+        rows = sorted(rows, key=rank)
+        if rows:
+            used.append({k: rows[0][k] for k in ("task", "metric", "filter", "value")})
+    mean = sum(r["value"] for r in used) / len(used) if used else None
+    return mean, used

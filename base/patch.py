@@ -171,7 +171,7 @@ class BudgetPatch:
 
     def _record(self, batch: RoutedBatch, decision: Decision) -> None:
         if self.options.record_stats:
-            self.recorder.record(batch.layer, step_stats(batch, decision.keep_E))
+            self.recorder.record(batch.layer, step_stats(batch, decision.keep_E, decision.topk_idx_TK))
 
     # ---- public ------------------------------------------------------------------------------
     def reset(self) -> None:

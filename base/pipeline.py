@@ -201,8 +201,6 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
     report["selection"] = summary_rows
-    main = [r for r in result.metrics if r["kind"] == "group"] or result.metrics
-    report["summary"] = {
-        "accuracy": sum(r["value"] for r in main) / max(1, len(main)),
-        **outputs.overall(summary_rows),
-    }
+    accuracy, used = outputs.summary_accuracy(result.metrics, list(cfg.task.tasks))
+    report["summary_tasks"] = used  # what entered the summary accuracy
+    report["summary"] = {"accuracy": accuracy, **outputs.overall(summary_rows)}

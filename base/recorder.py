@@ -13,7 +13,8 @@ from torch import Tensor
 
 from base.routing import StepStats
 
-FIELDS = ("union", "kept", "weight_kept", "weight_total", "tokens_lost", "tokens", "energy_kept", "energy_total")
+FIELDS = ("union", "kept", "executed", "weight_kept", "weight_total", "tokens_lost", "tokens", "energy_kept",
+          "energy_total")
 ENERGY_FIELDS = ("energy_kept", "energy_total")
 
 

@@ -133,11 +133,15 @@ class StepStats:
     weight_total: Tensor  # sum of routing weight over all original pairs (active tokens)
     tokens_lost: Tensor  # active tokens that lost at least one expert
     tokens: Tensor  # active tokens
+    executed: Tensor | None = None  # distinct experts the step runs: every row's final routing, finished
+    # and padding rows included (they still go through the experts), not only active tokens
     energy_kept: Tensor | None = None  # sum w^2 ||E||^2 over kept original pairs
     energy_total: Tensor | None = None  # sum w^2 ||E||^2 over all original pairs
 
 
-def step_stats(batch: RoutedBatch, keep_E: Tensor) -> StepStats:
+def step_stats(batch: RoutedBatch, keep_E: Tensor, final_idx_TK: Tensor | None = None) -> StepStats:
+    """Statistics of one (layer, step); final_idx_TK is the routing the experts run (default: the
+    router's own)."""
     active_T, idx_TK = batch.active_T, batch.topk_idx_TK
     E = batch.num_experts
     a_TK = active_T[:, None].expand_as(idx_TK)
@@ -151,6 +155,9 @@ def step_stats(batch: RoutedBatch, keep_E: Tensor) -> StepStats:
         tokens_lost=(~kept_orig_TK.all(-1) & active_T).sum(),
         tokens=active_T.sum(),
     )
+    every_T = torch.ones_like(active_T)
+    final = idx_TK if final_idx_TK is None else final_idx_TK
+    stats.executed = (pair_counts_E(final, every_T, E) > 0).sum()
     if batch.norms_TK is not None:
         e_TK = (w_TK * batch.norms_TK.to(torch.float32)) ** 2 * a_TK
         stats.energy_kept = (e_TK * kept_orig_TK).sum()

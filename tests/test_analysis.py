@@ -42,3 +42,20 @@ def test_throughput_headline_reads_run_reports(tmp_path):
     head = headline_table(collect(tmp_path)).iloc[0]
     assert (head["model"], head["routing"], head["dense tok/s"], head["base M=16"]) == ("m", "skewed", 800.0, 1.25)
     assert pd.isna(head["base M=10"])  # not measured: empty, not invented
+
+
+def test_summary_accuracy_averages_one_metric_per_top_level_task():
+    """A group stands for its members; plain tasks count too (task=paper lost gsm8k, boolq, ... before)."""
+    from base.outputs import summary_accuracy
+
+    metrics = [
+        {"task": "bbh", "kind": "group", "metric": "exact_match", "filter": "get-answer", "value": 0.4},
+        {"task": "bbh_x", "kind": "result", "metric": "exact_match", "filter": "get-answer", "value": 0.9},
+        {"task": "gsm8k", "kind": "result", "metric": "exact_match", "filter": "flexible-extract", "value": 0.5},
+        {"task": "gsm8k", "kind": "result", "metric": "exact_match", "filter": "strict-match", "value": 0.3},
+        {"task": "humaneval", "kind": "result", "metric": "pass@1", "filter": "create_test", "value": 0.2},
+    ]
+    mean, used = summary_accuracy(metrics, ["bbh", "gsm8k", "humaneval", "absent"])
+    assert [(u["task"], u["filter"]) for u in used] == [("bbh", "get-answer"), ("gsm8k", "strict-match"),
+                                                         ("humaneval", "create_test")]
+    assert mean == pytest.approx((0.4 + 0.3 + 0.2) / 3)

@@ -74,17 +74,7 @@ def experts_of(cfg) -> int:
 
 
 # ---- configs and discovery ---------------------------------------------------------------------
-DEEPSEEK_KV_BUG = tiny_model_config("deepseek").arch.get("num_key_value_heads") != \
-    tiny_model_config("deepseek").arch["num_attention_heads"]
-
-
-@pytest.mark.parametrize("name", [
-    *NAMES[:-1],
-    pytest.param("deepseek", marks=pytest.mark.xfail(
-        DEEPSEEK_KV_BUG, strict=True, raises=RuntimeError,
-        reason="conf/model/tiny_deepseek.yaml: num_key_value_heads (2) != num_attention_heads (4); "
-               "HF DeepSeek-V2 MLA yields one K/V head per query head, so repeat_kv breaks attention")),
-])
+@pytest.mark.parametrize("name", NAMES)
 def test_tiny_config_runs_as_written(name, tok):
     cfg = tiny_model_config(name)
     model = load_model(cfg, ROOT, seed=0)

@@ -177,3 +177,14 @@ def test_step_stats_by_hand():
              (0.625, 2.0, True), (0.375, 2.0, True)]
     assert s.energy_total.item() == pytest.approx(sum((w * n) ** 2 for w, n, _ in pairs), rel=1e-6)
     assert s.energy_kept.item() == pytest.approx(sum((w * n) ** 2 for w, n, k in pairs if k), rel=1e-6)
+
+
+def test_executed_counts_every_rows_final_routing():
+    """Finished and padding rows still run their experts: `executed` sees them, `union` does not."""
+    probs = [[0.6, 0.4, 0, 0, 0, 0], [0, 0, 0, 0, 0.5, 0.5]]
+    b = routed_batch(probs, [[0, 1], [4, 5]], [[0.6, 0.4], [0.5, 0.5]], active_T=[True, False])
+    keep_E = torch.tensor([True, True, False, False, False, False])
+    dense = step_stats(b, keep_E)
+    assert (int(dense.union), int(dense.executed)) == (2, 4)  # the inactive row runs experts 4 and 5
+    rerouted = step_stats(b, keep_E, final_idx_TK=torch.tensor([[0, 1], [0, 1]]))
+    assert int(rerouted.executed) == 2
