@@ -235,3 +235,17 @@ def test_gpt_oss_renormalises(models, tok):
     # Contrast: with renormalize=never and drop, a token that lost an expert keeps less than 1.
     _, _, steps = routed_and_applied("gpt_oss", models, tok, budget=2, renormalize="never", reassign="drop")
     assert any((new_w_TK.sum(-1) < 1 - 1e-3).any() for _, (_, new_w_TK) in steps)
+
+
+def test_deepseek_v2_lite_random_init_uses_its_yarn_rope():
+    """init=random must build the real rotary embedding (YaRN), not the default one."""
+    import yaml
+
+    from base.config import ModelConfig
+
+    cfg = ModelConfig(**{**yaml.safe_load((ROOT / "conf/model/deepseek_v2_lite.yaml").read_text()),
+                         "init": "random", "device": "meta"})
+    model = load_model(cfg, ROOT)
+    rotary = model.model.rotary_emb
+    assert rotary.rope_type == "yarn"
+    assert model.config.max_position_embeddings == 40 * model.config.rope_parameters["original_max_position_embeddings"]
