@@ -289,6 +289,13 @@ class RunConfig:
         if self.stage == "evaluate" and name != "dense" and SELECTORS.get(name).uses_budget and self.budget is None:
             raise ConfigError(f"method={name} needs a budget (budget=1..number of experts); "
                               f"for no budget use method=dense")
+        if self.stage == "throughput" and self.throughput is not None and not self.throughput.budgets \
+                and self.budget is None:
+            specs = self.throughput.specs or [{"method": name}]
+            budgeted = [s["method"] for s in specs if s["method"] != "dense" and SELECTORS.get(s["method"]).uses_budget]
+            if budgeted:
+                raise ConfigError(f"throughput of {', '.join(budgeted)} needs budgets: set budget= or "
+                                  f"throughput.budgets=[...]")
 
     def check_model_shape(self, num_experts: int, top_k: int) -> None:
         """Checks that need the model's shape (read from its config, before any weights load)."""

@@ -35,7 +35,8 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = No
     """A function (budget, record_stats) -> BudgetPatch for a method (the run's by default), and
     where its artifacts came from."""
     m = cfg.method
-    name, k0 = (name or m.name), (k0 if name else m.k0)
+    if name is None:  # the run's own method
+        name, k0 = m.name, m.k0
     if name == "dense":
         selector, info = None, {}
     else:

@@ -54,6 +54,7 @@ CASES = [
     (["method=oea", "method.k0=99", "budget=null"], "method.k0=99 exceeds the model's top-k (4 for tiny_qwen3)"),
     (["predictor.ridge=-1"], "predictor.ridge=-1 is out of range: must be a number >= 0.0"),
     (["calibration.seq_len=100000"], "calibration.seq_len=100000 is out of range: must be [2, 8192]"),
+    (["stage=throughput", "method=base", "budget=null"], "throughput of base needs budgets: set budget= or"),
     (["budget=300"], "budget=300 exceeds the 16 experts of tiny_qwen3; choose 1..16 or null (dense)"),
 ]
 
