@@ -136,12 +136,15 @@ class EvalConfig:
     top_p: float = 0.8
     top_k: int = 20
     max_gen_toks: int | None = None  # cap over the tasks' own max_gen_toks
+    gen_toks: int | None = None  # new tokens per request, set (replaces the tasks' own; the paper: 384)
     engine: str = "auto"  # decode through base/engine.py: auto = on a GPU (CUDA graphs); on; off
+    confirm_unsafe_code: bool = False  # run tasks that execute model-written code (humaneval, mbpp)
 
     def __post_init__(self) -> None:
         _choice("eval.order", self.order, EVAL_ORDERS)
         _choice("eval.engine", self.engine, ("auto", "on", "off"))
         self.max_gen_toks = _int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
+        self.gen_toks = _int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
         _float("eval.temperature", self.temperature, low=0.0, low_open=True)
         _float("eval.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         self.top_k = _int("eval.top_k", self.top_k, 1)

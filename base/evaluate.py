@@ -8,6 +8,7 @@ requests of all tasks of a run are shuffled with the run's seed and cut into bat
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ class BudgetedHFLM(HFLM):
         self.use_engine = eval_cfg.engine == "on" or (eval_cfg.engine == "auto" and on_gpu)
         self._engine = None
         self.decode_steps = 0
+        self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
+        self.last_row_steps: list[int] = []
 
     def _sampling(self) -> dict[str, Any]:
         c = self.eval_cfg
@@ -60,6 +63,8 @@ class BudgetedHFLM(HFLM):
             new = self._hf_generate(enc, mask, max(max_new), stops)
         self.decode_batches += 1
         self.decode_steps += max(0, new.shape[1] - 1)  # the first new token comes from the prefill
+        # each row's decode steps (tokens after the prefill's) until it finished
+        self.last_row_steps = [max(0, stops.lengths.get(i, new.shape[1]) - 1) for i in range(len(contexts))]
         texts = []
         for row, until, n in zip(new.tolist(), untils, max_new):
             texts.append(_truncate(self.tok_decode(row[:n], skip_special_tokens=True), until))
@@ -100,7 +105,9 @@ class BudgetedHFLM(HFLM):
         until = gen_kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
         max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-        if self.eval_cfg.max_gen_toks is not None:
+        if self.eval_cfg.gen_toks is not None:
+            max_new = self.eval_cfg.gen_toks  # set: the paper's 384 whatever the task says
+        elif self.eval_cfg.max_gen_toks is not None:
             max_new = min(max_new, self.eval_cfg.max_gen_toks)
         return context, until, max_new
 
@@ -116,8 +123,10 @@ class BudgetedHFLM(HFLM):
             ids = order[start:start + bs]
             args = [self._request_args(requests[i]) for i in ids]
             texts = self.generate_batch(*map(list, zip(*args)))
-            for i, text in zip(ids, texts):
+            for i, text, n in zip(ids, texts, self.last_row_steps):
                 results[i] = text
+                task = getattr(requests[i], "task_name", None) or "?"
+                self.decode_steps_by_task[task] = self.decode_steps_by_task.get(task, 0) + n
         return results  # type: ignore[return-value]
 
 
@@ -127,6 +136,7 @@ class EvalResult:
     raw: dict[str, Any]  # lm-eval's output without samples (results, groups, configs, ...)
     decode_batches: int
     decode_steps: int  # decode forwards over all batches
+    decode_steps_by_task: dict[str, int]  # per task: its rows' decode steps (0: the budget never applied)
     engine: bool  # decoded through base/engine.py (CUDA graphs on a GPU)
 
 
@@ -136,6 +146,8 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     from lm_eval.tasks import TaskManager
 
     include = str(root / task.include_path) if task.include_path else None
+    if eval_cfg.confirm_unsafe_code:
+        os.environ["HF_ALLOW_CODE_EVAL"] = "1"  # what lm-eval's code-execution metrics (code_eval) ask for
     lm = BudgetedHFLM(model, tokenizer, batch_size, eval_cfg, seed, patch,
                       max_length=getattr(model.config, "max_position_embeddings", 2048))
     # Task YAMLs name their local data relative to the repo root.
@@ -144,6 +156,7 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
             model=lm, tasks=list(task.tasks), num_fewshot=task.num_fewshot, limit=task.limit,
             task_manager=TaskManager(include_path=include), random_seed=seed, numpy_random_seed=seed,
             torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False, bootstrap_iters=0,
+            confirm_run_unsafe_code=eval_cfg.confirm_unsafe_code,
         )
     rows = []
     groups = out.get("groups") or {}
@@ -160,4 +173,4 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     raw = {k: v for k, v in out.items() if k != "samples"}
     if lm._engine is not None:
         lm._engine.release()
-    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.use_engine)
+    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.decode_steps_by_task, lm.use_engine)

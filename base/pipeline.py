@@ -16,7 +16,7 @@ import yaml
 
 from base import outputs
 from base.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
-from base.config import RunConfig
+from base.config import ConfigError, RunConfig
 from base.families import find_moe_layers, load_model, load_tokenizer
 from base.logger import Logger
 from base.patch import BudgetPatch, PatchOptions, patch_model
@@ -186,8 +186,13 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, patch, cfg.root)
         eval_s = time.perf_counter() - t0
         step_rows = patch.stats_rows()
+        selects = patch.selector is not None
     finally:
         patch.remove()
+    idle = sorted(t for t, n in result.decode_steps_by_task.items() if n == 0)
+    if selects and idle:
+        raise ConfigError(f"task(s) {', '.join(idle)} ran no decode step: method={cfg.method.name} changes decode "
+                          f"steps only, so their scores equal dense; give them tokens to generate (eval.gen_toks)")
     summary_rows = outputs.selection_summary(step_rows)
     outputs.write_table(out / "metrics.csv", result.metrics)
     outputs.write_table(out / "selection.csv", summary_rows)
@@ -197,7 +202,9 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     logger.lm_eval(result.raw)
     report["eval"] = {"order": cfg.eval.order, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
                       "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine,
-                      "decode_steps": result.decode_steps,
+                      "decode_steps": result.decode_steps, "decode_steps_by_task": result.decode_steps_by_task,
+                      "generation": {k: getattr(cfg.eval, k) for k in ("do_sample", "temperature", "top_p", "top_k",
+                                                                        "gen_toks", "max_gen_toks")},
                       "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None}
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}

@@ -87,8 +87,18 @@ def check_tasks(cfg: RunConfig) -> None:
             raise ConfigError(f"task {cfg.task.name}: unknown lm-eval task {name!r}{hint}")
     with contextlib.chdir(cfg.root):  # task YAMLs name local data relative to the repo root
         try:
-            tm.load(list(cfg.task.tasks))
+            leaves = tm.load(list(cfg.task.tasks))["tasks"]
         except Exception as err:  # noqa: BLE001 - lm-eval raises anything, StopIteration for empty data
             why = "its data is empty" if isinstance(err, StopIteration) else f"{type(err).__name__}: {err}"
             raise ConfigError(f"task {cfg.task.name}: {', '.join(cfg.task.tasks)} could not be built ({why})") from None
+    scored = sorted(n for n, t in leaves.items() if t.OUTPUT_TYPE != "generate_until")
+    if scored and cfg.method.name != "dense":
+        raise ConfigError(f"task {cfg.task.name}: {', '.join(scored[:8])}{' ...' if len(scored) > 8 else ''} "
+                          f"score by log-likelihood and never decode: method={cfg.method.name} changes decode steps "
+                          f"only, so it would equal dense there; use generative tasks")
+    unsafe = sorted(n for n, t in leaves.items() if getattr(t, "UNSAFE_CODE", False))
+    if unsafe and not cfg.eval.confirm_unsafe_code:
+        raise ConfigError(f"task {cfg.task.name}: {', '.join(unsafe)} execute model-written code; to run them, "
+                          f"set eval.confirm_unsafe_code=true (passes lm-eval's confirm_run_unsafe_code and sets "
+                          f"HF_ALLOW_CODE_EVAL=1)")
 

@@ -24,6 +24,7 @@ class RowStops(StoppingCriteria):
         self.tok, self.prompt_len, self.untils, self.max_new = tokenizer, prompt_len, untils, max_new
         self.eos_ids, self.patch = eos_ids, patch
         self.done: torch.Tensor | None = None
+        self.lengths: dict[int, int] = {}  # row -> new tokens when it finished
 
     def done_rows(self, new_bN: torch.Tensor) -> torch.Tensor:
         """Which rows are done, given each row's new tokens so far (host tensor)."""
@@ -38,6 +39,7 @@ class RowStops(StoppingCriteria):
             if (len(toks) >= self.max_new[i] or (toks and toks[-1] in self.eos_ids)
                     or any(s in text for s in self.untils[i])):
                 self.done[i] = True
+                self.lengths[i] = len(toks)
         return self.done.clone()
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:

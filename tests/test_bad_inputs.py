@@ -26,6 +26,23 @@ def _empty_task(tmp: Path) -> list[str]:
     return [f"task.include_path={tmp / 'tasks'}", "task.tasks=[empty_copy]"]
 
 
+def _shaped_task(tmp: Path, kind: str) -> list[str]:
+    """A local task shaped like the paper's boolq (log-likelihood) or humaneval (executes code)."""
+    (tmp / "tasks").mkdir(exist_ok=True)
+    (tmp / "tasks" / "qa.jsonl").write_text('{"question": "yes?", "answer": "yes"}\n')
+    head = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp / 'tasks' / 'qa.jsonl'}\n" \
+           "test_split: test\ndoc_to_text: '{{question}}'\nmetadata:\n  version: 1.0\n"
+    if kind == "loglikelihood":
+        body = ("task: shape_mc\noutput_type: multiple_choice\ndoc_to_choice: ['yes', 'no']\ndoc_to_target: 0\n"
+                "metric_list:\n  - metric: acc\n")
+    else:
+        body = ("task: shape_code\noutput_type: generate_until\nunsafe_code: true\ndoc_to_target: '{{answer}}'\n"
+                "generation_kwargs:\n  until: ['\\n']\nmetric_list:\n  - metric: exact_match\n")
+    (tmp / "tasks" / f"{kind}.yaml").write_text(head + body)
+    name = "shape_mc" if kind == "loglikelihood" else "shape_code"
+    return [f"task.include_path={tmp / 'tasks'}", f"task.tasks=[{name}]"]
+
+
 def _predictor_file(tmp: Path, kind: str) -> list[str]:
     path = tmp / "pred.safetensors"
     if kind == "garbage":
@@ -55,6 +72,8 @@ CASES = [
     (["predictor.ridge=-1"], "predictor.ridge=-1 is out of range: must be a number >= 0.0"),
     (["calibration.seq_len=100000"], "calibration.seq_len=100000 is out of range: must be [2, 8192]"),
     (["stage=throughput", "method=base", "budget=null"], "throughput of base needs budgets: set budget= or"),
+    ("loglikelihood", "score by log-likelihood and never decode: method=base changes decode steps only"),
+    ("unsafe", "shape_code execute model-written code; to run them, set eval.confirm_unsafe_code=true"),
     (["budget=300"], "budget=300 exceeds the 16 experts of tiny_qwen3; choose 1..16 or null (dense)"),
 ]
 
@@ -63,7 +82,9 @@ CASES = [
 def test_bad_input_fails_at_start_with_a_clear_message(compose, tmp_path, case, message):
     builders = {"garbage": lambda: _predictor_file(tmp_path, "garbage"),
                 "other_model": lambda: _predictor_file(tmp_path, "other"),
-                "empty_task": lambda: _empty_task(tmp_path)}
+                "empty_task": lambda: _empty_task(tmp_path),
+                "loglikelihood": lambda: [*_shaped_task(tmp_path, "loglikelihood"), "method=base", "budget=2"],
+                "unsafe": lambda: _shaped_task(tmp_path, "unsafe")}
     overrides = case if isinstance(case, list) else builders[case]()
     out = tmp_path / "out"
     with pytest.raises(ConfigError) as err:
@@ -103,3 +124,21 @@ def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):
     meta = {"model": {"name": "tiny_qwen3", "num_layers": 2, "num_experts": E, "hidden": H}}
     Predictor(torch.zeros(2, H, E), torch.zeros(2, E), meta).save(path)
     preflight(rc)
+
+
+def test_dense_may_score_by_log_likelihood_and_confirmed_code_tasks_pass(compose, tmp_path):
+    from base.preflight import check_tasks
+
+    mc = run.build_config(compose([*FAST, "method=dense", *_shaped_task(tmp_path, "loglikelihood")]), tmp_path / "o")
+    check_tasks(mc)  # no budget: nothing to refuse
+    code = run.build_config(compose([*FAST, "eval.confirm_unsafe_code=true", *_shaped_task(tmp_path, "unsafe")]),
+                            tmp_path / "o")
+    check_tasks(code)
+
+
+def test_task_paper_sets_the_papers_decoding(compose, tmp_path):
+    rc = run.build_config(compose(["task=paper"]), tmp_path)
+    e = rc.eval
+    assert (e.do_sample, e.temperature, e.top_p, e.top_k, e.gen_toks) == (True, 0.7, 0.8, 20, 384)
+    assert rc.task.tasks[0] == "gsm8k" and "humaneval" in rc.task.tasks
+    assert run.build_config(compose(["task=paper", "eval.gen_toks=64"]), tmp_path).eval.gen_toks == 64

@@ -39,6 +39,8 @@ def test_evaluate_then_resume_skips(tmp_path):
     out = tmp_path / "default" / "batch_size=8,budget=4,method=base,model=tiny_qwen3,task=smoke"  # sorted keys
     report = json.loads((out / "report.json").read_text())
     assert report["eval"]["order"] == "mixed"
+    assert report["eval"]["decode_steps_by_task"]["smoke_copy"] > 0  # the budget applied to its decode steps
+    assert report["eval"]["generation"]["do_sample"] is False and report["summary_tasks"][0]["task"] == "smoke_copy"
     assert {r["task"] for r in report["metrics"]} == {"smoke_copy"}
     sel = pd.read_csv(out / "selection.csv")
     assert len(sel) == report["moe_layers"] and (sel["kept_mean"] <= 4).all()
@@ -169,3 +171,11 @@ def test_two_processes_computing_one_artifact(tmp_path):
     (calib_dir,) = {p.parent for p in (tmp_path / "art").rglob("calib.json")}
     assert Calibration.load(calib_dir).meta["num_layers"] == 2
     assert not [p for p in calib_dir.iterdir() if ".tmp" in p.name]
+
+
+def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(tmp_path):
+    """eval.gen_toks=1: the prefill makes the only token, so no decode step ever sees the budget."""
+    proc = _run(tmp_path, "method=router_sum", "budget=3", "eval.gen_toks=1")
+    assert proc.returncode == 2
+    assert "smoke_copy ran no decode step: method=router_sum changes decode steps only" in proc.stderr
+    assert not list(tmp_path.rglob("report.json"))
