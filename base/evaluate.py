@@ -20,8 +20,11 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteriaList
 
 from base.config import EvalConfig, TaskConfig
+from base.lmeval_logging import quiet_expected_warnings
 from base.patch import BudgetPatch
 from base.stops import RowStops
+
+quiet_expected_warnings()
 
 
 def _truncate(text: str, until: list[str]) -> str:

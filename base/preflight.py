@@ -77,6 +77,9 @@ def check_tasks(cfg: RunConfig) -> None:
     """Every task name is known to lm-eval and every task builds (its data exists and is not empty)."""
     from lm_eval.tasks import TaskManager
 
+    from base.lmeval_logging import quiet_expected_warnings
+
+    quiet_expected_warnings()
     include = str(cfg.resolve(cfg.task.include_path)) if cfg.task.include_path else None
     tm = TaskManager(include_path=include)
     known = set(tm.all_tasks)

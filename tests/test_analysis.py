@@ -59,3 +59,17 @@ def test_summary_accuracy_averages_one_metric_per_top_level_task():
     assert [(u["task"], u["filter"]) for u in used] == [("bbh", "get-answer"), ("gsm8k", "strict-match"),
                                                          ("humaneval", "create_test")]
     assert mean == pytest.approx((0.4 + 0.3 + 0.2) / 3)
+
+
+def test_lm_evals_two_expected_warnings_are_dropped_and_others_kept(caplog):
+    import logging
+
+    from base.lmeval_logging import quiet_expected_warnings
+
+    quiet_expected_warnings()
+    quiet_expected_warnings()  # idempotent
+    log = logging.getLogger("lm_eval.api.task")
+    with caplog.at_level(logging.WARNING, logger="lm_eval.api.task"):
+        log.warning("mini_add: Custom kwargs can be passed to `--metadata` in console (as json string)")
+        log.warning("something else went wrong")
+    assert [r.getMessage() for r in caplog.records] == ["something else went wrong"]
