@@ -73,3 +73,18 @@ def test_lm_evals_two_expected_warnings_are_dropped_and_others_kept(caplog):
         log.warning("mini_add: Custom kwargs can be passed to `--metadata` in console (as json string)")
         log.warning("something else went wrong")
     assert [r.getMessage() for r in caplog.records] == ["something else went wrong"]
+
+
+def test_general_calibration_text_interleaves_prose_code_and_correct_math():
+    import re
+
+    from experiments.general_calibration import build
+
+    rows = build()
+    assert [r["kind"] for r in rows[:6]] == ["prose", "code", "math"] * 2  # any prefix mixes all three
+    assert rows == build()  # seeded
+    for r in rows:
+        m = re.match(r"Solve (\d+)x \+ (\d+) = (\d+)\. .* x = (\d+)\.$", r["text"])
+        if m:
+            a, b, c, x = map(int, m.groups())
+            assert a * x + b == c
