@@ -179,3 +179,18 @@ def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(tmp_path):
     assert proc.returncode == 2
     assert "smoke_copy ran no decode step: method=router_sum changes decode steps only" in proc.stderr
     assert not list(tmp_path.rglob("report.json"))
+
+
+def test_paper_standin_runs_end_to_end_and_every_task_decodes(tmp_path):
+    """task=paper's shapes offline: sampling as the paper does, 384 tokens set, the code task only
+    with the unsafe-code opt-in; the report shows every task's decode steps and what was averaged."""
+    refused = _run(tmp_path, "task=paper_standin", "method=router_sum", "budget=3")
+    assert refused.returncode == 2 and "set eval.confirm_unsafe_code=true" in refused.stderr
+    proc = _run(tmp_path, "task=paper_standin", "method=router_sum", "budget=3", "eval.confirm_unsafe_code=true")
+    assert proc.returncode == 0
+    report = json.loads(next(tmp_path.rglob("report.json")).read_text())
+    tasks = ["standin_math", "standin_yesno", "standin_choice", "standin_code"]
+    assert all(report["eval"]["decode_steps_by_task"][t] > 0 for t in tasks)
+    assert [r["task"] for r in report["summary_tasks"]] == tasks
+    gen = report["eval"]["generation"]
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"], gen["gen_toks"]) == (True, 0.7, 0.8, 20, 384)
