@@ -194,3 +194,31 @@ def test_paper_standin_runs_end_to_end_and_every_task_decodes(tmp_path):
     assert [r["task"] for r in report["summary_tasks"]] == tasks
     gen = report["eval"]["generation"]
     assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"], gen["gen_toks"]) == (True, 0.7, 0.8, 20, 384)
+
+
+def test_a_failing_run_finishes_its_logger_as_failed(compose, tmp_path, monkeypatch):
+    """The model fails to load after the logger opened: the logger is still finished, with failure."""
+    from omegaconf import OmegaConf
+
+    import base.pipeline as pipeline
+    import run
+
+    calls = []
+
+    class FakeLogger:
+        def __init__(self, *args, **kwargs) -> None:
+            calls.append("open")
+
+        def finish(self, ok: bool = True) -> None:
+            calls.append(("finish", ok))
+
+    def broken_load(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(pipeline, "Logger", FakeLogger)
+    monkeypatch.setattr(pipeline, "load_model", broken_load)
+    cfg = compose(["model=tiny_qwen3", "task=smoke", "method=dense", "budget=null"])
+    with pytest.raises(OSError, match="disk gone"):
+        pipeline.run(run.build_config(cfg, tmp_path / "out"), OmegaConf.to_yaml(cfg, resolve=True))
+    assert calls == ["open", ("finish", False)]
+    assert not (tmp_path / "out" / "report.json").exists()
