@@ -89,12 +89,24 @@ def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
     return cfg.artifacts_dir / cfg.model.name / _hash([identity, calibration_settings(cfg)])
 
 
+def _load_cached(load, path: Path):
+    """A cached artifact, or None (with a message) when its file cannot be read."""
+    try:
+        return load(path)
+    except Exception as err:  # noqa: BLE001 - truncated or foreign files raise many kinds
+        print(f"[base] cached artifact {path} is unreadable ({type(err).__name__}); computing it again")
+        return None
+
+
 def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
                        recompute: bool = False) -> tuple[Calibration, Path]:
     identity = model_identity(cfg, layers)
     directory = artifact_dir(cfg, identity)
     if (directory / "calib.json").exists() and not recompute:
-        return Calibration.load(directory), directory
+        calib = _load_cached(Calibration.load, directory)
+        if calib is not None:
+            return calib, directory
+        recompute = True  # a damaged cache: compute it again
     with file_lock(directory):
         if (directory / "calib.json").exists() and not recompute:  # another process made it meanwhile
             return Calibration.load(directory), directory
@@ -120,9 +132,11 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
     identity = model_identity(cfg, layers)
     path = predictor_path(cfg, identity)
     if path.exists() and not refit:
-        pred = Predictor.load(path)
-        pred.check_model(identity, path)
-        return pred, path
+        pred = _load_cached(Predictor.load, path)
+        if pred is not None:
+            pred.check_model(identity, path)
+            return pred, path
+        refit = not cfg.predictor.path  # a damaged cache file is fitted again
     if cfg.predictor.path:
         raise FileNotFoundError(f"predictor.path={cfg.predictor.path} does not exist")
     calib, _ = ensure_calibration(cfg, model, tokenizer, layers, recompute=refit and recalibrate)

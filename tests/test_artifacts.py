@@ -80,3 +80,19 @@ def test_force_recomputes_calibration_and_predictor_in_evaluate(compose, tmp_pat
         calib = next((tmp_path / "art").rglob("calib.json"))
         stamps.append((pred.stat().st_mtime_ns, calib.stat().st_mtime_ns))
     assert stamps[1][0] > stamps[0][0] and stamps[1][1] > stamps[0][1]
+
+
+def test_a_damaged_cached_predictor_is_fitted_again(compose, tmp_path):
+    from omegaconf import OmegaConf
+
+    from base.pipeline import run as run_pipeline
+
+    def go(i: int) -> dict:
+        cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", "method=base", "budget=3",
+                       f"artifacts_dir={tmp_path}/art", f"exp_name=e{i}"])
+        return run_pipeline(run.build_config(cfg, tmp_path / f"out{i}"), OmegaConf.to_yaml(cfg, resolve=True))
+
+    pred = Path(go(0)["artifacts"]["predictor"])
+    pred.write_bytes(pred.read_bytes()[:100])  # truncated, as by a crash mid-write elsewhere
+    again = go(1)
+    assert Path(again["artifacts"]["predictor"]) == pred and len(pred.read_bytes()) > 100
