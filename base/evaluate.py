@@ -26,6 +26,9 @@ from base.stops import RowStops
 
 quiet_expected_warnings()
 
+# lm-eval's standard errors: closed form for mean metrics; a bootstrap only for other aggregations.
+BOOTSTRAP_ITERS = 1000
+
 
 def _truncate(text: str, until: list[str]) -> str:
     for stop in until:
@@ -48,6 +51,7 @@ class BudgetedHFLM(HFLM):
         self.decode_steps = 0
         self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
         self.last_row_steps: list[int] = []
+        self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch
 
     def _sampling(self) -> dict[str, Any]:
         c = self.eval_cfg
@@ -129,6 +133,7 @@ class BudgetedHFLM(HFLM):
             for i, text, n in zip(ids, texts, self.last_row_steps):
                 results[i] = text
                 task = getattr(requests[i], "task_name", None) or "?"
+                self.batch_of[(task, getattr(requests[i], "doc_id", i))] = self.decode_batches - 1
                 self.decode_steps_by_task[task] = self.decode_steps_by_task.get(task, 0) + n
         return results  # type: ignore[return-value]
 
@@ -141,6 +146,7 @@ class EvalResult:
     decode_steps: int  # decode forwards over all batches
     decode_steps_by_task: dict[str, int]  # per task: its rows' decode steps (0: the budget never applied)
     engine: bool  # decoded through base/engine.py (CUDA graphs on a GPU)
+    samples: list[dict[str, Any]]  # one row per request (sample_rows)
 
 
 def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
@@ -158,7 +164,7 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
         out = simple_evaluate(
             model=lm, tasks=list(task.tasks), num_fewshot=task.num_fewshot, limit=task.limit,
             task_manager=TaskManager(include_path=include), random_seed=seed, numpy_random_seed=seed,
-            torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False, bootstrap_iters=0,
+            torch_random_seed=seed, fewshot_random_seed=seed, log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS,
             confirm_run_unsafe_code=eval_cfg.confirm_unsafe_code,
         )
     rows = []
@@ -171,9 +177,30 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
                 if "," not in key or "stderr" in key or not isinstance(value, (int, float)):
                     continue
                 metric, filt = key.split(",", 1)
+                stderr = metrics.get(f"{metric}_stderr,{filt}")
                 rows.append({"task": name, "kind": section[:-1], "metric": metric, "filter": filt,
-                             "value": float(value), "n": (out.get("n-samples", {}).get(name) or {}).get("effective")})
+                             "value": float(value), "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+                             "n": (out.get("n-samples", {}).get(name) or {}).get("effective")})
     raw = {k: v for k, v in out.items() if k != "samples"}
+    samples = sample_rows(out.get("samples") or {}, lm.batch_of)
     if lm._engine is not None:
         lm._engine.release()
-    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.decode_steps_by_task, lm.use_engine)
+    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.decode_steps_by_task, lm.use_engine, samples)
+
+
+def sample_rows(samples: dict[str, list[dict]], batch_of: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """One row per request: what a paired comparison of two runs over the same prompts needs."""
+    rows = []
+    for task, items in samples.items():
+        for s in items:
+            metric = (s.get("metrics") or ["?"])[0]
+            value = s.get(metric)
+            filtered = s.get("filtered_resps") or [""]
+            rows.append({
+                "task": task, "doc_id": s["doc_id"], "prompt_hash": s.get("prompt_hash"),
+                "generation": filtered[0] if isinstance(filtered[0], str) else str(filtered[0]),
+                "target": str(s.get("target")), "metric": metric, "filter": s.get("filter"),
+                "correct": float(value) if isinstance(value, (int, float)) else None,
+                "decode_batch": batch_of.get((task, s["doc_id"])),
+            })
+    return rows

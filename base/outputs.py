@@ -53,6 +53,12 @@ def write_table(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
 
 
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """One JSON object per line (free text such as generations survives intact; pandas:
+    `pd.read_json(path, lines=True)`)."""
+    atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
 def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     atomic_write_text(out_dir / REPORT, json.dumps(report, indent=2, default=str))
 

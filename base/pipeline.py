@@ -195,6 +195,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                           f"steps only, so their scores equal dense; give them tokens to generate (eval.gen_toks)")
     summary_rows = outputs.selection_summary(step_rows)
     outputs.write_table(out / "metrics.csv", result.metrics)
+    outputs.write_jsonl(out / "samples.jsonl", result.samples)
     outputs.write_table(out / "selection.csv", summary_rows)
     outputs.write_table(out / "selection_steps.csv", step_rows)
     logger.table("metrics", result.metrics)

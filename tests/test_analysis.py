@@ -88,3 +88,29 @@ def test_general_calibration_text_interleaves_prose_code_and_correct_math():
         if m:
             a, b, c, x = map(int, m.groups())
             assert a * x + b == c
+
+
+def _samples(correct: list[int], prompt: str = "p") -> pd.DataFrame:
+    return pd.DataFrame({"task": "t", "doc_id": range(len(correct)),
+                         "prompt_hash": [f"{prompt}{i}" for i in range(len(correct))], "correct": correct})
+
+
+def test_paired_comparison_counts_discordant_requests_and_tests_them_exactly():
+    from analysis.paired import mcnemar_exact, paired
+
+    a = _samples([1] * 10 + [0] * 5 + [1] * 25)
+    b = _samples([0] * 10 + [0] * 5 + [1] * 25)  # A alone right on 10 requests, B alone on none
+    res = paired(a, b)
+    assert (res["a_only"], res["b_only"], res["n"]) == (10, 0, 40)
+    assert res["mcnemar_p"] == pytest.approx(2 * 0.5**10)
+    assert res["diff"] == pytest.approx(0.25) and res["ci_low"] > 0 and res["call"] == "A higher"
+    same = paired(a, a)
+    assert (same["diff"], same["ci_low"], same["ci_high"], same["call"], same["mcnemar_p"]) == (0, 0, 0, "tie", 1.0)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 1) == 1.0
+
+
+def test_paired_comparison_refuses_different_prompts():
+    from analysis.paired import paired
+
+    with pytest.raises(ValueError, match="prompts differ"):
+        paired(_samples([1, 0]), _samples([1, 0], prompt="other"))

@@ -40,6 +40,14 @@ def test_evaluate_then_resume_skips(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["eval"]["order"] == "mixed"
     assert report["eval"]["decode_steps_by_task"]["smoke_copy"] > 0  # the budget applied to its decode steps
+    samples = pd.read_json(out / "samples.jsonl", lines=True)  # one row per request, for paired comparisons
+    assert len(samples) == 8 and set(samples["decode_batch"]) == {0} and samples["prompt_hash"].nunique() == 8
+    assert set(samples["correct"]) <= {0.0, 1.0}
+    assert samples["correct"].mean() == pytest.approx(report["metrics"][0]["value"])
+    assert report["metrics"][0]["stderr"] is not None  # standard errors, not "N/A"
+    from analysis.paired import load_samples, paired
+
+    assert paired(load_samples(out), load_samples(out))["call"] == "tie"
     assert report["eval"]["generation"]["do_sample"] is False and report["summary_tasks"][0]["task"] == "smoke_copy"
     assert {r["task"] for r in report["metrics"]} == {"smoke_copy"}
     sel = pd.read_csv(out / "selection.csv")
