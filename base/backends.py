@@ -101,9 +101,10 @@ class TritonBackend(TorchBackend):
                 row["energy_E"] = art.energy_LE[L].float()
             if self.kind == "base":
                 row["pred_b_E"] = art.pred_b_LE[L].float()
-                row["pred_w_EH"] = prepare_predictor(art.pred_w_LHE[L].float())
-                if self.routes(layer):
+                if self.routes(layer):  # the predictor rides in the router's GEMM
                     self.wcat_CH[L] = fuse_router_predictor(layer.router.weight, art.pred_w_LHE[L])
+                else:  # select_step after the router gathers predictor rows
+                    row["pred_w_EH"] = prepare_predictor(art.pred_w_LHE[L].float())
             self.per_layer[L] = row
 
     def select(self, batch: RoutedBatch) -> Decision:

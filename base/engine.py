@@ -286,12 +286,9 @@ class DecodeEngine:
         Without `stop` the loop never syncs the host until the end."""
         b = ids_BP.shape[0]
         self.prefill(ids_BP, mask_BP, max_new, stop_at_eos)
-        state = {"done": False, "steps": 0}
+        state = {"done": False}
 
         def check(i: int) -> None:
-            state["steps"] = i + 1
-            if stop is None:
-                return
             toks = self.out_BN[:b, : i + 2].cpu()
             done_b = stop(toks) | self.finished_B[:b].cpu()
             self.finished_B[:b] = done_b.to(self.device)
