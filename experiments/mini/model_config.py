@@ -1,5 +1,9 @@
-"""Size of the "mini" model: a Qwen3-MoE (same transformers code path as Qwen3-30B-A3B), scaled
-down so that the bf16 checkpoint stays under 25 MB.
+"""Size and family of the embedded models, scaled down so that a bf16 checkpoint stays under 25 MB.
+
+`family="qwen3_moe"` (the default, `models/mini`): a Qwen3-MoE, the transformers code path of
+Qwen3-30B-A3B, top-k weights renormalised. `family="olmoe"` (`models/mini_olmoe`): an OLMoE
+(`OlmoeForCausalLM`, the code path of OLMoE-1B-7B), whose top-k weights are the raw softmax
+probabilities, not renormalised, and whose attention normalises q and k over the whole projection.
 
 Shapes: H hidden, L layers (all sparse), E experts, K top-k, I expert intermediate size.
 """
@@ -8,13 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import Qwen3MoeConfig
+from transformers import OlmoeConfig, PretrainedConfig, Qwen3MoeConfig
 
 from experiments.mini.tokenizer import VOCAB_SIZE, build_tokenizer
 
 
+FAMILIES = ("qwen3_moe", "olmoe")
+
+
 @dataclass
 class MiniModelConfig:
+    family: str = "qwen3_moe"  # qwen3_moe | olmoe
     hidden_size: int = 192  # H
     num_hidden_layers: int = 6  # L, every one a MoE layer
     num_experts: int = 32  # E
@@ -28,6 +36,8 @@ class MiniModelConfig:
     router_aux_loss_coef: float = 0.01
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r}; choose one of {', '.join(FAMILIES)}")
         if self.num_experts < 32 or self.num_experts_per_tok < 4 or self.num_hidden_layers < 4:
             raise ValueError(
                 f"mini needs >= 32 experts, top-k >= 4 and >= 4 layers, got E={self.num_experts} "
@@ -36,7 +46,9 @@ class MiniModelConfig:
         if self.vocab_size < VOCAB_SIZE:
             raise ValueError(f"vocab_size={self.vocab_size} is below the tokenizer's {VOCAB_SIZE}")
 
-    def to_hf(self) -> Qwen3MoeConfig:
+    def to_hf(self) -> PretrainedConfig:
+        if self.family == "olmoe":
+            return self._olmoe()
         tok = build_tokenizer()
         return Qwen3MoeConfig(
             vocab_size=self.vocab_size,
@@ -58,6 +70,33 @@ class MiniModelConfig:
             output_router_logits=False,
             tie_word_embeddings=False,
             rope_theta=10000.0,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+
+    def _olmoe(self) -> OlmoeConfig:
+        tok = build_tokenizer()
+        if self.head_dim * self.num_attention_heads != self.hidden_size:
+            raise ValueError(
+                f"olmoe derives head_dim from hidden_size / heads: {self.hidden_size} / "
+                f"{self.num_attention_heads} != head_dim {self.head_dim}"
+            )
+        return OlmoeConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.moe_intermediate_size,  # OLMoE's expert width
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            norm_topk_prob=False,  # as OLMoE-1B-7B: weights are the softmax probabilities of the top k
+            router_aux_loss_coef=self.router_aux_loss_coef,
+            output_router_logits=False,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,

@@ -1,10 +1,15 @@
-"""Train the "mini" Qwen3-MoE on the eight synthetic domains, save it in Hugging Face format,
-then measure dense greedy exact match on the held-out test sets.
+"""Train an embedded model on the eight synthetic domains, save it in Hugging Face format, then
+measure dense greedy exact match on the held-out test sets. `--family qwen3_moe` (default) is
+`models/mini`; `--family olmoe` with `--num-experts/--top-k/--expert-width` is `models/mini_olmoe`
+(`model_config.py`).
 
 CPU smoke (a minute):
     python -m experiments.mini.train --device cpu --steps 20 --batch-size 32 --n-train 2000 --out /tmp/mini_smoke
 GPU (the shipped checkpoint; stops on the wall-clock budget, then saves and evaluates):
     python -m experiments.mini.train --device cuda --time-budget-s 400 --out models/mini
+The OLMoE-shaped model (CPU, one thread; the command in models/mini_olmoe/metrics.json is exact):
+    OMP_NUM_THREADS=1 python -m experiments.mini.train --device cpu --family olmoe --num-experts 64 \
+        --top-k 8 --expert-width 48 --aux-coef 0.05 --time-budget-s 2100 --out models/mini_olmoe
 
 Writes to --out: config.json, generation_config.json, model.safetensors (bf16), tokenizer files,
 train_log.csv and metrics.json.
@@ -21,6 +26,7 @@ import json
 import math
 import platform
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +35,7 @@ import numpy as np
 import torch
 import transformers
 from torch import Tensor
-from transformers import GenerationConfig, Qwen3MoeForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from experiments.mini.data import (
     TEST_SEED,
@@ -42,7 +48,7 @@ from experiments.mini.data import (
 )
 from experiments.mini.evaluate import evaluate_all, routing_stats, stop_token_ids
 from experiments.mini.losses import answer_ce, load_balancing_loss
-from experiments.mini.model_config import MiniModelConfig
+from experiments.mini.model_config import FAMILIES, MiniModelConfig
 from experiments.mini.tokenizer import build_tokenizer, char_table, encode_flat
 
 
@@ -72,14 +78,41 @@ class TrainConfig:
     # in two shards there (merge locally with `python -m experiments.mini.merge_shards`).
     max_shard_size: str = "50GB"
     save_tokenizer: int = 1  # 0: skip the tokenizer files (rebuilt in code) to save returned files
+    # The model (model_config.py); 0 keeps MiniModelConfig's default.
+    family: str = "qwen3_moe"  # qwen3_moe | olmoe
+    num_experts: int = 0
+    top_k: int = 0
+    expert_width: int = 0
+    hidden_size: int = 0
+    layers: int = 0
+    heads: int = 0  # query heads; olmoe: as many KV heads (multi-head attention, as OLMoE-1B-7B)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device=cuda but torch sees no GPU; use --device cpu")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r}; choose one of {', '.join(FAMILIES)}")
         if self.experts_impl not in ("auto", "eager", "grouped_mm", "batched_mm"):
             raise ValueError(f"unknown experts_impl {self.experts_impl}")
+
+
+def model_config(cfg: TrainConfig) -> MiniModelConfig:
+    """MiniModelConfig of the family, with the sizes the command line overrides."""
+    sizes = {
+        "num_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "moe_intermediate_size": cfg.expert_width,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": cfg.heads,
+    }
+    sizes = {k: v for k, v in sizes.items() if v}
+    if cfg.family == "olmoe":
+        heads = sizes.get("num_attention_heads", MiniModelConfig.num_attention_heads)
+        sizes |= {"num_key_value_heads": heads, "head_dim": sizes.get("hidden_size", MiniModelConfig.hidden_size) // heads}
+    return MiniModelConfig(family=cfg.family, **sizes)
 
 
 def seed_everything(seed: int) -> None:
@@ -258,8 +291,8 @@ def main() -> None:
     n_corpus, seq_len = corpus["ids"].shape
     print(f"corpus: {n_corpus} texts x {seq_len} positions; {disjoint}", flush=True)
 
-    model_cfg = MiniModelConfig()
-    model = Qwen3MoeForCausalLM(model_cfg.to_hf()).to(cfg.device)
+    model_cfg = model_config(cfg)
+    model = AutoModelForCausalLM.from_config(model_cfg.to_hf()).to(cfg.device)
     n_params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
 
@@ -286,7 +319,7 @@ def main() -> None:
     print(f"saved {out} ({model_bytes / 1e6:.2f} MB) after {step} steps, {train_s:.0f} s", flush=True)
 
     # Evaluate what was shipped: the bf16 checkpoint, reloaded.
-    shipped = Qwen3MoeForCausalLM.from_pretrained(out).to(cfg.device).eval()
+    shipped = AutoModelForCausalLM.from_pretrained(out).to(cfg.device).eval()
     acc = evaluate_all(shipped, tok, test_sets)
     routing = routing_stats(shipped, tok, test_sets)
     metrics = {
@@ -309,6 +342,7 @@ def main() -> None:
         "held_out_check": disjoint,
         "experts_implementation": impl,
         "train_config": asdict(cfg),
+        "command": "python -m experiments.mini.train " + " ".join(sys.argv[1:]),
         "model_config": asdict(model_cfg),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
