@@ -139,9 +139,16 @@ class EvalConfig:
     gen_toks: int | None = None  # new tokens per request, set (replaces the tasks' own; the paper: 384)
     engine: str = "auto"  # decode through base/engine.py: auto = on a GPU (CUDA graphs); on; off
     confirm_unsafe_code: bool = False  # run tasks that execute model-written code (humaneval, mbpp)
+    seed: int | None = None  # batching seed: the mixing order (which requests share a decode batch);
+    # null = the run's seed. Changes nothing else (calibration, predictor and lm-eval keep `seed`)
+    fidelity: bool = False  # also measure layer-output error, retained energy, next-token KL and the
+    # teacher-forced log-likelihood change against dense, in the same decode batches (analysis only)
 
     def __post_init__(self) -> None:
         _choice("eval.order", self.order, EVAL_ORDERS)
+        self.seed = _int("eval.seed", self.seed, 0, allow_none=True)
+        if not isinstance(self.fidelity, bool):
+            raise ConfigError(f"eval.fidelity={self.fidelity!r} must be true or false")
         _choice("eval.engine", self.engine, ("auto", "on", "off"))
         self.max_gen_toks = _int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
         self.gen_toks = _int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
@@ -216,6 +223,7 @@ class ThroughputConfig:
     # the first budget only: each is one more capture)
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
     profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
+    compile: bool = True  # CUDA: compile each layer's attention and norms once (base/regional.py)
 
     @property
     def specs(self) -> list[dict[str, Any]] | None:

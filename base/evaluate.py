@@ -50,6 +50,7 @@ class BudgetedHFLM(HFLM):
         self._engine = None
         self.decode_steps = 0
         self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
+        self.fidelity_rows: list[dict[str, float]] = []  # eval.fidelity: one row per (decode batch, step)
         self.last_row_steps: list[int] = []
         self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch
 
@@ -68,6 +69,13 @@ class BudgetedHFLM(HFLM):
             new = self._engine_generate(enc, mask, max(max_new), stops)
         else:
             new = self._hf_generate(enc, mask, max(max_new), stops)
+        if self.eval_cfg.fidelity and self.patch is not None:
+            from base.fidelity import teacher_forced
+
+            dense_stops = RowStops(self.tokenizer, enc.shape[1], untils, max_new, eos, None)
+            for row in teacher_forced(self.model, self.patch, enc, mask, dense_stops, max(max_new),
+                                      self.tokenizer.pad_token_id):
+                self.fidelity_rows.append({"decode_batch": self.decode_batches, **row})
         self.decode_batches += 1
         self.decode_steps += max(0, new.shape[1] - 1)  # the first new token comes from the prefill
         # each row's decode steps (tokens after the prefill's) until it finished
@@ -147,6 +155,7 @@ class EvalResult:
     decode_steps_by_task: dict[str, int]  # per task: its rows' decode steps (0: the budget never applied)
     engine: bool  # decoded through base/engine.py (CUDA graphs on a GPU)
     samples: list[dict[str, Any]]  # one row per request (sample_rows)
+    fidelity: list[dict[str, float]]  # eval.fidelity: per (decode batch, step) KL / dll sums (base/fidelity.py)
 
 
 def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
@@ -157,7 +166,8 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     include = str(root / task.include_path) if task.include_path else None
     if eval_cfg.confirm_unsafe_code:
         os.environ["HF_ALLOW_CODE_EVAL"] = "1"  # what lm-eval's code-execution metrics (code_eval) ask for
-    lm = BudgetedHFLM(model, tokenizer, batch_size, eval_cfg, seed, patch,
+    batch_seed = seed if eval_cfg.seed is None else eval_cfg.seed  # the mixing order only
+    lm = BudgetedHFLM(model, tokenizer, batch_size, eval_cfg, batch_seed, patch,
                       max_length=getattr(model.config, "max_position_embeddings", 2048))
     # Task YAMLs name their local data relative to the repo root.
     with contextlib.chdir(root):
@@ -185,7 +195,8 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     samples = sample_rows(out.get("samples") or {}, lm.batch_of)
     if lm._engine is not None:
         lm._engine.release()
-    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.decode_steps_by_task, lm.use_engine, samples)
+    return EvalResult(rows, raw, lm.decode_batches, lm.decode_steps, lm.decode_steps_by_task, lm.use_engine, samples,
+                      lm.fidelity_rows)
 
 
 def sample_rows(samples: dict[str, list[dict]], batch_of: dict[tuple[str, int], int]) -> list[dict[str, Any]]:

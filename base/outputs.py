@@ -93,7 +93,7 @@ def finished_hash(out_dir: Path) -> str | None:
 
 def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per MoE layer, over decode steps: mean union and kept experts, weight retained, tokens that
-    lost an expert (and retained energy when recorded)."""
+    lost an expert (and retained energy and the relative MoE-output error when recorded)."""
     if not rows:
         return []
     df = pd.DataFrame(rows)
@@ -109,6 +109,8 @@ def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     })
     if "energy_kept" in df:
         out["energy_retained"] = sums["energy_kept"] / sums["energy_total"].clip(lower=1e-30)
+    if "out_err" in df:  # ratio of sums: the relative error of the layer's MoE output over the run
+        out["out_error"] = sums["out_err"] / sums["out_dense"].clip(lower=1e-30)
     return out.reset_index().to_dict("records")
 
 

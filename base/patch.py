@@ -14,6 +14,8 @@ Shapes: B sequences, S new positions per sequence, T = B*S tokens, H hidden, E e
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,7 @@ class PatchOptions:
     apply_to: str = "decode"
     record_stats: bool = True
     energy: bool = False  # record true retained energy (runs every routed expert)
+    fidelity: bool = False  # also record the MoE-output error against dense (runs the experts twice more)
     backend: str = "torch"  # torch: base/routing.py; triton: kernels/ where supported
 
 
@@ -60,6 +63,19 @@ def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
     w_P1 = torch.ones(T * K, 1, dtype=z_TH.dtype, device=z_TH.device)
     out_PH = experts(x_PH, idx_TK.reshape(-1, 1), w_P1)
     return out_PH.float().norm(dim=-1).reshape(T, K)
+
+
+def output_error(experts: nn.Module, batch: RoutedBatch, decision: Decision) -> tuple[Tensor, Tensor]:
+    """(sum ||y_budget - y_dense||^2, sum ||y_dense||^2) over the active tokens of one layer and step,
+    y the routed experts' output (shared experts, equal in both, left out). Runs the experts twice."""
+    y_dense_TH = experts(batch.z_TH, batch.topk_idx_TK, batch.topk_w_TK).float()
+    active_T1 = batch.active_T[:, None]
+    dense = torch.where(active_T1, y_dense_TH, 0.0).pow(2).sum()
+    if decision.topk_idx_TK is None:  # the router's own routing: no error
+        return dense.new_zeros(()), dense
+    y_budget_TH = experts(batch.z_TH, decision.topk_idx_TK, decision.topk_w_TK.to(batch.topk_w_TK.dtype)).float()
+    err = torch.where(active_T1, y_budget_TH - y_dense_TH, 0.0).pow(2).sum()
+    return err, dense
 
 
 def _cache_len(kwargs: dict[str, Any]) -> int:
@@ -83,6 +99,7 @@ class BudgetPatch:
     _handles: list[Any] = field(default_factory=list)
     _forwards: dict[int, Any] = field(default_factory=dict)  # routers whose forward was replaced
     _ended_ids: dict[torch.device, Tensor] = field(default_factory=dict)  # pad + EOS ids, per device
+    _bypass: int = 0  # > 0 inside bypassed(): forwards run the model's own (dense) routing, unrecorded
 
     @property
     def selector(self) -> Selector | None:
@@ -101,7 +118,7 @@ class BudgetPatch:
             self.recorder.begin_step(is_decode)
 
     def _model_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self.ctx.managed:
+        if self.ctx.managed or self._bypass:
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
         x = ids if ids is not None else kwargs["inputs_embeds"]
@@ -137,7 +154,7 @@ class BudgetPatch:
 
     # ---- per router --------------------------------------------------------------------------
     def _router_hook(self, layer: MoeLayer, module: nn.Module, args: tuple, output: tuple) -> tuple | None:
-        if not self.applies:
+        if self._bypass or not self.applies:
             return None
         if self.selector is None and not self.options.record_stats:
             return None  # dense with nothing to record: leave the router alone
@@ -152,28 +169,54 @@ class BudgetPatch:
             layer=layer.index,
         )
         sel = self.selector
-        if (sel is not None and sel.needs_norms) or self.options.energy:
+        record = self.options.record_stats
+        if (sel is not None and sel.needs_norms) or (self.options.energy and record):
             batch.norms_TK = expert_norms_TK(layer.experts, z_TH, idx_TK)
         decision = dense_decision(batch) if sel is None else self.backend.select(batch)
-        self._record(batch, decision)
+        self._record(batch, decision, layer if self.options.fidelity and record else None)
         if decision.topk_idx_TK is None:
             return None
         return (logits, decision.topk_w_TK, decision.topk_idx_TK)
 
     def _route_select_forward(self, layer: MoeLayer, original: Any, hidden_states: Tensor) -> tuple:
         """The router's forward at decode as one kernel (TritonBackend.route)."""
-        if not self.applies:
+        if self._bypass or not self.applies:
             return original(hidden_states)
         z_TH = hidden_states.reshape(-1, hidden_states.shape[-1]).to(layer.router.weight.dtype)
         batch, decision, logits_TE = self.backend.route(layer, z_TH, self._active_T(z_TH), self.renormalizes)
         self._record(batch, decision)
         return logits_TE, decision.topk_w_TK, decision.topk_idx_TK
 
-    def _record(self, batch: RoutedBatch, decision: Decision) -> None:
-        if self.options.record_stats:
-            self.recorder.record(batch.layer, step_stats(batch, decision.keep_E, decision.topk_idx_TK))
+    def _record(self, batch: RoutedBatch, decision: Decision, layer: MoeLayer | None = None) -> None:
+        """Record the step; with `layer` (fidelity), also the MoE-output error against dense."""
+        if not self.options.record_stats:
+            return
+        stats = step_stats(batch, decision.keep_E, decision.topk_idx_TK)
+        if layer is not None:
+            stats.out_err, stats.out_dense = output_error(layer.experts, batch, decision)
+        self.recorder.record(batch.layer, stats)
 
     # ---- public ------------------------------------------------------------------------------
+    @contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """Forwards inside run the model's own routing and record nothing: the dense reference of a
+        fidelity measurement, on the same patched model."""
+        self._bypass += 1
+        try:
+            yield
+        finally:
+            self._bypass -= 1
+
+    @contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Forwards inside select as usual but record no statistics."""
+        before = self.options.record_stats
+        self.options.record_stats = False
+        try:
+            yield
+        finally:
+            self.options.record_stats = before
+
     def reset(self) -> None:
         self.recorder.reset()
 
@@ -217,14 +260,15 @@ def patch_model(
     renorm = options.renormalize == "always" or (options.renormalize == "model" and renormalizes)
     policy = Policy(selector, options.budget, options.reassign, renorm)
     device = model_device(model)
-    backend = BACKENDS[options.backend](policy, layers, device, energy=options.energy)
+    # an energy or fidelity run must see every router (no fused route_select)
+    backend = BACKENDS[options.backend](policy, layers, device, energy=options.energy or options.fidelity)
     patch = BudgetPatch(
         model=model,
         layers=layers,
         options=options,
         renormalizes=renormalizes,
         backend=backend,
-        recorder=StatsRecorder(len(layers), device, energy=options.energy),
+        recorder=StatsRecorder(len(layers), device, energy=options.energy, fidelity=options.fidelity),
         ctx=DecodeContext(pad_token_id=pad_token_id, eos_token_ids=tuple(eos_token_ids)),
     )
     patch._handles.append(model.register_forward_pre_hook(patch._model_pre_hook, with_kwargs=True))

@@ -46,9 +46,10 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = No
 
     def make(budget: int | None, record_stats: bool | None = None) -> BudgetPatch:
         record = cfg.stats.enabled if record_stats is None else record_stats
+        fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
         opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
-                            apply_to=m.apply_to, record_stats=record, energy=cfg.stats.energy and record,
-                            backend=m.backend)
+                            apply_to=m.apply_to, record_stats=record,
+                            energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend)
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         sel = selector if (budget is not None or (selector is not None and not selector.uses_budget)) else None
         return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id,
@@ -198,10 +199,15 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     outputs.write_jsonl(out / "samples.jsonl", result.samples)
     outputs.write_table(out / "selection.csv", summary_rows)
     outputs.write_table(out / "selection_steps.csv", step_rows)
+    if cfg.eval.fidelity:
+        from base.fidelity import summarize
+
+        outputs.write_table(out / "fidelity_steps.csv", result.fidelity)
     logger.table("metrics", result.metrics)
     logger.table("selection", summary_rows)
     logger.lm_eval(result.raw)
-    report["eval"] = {"order": cfg.eval.order, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
+    report["eval"] = {"order": cfg.eval.order, "batch_seed": cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
+                      "fidelity": cfg.eval.fidelity, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
                       "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine,
                       "decode_steps": result.decode_steps, "decode_steps_by_task": result.decode_steps_by_task,
                       "generation": {k: getattr(cfg.eval, k) for k in ("do_sample", "temperature", "top_p", "top_k",
@@ -213,3 +219,5 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     accuracy, used = outputs.summary_accuracy(result.metrics, list(cfg.task.tasks))
     report["summary_tasks"] = used  # what entered the summary accuracy
     report["summary"] = {"accuracy": accuracy, **outputs.overall(summary_rows)}
+    if cfg.eval.fidelity:
+        report["summary"].update(summarize(result.fidelity))

@@ -14,8 +14,9 @@ from torch import Tensor
 from base.routing import StepStats
 
 FIELDS = ("union", "kept", "executed", "weight_kept", "weight_total", "tokens_lost", "tokens", "energy_kept",
-          "energy_total")
+          "energy_total", "out_err", "out_dense")
 ENERGY_FIELDS = ("energy_kept", "energy_total")
+FIDELITY_FIELDS = ("out_err", "out_dense")  # MoE-output error against dense (PatchOptions.fidelity)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -25,8 +26,9 @@ def _capturing(device: torch.device) -> bool:
 class StatsRecorder:
     """Per-step statistics of every MoE layer, accumulated in device tensors."""
 
-    def __init__(self, num_layers: int, device: torch.device, energy: bool = False, capacity: int = 64) -> None:
-        self.num_layers, self.device, self.energy = num_layers, torch.device(device), energy
+    def __init__(self, num_layers: int, device: torch.device, energy: bool = False, capacity: int = 64,
+                 fidelity: bool = False) -> None:
+        self.num_layers, self.device, self.energy, self.fidelity = num_layers, torch.device(device), energy, fidelity
         self.rows_LSF = torch.zeros(num_layers, capacity, len(FIELDS), device=self.device)
         self.decode_S = torch.zeros(capacity, dtype=torch.bool, device=self.device)
         self.count_D = torch.zeros((), dtype=torch.long, device=self.device)  # steps begun
@@ -83,7 +85,8 @@ class StatsRecorder:
         n = self.steps()
         if n == 0:
             return []
-        fields = [f for f in FIELDS if self.energy or f not in ENERGY_FIELDS]
+        fields = [f for f in FIELDS if (self.energy or f not in ENERGY_FIELDS)
+                  and (self.fidelity or f not in FIDELITY_FIELDS)]
         cols = [FIELDS.index(f) for f in fields]
         values = self.rows_LSF[:, :n, cols].cpu().tolist()
         decode = self.decode_S[:n].cpu().tolist()

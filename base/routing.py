@@ -137,6 +137,8 @@ class StepStats:
     # and padding rows included (they still go through the experts), not only active tokens
     energy_kept: Tensor | None = None  # sum w^2 ||E||^2 over kept original pairs
     energy_total: Tensor | None = None  # sum w^2 ||E||^2 over all original pairs
+    out_err: Tensor | None = None  # sum over active tokens of ||y_budget - y_dense||^2 (MoE output)
+    out_dense: Tensor | None = None  # sum over active tokens of ||y_dense||^2
 
 
 def step_stats(batch: RoutedBatch, keep_E: Tensor, final_idx_TK: Tensor | None = None) -> StepStats:

@@ -12,7 +12,8 @@ Most selectors are a per-pair term summed per expert (`aggregate_E`); they diffe
     base          w^2 * exp(2 * g_u(z_t)), g the layer's linear predictor of log||E_u(z_t)||
     oracle        w^2 * ||E_u(z_t)||^2 (true norms; runs every routed expert)
 `calib_freq` ranks by a static calibration frequency, `fixed` by expert id (no scoring: a timing
-baseline), and `oea` keeps each token's top-k0.
+baseline), `oea` keeps each token's top-k0, and `top1_union` keeps the union of each token's first
+choice, capped at the budget (the paper's selection-rule ablation).
 """
 from __future__ import annotations
 
@@ -201,6 +202,30 @@ class OEA(Selector):
         first_TK0 = batch.topk_idx_TK.gather(1, p_TK.topk(k0, dim=-1).indices)
         keep_E = pair_counts_E(first_TK0, batch.active_T, batch.num_experts) > 0
         return keep_E, self.score(batch)
+
+
+@register_selector("top1_union")
+class Top1Union(Selector):
+    """The union of every token's first choice, capped at the budget (the paper's "top-1 union").
+
+    Two tiers, so it keeps as many experts as the other selectors at the same budget:
+    1. experts that are some active token's first choice (highest probability), ranked by the summed
+       router weight of those first choices (the weight the batch would lose with them);
+    2. then, if the budget has room left, the other union experts by router_sum.
+    Scores: tier 1 is (R + 1) + first-choice weight, tier 2 router_sum <= R, R the batch's total
+    router weight, so every first choice outranks every other expert."""
+
+    def score(self, batch: RoutedBatch) -> Tensor:
+        args = (batch.topk_idx_TK, batch.active_T, batch.num_experts)
+        w_TK = _w(batch)
+        router_sum_E = aggregate_E(w_TK, *args)
+        # The model's top-k may not be sorted (DeepSeek uses sorted=False): the first choice is the
+        # routed expert of highest probability.
+        first_T1 = batch.probs_TE.gather(1, batch.topk_idx_TK).argmax(dim=-1, keepdim=True)
+        first_idx_T1 = batch.topk_idx_TK.gather(1, first_T1)
+        first_w_E = aggregate_E(w_TK.gather(1, first_T1), first_idx_T1, batch.active_T, batch.num_experts)
+        is_first_E = pair_counts_E(first_idx_T1, batch.active_T, batch.num_experts) > 0
+        return torch.where(is_first_E, router_sum_E.sum() + 1.0 + first_w_E, router_sum_E)
 
 
 def build_selector(name: str, artifacts: Artifacts | None = None, k0: int | None = None) -> Selector:

@@ -25,7 +25,8 @@ PAD_ID = 0  # pad token of the tiny Qwen3 model built here
 EOS_ID = 1
 
 # Selectors that honour the budget, and everything registered (oea ignores the budget).
-BUDGETED = ["router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base", "oracle", "fixed"]
+BUDGETED = ["router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base", "oracle", "fixed",
+            "top1_union"]
 
 
 # ---- routed batches -----------------------------------------------------------------------------

@@ -52,6 +52,9 @@ SCORES = {
     "calib_energy": {0: 49 / 64, 1: 76 / 64, 2: 41 / 64, 3: 128 / 64, 4: 25 / 64},
     "base": {0: 49 / 256, 1: 19 / 64, 2: 41 / 64, 3: 64 / 64, 4: 100 / 64},
     "oracle": {0: 49 / 256, 1: 34 / 64, 2: 41 / 64, 3: 16 / 64, 4: 25 / 64},
+    # first choices by probability: t0 -> 0 (7/8), t1 -> 2 (5/8), t2 -> 3 (4/8: slot 1, not 0),
+    # t3 -> 4 (5/8); they score R + 1 + their weight, R = 4 the batch's total weight; 1 scores router_sum
+    "top1_union": {0: 5 + 7 / 8, 1: 7 / 8, 2: 5 + 5 / 8, 3: 5 + 4 / 8, 4: 5 + 5 / 8},
 }
 KEPT = {  # (selector, M) -> kept set
     ("router_sum", 1): {2}, ("router_sum", 2): {0, 2}, ("router_sum", 3): {0, 1, 2},  # 0/1 tie: 0
@@ -62,6 +65,8 @@ KEPT = {  # (selector, M) -> kept set
     ("calib_energy", 2): {1, 3}, ("calib_energy", 3): {0, 1, 3},
     ("base", 2): {3, 4}, ("base", 3): {2, 3, 4},
     ("oracle", 2): {1, 2}, ("oracle", 3): {1, 2, 4},
+    ("top1_union", 2): {0, 2}, ("top1_union", 3): {0, 2, 4},  # 2/4 tie: 2
+    ("top1_union", 4): {0, 2, 3, 4},  # every first choice before expert 1 (router_sum 7/8 > 3's 4/8)
 }
 UNION = {0, 1, 2, 3, 4}
 
