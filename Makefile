@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-slow test-gpu demo mini specialisation quality bench-kernels clean
+.PHONY: help install test test-slow test-gpu demo mini specialisation quality ablation bench-kernels clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,14 +38,26 @@ mini: $(STAMP)  ## train the mini model (MINI_DEVICE=cpu|cuda MINI_TIME=s MINI_O
 specialisation: $(STAMP)  ## JS divergence between domains' routing; mixed vs single-domain union
 	$(OFFLINE) $(PY) -m experiments.specialisation --model mini --out results/specialisation
 
-quality: $(STAMP)  ## quality curves on the mini model (the sweep, then results/quality_mini.{csv,md})
-	$(OFFLINE) $(PY) run.py -m experiment=quality_mini
-	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=dense budget=null
-	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=oea method.k0=1,2,3 budget=null
-	$(OFFLINE) $(PY) run.py -m experiment=quality_mini method=base method.reassign=drop
-	$(OFFLINE) $(PY) run.py exp_name=quality_mini stage=fit logger=none
+# Batching seeds (eval.seed: which requests share a decode batch), e.g. SEEDS=0,1,2: every point
+# runs once per seed and the tables carry 95 % intervals over seeds. Empty: the run seed only.
+# One thread per process, deliberately: on 2 shared cores torch's default oversubscribes them.
+SEEDS ?=
+SEED_ARG := $(if $(SEEDS),eval.seed=$(SEEDS))
+RUNENV := OMP_NUM_THREADS=1 $(OFFLINE)
+quality: $(STAMP)  ## quality curves on the mini model (SEEDS=0,1,2 for intervals over batchings) -> results/quality_mini.*
+	$(RUNENV) $(PY) run.py -m experiment=quality_mini $(SEED_ARG)
+	$(RUNENV) $(PY) run.py -m experiment=quality_mini method=dense budget=null $(SEED_ARG)
+	$(RUNENV) $(PY) run.py -m experiment=quality_mini method=oea method.k0=1,2,3 budget=null $(SEED_ARG)
+	$(RUNENV) $(PY) run.py -m experiment=quality_mini method=base method.reassign=drop $(SEED_ARG)
+	$(RUNENV) $(PY) run.py exp_name=quality_mini stage=fit logger=none
 	cp "outputs/quality_mini/stage=fit/predictor.csv" results/quality_mini_predictor_r2.csv
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
+
+ABLATION_SEEDS ?= 0,1,2
+ablation: $(STAMP)  ## selection-rule ablation on mini (fidelity + accuracy over batching seeds) -> results/ablation_mini.*
+	$(RUNENV) $(PY) run.py -m experiment=ablation_mini method=dense budget=null eval.seed=$(ABLATION_SEEDS)
+	$(RUNENV) $(PY) run.py -m experiment=ablation_mini eval.seed=$(ABLATION_SEEDS)
+	$(PY) -m analysis.ablation outputs/ablation_mini results/ablation_mini
 
 bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/
 	python -m kernels.bench --out benchmarks/kernels

@@ -26,7 +26,8 @@ def runs_frame(root: str | Path) -> pd.DataFrame:
         mc = rep.get("method_config", {})
         rows.append({"run": rep["run"], "model": rep["model"], "method": rep["method"], "budget": rep["budget"],
                      "batch_size": rep["batch_size"], "reassign": mc.get("reassign"), "k0": mc.get("k0"),
-                     "order": rep.get("eval", {}).get("order"), **rep.get("summary", {})})
+                     "order": rep.get("eval", {}).get("order"),
+                     "batch_seed": rep.get("eval", {}).get("batch_seed", rep.get("seed")), **rep.get("summary", {})})
     return pd.DataFrame(rows)
 
 

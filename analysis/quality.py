@@ -2,8 +2,10 @@
 
     python -m analysis.quality outputs/quality_mini results/quality_mini
 
-Writes <dest>.csv (one row per run: variant, budget, accuracy, union, kept, weight retained and
-per-task accuracy) and <dest>.md (accuracy pivot: variants x budgets), and prints the pivot.
+Writes <dest>.csv (one row per run: variant, budget, batching seed, accuracy, union, kept, weight
+retained and per-task accuracy) and <dest>.md (accuracy pivot: variants x budgets), and prints the
+pivot. With several batching seeds per point (`make quality SEEDS=0,1,2`) a cell is the mean over
+seeds with its 95 % t-interval over seeds, `mean [low, high]`.
 """
 from __future__ import annotations
 
@@ -31,10 +33,32 @@ def quality_table(root: str) -> pd.DataFrame:
     per_task = metrics_frame(root)
     per_task = per_task[(per_task["kind"] == "result") & (per_task["metric"] == "exact_match")]
     wide = per_task.pivot_table(index="run", columns="task", values="value").add_prefix("acc_")
-    cols = ["variant", "method", "reassign", "k0", "budget", "batch_size", "accuracy", "union_mean",
+    cols = ["variant", "method", "reassign", "k0", "budget", "batch_size", "batch_seed", "accuracy", "union_mean",
             "kept_mean", "weight_retained", "tokens_lost_frac"]
     table = runs[["run", *cols]].merge(wide, left_on="run", right_index=True, how="left").drop(columns="run")
     return table.sort_values(["variant", "budget"], na_position="first").reset_index(drop=True)
+
+
+def seeds_per_point(table: pd.DataFrame) -> int:
+    return int(table.groupby(["variant", "budget"], dropna=False)["accuracy"].count().max())
+
+
+def interval_cell(values: pd.Series) -> str:
+    """mean [95 % t-interval over seeds] of one point's runs."""
+    from analysis.ablation import t_interval
+
+    mean, low, high = t_interval(values.to_numpy(dtype=float))
+    return f"{mean:.3f}" if pd.isna(low) else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def pivot_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    """Like `pivot`, each cell the mean over batching seeds with its 95 % interval."""
+    budgeted = table[table["budget"].notna()]
+    piv = budgeted.pivot_table(index="variant", columns="budget", values="accuracy", aggfunc=interval_cell)
+    piv.columns = [f"M={int(c)}" for c in piv.columns]
+    free = table[table["budget"].isna()].groupby("variant").agg(
+        **{"accuracy (no budget)": ("accuracy", interval_cell), "kept (no budget)": ("kept_mean", "mean")})
+    return piv.join(free.round(3), how="outer")
 
 
 def pivot(table: pd.DataFrame) -> pd.DataFrame:
@@ -52,6 +76,6 @@ if __name__ == "__main__":
     table = quality_table(root)
     dest.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(dest.with_suffix(".csv"), index=False)
-    piv = pivot(table).round(3)
+    piv = pivot_seeds(table) if seeds_per_point(table) > 1 else pivot(table).round(3)
     dest.with_suffix(".md").write_text(piv.astype(object).where(piv.notna(), "").to_markdown() + "\n")
     print(piv.to_string())

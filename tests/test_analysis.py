@@ -114,3 +114,81 @@ def test_paired_comparison_refuses_different_prompts():
 
     with pytest.raises(ValueError, match="prompts differ"):
         paired(_samples([1, 0]), _samples([1, 0], prompt="other"))
+
+
+# ---- the selection-rule ablation (analysis/ablation.py) ---------------------------------------
+def _ablation_run(root, method, budget, seed, correct, kl_per_batch, energy, out_error, hashes=None):
+    """One evaluate run folder as pipeline.run writes it with eval.fidelity=true."""
+    d = root / f"method={method},budget={budget},eval.seed={seed}"
+    d.mkdir(parents=True)
+    n = len(correct)
+    summary = {"accuracy": sum(correct) / n, "kept_mean": budget or 10.0, "energy_retained": energy,
+               "out_error": out_error, "kl": sum(kl_per_batch) / len(kl_per_batch),
+               "dll": -sum(kl_per_batch) / len(kl_per_batch), "top1_agree": 0.9}
+    (d / "report.json").write_text(json.dumps({"stage": "evaluate", "method": method, "budget": budget, "seed": 0,
+                                               "eval": {"batch_seed": seed}, "summary": summary}))
+    hashes = hashes or [f"h{i}" for i in range(n)]
+    (d / "samples.jsonl").write_text("".join(json.dumps({"task": "t", "doc_id": i, "prompt_hash": hashes[i],
+                                                         "correct": float(c)}) + "\n" for i, c in enumerate(correct)))
+    rows = [{"decode_batch": b, "step": s, "tokens": 2.0, "kl_sum": 2.0 * kl, "dll_sum": -2.0 * kl, "agree_sum": 2.0}
+            for b, kl in enumerate(kl_per_batch) for s in (1, 2)]
+    pd.DataFrame(rows).to_csv(d / "fidelity_steps.csv", index=False)
+    return d
+
+
+def test_ablation_intervals_over_seeds_and_paired_calls(tmp_path):
+    from analysis.ablation import markdown, paired_table, per_seed_table, runs
+
+    n = 40
+    for seed in (0, 1, 2):
+        base_correct = [1] * n
+        other_correct = [1] * (n - 10 - seed) + [0] * (10 + seed)  # clearly worse than base, every seed
+        _ablation_run(tmp_path, "base", 6, seed, base_correct, [0.10, 0.20, 0.30], 0.95 + 0.01 * seed, 0.05)
+        _ablation_run(tmp_path, "router_sum", 6, seed, other_correct, [0.50, 0.60, 0.70], 0.80 + 0.02 * seed,
+                      0.05 + 0.001 * (seed - 1))  # error: the same as base on average over seeds
+        _ablation_run(tmp_path, "dense", None, seed, base_correct, [0.0], 1.0, 0.0)
+    df = runs(tmp_path)
+    assert len(df) == 9 and set(df["seed"]) == {0, 1, 2}
+
+    table = per_seed_table(df)
+    e = table.query("method == 'router_sum' and budget == 6 and metric == 'energy_retained'").iloc[0]
+    assert e["mean"] == pytest.approx(0.82) and e["low"] < 0.82 < e["high"] and e["seeds"] == 3
+    d = table.query("method == 'dense' and metric == 'kl'").iloc[0]
+    assert d["mean"] == 0 and d["low"] == 0 and d["high"] == 0  # the same value every seed: no spread
+
+    paired = paired_table(df).set_index(["method", "metric"])
+    acc = paired.loc[("router_sum", "accuracy")]
+    assert acc["diff"] == pytest.approx(-33 / (3 * n)) and acc["call"] == "lower" and acc["high"] < 0
+    assert (acc["a_only"], acc["base_only"]) == (0, 33) and acc["mcnemar_p"] < 1e-6
+    assert paired.loc[("router_sum", "kl"), "call"] == "higher"  # +0.4 in every decode batch
+    assert paired.loc[("router_sum", "kl"), "diff"] == pytest.approx(0.4)
+    assert paired.loc[("router_sum", "energy_retained"), "call"] == "lower"
+    assert paired.loc[("router_sum", "out_error"), "call"] == "tie"  # per-seed differences -0.001, 0, +0.001
+    assert "dense" not in paired.index.get_level_values("method")  # no budget: not paired with base
+
+    text = markdown(per_seed_table(df), paired_table(df))
+    assert "router_sum" in text and "tie" in text and "lower" in text
+
+
+def test_ablation_refuses_to_pair_different_prompts(tmp_path):
+    from analysis.ablation import paired_table, runs
+
+    _ablation_run(tmp_path, "base", 6, 0, [1, 1], [0.1], 0.9, 0.1)
+    _ablation_run(tmp_path, "router_sum", 6, 0, [1, 0], [0.2], 0.8, 0.2, hashes=["h0", "other"])
+    with pytest.raises(ValueError, match="different prompts"):
+        paired_table(runs(tmp_path))
+
+
+def test_quality_pivot_gives_intervals_over_seeds():
+    from analysis.quality import pivot_seeds, seeds_per_point
+
+    rows = [{"variant": "base", "budget": 6, "batch_seed": s, "accuracy": a, "kept_mean": 5.9}
+            for s, a in enumerate((0.90, 0.92, 0.94))]
+    rows += [{"variant": "dense", "budget": None, "batch_seed": s, "accuracy": 0.99, "kept_mean": 11.9} for s in range(3)]
+    table = pd.DataFrame(rows)
+    assert seeds_per_point(table) == 3
+    piv = pivot_seeds(table)
+    mean, interval = piv.loc["base", "M=6"].split(" ", 1)
+    low, high = (float(x) for x in interval.strip("[]").split(", "))
+    assert float(mean) == pytest.approx(0.92) and low < 0.92 < high
+    assert piv.loc["dense", "accuracy (no budget)"] == "0.990 [0.990, 0.990]"  # no spread over seeds
