@@ -6,9 +6,11 @@
 
 Everything a decode step touches is a static buffer updated in place, so the whole step (model
 forward, selection, statistics, greedy or sampled next token, finished rows) is captured once and
-replayed: the KV cache (`StaticKV`, written at the step's position), the input token, per-row
-positions, the key-validity mask (no attention to empty or padded cache slots), finished rows,
-and the generated tokens. The patch's selection state is on the device from patch time on and its
+replayed: the KV cache (base/attention.py: each attention module's buffers, written at the step's
+position by the engine's attention function), the input token, per-row positions, the
+key-validity mask (no attention to empty or padded cache slots), finished rows, and the generated
+tokens. On a GPU each layer's attention and norms are compiled once before capture
+(base/regional.py), so the graph holds a few fused kernels per layer instead of dozens. The patch's selection state is on the device from patch time on and its
 statistics accumulate in device tensors (base/recorder.py), so a step never syncs the host.
 On a CPU (or with graph=False) the same step function runs eagerly.
 
@@ -28,44 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from base.attention import StaticKV
 from base.patch import BudgetPatch, model_device
-
-
-class StaticKV:
-    """A KV cache of fixed shape (B, heads, L, d) per attention layer, written at `write_pos`.
-
-    Duck-typed for transformers' attention layers, which call `cache.update(k, v, layer_idx, ...)`
-    and use the returned full-length tensors with the 4D mask the engine passes. Buffers are
-    allocated by the first (prefill) forward, outside any graph, and keep their addresses."""
-
-    is_compileable = True
-
-    def __init__(self, max_len: int, device: torch.device) -> None:
-        self.max_len = max_len
-        self.layers: dict[int, tuple[Tensor, Tensor]] = {}
-        self.write_pos = torch.zeros(1, dtype=torch.long, device=device)  # positions written this forward
-        self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
-
-    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        if layer_idx not in self.layers:
-            B, h, _, _ = key.shape
-            self.layers[layer_idx] = (key.new_zeros(B, h, self.max_len, key.shape[-1]),
-                                      value.new_zeros(B, value.shape[1], self.max_len, value.shape[-1]))
-        k_cache, v_cache = self.layers[layer_idx]
-        k_cache.index_copy_(2, self.write_pos, key)
-        v_cache.index_copy_(2, self.write_pos, value)
-        return k_cache, v_cache
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.host_len
-
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
-        return self.max_len
-
-    def zero_(self) -> None:
-        for k, v in self.layers.values():
-            k.zero_()
-            v.zero_()
+from base.regional import RegionalCompile
 
 
 @dataclass
@@ -102,9 +69,8 @@ class GenerateResult:
     eager_steps: int  # steps run eagerly (on CPU: all; on a GPU: the warm-up before capture)
 
 
-def _forward_kwargs(model: nn.Module) -> tuple[str, bool]:
-    params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+def _has_logits_to_keep(model: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 class DecodeEngine:
@@ -112,7 +78,7 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, batch_size: int, max_len: int, patch: BudgetPatch | None = None,
                  eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
-                 sampling: Sampling | None = None) -> None:
+                 sampling: Sampling | None = None, compile: bool | None = None) -> None:
         self.model, self.patch, self.B, self.L = model, patch, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
@@ -121,7 +87,11 @@ class DecodeEngine:
         self.graph_enabled = (self.device.type == "cuda" and capturable) if graph is None else graph
         self.sampling = sampling or Sampling()
         self.pad_id = pad_id
-        self._cache_kw, self._has_keep = _forward_kwargs(model)
+        self._has_keep = _has_logits_to_keep(model)
+        # compile the attention/norm regions where the step is replayed as a CUDA graph (None: auto)
+        if compile is None:
+            compile = self.graph_enabled and self.device.type == "cuda"
+        self.regions = RegionalCompile(model) if compile else None
         dev, B, L = self.device, batch_size, max_len
         self.eos_D = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
         self.cache = StaticKV(L, dev)
@@ -138,27 +108,22 @@ class DecodeEngine:
         self._graph_rows: Tensor | None = None  # the recorder buffer the graph writes into
 
     # ---- the step ----------------------------------------------------------------------------
-    def _model_kwargs(self) -> dict:
-        kw = {self._cache_kw: self.cache, "use_cache": True}
-        if self._has_keep:
-            kw["logits_to_keep"] = 1
-        return kw
-
-    def _mask(self, allowed_B1QL: Tensor) -> Tensor:
-        """The 4D mask in the form the model's attention takes: bool for sdpa, additive otherwise."""
-        if getattr(self.model.config, "_attn_implementation", "sdpa") == "sdpa":
-            return allowed_B1QL
-        return torch.zeros((), dtype=self.dtype, device=self.device).masked_fill(
-            ~allowed_B1QL, torch.finfo(self.dtype).min)
+    def _forward(self, ids: Tensor, allowed_B1QL: Tensor, pos: Tensor):
+        """The model without a transformers cache: attention reads and writes self.cache."""
+        kw = {"logits_to_keep": 1} if self._has_keep else {}
+        with self.cache.active(self.model):
+            return self.model(input_ids=ids, attention_mask=allowed_B1QL, position_ids=pos, use_cache=False, **kw)
 
     def _step(self) -> None:
         """One decode step on the static buffers; no host sync (captured as is)."""
         self.valid_BL.index_fill_(1, self.pos_1, True)
-        self.cache.write_pos.copy_(self.pos_1)
         if self.patch is not None:
             self.patch.begin_forward(True, ~self.finished_B)
-        out = self.model(input_ids=self.tok_B1, attention_mask=self._mask(self.valid_BL[:, None, None, :]),
-                         position_ids=self.rowpos_B1, **self._model_kwargs())
+        if self.regions is not None:
+            with self.regions.enabled():
+                out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1)
+        else:
+            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1)
         nxt_B = self.sampling.next_token(out.logits[:, -1])
         self._emit(nxt_B)
         self.pos_1 += 1
@@ -185,6 +150,9 @@ class DecodeEngine:
         mask = torch.zeros(B, P, dtype=torch.long, device=dev)
         ids[:b], mask[:b] = ids_BP.to(dev), mask_BP.to(dev)
         mask[b:, -1] = 1  # padding rows: one token, so no row attends to nothing
+        if not self.cache.owns(self.model):  # first prefill, or another engine used the model since
+            self.cache.claim(self.model)
+            self._graph = None
         self.cache.zero_()
         self.valid_BL.zero_()
         self.valid_BL[:, :P] = mask.bool()
@@ -194,14 +162,12 @@ class DecodeEngine:
         mask_B1PL = torch.zeros(B, 1, P, self.L, dtype=torch.bool, device=dev)
         mask_B1PL[:, 0, :, :P] = causal_PP & mask.bool()[:, None, :]
         mask_B1PL[:, 0, :, :P] |= torch.eye(P, dtype=torch.bool, device=dev)  # pad queries: themselves
-        decode_pos = self.cache.write_pos  # the graph reads this tensor: keep it
-        self.cache.write_pos = torch.arange(P, device=dev)
+        self.cache.set_write_pos(torch.arange(P, device=dev))
         if self.patch is not None:
             self.patch.ctx.managed = True
             self.patch.begin_forward(False, mask.reshape(-1).bool())
-        out = self.model(input_ids=ids, attention_mask=self._mask(mask_B1PL), position_ids=pos_BP,
-                         **self._model_kwargs())
-        self.cache.write_pos = decode_pos
+        out = self._forward(ids, mask_B1PL, pos_BP)
+        self.cache.set_write_pos(self.pos_1)  # decode steps write at pos_1 (the graph reads this tensor)
         self.cache.host_len = P
         if self.out_BN.shape[1] < max_new:
             self.out_BN = torch.zeros(B, max_new, dtype=torch.long, device=dev)
@@ -310,8 +276,13 @@ class DecodeEngine:
         return GenerateResult(self.out_BN[:b, : steps + 1].cpu(), steps, ms, eager)
 
     def release(self) -> None:
-        """Free the graph and the cache (another patch or batch size needs its own)."""
+        """Free the graph and the cache (another patch or batch size needs its own) and restore
+        the model's own forwards."""
         self._graph = None
+        self.cache.release(self.model)
         self.cache = StaticKV(self.L, self.device)
+        if self.regions is not None:
+            self.regions.remove()
+            self.regions = None
         if self.patch is not None:
             self.patch.ctx.managed = False

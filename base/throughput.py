@@ -14,7 +14,8 @@ smoke test of the bookkeeping, not a speed figure). Per configuration:
   profile       at `profile_batch`, for dense, oea and the first budget: device ms per step by
                 kernel class (attention, norms, router/selection, expert FFN, LM head, ...)
 Speed-up is against the dense row of the same batch size, measured in the same process. The first
-configuration is also decoded eagerly once (mode=eager) to put the graph's effect on record.
+configuration is also decoded eagerly once (mode=eager: no graph, no compiled regions) to put the
+effect of both on record. `compile=false` times the graph without compiled regions.
 
 Shapes: B batch, P prompt length, N new tokens.
 """
@@ -90,21 +91,27 @@ class _ExpertsImpl:
 
 def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
             cfg: ThroughputConfig, ids_BP: torch.Tensor, stats: bool, steps: int,
-            graph: bool | None = None) -> tuple[list[float], float, list[dict], int]:
+            graph: bool | None = None) -> tuple[list[float], float, list[dict], float]:
     """Decode `steps` steps of variant v with a cache for gen_tokens; (per-step ms of the timed
-    replays after `warmup` untimed ones, wall s, stats rows, eager steps)."""
+    replays after `warmup` untimed ones, wall s, stats rows, warm-up s: compilation of regions
+    not compiled before at this shape, capture and the untimed replays)."""
     patch = make_patch(v, stats)
-    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=graph)
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=graph,
+                          compile=None if (cfg.compile and graph is None) else False)
     try:
         mask_BP = torch.ones_like(ids_BP)
         engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
         # warm-up: the capture (one eager step) and untimed replays; the cache holds gen_tokens
         warm = min(max(1, cfg.warmup), cfg.gen_tokens - 2) if engine.graph_enabled else 0
         steps = max(1, min(steps, cfg.gen_tokens - 1 - warm))
-        _, eager0 = engine.decode(warm) if warm else ([], 0)
         t0 = time.perf_counter()
-        ms, eager = engine.decode(steps, timed=True)
-        eager += eager0
+        if warm:
+            engine.decode(warm)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        warm_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ms, _ = engine.decode(steps, timed=True)
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
@@ -113,7 +120,7 @@ def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
         engine.release()
         if patch is not None:
             patch.remove()
-    return ms, wall, rows, eager
+    return ms, wall, rows, warm_s
 
 
 def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
@@ -122,7 +129,9 @@ def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch
     from base.profile import profile_steps
 
     patch = make_patch(v, False)
-    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=False)
+    # the graph's kernels, run eagerly: compiled regions as in the timed pass
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=False,
+                          compile=cfg.compile and ids_BP.device.type == "cuda")
     try:
         engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
         engine.decode(1)  # warm
@@ -141,12 +150,13 @@ def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetP
     device = ids_BP.device
     _peak_reset(device)
     steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
-    ms, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
+    ms, wall, _, warm_s = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
     step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
     row = {
         "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
         "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
-        "mode": "graph" if ms else "eager", "steps": len(ms) if ms else steps,
+        "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile,
+        "warmup_s": warm_s, "steps": len(ms) if ms else steps,
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
         "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(device),
     }
@@ -186,7 +196,8 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
                 if cuda and cfg.eager_reference and bs == cfg.batch_sizes[0] and i == 0:
                     _, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps, graph=False)
                     eager_ms = 1e3 * wall / cfg.stats_steps
-                    rows.append({**row, "mode": "eager", "steps": cfg.stats_steps, "ms_per_step": eager_ms,
+                    rows.append({**row, "mode": "eager", "compiled": False, "warmup_s": None,
+                                 "steps": cfg.stats_steps, "ms_per_step": eager_ms,
                                  "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
                                  "moe_share": None})
                 if bs == cfg.profile_batch and extra:

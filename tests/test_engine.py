@@ -167,14 +167,14 @@ def test_skew_needs_random_weights():
 
 
 # ---- GPU: graph replay equals eager ------------------------------------------------------------
-def _decode_gpu(model, family, method, backend, graph):
+def _decode_gpu(model, family, method, backend, graph, compile=False):
     sel = None if method == "dense" else build_selector(method, model_artifacts(model))
     patch = patch_model(model, family, sel, PatchOptions(budget=3, backend=backend), pad_token_id=0)
     ids = torch.randint(3, 90, (16, 7), generator=torch.Generator().manual_seed(2)).cuda()
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     try:
-        engine = DecodeEngine(model, 16, 48, patch=patch, pad_id=0, graph=graph)
+        engine = DecodeEngine(model, 16, 48, patch=patch, pad_id=0, graph=graph, compile=compile)
         res = engine.generate(ids, mask, 20, stop_at_eos=False)
         rows = patch.stats_rows()
     finally:
@@ -203,8 +203,26 @@ def test_gpu_graph_replay_equals_eager(method, backend, experts_impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["dense", "base"])
+def test_gpu_compiled_graph_equals_eager(method):
+    """The default GPU step: compiled attention/norm regions inside the graph (float32, base_triton
+    experts, Triton selection): the same tokens and selections as uncompiled eager decoding."""
+    from kernels import register_base_triton
+
+    register_base_triton()
+    model = load_model(_cfg("tiny_qwen3", device="cuda", dtype="float32"), ROOT, experts_impl="base_triton")
+    eager, eager_rows = _decode_gpu(model, "qwen3_moe", method, "triton", graph=False)
+    graph, graph_rows = _decode_gpu(model, "qwen3_moe", method, "triton", graph=True, compile=True)
+    assert graph.eager_steps == 1
+    assert torch.equal(graph.tokens_BN, eager.tokens_BN)
+    key = [(r["layer"], r["union"], r["kept"], r["tokens"]) for r in graph_rows]
+    assert key == [(r["layer"], r["union"], r["kept"], r["tokens"]) for r in eager_rows]
+
+
+@pytest.mark.gpu
 def test_gpu_mini_engine_graph_equals_generate():
-    """The trained mini model on the GPU: graph-replayed greedy decoding gives generate's tokens."""
+    """The trained mini model on the GPU: graph-replayed greedy decoding (compiled regions, the
+    default) gives generate's tokens."""
     cfg = _cfg("mini", device="cuda")
     from kernels import register_base_triton
 

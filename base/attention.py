@@ -1,0 +1,175 @@
+"""The decode engine's KV cache and attention: static per-layer buffers, grouped-query decoding
+without copying K/V per query head.
+
+    kv = StaticKV(max_len, device)
+    with kv.active(model):                   # the model's attention runs engine_attention
+        model(input_ids=..., attention_mask=allowed_B1QL, position_ids=..., use_cache=False)
+
+Why not a transformers `Cache`: its `update(k, v, layer_idx)` makes the layer index a Python
+constant of every attention call, so `torch.compile` of the repeated decoder block recompiles once
+per layer (a guard on `layer_idx`) and, past the recompile limit, runs the rest eagerly. Here the
+model runs without a cache object; each attention module holds its own K/V buffers (registered
+buffers, so a compiled attention forward sees them as inputs, not constants) and the attention
+function writes the new keys and values at `write_pos` itself. One compiled graph then serves
+every layer.
+
+Why not sdpa: with a mask (left padding, empty cache slots), transformers' sdpa path repeats K/V
+for each query head of a group (`repeat_kv`, older versions) or falls back to the math kernel;
+either reads and writes Hq/Hkv times the cache per layer, the part of a decode step that grew with
+batch size. For one query token, the G query heads of a KV head are stacked as G rows of one
+matmul against that head's cache instead.
+
+Supports grouped and multi-head attention, key and value head sizes that differ (DeepSeek's MLA),
+sliding windows (cache slots older than the window are masked) and attention sinks (GPT-OSS's
+`s_aux`). Prefill (more than one query token) uses sdpa over the repeated cache: it runs once.
+
+Shapes: B batch, Hq query heads, K key/value heads, G = Hq/K, Q query tokens, L cache slots,
+D key head size, E value head size.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+NAME = "base_engine"
+_ACTIVE: list[StaticKV] = []  # the cache of the engine whose forward is running (for allocation)
+
+
+class StaticKV:
+    """Per-attention-module K/V buffers of fixed shape (B, K, L, D|E), written at `write_pos`.
+
+    Buffers are allocated by the first (prefill) forward, outside any CUDA graph, and keep their
+    addresses; `write_pos` holds the cache slots the current forward writes (Q of them)."""
+
+    def __init__(self, max_len: int, device: torch.device) -> None:
+        self.max_len = max_len
+        self.device = device
+        self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
+        self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
+
+    def allocate(self, module: nn.Module, key_BKQD: Tensor, value_BKQE: Tensor) -> None:
+        B, K, _, D = key_BKQD.shape
+        module.register_buffer("base_k_cache", key_BKQD.new_zeros(B, K, self.max_len, D), persistent=False)
+        module.register_buffer("base_v_cache", value_BKQE.new_zeros(B, K, self.max_len, value_BKQE.shape[-1]),
+                               persistent=False)
+        module.register_buffer("base_write_pos", self.write_pos, persistent=False)
+        self.modules.append(module)
+
+    def set_write_pos(self, pos_Q: Tensor) -> None:
+        """The slots the next forward writes; every module sees the same tensor."""
+        self.write_pos = pos_Q
+        for m in self.modules:
+            m.base_write_pos = pos_Q  # a registered buffer: replaced, not copied into
+
+    def zero_(self) -> None:
+        for m in self.modules:
+            m.base_k_cache.zero_()
+            m.base_v_cache.zero_()
+
+    def owns(self, model: nn.Module) -> bool:
+        return model.__dict__.get("_base_kv_owner") is self
+
+    def claim(self, model: nn.Module) -> None:
+        """Make this the model's cache: buffers another engine left on its modules are dropped
+        (that engine allocates again at its next prefill)."""
+        for m in model.modules():
+            _drop_buffers(m)
+        self.modules = []
+        model.__dict__["_base_kv_owner"] = self
+
+    def release(self, model: nn.Module | None = None) -> None:
+        """Drop every module's buffers (another batch size or a later run allocates its own)."""
+        for m in self.modules:
+            _drop_buffers(m)
+        self.modules = []
+        if model is not None and self.owns(model):
+            del model.__dict__["_base_kv_owner"]
+
+    @contextmanager
+    def active(self, model: nn.Module) -> Iterator[None]:
+        """Run the model's attention through engine_attention with this cache."""
+        register()
+        config = model.config
+        before = config._attn_implementation
+        config._attn_implementation = NAME
+        _ACTIVE.append(self)
+        try:
+            yield
+        finally:
+            _ACTIVE.pop()
+            config._attn_implementation = before
+
+
+def _drop_buffers(module: nn.Module) -> None:
+    for name in ("base_k_cache", "base_v_cache", "base_write_pos"):
+        module._buffers.pop(name, None)
+
+
+def _allowed(mask_B1QL: Tensor, pos_Q: Tensor, sliding_window: int | None) -> Tensor:
+    if mask_B1QL.dtype != torch.bool:
+        raise TypeError("engine_attention takes the engine's boolean 4D mask")
+    if not sliding_window:
+        return mask_B1QL
+    slot_L = torch.arange(mask_B1QL.shape[-1], device=mask_B1QL.device)
+    return mask_B1QL & (slot_L[None, :] > pos_Q[:, None] - sliding_window)  # as transformers' sliding mask
+
+
+def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,
+                             scaling: float, sinks_H: Tensor | None = None) -> Tensor:
+    """softmax(q k^T * scaling, masked) v with the G query heads of a KV head as rows of one matmul;
+    returns (B, Q, Hq, E). Reads each cache once; scores in float32."""
+    B, Hq, Q, D = query_BHQD.shape
+    K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
+    G = Hq // K
+    q_BKRD = query_BHQD.reshape(B, K, G * Q, D)  # R = G*Q rows: head-major, then query token
+    s_BKGQL = (q_BKRD @ k_BKLD.transpose(-1, -2)).view(B, K, G, Q, L).float() * scaling
+    s_BKGQL = s_BKGQL.masked_fill(~allowed_B1QL[:, :, None], float("-inf"))
+    if sinks_H is not None:  # a per-head logit that takes probability mass and contributes no value
+        sink_BKGQ1 = sinks_H.float().view(1, K, G, 1, 1).expand(B, K, G, Q, 1)
+        p_BKGQL = torch.cat([s_BKGQL, sink_BKGQ1], -1).softmax(-1)[..., :L]
+    else:
+        p_BKGQL = s_BKGQL.softmax(-1)
+    o_BKRE = p_BKGQL.to(v_BKLE.dtype).view(B, K, G * Q, L) @ v_BKLE
+    return o_BKRE.view(B, Hq, Q, E).transpose(1, 2)
+
+
+def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, value_BKQE: Tensor,
+                     attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     sliding_window: int | None = None, s_aux: Tensor | None = None,
+                     **kwargs) -> tuple[Tensor, None]:
+    """A transformers attention function (AttentionInterface) over the module's static cache."""
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("engine_attention: logit soft-capping is not supported")
+    if not hasattr(module, "base_k_cache"):
+        if not _ACTIVE:
+            raise RuntimeError("engine_attention runs only inside StaticKV.active(model)")
+        _ACTIVE[-1].allocate(module, key_BKQD, value_BKQE)
+    pos_Q = module.base_write_pos
+    k_BKLD, v_BKLE = module.base_k_cache, module.base_v_cache
+    k_BKLD.index_copy_(2, pos_Q, key_BKQD)
+    v_BKLE.index_copy_(2, pos_Q, value_BKQE)
+    scaling = query_BHQD.shape[-1] ** -0.5 if scaling is None else scaling
+    allowed_B1QL = _allowed(attention_mask, pos_Q, sliding_window)
+    Q = query_BHQD.shape[2]
+    if Q == 1 or s_aux is not None:
+        return grouped_decode_attention(query_BHQD, k_BKLD, v_BKLE, allowed_B1QL, scaling, s_aux), None
+    G = query_BHQD.shape[1] // k_BKLD.shape[1]  # prefill: once per prompt, sdpa over repeated K/V
+    out_BHQE = F.scaled_dot_product_attention(query_BHQD, k_BKLD.repeat_interleave(G, 1),
+                                              v_BKLE.repeat_interleave(G, 1), attn_mask=allowed_B1QL,
+                                              scale=scaling)
+    return out_BHQE.transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Register engine_attention with transformers (idempotent); 4D masks pass through as given."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, engine_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME

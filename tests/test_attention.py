@@ -1,0 +1,139 @@
+"""The engine's attention (base/attention.py) and regional compilation (base/regional.py): grouped
+decode attention equals per-head attention over repeated K/V (masks, sliding windows, sinks, key
+and value sizes that differ); the engine decodes every family like transformers' generate, eager
+and compiled; one compiled graph serves every layer."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from base.attention import StaticKV, engine_attention
+from base.config import ModelConfig
+from base.engine import DecodeEngine
+from base.families import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _reference(q_BHQD, k_BKLD, v_BKLE, allowed_BQL, scaling, sinks_H=None):
+    """Per query head, over K/V repeated for its group; softmax with an optional sink logit."""
+    G = q_BHQD.shape[1] // k_BKLD.shape[1]
+    k_BHLD, v_BHLE = k_BKLD.repeat_interleave(G, 1), v_BKLE.repeat_interleave(G, 1)
+    s_BHQL = torch.einsum("bhqd,bhld->bhql", q_BHQD, k_BHLD) * scaling
+    s_BHQL = s_BHQL.masked_fill(~allowed_BQL[:, None], float("-inf"))
+    if sinks_H is not None:
+        sink_BHQ1 = sinks_H.view(1, -1, 1, 1).expand(*s_BHQL.shape[:3], 1)
+        p_BHQL = torch.cat([s_BHQL, sink_BHQ1], -1).softmax(-1)[..., :-1]
+    else:
+        p_BHQL = s_BHQL.softmax(-1)
+    return torch.einsum("bhql,bhle->bqhe", p_BHQL, v_BHLE)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
+def test_prefill_then_decode_equals_attention_over_repeated_kv(window, sinks, heads):
+    """A module's cache filled by a prefill of P tokens then decode steps: each step's output
+    equals attention over every key so far (left-padded rows masked, D=12 keys, E=8 values)."""
+    torch.manual_seed(0)
+    Hq, K = heads
+    B, P, L, D, E, steps = 3, 6, 16, 12, 8, 5
+    module = nn.Module()
+    kv = StaticKV(L, torch.device("cpu"))
+    sinks_H = torch.randn(Hq) if sinks else None
+    pad_B = torch.tensor([0, 2, 5])  # left padding per row
+    valid_BL = torch.zeros(B, L, dtype=torch.bool)
+    for b in range(B):
+        valid_BL[b, pad_B[b]:P] = True
+    keys_BKLD, values_BKLE = torch.randn(B, K, L, D), torch.randn(B, K, L, E)
+    model = nn.Module()
+    model.config = type("C", (), {"_attn_implementation": "sdpa"})()
+    with kv.active(model):
+        kv.set_write_pos(torch.arange(P))
+        causal_BPL = torch.zeros(B, P, L, dtype=torch.bool)
+        causal_BPL[:, :, :P] = torch.ones(P, P, dtype=torch.bool).tril() & valid_BL[:, None, :P]
+        causal_BPL[:, :, :P] |= torch.eye(P, dtype=torch.bool)
+        engine_attention(module, torch.randn(B, Hq, P, D), keys_BKLD[:, :, :P], values_BKLE[:, :, :P],
+                         causal_BPL[:, None], scaling=0.3, sliding_window=window, s_aux=sinks_H)
+        for t in range(P, P + steps):
+            kv.set_write_pos(torch.tensor([t]))
+            valid_BL[:, t] = True
+            q_BH1D = torch.randn(B, Hq, 1, D)
+            out = engine_attention(module, q_BH1D, keys_BKLD[:, :, t:t + 1], values_BKLE[:, :, t:t + 1],
+                                   valid_BL[:, None, None], scaling=0.3, sliding_window=window, s_aux=sinks_H)[0]
+            allowed_B1L = valid_BL[:, None].clone()
+            if window:
+                allowed_B1L[..., : t - window + 1] = False
+            ref = _reference(q_BH1D, keys_BKLD[:, :, : t + 1], values_BKLE[:, :, : t + 1],
+                             allowed_B1L[..., : t + 1], 0.3, sinks_H)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_attention_outside_an_engine_is_refused():
+    with pytest.raises(RuntimeError, match="StaticKV.active"):
+        engine_attention(nn.Module(), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4),
+                         torch.ones(1, 1, 1, 4, dtype=torch.bool))
+
+
+def _model(name: str, layers: int | None = None):
+    raw = yaml.safe_load((ROOT / "conf/model" / f"{name}.yaml").read_text())
+    if layers:
+        raw["arch"] = {**raw["arch"], "num_hidden_layers": layers}
+        raw["arch"].pop("layer_types", None)
+    return load_model(ModelConfig(**raw), ROOT, seed=0).eval()
+
+
+def _generate_ref(model, ids, mask, n):
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+FAMILIES = ["tiny_qwen3", "tiny_qwen2", "tiny_olmoe", "tiny_deepseek", "tiny_mixtral", "tiny_gpt_oss"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_engine_decodes_every_family_like_generate(name):
+    """Left-padded prompts, 14 new tokens (past GPT-OSS's sliding window of 16): same tokens."""
+    model = _model(name)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 100, (3, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    mask[2, :4] = 0
+    engine = DecodeEngine(model, 4, 32, compile=False)
+    try:
+        res = engine.generate(ids, mask, 14, stop_at_eos=False)
+    finally:
+        engine.release()
+    assert torch.equal(res.tokens_BN, _generate_ref(model, ids, mask, 14))
+    assert not any(hasattr(m, "base_k_cache") for m in model.modules())  # released
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen3", pytest.param("tiny_gpt_oss", marks=pytest.mark.slow),
+                                  pytest.param("tiny_deepseek", marks=pytest.mark.slow)])
+def test_compiled_regions_decode_like_generate_with_one_graph_for_all_layers(name):
+    """Regional compilation (Inductor on the CPU here) of a 4-layer model: same tokens, and the
+    layers share the compiled attention and norm (no recompilation per layer: one graph per region
+    kind and attention type, whatever the depth)."""
+    model = _model(name, layers=4)
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    engine = DecodeEngine(model, 2, 32, compile=True)
+    try:
+        res = engine.generate(ids, mask, 14, stop_at_eos=False)
+    finally:
+        engine.release()
+    assert torch.equal(res.tokens_BN, _generate_ref(model, ids, mask, 14))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    attention_types = len(set(getattr(model.config, "layer_types", None) or ["full"]))
+    assert 0 < graphs <= 1 + attention_types  # the norm, and attention per type
+    assert all("forward" not in m.__dict__ for m in model.modules())  # original forwards restored
