@@ -53,7 +53,7 @@ quality: $(STAMP)  ## quality curves on the mini model (SEEDS=0,1,2 for interval
 	cp "outputs/quality_mini/stage=fit/predictor.csv" results/quality_mini_predictor_r2.csv
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
-ABLATION_SEEDS ?= 0,1,2
+ABLATION_SEEDS ?= 0,1,2,3,4
 ablation: $(STAMP)  ## selection-rule ablation on mini (fidelity + accuracy over batching seeds) -> results/ablation_mini.*
 	$(RUNENV) $(PY) run.py -m experiment=ablation_mini method=dense budget=null eval.seed=$(ABLATION_SEEDS)
 	$(RUNENV) $(PY) run.py -m experiment=ablation_mini eval.seed=$(ABLATION_SEEDS)
