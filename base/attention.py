@@ -16,8 +16,10 @@ every layer.
 Why not sdpa: with a mask (left padding, empty cache slots), transformers' sdpa path repeats K/V
 for each query head of a group (`repeat_kv`, older versions) or falls back to the math kernel;
 either reads and writes Hq/Hkv times the cache per layer, the part of a decode step that grew with
-batch size. For one query token, the G query heads of a KV head are stacked as G rows of one
-matmul against that head's cache instead.
+batch size. For one query token on a GPU, kernels/attention.py reads each KV head's filled slots
+once for its G query heads (two launches, registered as a custom op so the compiled region calls
+it as is); elsewhere, and for attention sinks, the G query heads of a KV head are stacked as G
+rows of one matmul against that head's cache (`grouped_decode_attention`).
 
 Supports grouped and multi-head attention, key and value head sizes that differ (DeepSeek's MLA),
 sliding windows (cache slots older than the window are masked) and attention sinks (GPT-OSS's
@@ -36,6 +38,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 NAME = "base_engine"
+
+
+@torch.library.custom_op("base_moe::decode_attention", mutates_args=())
+def _decode_attention_op(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_1: Tensor,
+                         scaling: float) -> Tensor:
+    from kernels.attention import decode_attention
+
+    return decode_attention(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling)
+
+
+@_decode_attention_op.register_fake
+def _(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling):
+    return q_BHD.new_empty(q_BHD.shape[0], q_BHD.shape[1], v_BKLE.shape[-1])
 _ACTIVE: list[StaticKV] = []  # the cache of the engine whose forward is running (for allocation)
 
 
@@ -156,6 +171,9 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
     scaling = query_BHQD.shape[-1] ** -0.5 if scaling is None else scaling
     allowed_B1QL = _allowed(attention_mask, pos_Q, sliding_window)
     Q = query_BHQD.shape[2]
+    if Q == 1 and s_aux is None and query_BHQD.is_cuda:
+        out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], pos_Q, scaling)
+        return out_BHE[:, None], None
     if Q == 1 or s_aux is not None:
         return grouped_decode_attention(query_BHQD, k_BKLD, v_BKLE, allowed_B1QL, scaling, s_aux), None
     G = query_BHQD.shape[1] // k_BKLD.shape[1]  # prefill: once per prompt, sdpa over repeated K/V

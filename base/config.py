@@ -70,7 +70,8 @@ class ModelConfig:
     device: str = "auto"  # auto = cuda if available else cpu; meta builds the shape without memory
     tokenizer: str | None = None  # path of a tokenizer; "bytes" = built-in byte-level; None = path
     trust_remote_code: bool = False
-    experts_impl: str | None = None  # transformers experts implementation (eager, grouped_mm, ...)
+    experts_impl: str | None = None  # transformers experts implementation (eager, grouped_mm, ...,
+    # base_triton); null: base_triton on CUDA, transformers' default elsewhere
     calib_files: list[str] | None = None  # this model's calibration text: replaces the default
     # calibration.files unless the command line sets calibration.files (run.py decides)
     arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture

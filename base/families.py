@@ -108,6 +108,8 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
     """The model in eval mode on its device. `init=random` builds the exact architecture offline."""
     dtype = getattr(torch, cfg.dtype)
     device = pick_device(cfg.device)
+    if experts_impl is None and device.type == "cuda":
+        experts_impl = "base_triton"  # capturable in a CUDA graph in any dtype (grouped_mm: bf16 only)
     if experts_impl == "base_triton":
         from kernels import register_base_triton
 

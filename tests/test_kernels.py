@@ -437,3 +437,48 @@ def test_gpu_tiny_qwen3_moe_base_triton_matches_eager():
     ref = model_logits(model, ids, "eager")
     out = model_logits(model, ids, "base_triton")
     assert rel_err(out, ref) <= 1e-2
+
+
+# ---- decode attention ----------------------------------------------------------------------------
+ATTN_SHAPES = [  # B, Hq, K, L, D, E, last slot: grouped (Qwen3-like), multi-head, MLA-like D != E
+    (3, 8, 2, 200, 32, 32, 130),
+    (2, 4, 4, 64, 16, 16, 0),
+    (2, 16, 16, 100, 48, 32, 99),
+]
+
+
+def _attention_inputs(B, Hq, K, L, D, E, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, D, generator=g).to(device, dtype)
+    k = torch.randn(B, K, L, D, generator=g).to(device, dtype)
+    v = torch.randn(B, K, L, E, generator=g).to(device, dtype)
+    allowed = torch.rand(B, L, generator=g) > 0.3
+    allowed[-1] = False  # a row with nothing to attend to: zeros
+    return q, k, v, allowed.to(device)
+
+
+@pytest.mark.parametrize("B,Hq,K,L,D,E,last", ATTN_SHAPES)
+def test_decode_attention_matches_reference(B, Hq, K, L, D, E, last):
+    """Interpreted on the CPU: equal to per-head attention over repeated K/V, slots after `last`
+    never read (they hold NaN here)."""
+    from kernels.attention import decode_attention, decode_attention_reference
+
+    q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E)
+    k[:, :, last + 1:], v[:, :, last + 1:] = float("nan"), float("nan")
+    out = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.2)
+    ref = decode_attention_reference(q, k, v, allowed, last, 0.2)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out[-1].abs().max() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,Hq,K,L,D,E,last", ATTN_SHAPES + [(64, 32, 4, 640, 128, 128, 300)])
+def test_gpu_decode_attention(B, Hq, K, L, D, E, last, dtype):
+    from kernels.attention import decode_attention, decode_attention_reference
+
+    q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E, dtype, "cuda")
+    k[:, :, last + 1:], v[:, :, last + 1:] = float("nan"), float("nan")
+    out = decode_attention(q, k, v, allowed, torch.tensor([last], device="cuda"), 0.2)
+    ref = decode_attention_reference(q, k, v, allowed, last, 0.2)
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 2e-2)

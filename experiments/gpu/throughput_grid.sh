@@ -6,7 +6,9 @@
 #   bash experiments/gpu/throughput_grid.sh [model ...]      (default: all four)
 # To split the grid over calls of a 10-minute limit, name the runs of each GPU (model:routing):
 #   GPU0="qwen3_30b:uniform" GPU1="qwen3_30b:skewed" bash experiments/gpu/throughput_grid.sh
-# TESTS=1 runs the GPU tests first on the last GPU.
+# TESTS=1 runs the GPU tests first on the last GPU; PARTS=1 then experiments/gpu/step_parts.py there;
+# EVAL=1 runs experiments/eval_speed.py (generate vs engine on mini) on GPU 0 after its runs.
+# Each run is cut at RUN_LIMIT seconds (default 540) so the outputs come back within a call.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -25,11 +27,19 @@ run_on() {  # gpu, model:routing ...
       tests/test_attention.py tests/test_kernels.py tests/test_patch_triton.py > "$OUT/gpu_tests.log" 2>&1
     echo "tests rc=$?" >> "$OUT/gpu_tests.log"
   fi
+  if [ "${PARTS:-0}" = 1 ] && [ "$gpu" = "$last" ]; then
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m experiments.gpu.step_parts --out "$OUT/step_parts.json" > "$OUT/step_parts.log" 2>&1
+  fi
   for spec in "$@"; do
     local m=${spec%%:*} routing=${spec##*:}
-    CUDA_VISIBLE_DEVICES=$gpu python3 run.py experiment=throughput model=$m model.routing=$routing ${EXTRA:-} \
-      > "$OUT/grid_${m}_${routing}.log" 2>&1 || echo "FAILED $m $routing" >> "$OUT/grid_failed.log"
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${RUN_LIMIT:-540}" python3 run.py experiment=throughput model=$m \
+      model.routing=$routing ${EXTRA:-} > "$OUT/grid_${m}_${routing}.log" 2>&1 \
+      || echo "FAILED $m $routing" >> "$OUT/grid_failed.log"
   done
+  if [ "${EVAL:-0}" = 1 ] && [ "$gpu" = 0 ]; then
+    CUDA_VISIBLE_DEVICES=0 python3 -m experiments.eval_speed --model mini --method router_sum --budget 8 \
+      --out "$OUT/eval_speed.json" > "$OUT/eval_speed.log" 2>&1
+  fi
 }
 if [ -n "${GPU0:-}" ]; then
   run_on 0 $GPU0 & { [ "$ngpu" -ge 2 ] && run_on 1 ${GPU1:-}; }; wait

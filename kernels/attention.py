@@ -1,0 +1,165 @@
+"""Decode attention over a static KV cache: one query token per row, grouped query heads, only the
+filled part of the cache read (split-KV "flash decoding").
+
+    out_BHE = decode_attention(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_slot_1, scaling)
+
+Why: in a decode step the attention reads each layer's K/V once and does almost no arithmetic, so
+its cost is launches and bytes. The PyTorch form (a batched matmul per KV head, a masked softmax,
+another matmul) is four or five kernels reading the whole static cache, most of it empty at the
+start of a generation. This is two launches reading only the slots up to the newest one written:
+
+    _decode_partial  grid (B*K, S): program (bk, s) takes KV head k of row b and the s-th of S
+                     equal shares of the first n = last_slot + 1 slots (read on the device, so the
+                     share grows as the cache fills without recompiling or syncing). The G query
+                     heads of the group are the rows of a [G, D] x [D, N] tile (padded to 16 rows
+                     for tl.dot); online softmax over N-slot blocks; writes the share's running
+                     max, sum and unnormalised output.
+    _decode_combine  grid (B*K): rescales and sums the S shares; writes (B, Hq, E).
+
+Masking: `allowed_BL` (bool, row b may attend to slot l: filled, not padding, inside a sliding
+window) is applied per slot; slots after last_slot are never read. A row with no allowed slot
+returns zeros (the PyTorch form would return NaN; the engine never asks for one).
+
+Shapes: B batch rows, Hq query heads, K KV heads, G = Hq / K, L cache slots, D key size, E value
+size (D != E allowed: DeepSeek's MLA). Any float dtype; scores and softmax in float32.
+Graph safety: no host sync, shapes fixed for given (B, Hq, K, L, D, E); S is chosen on the host
+from these shapes only. Scratch buffers come from the caching allocator (the graph's pool).
+Reference: `decode_attention_reference` below (per head over K/V repeated per group), tested
+against it in tests/test_kernels.py (interpreter on the CPU, compiled on the GPU).
+Tuning: BLOCK_N = 64 slots, 4 warps; S targets about two programs per SM of an H200 (132 SMs).
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+from torch import Tensor
+
+from kernels._triton import dual_jit, empty, next_pow2
+
+BLOCK_N = 64
+TARGET_PROGRAMS = 264
+
+
+@dual_jit
+def _decode_partial(
+    q_ptr, k_ptr, v_ptr, allowed_ptr, last_ptr, m_ptr, l_ptr, acc_ptr,
+    scaling, K, G, D, E, S,
+    sq_b, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, sa_b,
+    G_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    bk = tl.program_id(0)
+    s = tl.program_id(1)
+    b = bk // K
+    kh = bk % K
+    n = tl.load(last_ptr) + 1  # slots filled so far (device scalar)
+    n_blocks = tl.cdiv(n, BLOCK_N)
+    per = tl.cdiv(n_blocks, S)
+    lo = s * per
+    hi = tl.minimum(lo + per, n_blocks)
+    g = tl.arange(0, G_BLOCK)
+    d = tl.arange(0, D_BLOCK)
+    e = tl.arange(0, E_BLOCK)
+    g_ok = g < G
+    q_GD = tl.load(q_ptr + b * sq_b + (kh * G + g)[:, None] * sq_h + d[None, :],
+                   mask=g_ok[:, None] & (d[None, :] < D), other=0.0)
+    m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
+    l_G = tl.zeros((G_BLOCK,), tl.float32)
+    acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
+    for blk in range(lo, hi):
+        slot = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_n = slot < n
+        ok = in_n & (tl.load(allowed_ptr + b * sa_b + slot, mask=in_n, other=0) != 0)
+        k_ND = tl.load(k_ptr + b * sk_b + kh * sk_k + slot[:, None] * sk_l + d[None, :],
+                       mask=in_n[:, None] & (d[None, :] < D), other=0.0)
+        s_GN = tl.dot(q_GD, tl.trans(k_ND), input_precision="ieee").to(tl.float32) * scaling
+        s_GN = tl.where(ok[None, :], s_GN, float("-inf"))
+        m_new = tl.maximum(m_G, tl.max(s_GN, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing allowed yet: no rescale
+        p_GN = tl.exp(s_GN - m_safe[:, None])
+        alpha = tl.exp(m_G - m_safe)
+        v_NE = tl.load(v_ptr + b * sv_b + kh * sv_k + slot[:, None] * sv_l + e[None, :],
+                       mask=in_n[:, None] & (e[None, :] < E), other=0.0)
+        acc_GE = acc_GE * alpha[:, None] + tl.dot(p_GN.to(v_NE.dtype), v_NE, input_precision="ieee").to(tl.float32)
+        l_G = l_G * alpha + tl.sum(p_GN, axis=1)
+        m_G = m_new
+    row = (bk * S + s) * G_BLOCK + g
+    tl.store(m_ptr + row, m_G)
+    tl.store(l_ptr + row, l_G)
+    tl.store(acc_ptr + row[:, None] * E_BLOCK + e[None, :], acc_GE)
+
+
+@dual_jit
+def _decode_combine(
+    m_ptr, l_ptr, acc_ptr, out_ptr, K, G, E, S, so_b, so_h,
+    G_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+):
+    bk = tl.program_id(0)
+    b = bk // K
+    kh = bk % K
+    g = tl.arange(0, G_BLOCK)
+    e = tl.arange(0, E_BLOCK)
+    m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
+    for s in range(0, S):
+        m_G = tl.maximum(m_G, tl.load(m_ptr + (bk * S + s) * G_BLOCK + g))
+    m_safe = tl.where(m_G == float("-inf"), 0.0, m_G)
+    l_G = tl.zeros((G_BLOCK,), tl.float32)
+    acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
+    for s in range(0, S):
+        row = (bk * S + s) * G_BLOCK + g
+        w_G = tl.exp(tl.load(m_ptr + row) - m_safe)
+        l_G += w_G * tl.load(l_ptr + row)
+        acc_GE += w_G[:, None] * tl.load(acc_ptr + row[:, None] * E_BLOCK + e[None, :])
+    out_GE = acc_GE / tl.where(l_G > 0, l_G, 1.0)[:, None]
+    tl.store(out_ptr + b * so_b + (kh * G + g)[:, None] * so_h + e[None, :],
+             out_GE.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None] & (e[None, :] < E))
+
+
+def splits_for(batch_kv_heads: int, slots: int) -> int:
+    """Shares of the cache per (row, KV head): about TARGET_PROGRAMS programs, each at least one block."""
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    return max(1, min(cdiv(TARGET_PROGRAMS, batch_kv_heads), cdiv(slots, BLOCK_N), 16))
+
+
+def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_slot_1: Tensor,
+                     scaling: float) -> Tensor:
+    """softmax(q k^T * scaling over allowed slots <= last_slot) v, per query head; returns
+    (B, Hq, E) in q's dtype. `allowed_BL` is bool (unit last stride); `last_slot_1` an int tensor
+    of one element on the device: the newest slot written (later slots are not read)."""
+    B, Hq, D = q_BHD.shape
+    K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
+    if Hq % K or k_BKLD.stride(-1) != 1 or v_BKLE.stride(-1) != 1 or q_BHD.stride(-1) != 1:
+        raise ValueError("decode_attention needs Hq divisible by K and unit-stride head dimensions")
+    G = Hq // K
+    G_BLOCK, D_BLOCK, E_BLOCK = next_pow2(G, 16), next_pow2(D, 16), next_pow2(E, 16)
+    S = splits_for(B * K, L)
+    dev = q_BHD.device
+    m = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
+    l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
+    acc = empty(B * K * S * G_BLOCK, E_BLOCK, dtype=torch.float32, device=dev)
+    allowed = allowed_BL.view(torch.uint8) if allowed_BL.dtype == torch.bool else allowed_BL
+    _decode_partial.on(dev)[(B * K, S)](
+        q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc,
+        float(scaling), K, G, D, E, S,
+        q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
+        v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0),
+        G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=BLOCK_N, num_warps=4,
+    )  # fmt: skip
+    out = torch.empty(B, Hq, E, dtype=q_BHD.dtype, device=dev)
+    _decode_combine.on(dev)[(B * K,)](
+        m, l_, acc, out, K, G, E, S, out.stride(0), out.stride(1),
+        G_BLOCK=G_BLOCK, E_BLOCK=E_BLOCK, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def decode_attention_reference(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_slot: int,
+                               scaling: float) -> Tensor:
+    """Per query head over K/V repeated for its group, float32; rows with no allowed slot: 0."""
+    n_slots = last_slot + 1
+    G = q_BHD.shape[1] // k_BKLD.shape[1]
+    k_BHLD = k_BKLD[:, :, :n_slots].float().repeat_interleave(G, 1)
+    v_BHLE = v_BKLE[:, :, :n_slots].float().repeat_interleave(G, 1)
+    s_BHL = torch.einsum("bhd,bhld->bhl", q_BHD.float(), k_BHLD) * scaling
+    s_BHL = s_BHL.masked_fill(~allowed_BL[:, None, :n_slots], float("-inf"))
+    p_BHL = torch.nan_to_num(s_BHL.softmax(-1), nan=0.0)
+    return torch.einsum("bhl,bhle->bhe", p_BHL, v_BHLE).to(q_BHD.dtype)
