@@ -126,6 +126,12 @@ def _select_reassign_kernel(
         offs_t = t0 + tl.arange(0, TB)
         t_ok = offs_t < T
         act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
+        if SCORE_IN_KERNEL and KIND == 4:
+            # the whole tile, issued before the top-k loads so the latencies overlap (a load
+            # masked by `routed` would wait for them); unrouted entries are discarded below
+            g_TE = tl.load(
+                g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0
+            ).to(tl.float32)
         hits_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
         wsum_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
         wsq_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
@@ -144,10 +150,7 @@ def _select_reassign_kernel(
                 term_TE = wsq_TE * energy_E[None, :]
             elif KIND == 4:
                 routed = hits_TE > 0
-                g_TE = tl.load(
-                    g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=routed, other=0.0
-                ).to(tl.float32)
-                term_TE = tl.where(routed, wsq_TE * tl.exp(2.0 * (g_TE + b_E[None, :])), 0.0)
+                term_TE = tl.where(routed, wsq_TE * tl.exp(2.0 * tl.where(routed, g_TE + b_E[None, :], 0.0)), 0.0)
             else:  # router_sum, and count's tie-breaker
                 term_TE = wsum_TE
             acc_E += tl.sum(term_TE, axis=0)

@@ -481,4 +481,5 @@ def test_gpu_decode_attention(B, Hq, K, L, D, E, last, dtype):
     k[:, :, last + 1:], v[:, :, last + 1:] = float("nan"), float("nan")
     out = decode_attention(q, k, v, allowed, torch.tensor([last], device="cuda"), 0.2)
     ref = decode_attention_reference(q, k, v, allowed, last, 0.2)
-    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # (a relative norm: a row may be all zeros)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)

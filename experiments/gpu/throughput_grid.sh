@@ -9,8 +9,10 @@
 # TESTS=1 runs the GPU tests first on the last GPU; PARTS=1 then experiments/gpu/step_parts.py there;
 # EVAL=1 runs experiments/eval_speed.py (generate vs engine on mini) on GPU 0 after its runs.
 # Each run is cut at RUN_LIMIT seconds (default 540) so the outputs come back within a call.
+# The device tool returns at most 8 files: logs go to $LOG and everything is packed into
+# $OUT/grid.tgz (outputs/throughput and the logs), with the summary tables in $OUT/throughput.md.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; LOG=${LOG:-/tmp/gridlogs}; mkdir -p "$OUT" "$LOG"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
@@ -24,21 +26,21 @@ run_on() {  # gpu, model:routing ...
   local gpu=$1; shift
   if [ "${TESTS:-0}" = 1 ] && [ "$gpu" = "$last" ]; then
     CUDA_VISIBLE_DEVICES=$gpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine.py \
-      tests/test_attention.py tests/test_kernels.py tests/test_patch_triton.py > "$OUT/gpu_tests.log" 2>&1
-    echo "tests rc=$?" >> "$OUT/gpu_tests.log"
+      tests/test_attention.py tests/test_kernels.py tests/test_patch_triton.py > "$LOG/gpu_tests.log" 2>&1
+    echo "tests rc=$?" >> "$LOG/gpu_tests.log"
   fi
   if [ "${PARTS:-0}" = 1 ] && [ "$gpu" = "$last" ]; then
-    CUDA_VISIBLE_DEVICES=$gpu python3 -m experiments.gpu.step_parts --out "$OUT/step_parts.json" > "$OUT/step_parts.log" 2>&1
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m experiments.gpu.step_parts --out "$LOG/step_parts.json" > "$LOG/step_parts.log" 2>&1
   fi
   for spec in "$@"; do
     local m=${spec%%:*} routing=${spec##*:}
     CUDA_VISIBLE_DEVICES=$gpu timeout "${RUN_LIMIT:-540}" python3 run.py experiment=throughput model=$m \
-      model.routing=$routing ${EXTRA:-} > "$OUT/grid_${m}_${routing}.log" 2>&1 \
-      || echo "FAILED $m $routing" >> "$OUT/grid_failed.log"
+      model.routing=$routing ${EXTRA:-} > "$LOG/grid_${m}_${routing}.log" 2>&1 \
+      || echo "FAILED $m $routing" >> "$LOG/grid_failed.log"
   done
   if [ "${EVAL:-0}" = 1 ] && [ "$gpu" = 0 ]; then
     CUDA_VISIBLE_DEVICES=0 python3 -m experiments.eval_speed --model mini --method router_sum --budget 8 \
-      --out "$OUT/eval_speed.json" > "$OUT/eval_speed.log" 2>&1
+      --out "$LOG/eval_speed.json" > "$LOG/eval_speed.log" 2>&1
   fi
 }
 if [ -n "${GPU0:-}" ]; then
@@ -52,7 +54,8 @@ else
     run_on 0 "${specs[@]}"
   fi
 fi
-[ -f "$OUT/gpu_tests.log" ] && tail -4 "$OUT/gpu_tests.log"
-tar czf "$OUT/throughput_runs.tgz" outputs/throughput
-cat "$OUT"/grid_*.log | grep -E "^\[throughput\] batch|Error|error" | tail -40
-python3 -m analysis.throughput outputs/throughput "$OUT/throughput" > /dev/null 2>&1 && tail -30 "$OUT/throughput.md"
+[ -f "$LOG/gpu_tests.log" ] && tail -4 "$LOG/gpu_tests.log"
+cat "$LOG"/grid_*.log | grep -E "^\[throughput\] batch|Error|error" | tail -40
+python3 -m analysis.throughput outputs/throughput "$LOG/throughput" > /dev/null 2>&1 && cp "$LOG/throughput.md" "$OUT/"
+tar czf "$OUT/grid.tgz" outputs/throughput -C "$(dirname "$LOG")" "$(basename "$LOG")"
+[ -f "$OUT/throughput.md" ] && tail -30 "$OUT/throughput.md"
