@@ -166,11 +166,11 @@ DIGITS = {"kept_mean": 2, "energy_retained": 3, "out_error": 3, "kl": 3, "dll": 
 def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     order = {m: i for i, m in enumerate(ORDER)}
     t = table.assign(cell=[_fmt(r["mean"], r["low"], r["high"], DIGITS[r["metric"]]) for _, r in table.iterrows()])
-    wide = t.pivot_table(index=["budget", "method"], columns="metric", values="cell", aggfunc="first", dropna=False)
+    t["budget"] = t["budget"].map(lambda b: "dense" if pd.isna(b) else str(int(b)))
+    wide = t.pivot_table(index=["budget", "method"], columns="metric", values="cell", aggfunc="first")
     wide = wide[[m for m in METRICS if m in wide.columns]].reset_index()
-    wide["budget"] = wide["budget"].astype(object).where(wide["budget"].notna(), "dense")
     wide = wide.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99)) if c.name == "method"
-                            else c.map(lambda v: 1e9 if v == "dense" else v)).reset_index(drop=True)
+                            else c.map(lambda v: 1e9 if v == "dense" else int(v))).reset_index(drop=True)
     seeds = int(table["seeds"].max())
     text = [f"Mean over {seeds} batching seeds [95 % t-interval over seeds]; kept_mean: experts kept per layer "
             "and step; energy_retained: sum w^2||E||^2 kept / routed; out_error: ||y_budget - y_dense||^2 / "
