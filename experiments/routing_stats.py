@@ -21,7 +21,9 @@ Per model and MoE layer (mean over decode tokens, or over (batch, step) pairs fo
 - `active_16`: requests still decoding per step of a decode batch of 16 (the tokens the next two
   columns pool);
 - `distinct_first_16`: distinct first choices among the active tokens of a decode batch of 16;
-- `union_B`: distinct experts in the union of the active tokens' top-k, decode batch of B.
+- `union_B`: distinct experts in the union of the active tokens' top-k, decode batch of B;
+- `distinct_first_16_step0`, `union_16_step0`: the same at the first decode step only, where all
+  16 requests of a batch are active.
 
 Writes `<out>/routing_stats.csv` (one row per model and layer, plus a `mean` row per model) and
 `<out>/routing_stats.md`, both headed by the command that made them.
@@ -193,6 +195,13 @@ def batch_counts(r: DecodeRouting, batch_size: int, first_only: bool = False) ->
     return hit_LGE.sum(-1)
 
 
+def at_step(r: DecodeRouting, step: int) -> DecodeRouting:
+    """Only the tokens of decode step `step` (at step 0 every request of a batch is active)."""
+    keep_T = r.step_T == step
+    return DecodeRouting(r.topk_idx_LTK[:, keep_T], r.topk_w_LTK[:, keep_T], r.first_prob_LT[:, keep_T],
+                         r.entropy_LT[:, keep_T], r.seq_T[keep_T], r.step_T[keep_T], r.num_experts)
+
+
 def layer_table(r: DecodeRouting, batch_sizes: tuple[int, ...] = BATCH_SIZES) -> pd.DataFrame:
     """One row per MoE layer: the statistics of the module docstring."""
     w_LTK = r.topk_w_LTK
@@ -211,6 +220,10 @@ def layer_table(r: DecodeRouting, batch_sizes: tuple[int, ...] = BATCH_SIZES) ->
     }
     for b in batch_sizes:
         table[f"union_{b}"] = batch_counts(r, b).float().mean(1).tolist()
+    # Why step 0: answers are short, so later steps pool fewer tokens; at step 0 all B decode.
+    first = at_step(r, 0)
+    table[f"distinct_first_{DISTINCT_BATCH}_step0"] = batch_counts(first, DISTINCT_BATCH, True).float().mean(1).tolist()
+    table[f"union_{DISTINCT_BATCH}_step0"] = batch_counts(first, DISTINCT_BATCH).float().mean(1).tolist()
     return pd.DataFrame(table)
 
 
@@ -220,6 +233,7 @@ def model_table(name: str, model: nn.Module, tok, requests: list[Request]) -> pd
     mean = layers.drop(columns="layer").mean().to_frame().T
     mean.insert(0, "layer", "mean")
     df = pd.concat([layers.astype({"layer": object}), mean], ignore_index=True)
+    df = df.astype({"experts": int, "top_k": int, "decode_tokens": int})
     df.insert(0, "model", name)
     return df
 

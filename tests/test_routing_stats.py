@@ -16,6 +16,7 @@ from experiments.routing_stats import (
     DecodeRouting,
     Request,
     active_tokens,
+    at_step,
     batch_counts,
     decode_routing,
     layer_table,
@@ -45,6 +46,7 @@ def test_batch_counts_exact():
     assert active_tokens(r, 2).tolist() == [2, 1, 2]
     # B=4: step 0 -> {0,1,4,5,6} = 5, step 1 -> {2,3} = 2. B=1: each token alone keeps K.
     assert batch_counts(r, 4)[0].tolist() == [5, 2]
+    assert batch_counts(at_step(r, 0), 2)[0].tolist() == [3, 4]
     assert set(batch_counts(r, 1)[0].tolist()) == {2}
     # Requests beyond the last full batch are left out; a batch larger than the requests fails.
     assert batch_counts(r, 3)[0].tolist() == [3, 2]
@@ -78,6 +80,8 @@ def test_statistics_ranges_on_tiny_models(tiny):
     assert table["entropy_frac"].between(0, 1 + 1e-6).all()
     assert (table["distinct_first_16"] <= table["union_16"]).all()
     assert (table["distinct_first_16"] <= table["active_16"] + 1e-9).all()
+    assert (table["distinct_first_16_step0"] <= 16).all() and (table["union_16_step0"] <= E).all()
+    assert (table["distinct_first_16_step0"] <= table["union_16_step0"]).all()
     if family == "qwen3_moe":  # renormalised: the first choice's weight is its share of the top-k
         w_LTK = r.topk_w_LTK
         assert torch.allclose(w_LTK.sum(-1), torch.ones_like(w_LTK[..., 0]), atol=1e-5)
