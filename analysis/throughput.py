@@ -87,6 +87,29 @@ def headline_table(df: pd.DataFrame, batch: int = 16) -> pd.DataFrame:
     return pd.DataFrame(out).round(2)
 
 
+def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Selection overhead: each scoring selector's step against `fixed` (same budget, same number
+    of kept experts, no scoring) in the same run; overhead = (ms - fixed ms) / ms. Also the
+    longest warm-up of the batch size (region compilation, when new, and the graph capture)."""
+    g = df[df["mode"] == "graph"]
+    fixed = g[g["variant"] == "fixed"].set_index(["model", "routing", "batch_size", "budget"])["ms_per_step"]
+    if fixed.empty:
+        return pd.DataFrame()
+    rows = []
+    for _, r in g[g["variant"].isin(["base", "router_sum"])].iterrows():
+        key = (r["model"], r["routing"], r["batch_size"], r["budget"])
+        if key in fixed.index:
+            rows.append({"model": r["model"], "routing": r["routing"], "batch_size": r["batch_size"],
+                         "budget": int(r["budget"]), "variant": r["variant"], "ms": r["ms_per_step"],
+                         "fixed ms": fixed[key], "overhead": (r["ms_per_step"] - fixed[key]) / r["ms_per_step"]})
+    out = pd.DataFrame(rows).pivot_table(index=["model", "routing", "batch_size", "budget"], columns="variant",
+                                         values="overhead").round(3).reset_index()
+    if "warmup_s" in g:
+        warm = g.groupby(["model", "routing", "batch_size"])["warmup_s"].max().round(1).rename("max warm-up s")
+        out = out.merge(warm.reset_index(), on=["model", "routing", "batch_size"], how="left")
+    return out
+
+
 def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
     g = df[(df["mode"] == "graph") & df["non_expert_ms"].notna()]
     cols = ["model", "routing", "batch_size", "variant", "budget", "ms_per_step", "non_expert_ms", "moe_share",
@@ -104,7 +127,10 @@ def main(exp_dir: str, out: str) -> None:
             headline_table(df).to_markdown(index=False),
             "\n\nSpeed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
             speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",
-            breakdown_table(df).to_markdown(index=False), "\n\nEager decoding (same engine, no graph), once per run\n",
+            breakdown_table(df).to_markdown(index=False),
+            "\n\nSelection overhead against `fixed` (same budget, no scoring): (ms - fixed ms) / ms\n",
+            overhead_table(df).to_markdown(index=False),
+            "\n\nEager decoding (same engine, no graph, no compiled regions), once per run\n",
             eager.round(2).to_markdown(index=False), "\n"]
     prof = collect_profiles(Path(exp_dir))
     if not prof.empty:
