@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.quality_diff import diff_row, quality_diffs
-from analysis.throughput import collect, headline_table
+from analysis.throughput import collect, headline_table, overhead_table
 
 
 def test_diff_interval_calls_a_tie_only_when_it_includes_zero():
@@ -42,6 +42,21 @@ def test_throughput_headline_reads_run_reports(tmp_path):
     head = headline_table(collect(tmp_path)).iloc[0]
     assert (head["model"], head["routing"], head["dense tok/s"], head["base M=16"]) == ("m", "skewed", 800.0, 1.25)
     assert pd.isna(head["base M=10"])  # not measured: empty, not invented
+
+
+def test_throughput_overhead_is_against_fixed_at_the_same_budget(tmp_path):
+    def row(variant, budget, ms):
+        return {"batch_size": 16, "method": variant, "budget": budget, "variant": variant, "mode": "graph",
+                "ms_per_step": ms, "tokens_per_s": 16e3 / ms, "warmup_s": 3.0}
+
+    rows = [row("fixed", 16, 9.0), row("base", 16, 10.0), row("router_sum", 16, 9.5), row("base", 8, 8.0),
+            row("fixed", 8, 6.0)]
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "report.json").write_text(json.dumps({"model": "m", "routing": "uniform", "throughput": rows}))
+    out = overhead_table(collect(tmp_path)).set_index("budget")
+    assert out.loc[16, "base"] == pytest.approx(0.1) and out.loc[16, "router_sum"] == pytest.approx(0.053, abs=1e-3)
+    assert out.loc[8, "base"] == pytest.approx(0.25) and pd.isna(out.loc[8, "router_sum"])
+    assert out.loc[16, "max warm-up s"] == 3.0
 
 
 def test_summary_accuracy_averages_one_metric_per_top_level_task():
