@@ -7,10 +7,11 @@ summed (a kernel belongs to the innermost tagged module that launched it; untagg
 Kernel time only: launch gaps, which a CUDA graph shrinks, are not in it, so `total` is below an
 eager step's wall time and close to a graph replay's.
 
-Known issue: the first H200 run (results/throughput/runs/*/profile.csv) attributed by each
-event's self device time, which counted kernels twice (an operator and its runtime launch call)
-and put Triton kernels under `other` (its total exceeded the graph step: 42 vs 25 ms). This
-version counts each operator's own kernels once; it has not been run on a GPU yet.
+History: the first H200 run attributed by each event's self device time, which counted kernels
+twice (an operator and its runtime launch call). The second (results/throughput/runs/*/profile.csv)
+counted each operator's kernels once but skipped the class ranges themselves, and with them every
+Triton kernel launched directly inside a range (its total: 3.9 of a 13.8 ms step). This version
+also counts a range's own kernels; it has not been run on a GPU yet.
 """
 from __future__ import annotations
 
@@ -72,20 +73,33 @@ def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -
     finally:
         for h in handles:
             h.remove()
+    per_class, total = attribute(prof.events(), cuda)
+    out = {cls: ms / steps for cls, ms in sorted(per_class.items(), key=lambda kv: -kv[1])}
+    out["total"] = total / steps
+    return out
+
+
+def attribute(events, cuda: bool) -> tuple[dict[str, float], float]:
+    """ms by class over profiler events (FunctionEvent-like: name, kernels, self_cpu_time_total,
+    cpu_parent), and their total."""
     per_class: dict[str, float] = {}
     total = 0.0
-    for ev in prof.events():
-        if ev.name.startswith("cls:"):
-            continue
-        # A GPU kernel is counted once, with the operator it belongs to (ev.kernels); a runtime call
-        # (cudaLaunchKernel) also reports device time for the same kernel and is skipped.
+    for ev in events:
+        own = ev.name.startswith("cls:")
+        # The profiler attaches each GPU kernel once, to the innermost PyTorch operator or
+        # record_function range open at its launch (ev.kernels): a Triton kernel launched
+        # directly inside a class's range (expert FFN, selection, decode attention) is attached
+        # to the range itself, so ranges count their own kernels too.
         if cuda:
             t = sum(k.duration for k in ev.kernels) / 1e3
         else:
-            t = ev.self_cpu_time_total / 1e3
+            t = 0.0 if own else ev.self_cpu_time_total / 1e3
         if t <= 0:
             continue
         total += t
+        if own:
+            per_class[ev.name[4:]] = per_class.get(ev.name[4:], 0.0) + t
+            continue
         parent, cls = ev.cpu_parent, "other"
         while parent is not None:
             if parent.name.startswith("cls:"):
@@ -93,6 +107,4 @@ def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -
                 break
             parent = parent.cpu_parent
         per_class[cls] = per_class.get(cls, 0.0) + t
-    out = {cls: ms / steps for cls, ms in sorted(per_class.items(), key=lambda kv: -kv[1])}
-    out["total"] = total / steps
-    return out
+    return per_class, total

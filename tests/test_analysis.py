@@ -207,3 +207,24 @@ def test_quality_pivot_gives_intervals_over_seeds():
     low, high = (float(x) for x in interval.strip("[]").split(", "))
     assert float(mean) == pytest.approx(0.92) and low < 0.92 < high
     assert piv.loc["dense", "accuracy (no budget)"] == "0.990 [0.990, 0.990]"  # no spread over seeds
+
+
+def test_profile_counts_kernels_launched_directly_in_a_class_range_once():
+    """GPU attribution (base/profile.attribute) on fake profiler events: a Triton kernel launched
+    inside the `expert FFN` range is attached to the range itself; an operator's kernels go to its
+    nearest class range; a runtime call's own (empty) kernel list adds nothing; no range: other."""
+    from types import SimpleNamespace as NS
+
+    from base.profile import attribute
+
+    def k(us):
+        return NS(duration=us)
+
+    experts = NS(name="cls:expert FFN", kernels=[k(500.0)], cpu_parent=None)
+    attn = NS(name="cls:attention", kernels=[], cpu_parent=None)
+    mm = NS(name="aten::mm", kernels=[k(200.0), k(100.0)], cpu_parent=attn)
+    launch = NS(name="cudaLaunchKernel", kernels=[], cpu_parent=mm)
+    stray = NS(name="aten::add", kernels=[k(50.0)], cpu_parent=None)
+    per_class, total = attribute([experts, attn, mm, launch, stray], cuda=True)
+    assert per_class == {"expert FFN": 0.5, "attention": 0.3, "other": 0.05}
+    assert total == pytest.approx(0.85)
