@@ -186,12 +186,13 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
         pw = pw.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99))
                             if c.name == "method" else c).reset_index(drop=True)
         acc = paired[paired["metric"] == "accuracy"][["budget", "method", "a_only", "base_only", "mcnemar_p"]]
+        acc = acc.assign(mcnemar_p=acc["mcnemar_p"].map(lambda v: f"{v:.2g}"))
         text += [f"\nEach method minus {REF}, paired, [95 % interval] and call (tie unless the interval excludes "
                  "zero): accuracy by prompt bootstrap (per-prompt difference averaged over seeds), KL and dll by "
                  "decode-batch bootstrap, energy and error by t-interval over seeds.\n", pw.to_markdown(index=False),
                  f"\nAccuracy, discordant (seed, prompt) pairs: method right and {REF} wrong (a_only), the reverse "
                  "(base_only), exact McNemar p (pairs of one prompt under several seeds are not independent).\n",
-                 acc.round(4).to_markdown(index=False)]
+                 acc.to_markdown(index=False)]
     return "\n".join(text) + "\n"
 
 
@@ -204,7 +205,9 @@ def main(root: str, dest: str) -> None:
     table.to_csv(out.with_suffix(".csv"), index=False)
     paired.to_csv(out.parent / f"{out.name}_paired.csv", index=False)
     text = markdown(table, paired)
-    out.with_suffix(".md").write_text(text)
+    made = (f"Made by `make ablation`: the runs of `python run.py -m experiment=ablation_mini` (and `method=dense "
+            f"budget=null`) under {root}, then `python -m analysis.ablation {root} {dest}`.\n\n")
+    out.with_suffix(".md").write_text(made + text)
     print(text)
 
 
