@@ -85,7 +85,8 @@ class TritonBackend(TorchBackend):
         from kernels.score import fuse_router_predictor, prepare_predictor
 
         sel = policy.selector
-        self.kind = sel.name if sel is not None and sel.name in TRITON_SELECTORS else None
+        # coverage (an adaptive count) has no kernel: the PyTorch reference runs it
+        self.kind = sel.name if sel is not None and sel.name in TRITON_SELECTORS and sel.coverage is None else None
         self.per_layer: dict[int, dict[str, Tensor]] = {}
         self.wcat_CH: dict[int, Tensor] = {}  # base: [router; predictor] weights for route_select
         if self.kind is None:

@@ -98,8 +98,9 @@ class MethodConfig:
     reassign: str = "backfill"  # what a token does when its experts are dropped
     renormalize: str = "model"  # model: as the model does; always; never
     apply_to: str = "decode"  # decode: prefill stays dense; all: every forward
-    k0: int | None = None  # oea: each token keeps its top-k0
+    k0: int | None = None  # oea, base_anchor: each token keeps its top-k0
     backend: str = "torch"  # torch reference, or triton kernels (kernels/)
+    coverage: float | None = None  # adaptive budget: keep the fewest experts covering this share of the score
 
     def __post_init__(self) -> None:
         from base.selectors import SELECTORS
@@ -111,8 +112,23 @@ class MethodConfig:
         _choice("method.apply_to", self.apply_to, APPLY_TO)
         _choice("method.backend", self.backend, ("torch", "triton"))
         self.k0 = _int("method.k0", self.k0, 1, allow_none=True)
-        if self.name == "oea" and self.k0 is None:
-            raise ConfigError("method=oea needs method.k0 (each token's top-k0 experts are kept)")
+        cls = SELECTORS.get(self.name) if self.name != "dense" else None
+        if cls is not None and cls.needs_k0 and self.k0 is None:
+            raise ConfigError(f"method={self.name} needs method.k0 (each token's top-k0 experts are kept)")
+        if self.coverage is not None:
+            from base.selectors import coverage_selectors
+
+            try:
+                self.coverage = float(self.coverage)
+            except (TypeError, ValueError):
+                raise ConfigError(f"method.coverage must be a number in (0, 1] or null, got {self.coverage!r}") from None
+            if not 0 < self.coverage <= 1:
+                raise ConfigError(f"method.coverage must be in (0, 1] or null, got {self.coverage}")
+            if self.name not in coverage_selectors():
+                raise ConfigError(f"method.coverage needs an additive-cost selector: {', '.join(coverage_selectors())}; "
+                                  f"got method={self.name}")
+            if self.backend == "triton":
+                raise ConfigError("method.coverage runs on the PyTorch backend only (method.backend=torch)")
 
 
 @dataclass
@@ -298,7 +314,8 @@ class RunConfig:
         from base.selectors import SELECTORS
 
         name = self.method.name
-        if self.stage == "evaluate" and name != "dense" and SELECTORS.get(name).uses_budget and self.budget is None:
+        if self.stage == "evaluate" and name != "dense" and SELECTORS.get(name).uses_budget and self.budget is None \
+                and self.method.coverage is None:
             raise ConfigError(f"method={name} needs a budget (budget=1..number of experts); "
                               f"for no budget use method=dense")
         if self.stage == "throughput" and self.throughput is not None and not self.throughput.budgets \

@@ -92,7 +92,8 @@ def finished_hash(out_dir: Path) -> str | None:
 
 
 def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per MoE layer, over decode steps: mean union and kept experts, weight retained, tokens that
+    """Per MoE layer, over decode steps: mean union and kept experts (and the kept count's spread),
+    weight retained, tokens that
     lost an expert (and retained energy and the relative MoE-output error when recorded)."""
     if not rows:
         return []
@@ -102,6 +103,11 @@ def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = pd.DataFrame({
         "union_mean": df.groupby("layer")["union"].mean(),
         "kept_mean": df.groupby("layer")["kept"].mean(),
+        # the distribution over steps, for adaptive budgets (coverage) where the count varies
+        "kept_min": df.groupby("layer")["kept"].min(),
+        "kept_p50": df.groupby("layer")["kept"].median(),
+        "kept_p90": df.groupby("layer")["kept"].quantile(0.9),
+        "kept_max": df.groupby("layer")["kept"].max(),
         **({"executed_mean": df.groupby("layer")["executed"].mean()} if "executed" in df else {}),
         "weight_retained": sums["weight_kept"] / sums["weight_total"].clip(lower=1e-30),
         "tokens_lost_frac": sums["tokens_lost"] / sums["tokens"].clip(lower=1),

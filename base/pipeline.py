@@ -42,7 +42,7 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = No
     else:
         cls = SELECTORS.get(name)
         arts, info = selector_artifacts(cfg, cls, model, tokenizer, layers)
-        selector = build_selector(name, arts, k0=k0)
+        selector = build_selector(name, arts, k0=k0, coverage=m.coverage if name == m.name else None)
 
     def make(budget: int | None, record_stats: bool | None = None) -> BudgetPatch:
         record = cfg.stats.enabled if record_stats is None else record_stats
@@ -51,7 +51,8 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = No
                             apply_to=m.apply_to, record_stats=record,
                             energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend)
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
-        sel = selector if (budget is not None or (selector is not None and not selector.uses_budget)) else None
+        adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
+        sel = selector if (budget is not None or adaptive) else None
         return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id,
                            eos_token_ids=eos_ids(model, tokenizer))
 

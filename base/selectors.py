@@ -49,11 +49,20 @@ class Selector:
     needs_norms = False  # the patch must compute true ||E_u(z_t)|| for routed pairs
     needs_calibration = False
     needs_predictor = False
+    needs_k0 = False
     uses_budget = True
+    supports_coverage = False  # scores are additive, non-negative costs (coverage is meaningful)
 
-    def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None) -> None:
+    def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None,
+                 coverage: float | None = None) -> None:
         self.artifacts = artifacts or Artifacts()
         self.k0 = k0
+        if self.needs_k0 and (k0 is None or k0 < 1):
+            raise ValueError(f"{self.name} needs k0 >= 1 (method.k0), got {k0}")
+        if coverage is not None and not (self.supports_coverage and 0 < coverage <= 1):
+            raise ValueError(f"coverage={coverage}: needs 0 < coverage <= 1 and a selector of "
+                             f"{', '.join(coverage_selectors())}; got {self.name!r}")
+        self.coverage = coverage
         if self.needs_calibration and self.artifacts.freq_LE is None:
             raise ValueError(f"selector {self.name!r} needs calibration statistics")
         if self.needs_predictor and self.artifacts.pred_w_LHE is None:
@@ -71,9 +80,26 @@ class Selector:
         """(keep_E, score_E)."""
         score_E = self.score(batch)
         union_E = pair_counts_E(batch.topk_idx_TK, batch.active_T, batch.num_experts) > 0
+        if self.coverage is not None:
+            return select_top_m(score_E, union_E, coverage_count(score_E, union_E, self.coverage, budget)), score_E
         if budget is None:
             return union_E, score_E
         return select_top_m(score_E, union_E, budget), score_E
+
+
+def coverage_count(score_E: Tensor, union_E: Tensor, coverage: float, budget: int | None) -> Tensor:
+    """How many top-scored union experts cover `coverage` of the union's total score (at least
+    one, at most `budget`): a 0-d tensor, computed without a host sync."""
+    s_E = torch.where(union_E, score_E.to(torch.float32).clamp_min(0), 0.0).sort(descending=True).values
+    cum_E = s_E.cumsum(0)
+    # experts before the cumulative sum reaches the target, plus the one that reaches it
+    m = (cum_E < coverage * cum_E[-1] * (1 - 1e-6)).sum() + 1
+    m = torch.minimum(m, union_E.sum().clamp_min(1))
+    return m if budget is None else m.clamp(max=budget)
+
+
+def coverage_selectors() -> list[str]:
+    return [n for n in SELECTORS.names() if SELECTORS.get(n).supports_coverage]
 
 
 def register_selector(name: str):
@@ -92,6 +118,8 @@ def _w(batch: RoutedBatch) -> Tensor:
 class RouterSum(Selector):
     """The "router top-k" baseline: routing weight an expert receives, summed over the batch."""
 
+    supports_coverage = True
+
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         return _w(batch)
 
@@ -99,6 +127,8 @@ class RouterSum(Selector):
 @register_selector("router_sq")
 class RouterSq(Selector):
     """Squared routing weight: the cost model with every expert's output norm assumed equal."""
+
+    supports_coverage = True
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         return _w(batch) ** 2
@@ -130,6 +160,8 @@ class CalibFreq(Selector):
 @register_selector("calib_energy")
 class CalibEnergy(Selector):
     """w^2 times the expert's mean squared output norm on calibration data (static energy)."""
+
+    supports_coverage = True
 
     needs_calibration = True
 
@@ -163,6 +195,8 @@ def predicted_log_norm_TK(artifacts: Artifacts, batch: RoutedBatch) -> Tensor:
 class Base(Selector):
     """BASE: w^2 * predicted ||E_u(z_t)||^2, the estimated change of the layer output if u is dropped."""
 
+    supports_coverage = True
+
     needs_predictor = True
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
@@ -173,6 +207,8 @@ class Base(Selector):
 class Oracle(Selector):
     """BASE with the true ||E_u(z_t)||: an upper bound for analysis (runs every routed expert)."""
 
+    supports_coverage = True
+
     needs_norms = True
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
@@ -181,27 +217,49 @@ class Oracle(Selector):
         return (_w(batch) * batch.norms_TK.to(torch.float32)) ** 2
 
 
+def first_choices_E(batch: RoutedBatch, k0: int) -> Tensor:
+    """bool over E: experts among some active token's k0 most probable routed experts."""
+    k0 = min(k0, batch.topk_idx_TK.shape[-1])
+    # The model's top-k may not be sorted (DeepSeek uses sorted=False): rank it by probability.
+    p_TK = batch.probs_TE.gather(1, batch.topk_idx_TK)
+    first_TK0 = batch.topk_idx_TK.gather(1, p_TK.topk(k0, dim=-1).indices)
+    return pair_counts_E(first_TK0, batch.active_T, batch.num_experts) > 0
+
+
 @register_selector("oea")
 class OEA(Selector):
     """Opportunistic Expert Activation: keep the union of every token's top-k0, ignore the budget."""
 
     uses_budget = False
-
-    def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None) -> None:
-        if k0 is None or k0 < 1:
-            raise ValueError(f"oea needs k0 >= 1 (method.k0), got {k0}")
-        super().__init__(artifacts, k0)
+    needs_k0 = True
 
     def score(self, batch: RoutedBatch) -> Tensor:
         return aggregate_E(_w(batch), batch.topk_idx_TK, batch.active_T, batch.num_experts)
 
     def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
-        k0 = min(self.k0, batch.topk_idx_TK.shape[-1])
-        # The model's top-k may not be sorted (DeepSeek uses sorted=False): rank it by probability.
-        p_TK = batch.probs_TE.gather(1, batch.topk_idx_TK)
-        first_TK0 = batch.topk_idx_TK.gather(1, p_TK.topk(k0, dim=-1).indices)
-        keep_E = pair_counts_E(first_TK0, batch.active_T, batch.num_experts) > 0
-        return keep_E, self.score(batch)
+        return first_choices_E(batch, self.k0), self.score(batch)
+
+
+@register_selector("base_anchor")
+class BaseAnchor(Base):
+    """Anchored BASE: every active token's top-k0 experts first, then the rest of the budget by
+    BASE's predicted removal cost; backfill as usual.
+
+    Choices the issue leaves open: when the anchors alone exceed the budget, the budget keeps the
+    anchors of highest BASE cost (a token may then lose an anchor); anchors are ranked among
+    themselves by the same cost. Scores: anchors get cost + (total cost + 1), so every anchor
+    outranks every other expert; the returned score_E is the plain cost."""
+
+    needs_k0 = True
+    supports_coverage = False  # the tiered score is not a cost
+
+    def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
+        cost_E = self.score(batch)
+        union_E = pair_counts_E(batch.topk_idx_TK, batch.active_T, batch.num_experts) > 0
+        if budget is None:
+            return union_E, cost_E
+        tiered_E = torch.where(first_choices_E(batch, self.k0), cost_E + cost_E.sum() + 1.0, cost_E)
+        return select_top_m(tiered_E, union_E, budget), cost_E
 
 
 @register_selector("top1_union")
@@ -228,5 +286,6 @@ class Top1Union(Selector):
         return torch.where(is_first_E, router_sum_E.sum() + 1.0 + first_w_E, router_sum_E)
 
 
-def build_selector(name: str, artifacts: Artifacts | None = None, k0: int | None = None) -> Selector:
-    return SELECTORS.get(name)(artifacts=artifacts, k0=k0)
+def build_selector(name: str, artifacts: Artifacts | None = None, k0: int | None = None,
+                   coverage: float | None = None) -> Selector:
+    return SELECTORS.get(name)(artifacts=artifacts, k0=k0, coverage=coverage)

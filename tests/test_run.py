@@ -63,6 +63,19 @@ def test_evaluate_then_resume_skips(tmp_path):
     assert (out / "report.json").stat().st_mtime == mtime
 
 
+def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(tmp_path):
+    """method.coverage with no budget: per layer and step, the fewest experts covering 60 % of
+    BASE's predicted cost; the count varies and the distribution is in selection.csv."""
+    proc = _run(tmp_path, "method=base", "method.coverage=0.6", "budget=null", "batch_size=8")
+    assert proc.returncode == 0
+    out = _run_dir(tmp_path / "default", "method.coverage=0.6")
+    steps = pd.read_csv(out / "selection_steps.csv")
+    assert (steps["kept"] >= 1).all() and (steps["kept"] <= steps["union"]).all()
+    assert (steps["kept"] < steps["union"]).any() and steps["kept"].nunique() > 1
+    sel = pd.read_csv(out / "selection.csv")
+    assert (sel["kept_min"] <= sel["kept_p50"]).all() and (sel["kept_p90"] <= sel["kept_max"]).all()
+
+
 def test_multirun_two_points(tmp_path):
     proc = _run(tmp_path, "-m", "method=router_sum", "budget=2,6", "batch_size=8")
     assert proc.returncode == 0

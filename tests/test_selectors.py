@@ -208,3 +208,48 @@ def test_oracle_without_norms_fails_clearly():
     b.norms_TK = None
     with pytest.raises(RuntimeError, match="norms"):
         make("oracle").score(b)
+
+
+# ---- base_anchor and coverage (issue 10) ---------------------------------------------------------
+@pytest.mark.parametrize(("budget", "kept"), [
+    (2, {3, 4}),  # anchors {0, 2, 3, 4} exceed M: the two of highest base cost (4, 3)
+    (3, {2, 3, 4}),
+    (4, {0, 2, 3, 4}),  # every anchor, although base ranks 1 (19/64) above anchor 0 (49/256)
+    (5, UNION),
+])
+def test_base_anchor_keeps_first_choices_then_fills_by_base_cost(budget, kept):
+    keep_E, cost_E = make("base_anchor", k0=1).keep(hand_batch(), budget)
+    assert ids_of(keep_E) == kept
+    assert {u: cost_E[u].item() for u in UNION} == pytest.approx(SCORES["base"], rel=1e-5)
+
+
+def test_base_anchor_with_every_expert_anchored_is_base():
+    """k0=2 makes every routed expert an anchor here, so the kept set is BASE's own top-M."""
+    keep_E, _ = make("base_anchor", k0=2).keep(hand_batch(), 4)
+    assert ids_of(keep_E) == top_m_by_hand(SCORES["base"], 4)  # all are anchors: ranked by cost
+
+
+@pytest.mark.parametrize(("name", "coverage", "budget", "kept"), [
+    # base cost, sorted: 4 (42.3 %), 3 (69.4 % cumulative), 2 (86.8 %), 1 (94.8 %), 0
+    ("base", 0.4, None, {4}), ("base", 0.5, None, {3, 4}), ("base", 0.9, None, {1, 2, 3, 4}),
+    ("base", 1.0, None, UNION), ("base", 0.9, 3, {2, 3, 4}),  # capped by the budget
+    # router_sum: 2 (28 %), 0 (50 %: exactly the target, so 2 experts), 1, 4, 3
+    ("router_sum", 0.5, None, {0, 2}), ("router_sum", 0.51, None, {0, 1, 2}),
+])
+def test_coverage_keeps_the_fewest_experts_covering_the_share(name, coverage, budget, kept):
+    sel = build_selector(name, ARTIFACTS, coverage=coverage)
+    keep_E, _ = sel.keep(hand_batch(), budget)
+    assert ids_of(keep_E) == kept
+
+
+def test_coverage_is_refused_where_scores_are_not_costs():
+    for name in ("count", "fixed", "calib_freq", "top1_union"):
+        with pytest.raises(ValueError, match="coverage=0.5: needs 0 < coverage <= 1 and a selector of base"):
+            build_selector(name, ARTIFACTS, coverage=0.5)
+    with pytest.raises(ValueError, match="needs 0 < coverage <= 1"):
+        build_selector("base", ARTIFACTS, coverage=1.5)
+
+
+def test_base_anchor_needs_k0():
+    with pytest.raises(ValueError, match="base_anchor needs k0 >= 1"):
+        build_selector("base_anchor", ARTIFACTS)
