@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from torch import nn
 
 from base.calibrate import Calibration, calibrate, read_texts, token_batches
@@ -156,6 +158,13 @@ def selector_artifacts(cfg: RunConfig, selector_cls: type[Selector], model: nn.M
         calib, directory = ensure_calibration(cfg, model, tokenizer, layers, recompute=cfg.force)
         arts.freq_LE, arts.energy_LE = calib.freq_LE, calib.energy_LE
         info["calibration"] = str(directory)
+    if cfg.method.reassign == "similar":
+        from base.similarity import expert_similarity_EE
+
+        calib, directory = ensure_calibration(cfg, model, tokenizer, layers, recompute=cfg.force)
+        arts.sim_LEE = torch.stack([expert_similarity_EE(lyr.experts, lc.z_NH, lyr.num_experts)
+                                    for lyr, lc in zip(layers, calib.layers)])
+        info["similarity"] = f"output cosine similarity on calibration inputs ({directory})"
     if selector_cls.needs_predictor:
         pred, path = ensure_predictor(cfg, model, tokenizer, layers, refit=cfg.force,
                                       recalibrate=not selector_cls.needs_calibration)

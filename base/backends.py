@@ -68,7 +68,9 @@ class TorchBackend:
         if p.selector is None:
             return dense_decision(batch)
         keep_E, score_E = p.selector.keep(batch, p.budget if p.selector.uses_budget else None)
-        idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize)
+        sim_LEE = p.selector.artifacts.sim_LEE
+        sim_EE = sim_LEE[batch.layer] if (p.reassign == "similar" and sim_LEE is not None) else None
+        idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize, sim_EE)
         return Decision(keep_E, idx_TK, w_TK)
 
     def routes(self, layer: MoeLayer) -> bool:
@@ -85,8 +87,9 @@ class TritonBackend(TorchBackend):
         from kernels.score import fuse_router_predictor, prepare_predictor
 
         sel = policy.selector
-        # coverage (an adaptive count) has no kernel: the PyTorch reference runs it
-        self.kind = sel.name if sel is not None and sel.name in TRITON_SELECTORS and sel.coverage is None else None
+        # coverage (an adaptive count) and `similar` re-routing have no kernel: PyTorch runs them
+        kernel_ok = sel is not None and sel.coverage is None and policy.reassign in ("backfill", "drop")
+        self.kind = sel.name if kernel_ok and sel.name in TRITON_SELECTORS else None
         self.per_layer: dict[int, dict[str, Tensor]] = {}
         self.wcat_CH: dict[int, Tensor] = {}  # base: [router; predictor] weights for route_select
         if self.kind is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-REASSIGN_MODES = ("backfill", "drop")
+REASSIGN_MODES = ("backfill", "drop", "similar")
 RENORMALIZE_MODES = ("model", "always", "never")
 
 
@@ -72,8 +72,14 @@ def reassign(
     score_E: Tensor,
     reassign_mode: str = "backfill",
     renormalize: bool = True,
+    sim_EE: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Route every token (active or not) to kept experts only.
+
+    `similar` (SERE-style re-routing, arXiv 2602.07616): each dropped pair moves, with its weight,
+    to the kept expert most similar to the dropped one (sim_EE, from calibration: see
+    base/similarity.py); a substitute the token already has adds its weight to the same expert
+    (computed as two rows, which sums the same way). The token's total weight is unchanged.
 
     A token keeps its kept original experts with their weights. With `backfill` it then takes, in
     order of router probability, further kept experts until it has K or none are left; a backfilled
@@ -91,6 +97,12 @@ def reassign(
     w32_TK = w_TK.to(torch.float32)
     kept_orig_TK = keep_E[idx_TK]
     lost_T = ~kept_orig_TK.all(dim=-1)
+    if reassign_mode == "similar":
+        if sim_EE is None:
+            raise ValueError("reassign 'similar' needs the expert similarity (sim_EE)")
+        sim_TKE = sim_EE.to(torch.float32)[idx_TK].masked_fill(~keep_E, float("-inf"))
+        sub_TK = torch.where(kept_orig_TK, idx_TK, sim_TKE.argmax(dim=-1))
+        return sub_TK, w_TK
 
     orig_TE = torch.zeros_like(probs_TE, dtype=torch.bool).scatter_(1, idx_TK, True)
     orig_w_TE = torch.zeros_like(probs_TE).scatter_(1, idx_TK, w32_TK)

@@ -36,6 +36,7 @@ class Artifacts:
     energy_LE: Tensor | None = None  # mean ||E_u(z)||^2 over calibration tokens routed to u
     pred_w_LHE: Tensor | None = None  # linear predictor of log||E_u(z)||: z @ W + b
     pred_b_LE: Tensor | None = None
+    sim_LEE: Tensor | None = None  # cosine similarity of experts' outputs on calibration inputs
 
     def to(self, device: torch.device) -> Artifacts:
         """The same statistics on `device` (a patch moves them once, so no step copies them)."""
@@ -240,26 +241,53 @@ class OEA(Selector):
         return first_choices_E(batch, self.k0), self.score(batch)
 
 
-@register_selector("base_anchor")
-class BaseAnchor(Base):
-    """Anchored BASE: every active token's top-k0 experts first, then the rest of the budget by
-    BASE's predicted removal cost; backfill as usual.
-
-    Choices the issue leaves open: when the anchors alone exceed the budget, the budget keeps the
-    anchors of highest BASE cost (a token may then lose an anchor); anchors are ranked among
-    themselves by the same cost. Scores: anchors get cost + (total cost + 1), so every anchor
-    outranks every other expert; the returned score_E is the plain cost."""
+class Anchored(Selector):
+    """Each active token's top-k0 experts first (anchors), then the rest of the budget by the
+    selector's own score; backfill as usual. When the anchors alone exceed the budget, the budget
+    keeps the anchors of highest score (a token may then lose an anchor). Scores: anchors get
+    score + (total score + 1), so every anchor outranks every other expert; the returned score_E
+    is the plain score (reassignment's fallback uses it)."""
 
     needs_k0 = True
-    supports_coverage = False  # the tiered score is not a cost
 
     def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
-        cost_E = self.score(batch)
+        score_E = self.score(batch)
         union_E = pair_counts_E(batch.topk_idx_TK, batch.active_T, batch.num_experts) > 0
         if budget is None:
-            return union_E, cost_E
-        tiered_E = torch.where(first_choices_E(batch, self.k0), cost_E + cost_E.sum() + 1.0, cost_E)
-        return select_top_m(tiered_E, union_E, budget), cost_E
+            return union_E, score_E
+        tiered_E = torch.where(first_choices_E(batch, self.k0), score_E + score_E.sum() + 1.0, score_E)
+        return select_top_m(tiered_E, union_E, budget), score_E
+
+
+@register_selector("base_anchor")
+class BaseAnchor(Anchored, Base):
+    """Anchored BASE: every token's top-k0 experts first, the rest by BASE's predicted removal cost
+    (see Anchored). The issue's choice left open: over-budget anchors are ranked by BASE's cost."""
+
+    supports_coverage = False  # the tiered score is not a cost
+
+
+@register_selector("xshare")
+class XShare(Anchored, RouterSum):
+    """XShare-style budget (arXiv 2602.07265, vLLM PR #35551): rank experts by batch demand (summed
+    router weight), with a per-token guarantee of its top experts. Its `top_per_token` is k0 and
+    its `expert_budget` the budget. Choices: the guarantee yields to the budget when the
+    guaranteed experts alone exceed it (ranked by demand), as in Anchored."""
+
+    supports_coverage = False
+
+
+@register_selector("lynx")
+class Lynx(Anchored, Count):
+    """Lynx-style batch-level expert reduction (arXiv 2411.08982): load-balancing skews make some
+    experts serve many tokens of a batch; a token's low-affinity assignments (below its first
+    choice) are remapped onto experts the batch already uses. Our reading, since the paper's
+    AffinityBinning details are not public in a form we could follow: every token keeps its
+    highest-affinity expert (k0, default 1 via method.k0), the rest of the budget goes to the
+    experts most tokens route to (count, router weight breaking ties), and the dropped low-affinity
+    assignments are backfilled within the kept set."""
+
+    supports_coverage = False
 
 
 @register_selector("top1_union")

@@ -188,3 +188,48 @@ def test_executed_counts_every_rows_final_routing():
     assert (int(dense.union), int(dense.executed)) == (2, 4)  # the inactive row runs experts 4 and 5
     rerouted = step_stats(b, keep_E, final_idx_TK=torch.tensor([[0, 1], [0, 1]]))
     assert int(rerouted.executed) == 2
+
+
+# ---- SERE-style re-routing (reassign=similar) -----------------------------------------------------
+# Similarity by hand: 1 is closest to 3, 4 is closest to 2 (then 0), 5 closest to 0.
+SIM_EE = torch.eye(6)
+for u, v, s in [(1, 3, 0.9), (1, 0, 0.5), (4, 2, 0.8), (4, 0, 0.7), (5, 0, 0.6), (5, 3, 0.1)]:
+    SIM_EE[u, v] = SIM_EE[v, u] = s
+
+
+def test_similar_moves_each_dropped_pair_to_its_most_similar_kept_expert_with_its_weight():
+    batch = hand_batch()
+    score_E = aggregate_E(batch.topk_w_TK, batch.topk_idx_TK, batch.active_T, batch.num_experts)
+    idx_TK, w_TK = reassign(batch, keep_mask(KEEP), score_E, "similar", True, SIM_EE)
+    # t0 {0, 1}: 1 -> 3; t1 {1, 4}: 1 -> 3, 4 -> 2; t2 keeps {2, 0}; t3 {4, 5}: 4 -> 2, 5 -> 0
+    assert idx_TK.tolist() == [[0, 3], [3, 2], [2, 0], [2, 0]]
+    assert torch.equal(w_TK, batch.topk_w_TK)  # weights travel with their pairs, totals unchanged
+
+
+def test_similar_substitute_already_held_is_counted_twice_like_a_summed_weight():
+    batch = routed_batch([[0.5, 0.3, 0.2]], [[0, 1]], [[0.6, 0.4]])
+    sim = torch.tensor([[1.0, 0.9, 0.0], [0.9, 1.0, 0.1], [0.0, 0.1, 1.0]])
+    idx_TK, w_TK = reassign(batch, torch.tensor([True, False, True]), torch.ones(3), "similar", True, sim)
+    assert idx_TK.tolist() == [[0, 0]] and w_TK[0].tolist() == pytest.approx([0.6, 0.4])
+
+
+def test_similar_without_a_similarity_fails_clearly():
+    batch = hand_batch()
+    with pytest.raises(ValueError, match="needs the expert similarity"):
+        reassign(batch, keep_mask(KEEP), torch.ones(6), "similar", True, None)
+
+
+def test_expert_similarity_is_cosine_of_outputs_on_shared_inputs():
+    """Three experts of a real transformers experts module, the third a copy of the first."""
+    from base.similarity import expert_similarity_EE
+    from tests.helpers import tiny_qwen3
+
+    model = tiny_qwen3(num_experts=3, top_k=2)
+    experts = model.model.layers[0].mlp.experts
+    with torch.no_grad():
+        experts.gate_up_proj[2].copy_(experts.gate_up_proj[0])
+        experts.down_proj[2].copy_(experts.down_proj[0])
+    H = model.config.hidden_size
+    sim = expert_similarity_EE(experts, torch.randn(40, H, generator=torch.Generator().manual_seed(1)), 3)
+    assert torch.allclose(sim, sim.t()) and torch.allclose(sim.diagonal(), torch.ones(3), atol=1e-5)
+    assert sim[0, 2] == pytest.approx(1.0, abs=1e-5) and sim[0, 1] < 0.99

@@ -76,6 +76,16 @@ def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(tmp_path):
     assert (sel["kept_min"] <= sel["kept_p50"]).all() and (sel["kept_p90"] <= sel["kept_max"]).all()
 
 
+def test_similar_rerouting_runs_with_calibrated_expert_similarity(tmp_path):
+    proc = _run(tmp_path, "method=router_sum", "method.reassign=similar", "budget=2", "batch_size=8")
+    assert proc.returncode == 0
+    out = _run_dir(tmp_path / "default", "method.reassign=similar")
+    report = json.loads((out / "report.json").read_text())
+    assert "output cosine similarity" in report["artifacts"]["similarity"]
+    steps = pd.read_csv(out / "selection_steps.csv")
+    assert steps["kept"].max() <= 2 and (steps["executed"] <= 2).all()  # substitutes are kept experts
+
+
 def test_multirun_two_points(tmp_path):
     proc = _run(tmp_path, "-m", "method=router_sum", "budget=2,6", "batch_size=8")
     assert proc.returncode == 0

@@ -253,3 +253,16 @@ def test_coverage_is_refused_where_scores_are_not_costs():
 def test_base_anchor_needs_k0():
     with pytest.raises(ValueError, match="base_anchor needs k0 >= 1"):
         build_selector("base_anchor", ARTIFACTS)
+
+
+@pytest.mark.parametrize(("name", "k0", "budget", "kept"), [
+    # k0=1 anchors the first choices {0, 2, 3, 4}; xshare ranks by router_sum, lynx by count
+    ("xshare", 1, 2, {0, 2}), ("xshare", 1, 3, {0, 2, 4}), ("xshare", 1, 4, {0, 2, 3, 4}),
+    ("lynx", 1, 2, {0, 2}), ("lynx", 1, 3, {0, 2, 4}), ("lynx", 1, 4, {0, 2, 3, 4}),
+    # k0=2 anchors every routed expert: each falls back to its own ranking
+    ("xshare", 2, 2, {0, 2}),  # router_sum 2 (9/8), then 0/1 tie (7/8): 0
+    ("lynx", 2, 2, {1, 2}),  # count: 1 (3 tokens), 2 (2 tokens)
+])
+def test_peer_rules_guarantee_first_choices_then_rank_by_their_own_score(name, k0, budget, kept):
+    keep_E, _ = make(name, k0=k0).keep(hand_batch(), budget)
+    assert ids_of(keep_E) == kept
