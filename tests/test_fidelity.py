@@ -42,6 +42,8 @@ def test_dense_is_exact_and_a_budget_loses_something(compose, tmp_path):
     s = dense["summary"]
     assert s["kl"] == 0.0 and s["dll"] == 0.0 and s["top1_agree"] == 1.0 and s["fidelity_tokens"] > 0
     assert s["out_error"] == 0.0 and s["energy_retained"] == pytest.approx(1.0, abs=1e-6)
+    # the teacher-forced dense continuation is the evaluation's own: the same decode steps per row
+    assert s["fidelity_tokens"] == sum(dense["eval"]["decode_steps_by_task"].values())
     steps = pd.read_csv(dense_dir / "selection_steps.csv")
     assert (steps["out_err"] == 0).all() and (steps["out_dense"] > 0).all()  # per layer and step
     fid = pd.read_csv(dense_dir / "fidelity_steps.csv")
