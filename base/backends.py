@@ -40,6 +40,10 @@ class Policy:
     budget: int | None
     reassign: str = "backfill"
     renormalize: bool = True  # resolved for the model (renormalize=model|always|never)
+    layer_budgets: dict[int, int] | None = None  # per-layer budgets (base/budget_split.py), else `budget`
+
+    def budget_of(self, layer: int) -> int | None:
+        return self.layer_budgets.get(layer, self.budget) if self.layer_budgets else self.budget
 
 
 @dataclass
@@ -67,7 +71,7 @@ class TorchBackend:
         p = self.policy
         if p.selector is None:
             return dense_decision(batch)
-        keep_E, score_E = p.selector.keep(batch, p.budget if p.selector.uses_budget else None)
+        keep_E, score_E = p.selector.keep(batch, p.budget_of(batch.layer) if p.selector.uses_budget else None)
         sim_LEE = p.selector.artifacts.sim_LEE
         sim_EE = sim_LEE[batch.layer] if (p.reassign == "similar" and sim_LEE is not None) else None
         idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize, sim_EE)
@@ -118,7 +122,8 @@ class TritonBackend(TorchBackend):
 
         p, row = self.policy, self.per_layer[batch.layer]
         kind = "calib_freq" if self.kind in STATIC_SCORES else self.kind  # a static score_E
-        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind, p.budget,
+        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind,
+                          p.budget_of(batch.layer),
                           z_TH=batch.z_TH, reassign_mode=p.reassign, renormalize=p.renormalize, **row)
         return Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK)
 
@@ -154,7 +159,7 @@ class TritonBackend(TorchBackend):
         if bias_E is not None:
             logits_TE = logits_TE + bias_E
         routing, out = route_select(
-            logits_TE, layer.top_k, active_T, p.budget, norm_topk=norm_topk,
+            logits_TE, layer.top_k, active_T, p.budget_of(L), norm_topk=norm_topk,
             scale=float(getattr(router, "routed_scaling_factor", 1.0)),
             kind="router_sum" if self.kind in STATIC_SCORES else self.kind,
             reassign_mode=p.reassign, renormalize=p.renormalize, **extra,

@@ -101,6 +101,7 @@ class MethodConfig:
     k0: int | None = None  # oea, base_anchor: each token keeps its top-k0
     backend: str = "torch"  # torch reference, or triton kernels (kernels/)
     coverage: float | None = None  # adaptive budget: keep the fewest experts covering this share of the score
+    budget_split: str = "uniform"  # uniform: `budget` in every layer; sensitivity: L x budget split by calibration
 
     def __post_init__(self) -> None:
         from base.selectors import SELECTORS
@@ -115,6 +116,10 @@ class MethodConfig:
         cls = SELECTORS.get(self.name) if self.name != "dense" else None
         if cls is not None and cls.needs_k0 and self.k0 is None:
             raise ConfigError(f"method={self.name} needs method.k0 (each token's top-k0 experts are kept)")
+        _choice("method.budget_split", self.budget_split, ("uniform", "sensitivity"))
+        if self.budget_split == "sensitivity" and (cls is None or not cls.uses_budget or self.coverage is not None):
+            raise ConfigError(f"method.budget_split=sensitivity splits a budget across layers: it needs a budgeted "
+                              f"selector without method.coverage; got method={self.name}")
         if self.coverage is not None:
             from base.selectors import coverage_selectors
 

@@ -51,6 +51,7 @@ class PatchOptions:
     energy: bool = False  # record true retained energy (runs every routed expert)
     fidelity: bool = False  # also record the MoE-output error against dense (runs the experts twice more)
     backend: str = "torch"  # torch: base/routing.py; triton: kernels/ where supported
+    layer_budgets: dict[int, int] | None = None  # per MoE layer index (budget_split=sensitivity)
 
 
 def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
@@ -258,7 +259,7 @@ def patch_model(
         raise ValueError(f"unknown backend {options.backend!r}; valid: {', '.join(BACKENDS)}")
     renormalizes = FAMILIES.get(family).renormalizes(model.config)
     renorm = options.renormalize == "always" or (options.renormalize == "model" and renormalizes)
-    policy = Policy(selector, options.budget, options.reassign, renorm)
+    policy = Policy(selector, options.budget, options.reassign, renorm, options.layer_budgets)
     device = model_device(model)
     # an energy or fidelity run must see every router (no fused route_select)
     backend = BACKENDS[options.backend](policy, layers, device, energy=options.energy or options.fidelity)

@@ -44,12 +44,27 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = No
         arts, info = selector_artifacts(cfg, cls, model, tokenizer, layers)
         selector = build_selector(name, arts, k0=k0, coverage=m.coverage if name == m.name else None)
 
+    split: dict[str, Any] = {}  # budget_split=sensitivity: the calibrated loss curves, once
+
+    def layer_budgets(budget: int | None) -> dict[int, int] | None:
+        if m.budget_split != "sensitivity" or budget is None or selector is None:
+            return None
+        from base.budget_split import loss_curves, split_budget
+
+        if "curves" not in split:
+            calib, _ = ensure_calibration(cfg, model, tokenizer, layers, recompute=False)
+            split["curves"] = loss_curves(calib, cfg.batch_size)
+        budgets = split_budget(split["curves"], budget, [lyr.index for lyr in layers])
+        info.setdefault("layer_budgets", {})[str(budget)] = budgets
+        return budgets
+
     def make(budget: int | None, record_stats: bool | None = None) -> BudgetPatch:
         record = cfg.stats.enabled if record_stats is None else record_stats
         fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
         opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
                             apply_to=m.apply_to, record_stats=record,
-                            energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend)
+                            energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
+                            layer_budgets=layer_budgets(budget))
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
         sel = selector if (budget is not None or adaptive) else None

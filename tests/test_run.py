@@ -86,6 +86,16 @@ def test_similar_rerouting_runs_with_calibrated_expert_similarity(tmp_path):
     assert steps["kept"].max() <= 2 and (steps["executed"] <= 2).all()  # substitutes are kept experts
 
 
+def test_sensitivity_split_keeps_the_mean_budget_with_layers_that_differ(tmp_path):
+    proc = _run(tmp_path, "method=base", "method.budget_split=sensitivity", "budget=2", "batch_size=8")
+    assert proc.returncode == 0
+    out = _run_dir(tmp_path / "default", "method.budget_split=sensitivity")
+    split = json.loads((out / "report.json").read_text())["artifacts"]["layer_budgets"]["2"]
+    assert sum(split.values()) == 2 * len(split)
+    sel = pd.read_csv(out / "selection.csv")
+    assert all(sel.loc[sel["layer"] == int(layer), "kept_max"].iloc[0] <= m for layer, m in split.items())
+
+
 def test_multirun_two_points(tmp_path):
     proc = _run(tmp_path, "-m", "method=router_sum", "budget=2,6", "batch_size=8")
     assert proc.returncode == 0
