@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality ablation bench-kernels clean
+.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality ablation rules bench-kernels clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -67,10 +67,21 @@ quality: $(STAMP)  ## quality curves on the mini model (SEEDS=0,1,2 for interval
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
 ABLATION_SEEDS ?= 0,1,2,3,4
-ablation: $(STAMP)  ## selection-rule ablation on mini (fidelity + accuracy over batching seeds) -> results/ablation_mini.*
-	$(RUNENV) $(PY) run.py -m experiment=ablation_mini method=dense budget=null eval.seed=$(ABLATION_SEEDS)
-	$(RUNENV) $(PY) run.py -m experiment=ablation_mini eval.seed=$(ABLATION_SEEDS)
-	$(PY) -m analysis.ablation outputs/ablation_mini results/ablation_mini
+# ABLATION_EXP=ablation_mini_olmoe: the same ablation on the second embedded model (its own budgets).
+ABLATION_EXP ?= ablation_mini
+ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mini_olmoe: the other model) -> results/ablation_mini*.*
+	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) method=dense budget=null eval.seed=$(ABLATION_SEEDS)
+	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) eval.seed=$(ABLATION_SEEDS)
+	$(PY) -m analysis.ablation outputs/$(ABLATION_EXP) results/$(ABLATION_EXP)
+
+# RULES_EXP=rules_mini_olmoe: the same comparison on the second embedded model.
+RULES_EXP ?= rules_mini
+rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and adaptive budgets) vs base -> results/$(RULES_EXP).*
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP)
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.reassign=similar,drop
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.budget_split=sensitivity
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.coverage=0.9,0.95 budget=null
+	$(PY) -m analysis.ablation outputs/$(RULES_EXP) results/$(RULES_EXP)
 
 bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/
 	python -m kernels.bench --out benchmarks/kernels

@@ -42,6 +42,21 @@ REF = "base"
 ORDER = ("top1_union", "router_sum", "router_sq", "calib_energy", "base", "oracle", "dense")
 
 
+def variant_label(method: str, mc: dict) -> str:
+    """The method with the options that make it another rule: base, base+similar,
+    base@cov0.9, base+split, base_anchor(k0=1); defaults leave the plain name."""
+    label = method
+    if mc.get("k0") is not None:
+        label += f"(k0={mc['k0']})"
+    if mc.get("reassign", "backfill") != "backfill":
+        label += f"+{mc['reassign']}"
+    if mc.get("budget_split", "uniform") != "uniform":
+        label += "+split"
+    if mc.get("coverage") is not None:
+        label += f"@cov{mc['coverage']:g}"
+    return label
+
+
 def runs(root: str | Path) -> pd.DataFrame:
     """One row per finished evaluate run: method, budget, batching seed, its folder and summary."""
     rows = []
@@ -50,7 +65,7 @@ def runs(root: str | Path) -> pd.DataFrame:
         if rep.get("stage") != "evaluate":
             continue
         ev = rep.get("eval", {})
-        rows.append({"method": rep["method"], "budget": rep["budget"],
+        rows.append({"method": variant_label(rep["method"], rep.get("method_config", {})), "budget": rep["budget"],
                      "seed": ev.get("batch_seed", rep.get("seed")), "dir": str(path.parent),
                      **{m: rep.get("summary", {}).get(m) for m in METRICS}})
     if not rows:
@@ -196,6 +211,19 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     return "\n".join(text) + "\n"
 
 
+def made_by(root: str | Path, dest: str | Path, df: pd.DataFrame) -> str:
+    """The .md header: the commands that made the runs under `root` (its folder name is the experiment's
+    exp_name, e.g. outputs/ablation_mini_olmoe) and this table."""
+    exp = Path(root).name
+    if exp.startswith("rules_"):  # issue 10's rules: several sweeps (conf/experiment/rules_*.yaml)
+        return (f"Made by `make rules` (the sweeps listed in conf/experiment/{exp}.yaml, under {root}), then "
+                f"`python -m analysis.ablation {root} {dest}`.\n\n")
+    make = "make ablation" + ("" if exp == "ablation_mini" else f" ABLATION_EXP={exp}")
+    seeds = ",".join(str(int(s)) for s in sorted(df["seed"].dropna().unique()))
+    return (f"Made by `{make}`: the runs of `python run.py -m experiment={exp} eval.seed={seeds}` (and `method=dense "
+            f"budget=null`) under {root}, then `python -m analysis.ablation {root} {dest}`.\n\n")
+
+
 def main(root: str, dest: str) -> None:
     df = runs(root)
     table = per_seed_table(df)
@@ -205,9 +233,7 @@ def main(root: str, dest: str) -> None:
     table.to_csv(out.with_suffix(".csv"), index=False)
     paired.to_csv(out.parent / f"{out.name}_paired.csv", index=False)
     text = markdown(table, paired)
-    made = (f"Made by `make ablation`: the runs of `python run.py -m experiment=ablation_mini` (and `method=dense "
-            f"budget=null`) under {root}, then `python -m analysis.ablation {root} {dest}`.\n\n")
-    out.with_suffix(".md").write_text(made + text)
+    out.with_suffix(".md").write_text(made_by(root, dest, df) + text)
     print(text)
 
 

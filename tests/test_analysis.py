@@ -185,6 +185,18 @@ def test_ablation_intervals_over_seeds_and_paired_calls(tmp_path):
     assert "router_sum" in text and "tie" in text and "lower" in text
 
 
+def test_ablation_header_names_the_experiment_of_its_folder():
+    from analysis.ablation import made_by
+
+    df = pd.DataFrame({"seed": [2, 0, 1, 0]})
+    mini = made_by("outputs/ablation_mini", "results/ablation_mini", df)
+    assert "`make ablation`" in mini and "experiment=ablation_mini eval.seed=0,1,2`" in mini
+    other = made_by("outputs/ablation_mini_olmoe", "results/ablation_mini_olmoe", df)
+    assert "`make ablation ABLATION_EXP=ablation_mini_olmoe`" in other
+    assert "experiment=ablation_mini_olmoe eval.seed=0,1,2`" in other
+    assert "analysis.ablation outputs/ablation_mini_olmoe results/ablation_mini_olmoe" in other
+
+
 def test_ablation_refuses_to_pair_different_prompts(tmp_path):
     from analysis.ablation import paired_table, runs
 
@@ -228,3 +240,13 @@ def test_profile_counts_kernels_launched_directly_in_a_class_range_once():
     per_class, total = attribute([experts, attn, mm, launch, stray], cuda=True)
     assert per_class == {"expert FFN": 0.5, "attention": 0.3, "other": 0.05}
     assert total == pytest.approx(0.85)
+
+
+def test_ablation_labels_rule_variants_by_their_options():
+    from analysis.ablation import variant_label
+
+    assert variant_label("base", {"k0": None, "reassign": "backfill", "budget_split": "uniform"}) == "base"
+    assert variant_label("base_anchor", {"k0": 1}) == "base_anchor(k0=1)"
+    assert variant_label("base", {"reassign": "similar"}) == "base+similar"
+    assert variant_label("base", {"budget_split": "sensitivity"}) == "base+split"
+    assert variant_label("base", {"coverage": 0.9}) == "base@cov0.9"
