@@ -6,6 +6,7 @@
     experts.py  fused_experts: the kept experts' FFN, each weight byte read once per step
     hf.py       register_base_triton: the FFN as transformers experts implementation
     step.py     select_step: one layer's selection from plain tensors
+    attention.py decode_attention: split-KV decode attention over a static cache (the engine's)
 CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled.
 """
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
