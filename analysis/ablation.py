@@ -181,11 +181,13 @@ DIGITS = {"kept_mean": 2, "energy_retained": 3, "out_error": 3, "kl": 3, "dll": 
 def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     order = {m: i for i, m in enumerate(ORDER)}
     t = table.assign(cell=[_fmt(r["mean"], r["low"], r["high"], DIGITS[r["metric"]]) for _, r in table.iterrows()])
-    t["budget"] = t["budget"].map(lambda b: "dense" if pd.isna(b) else str(int(b)))
+    # no budget: dense, or an adaptive rule (method.coverage) whose kept count is its own
+    t["budget"] = [("dense" if r["method"] == "dense" else "none") if pd.isna(r["budget"]) else str(int(r["budget"]))
+                   for _, r in t.iterrows()]
     wide = t.pivot_table(index=["budget", "method"], columns="metric", values="cell", aggfunc="first")
     wide = wide[[m for m in METRICS if m in wide.columns]].reset_index()
     wide = wide.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99)) if c.name == "method"
-                            else c.map(lambda v: 1e9 if v == "dense" else int(v))).reset_index(drop=True)
+                            else c.map(lambda v: {"none": 1e8, "dense": 1e9}.get(v) or int(v))).reset_index(drop=True)
     seeds = int(table["seeds"].max())
     text = [f"Mean over {seeds} batching seeds [95 % t-interval over seeds]; kept_mean: experts kept per layer "
             "and step; energy_retained: sum w^2||E||^2 kept / routed; out_error: ||y_budget - y_dense||^2 / "
