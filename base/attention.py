@@ -51,6 +51,8 @@ def _decode_attention_op(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_
 @_decode_attention_op.register_fake
 def _(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling):
     return q_BHD.new_empty(q_BHD.shape[0], q_BHD.shape[1], v_BKLE.shape[-1])
+
+
 _ACTIVE: list[StaticKV] = []  # the cache of the engine whose forward is running (for allocation)
 
 
@@ -62,7 +64,6 @@ class StaticKV:
 
     def __init__(self, max_len: int, device: torch.device) -> None:
         self.max_len = max_len
-        self.device = device
         self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
         self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
         self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -103,7 +104,6 @@ class DecodeEngine:
         self.stop_at_eos = torch.ones((), dtype=torch.bool, device=dev)
         self.gen_i = torch.zeros(1, dtype=torch.long, device=dev)  # index of the next generated token
         self.out_BN = torch.zeros(B, 1, dtype=torch.long, device=dev)
-        self.arange_L = torch.arange(L, device=dev)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_rows: Tensor | None = None  # the recorder buffer the graph writes into
 
@@ -119,10 +119,7 @@ class DecodeEngine:
         self.valid_BL.index_fill_(1, self.pos_1, True)
         if self.patch is not None:
             self.patch.begin_forward(True, ~self.finished_B)
-        if self.regions is not None:
-            with self.regions.enabled():
-                out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1)
-        else:
+        with self.regions.enabled() if self.regions is not None else nullcontext():
             out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1)
         nxt_B = self.sampling.next_token(out.logits[:, -1])
         self._emit(nxt_B)

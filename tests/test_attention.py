@@ -95,6 +95,15 @@ def _generate_ref(model, ids, mask, n):
     return out[:, ids.shape[1]:]
 
 
+def _engine_tokens(model, ids, mask, n, compile: bool):
+    """Greedy tokens of the decode engine (batch one row larger than the prompts), then released."""
+    engine = DecodeEngine(model, ids.shape[0] + 1, 32, compile=compile)
+    try:
+        return engine.generate(ids, mask, n, stop_at_eos=False).tokens_BN
+    finally:
+        engine.release()
+
+
 FAMILIES = ["tiny_qwen3", "tiny_qwen2", "tiny_olmoe", "tiny_deepseek", "tiny_mixtral", "tiny_gpt_oss"]
 
 
@@ -107,12 +116,7 @@ def test_engine_decodes_every_family_like_generate(name):
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
     mask[2, :4] = 0
-    engine = DecodeEngine(model, 4, 32, compile=False)
-    try:
-        res = engine.generate(ids, mask, 14, stop_at_eos=False)
-    finally:
-        engine.release()
-    assert torch.equal(res.tokens_BN, _generate_ref(model, ids, mask, 14))
+    assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=False), _generate_ref(model, ids, mask, 14))
     assert not any(hasattr(m, "base_k_cache") for m in model.modules())  # released
 
 
@@ -127,12 +131,7 @@ def test_compiled_regions_decode_like_generate_with_one_graph_for_all_layers(nam
     mask = torch.ones_like(ids)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    engine = DecodeEngine(model, 2, 32, compile=True)
-    try:
-        res = engine.generate(ids, mask, 14, stop_at_eos=False)
-    finally:
-        engine.release()
-    assert torch.equal(res.tokens_BN, _generate_ref(model, ids, mask, 14))
+    assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=True), _generate_ref(model, ids, mask, 14))
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     attention_types = len(set(getattr(model.config, "layer_types", None) or ["full"]))
     assert 0 < graphs <= 1 + attention_types  # the norm, and attention per type
