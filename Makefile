@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality ablation rules bench-kernels clean
+.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation rules bench-kernels clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,15 @@ ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mi
 	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) method=dense budget=null eval.seed=$(ABLATION_SEEDS)
 	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) eval.seed=$(ABLATION_SEEDS)
 	$(PY) -m analysis.ablation outputs/$(ABLATION_EXP) results/$(ABLATION_EXP)
+
+# Every selector at every budget over batching seeds with the fidelity metrics (200 prompts per run):
+# QS_EXP=quality_seeds_mini_olmoe for the second embedded model.
+QS_EXP ?= quality_seeds_mini
+quality-seeds: $(STAMP)  ## all selectors x budgets x 3 batching seeds, intervals and paired tests (QS_EXP=quality_seeds_mini_olmoe) -> results/$(QS_EXP).*
+	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=dense budget=null
+	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null
+	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP)
+	$(PY) -m analysis.ablation outputs/$(QS_EXP) results/$(QS_EXP)
 
 # RULES_EXP=rules_mini_olmoe: the same comparison on the second embedded model.
 RULES_EXP ?= rules_mini
