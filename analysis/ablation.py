@@ -35,26 +35,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.load import variant_label
 from analysis.paired import mcnemar_exact
 
 METRICS = ("kept_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree", "accuracy")
 REF = "base"
 ORDER = ("top1_union", "router_sum", "router_sq", "calib_energy", "base", "oracle", "dense")
-
-
-def variant_label(method: str, mc: dict) -> str:
-    """The method with the options that make it another rule: base, base+similar,
-    base@cov0.9, base+split, base_anchor(k0=1); defaults leave the plain name."""
-    label = method
-    if mc.get("k0") is not None:
-        label += f"(k0={mc['k0']})"
-    if mc.get("reassign", "backfill") != "backfill":
-        label += f"+{mc['reassign']}"
-    if mc.get("budget_split", "uniform") != "uniform":
-        label += "+split"
-    if mc.get("coverage") is not None:
-        label += f"@cov{mc['coverage']:g}"
-    return label
 
 
 def runs(root: str | Path) -> pd.DataFrame:

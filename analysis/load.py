@@ -1,12 +1,270 @@
-"""Read finished runs from outputs/ into pandas. analysis/ only reads outputs/, never runs models."""
+"""Read finished runs from outputs/ and the committed results/ into pandas. analysis/ only reads
+outputs/ and results/, never runs or loads a model.
+
+    from analysis.load import load
+    data = load("outputs", "results")      # either may be missing
+    data.outputs.runs                      # one row per finished run, keyed by AXES
+    data.outputs.samples                   # one row per request (samples.jsonl), same keys
+    data.results.points                    # committed per-seed aggregates, one row per (point, metric)
+
+Every frame of run folders carries the config axes (AXES) of its run, so any two frames join on
+`run` and filter on the same columns. The run-level file readers at the bottom (`reports`,
+`runs_frame`, `metrics_frame`, `throughput_frame`) are the older per-experiment helpers the other
+analysis scripts use.
+"""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
+import yaml
+
+# The config axes a run is keyed by. `exp` is the sweep (exp_name), `variant` the method with the
+# options that make it another rule (variant_label), `seed` the batching seed of an evaluation.
+AXES = ("exp", "run", "stage", "model", "method", "variant", "reassign", "k0", "coverage", "budget_split",
+        "budget", "batch_size", "seed", "routing", "hardware")
+# Per-run tables of one evaluate run folder, by the name its frame has on RunSet.
+RUN_TABLES = {"metrics": "metrics.csv", "selection": "selection.csv", "steps": "selection_steps.csv",
+              "fidelity": "fidelity_steps.csv", "samples": "samples.jsonl"}
+ROOT = Path(__file__).resolve().parents[1]
 
 
+def variant_label(method: str, mc: dict) -> str:
+    """The method with the options that make it another rule: base, base+similar,
+    base@cov0.9, base+split, base_anchor(k0=1); defaults leave the plain name."""
+    label = method
+    if mc.get("k0") is not None:
+        label += f"(k0={mc['k0']})"
+    if mc.get("reassign", "backfill") != "backfill":
+        label += f"+{mc['reassign']}"
+    if mc.get("budget_split", "uniform") != "uniform":
+        label += "+split"
+    if mc.get("coverage") is not None:
+        label += f"@cov{mc['coverage']:g}"
+    return label
+
+
+def _exp_name(run_dir: Path, root: Path) -> str:
+    """exp_name from the run's config.yaml; else the top folder under root (outputs/<exp>/<run>)."""
+    cfg = run_dir / "config.yaml"
+    if cfg.exists():
+        name = (yaml.safe_load(cfg.read_text()) or {}).get("exp_name")
+        if name:
+            return str(name)
+    rel = run_dir.relative_to(root).parts
+    return rel[0] if len(rel) > 1 else root.name
+
+
+def run_axes(rep: dict, exp: str, run: str) -> dict:
+    """The AXES of one report.json (throughput reports hold many variants: theirs are per row)."""
+    mc = rep.get("method_config", {})
+    ev = rep.get("eval", {})
+    return {"exp": exp, "run": run, "stage": rep.get("stage"), "model": rep.get("model"),
+            "method": rep.get("method"), "variant": variant_label(rep.get("method", "?"), mc),
+            "reassign": mc.get("reassign"), "k0": mc.get("k0"), "coverage": mc.get("coverage"),
+            "budget_split": mc.get("budget_split"), "budget": rep.get("budget"), "batch_size": rep.get("batch_size"),
+            "seed": ev.get("batch_seed", rep.get("seed")), "routing": rep.get("routing", "uniform"),
+            "hardware": rep.get("gpu") or rep.get("device")}
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    """Integer axes as nullable ints, so a missing budget (dense, adaptive) stays <NA>, not 6.0."""
+    for col in ("budget", "batch_size", "seed", "k0"):
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+    return df
+
+
+class RunSet:
+    """The finished runs (folders with report.json) under one root, as frames keyed by AXES.
+    Frames are read on first use; `table(name, runs)` reads one per-run file for some runs only."""
+
+    def __init__(self, root: str | Path | None) -> None:
+        self.root = Path(root) if root is not None else None
+        self.reports: list[dict] = []
+        if self.root is None or not self.root.is_dir():
+            return
+        for path in sorted(self.root.rglob("report.json")):
+            rep = json.loads(path.read_text())
+            run = str(path.parent.relative_to(self.root)) if path.parent != self.root else "."
+            rep["_axes"] = run_axes(rep, _exp_name(path.parent, self.root), run)
+            self.reports.append(rep)
+
+    def __len__(self) -> int:
+        return len(self.reports)
+
+    @cached_property
+    def runs(self) -> pd.DataFrame:
+        """One row per finished run: AXES, the summary (accuracy, kept_mean, kl, ...), size and wall time."""
+        rows = [{**rep["_axes"], **{k: rep.get(k) for k in ("num_experts", "moe_layers", "top_k", "wall_s")},
+                 **rep.get("summary", {})} for rep in self.reports]
+        return _typed(pd.DataFrame(rows, columns=None if rows else list(AXES)))
+
+    def table(self, name: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+        """One per-run file (a RUN_TABLES key or a file name) of the given runs (default: every
+        evaluate run), its rows prefixed with their run's AXES; runs without the file are skipped."""
+        fname = RUN_TABLES.get(name, name)
+        runs = self.runs[self.runs["stage"] == "evaluate"] if runs is None else runs
+        frames = []
+        for _, r in runs.iterrows():
+            path = self.root / r["run"] / fname
+            if not path.exists():
+                continue
+            df = pd.read_json(path, lines=True) if fname.endswith(".jsonl") else pd.read_csv(path)
+            axes = r[list(AXES)].to_dict()
+            frames.append(df.assign(**axes)[[*AXES, *[c for c in df.columns if c not in axes]]])
+        return _typed(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=list(AXES))
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        """Every evaluate run's metrics.csv (task, kind, metric, filter, value, stderr, n)."""
+        return self.table("metrics")
+
+    @cached_property
+    def selection(self) -> pd.DataFrame:
+        """Every evaluate run's selection.csv: one row per MoE layer."""
+        return self.table("selection")
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """Every evaluate run's selection_steps.csv: one row per (layer, decode step)."""
+        return self.table("steps")
+
+    @cached_property
+    def samples(self) -> pd.DataFrame:
+        """Every evaluate run's samples.jsonl: one row per request (task, doc_id, prompt_hash, correct, ...)."""
+        return self.table("samples")
+
+    @cached_property
+    def throughput(self) -> pd.DataFrame:
+        """One row per timed configuration of every throughput run: the run's AXES (its variant,
+        budget and batch size replaced by the row's) and the row (mode, ms_per_step, tokens_per_s,
+        speedup_vs_dense, union_mean, kept_mean, ...), with the model's expert count."""
+        rows = []
+        for rep in self.reports:
+            for r in rep.get("throughput", []):
+                rows.append({**rep["_axes"], "num_experts": rep.get("num_experts"), **r})
+        return _typed(pd.DataFrame(rows))
+
+    @cached_property
+    def predictor(self) -> pd.DataFrame:
+        """Held-out R² per (model, layer): fit runs' predictor.csv; models with no fit run here take
+        the R² their evaluate/throughput reports carry (artifacts: no within-expert R²)."""
+        frames = []
+        for rep in self.reports:
+            path = self.root / rep["_axes"]["run"] / "predictor.csv"
+            if rep.get("stage") == "fit" and path.exists():
+                frames.append(pd.read_csv(path).assign(model=rep["model"], source=rep["_axes"]["exp"]))
+        have = {f["model"].iloc[0] for f in frames}
+        for rep in self.reports:
+            arts = [rep.get("artifacts", {})] + list(rep.get("artifacts_by_method", {}).values())
+            r2 = next((a["predictor_r2"] for a in arts if a.get("predictor_r2")), None)
+            if r2 and rep["model"] not in have:
+                have.add(rep["model"])
+                frames.append(pd.DataFrame({"layer": range(len(r2)), "r2": r2, "model": rep["model"],
+                                            "source": rep["_axes"]["exp"]}))
+        cols = ["model", "layer", "r2", "r2_within", "source"]
+        return pd.concat(frames, ignore_index=True).reindex(columns=cols) if frames else pd.DataFrame(columns=cols)
+
+
+# ---- committed results/ ------------------------------------------------------------------------
+def _models() -> list[str]:
+    return sorted((p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")), key=len, reverse=True)
+
+
+def model_of(exp: str) -> str:
+    """The model an experiment name ends with (ablation_mini_olmoe -> mini_olmoe)."""
+    return next((m for m in _models() if exp == m or exp.endswith("_" + m)), exp.split("_", 1)[-1])
+
+
+def experiment_setting(exp: str, key: str):
+    """A top-level setting of conf/experiment/<exp>.yaml, else conf/config.yaml's default: the
+    committed aggregates do not repeat settings every run of a sweep shares (batch size)."""
+    for path in (ROOT / "conf" / "experiment" / f"{exp}.yaml", ROOT / "conf" / "config.yaml"):
+        if path.exists():
+            value = (yaml.safe_load(path.read_text()) or {}).get(key)
+            if value is not None:
+                return value
+    return None
+
+
+@dataclass
+class Results:
+    """The committed results/ tree as frames:
+    runs        per-run quality tables (results/<exp>.csv with a `variant` column): AXES subset + summary
+    points      per-seed aggregates (results/<exp>.csv with metric/mean/low/high/seeds):
+                exp, model, variant, budget, batch_size, metric, mean, low, high, n (seeds)
+    paired      results/<exp>_paired.csv: each variant minus base, paired, with its call
+    predictor   results/<exp>_predictor_r2.csv: model, layer, r2, r2_within
+    routing     results/routing/**/routing_stats.csv, the per-model mean row: model, experts, union_<b>
+    throughput  results/throughput/runs/ as a RunSet (its .throughput frame)
+    """
+    root: Path | None
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    points: pd.DataFrame = field(default_factory=pd.DataFrame)
+    paired: pd.DataFrame = field(default_factory=pd.DataFrame)
+    predictor: pd.DataFrame = field(default_factory=pd.DataFrame)
+    routing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    throughput: RunSet | None = None
+
+
+def load_results(root: str | Path | None = "results") -> Results:
+    """The committed tables under root (None or a missing folder: every frame empty)."""
+    root = Path(root) if root is not None else None
+    out = Results(root=root, throughput=RunSet(root / "throughput" / "runs" if root else None))
+    present = root is not None and root.is_dir()
+    runs, points, paired, pred = [], [], [], []
+    for path in sorted(root.glob("*.csv")) if present else []:
+        name = path.stem
+        if name.endswith("_predictor_r2"):
+            exp = name.removesuffix("_predictor_r2")
+            pred.append(pd.read_csv(path).assign(model=model_of(exp), source=exp))
+            continue
+        if name.endswith("_paired"):
+            exp = name.removesuffix("_paired")
+            paired.append(pd.read_csv(path).rename(columns={"method": "variant"}).assign(exp=exp, model=model_of(exp)))
+            continue
+        df = pd.read_csv(path)
+        batch = experiment_setting(name, "batch_size")
+        if {"metric", "mean", "low", "high", "seeds"} <= set(df.columns):
+            points.append(df.rename(columns={"method": "variant", "seeds": "n"})
+                          .assign(exp=name, model=model_of(name), batch_size=batch))
+        elif {"variant", "accuracy"} <= set(df.columns):
+            df = df.rename(columns={"batch_seed": "seed"})
+            if "batch_size" not in df:
+                df["batch_size"] = batch
+            runs.append(df.assign(exp=name, model=model_of(name), stage="evaluate", run=[f"{name}:{i}" for i in
+                                                                                          range(len(df))]))
+    out.runs = _typed(pd.concat(runs, ignore_index=True)) if runs else pd.DataFrame(columns=list(AXES))
+    cols = ["exp", "model", "variant", "budget", "batch_size", "metric", "mean", "low", "high", "n"]
+    out.points = _typed(pd.concat(points, ignore_index=True)[cols]) if points else pd.DataFrame(columns=cols)
+    out.paired = _typed(pd.concat(paired, ignore_index=True)) if paired else pd.DataFrame()
+    out.predictor = (pd.concat(pred, ignore_index=True) if pred
+                     else pd.DataFrame(columns=["model", "layer", "r2", "r2_within", "source"]))
+    stats = []
+    for path in sorted(root.glob("routing/**/routing_stats.csv")) if present else []:
+        df = pd.read_csv(path, comment="#")
+        stats.append(df[df["layer"].astype(str) == "mean"].assign(source=str(path.parent.relative_to(root))))
+    out.routing = pd.concat(stats, ignore_index=True) if stats else pd.DataFrame()
+    return out
+
+
+@dataclass
+class Data:
+    """What load() found: a RunSet of outputs/ and the committed Results (either may be empty)."""
+    outputs: RunSet
+    results: Results
+
+
+def load(outputs: str | Path | None = "outputs", results: str | Path | None = "results") -> Data:
+    """The loader every figure and the notebook start from; None (or a missing folder) = nothing there."""
+    return Data(outputs=RunSet(outputs), results=load_results(results))
+
+
+# ---- per-experiment helpers (analysis.quality, analysis.compare) ------------------------------
 def reports(root: str | Path) -> list[dict]:
     """Every finished run (a folder with report.json) under root, with its folder as `run`."""
     out = []

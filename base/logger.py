@@ -1,5 +1,7 @@
 """Experiment logging: wandb (offline by default, no account needed; `wandb sync` uploads later),
-or nothing with logger=none. One wandb run per run folder, finished at its end."""
+or nothing with logger=none. One wandb run per run folder, finished at its end. The per-layer
+selection statistics (evaluate) and the timings (throughput) go in as tables and as line charts.
+wandb is imported only when a run logs to it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,10 +27,16 @@ class Logger:
             self.run.log(values)
 
     def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """The rows as a wandb table; `selection` and `throughput` also as charts (PLOTS)."""
         if self.run is not None and rows:
             import wandb
 
             self.run.log({name: wandb.Table(dataframe=pd.DataFrame(rows))})
+            if name in PLOTS:
+                try:
+                    self.run.log(PLOTS[name](rows))
+                except Exception as err:  # a chart must never fail a finished run
+                    print(f"[logger] {name} charts skipped: {err}")
 
     def lm_eval(self, raw: dict[str, Any]) -> None:
         """lm-eval's own WandbLogger where it fits (per-task result tables)."""
@@ -48,3 +56,44 @@ class Logger:
         if self.run is not None:
             self.run.finish(exit_code=0 if ok else 1)
             self.run = None
+
+
+def selection_plots(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """selection.csv's rows (one per MoE layer) as line charts against the layer: expert counts
+    (union before selection, kept, executed) and the retained shares (weight, energy, output error)."""
+    import wandb
+
+    df = pd.DataFrame(rows).sort_values("layer")
+    layers = df["layer"].tolist()
+    charts = {}
+    for key, cols, title in (
+            ("selection/experts", ("union_mean", "kept_mean", "executed_mean"),
+             "distinct experts per layer (mean over decode steps)"),
+            ("selection/retained", ("weight_retained", "energy_retained", "out_error", "tokens_lost_frac"),
+             "share per layer: routing weight and energy retained, output error, tokens that lost an expert")):
+        have = [c for c in cols if c in df and df[c].notna().any()]
+        if have:
+            charts[key] = wandb.plot.line_series(xs=layers, ys=[df[c].tolist() for c in have], keys=have,
+                                                 title=title, xname="MoE layer")
+    return charts
+
+
+def throughput_plots(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """throughput.csv's CUDA-graph rows (eager where a run has none) as line charts against batch
+    size, one line per variant and budget: tokens/s and speed-up over dense."""
+    import wandb
+
+    df = pd.DataFrame(rows)
+    df = df[df["mode"] == "graph"] if (df["mode"] == "graph").any() else df
+    label = [v if pd.isna(b) else f"{v}@{int(b)}" for v, b in zip(df["variant"], df["budget"])]
+    groups = list(df.assign(label=label).sort_values("batch_size").groupby("label", sort=True))
+    charts = {}
+    for col, title in (("tokens_per_s", "decode tokens/s"), ("speedup_vs_dense", "speed-up over dense")):
+        if col in df and df[col].notna().any():
+            charts[f"throughput/{col}"] = wandb.plot.line_series(
+                xs=[g["batch_size"].tolist() for _, g in groups], ys=[g[col].tolist() for _, g in groups],
+                keys=[k for k, _ in groups], title=f"{title} vs batch size", xname="batch size")
+    return charts
+
+
+PLOTS = {"selection": selection_plots, "throughput": throughput_plots}

@@ -148,6 +148,12 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     return report
 
 
+def _record_hardware(model, report: dict[str, Any]) -> None:
+    report["device"] = str(next(model.parameters()).device)
+    if torch.cuda.is_available() and report["device"].startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name()
+
+
 def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Logger) -> None:
     out = cfg.out_dir
     tokenizer = load_tokenizer(cfg.model, cfg.root)
@@ -188,9 +194,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         report["profile"] = profile
         logger.table("throughput", rows)
         report["throughput"] = rows
-        report["device"] = str(next(model.parameters()).device)
-        if torch.cuda.is_available() and report["device"].startswith("cuda"):
-            report["gpu"] = torch.cuda.get_device_name()
+        _record_hardware(model, report)
         return
     # evaluate
     make_patch, info = make_patcher(cfg, model, tokenizer, layers)
@@ -229,6 +233,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                       "generation": {k: getattr(cfg.eval, k) for k in ("do_sample", "temperature", "top_p", "top_k",
                                                                         "gen_toks", "max_gen_toks")},
                       "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None}
+    _record_hardware(model, report)  # figure captions name the hardware (analysis/figures.py)
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
     report["selection"] = summary_rows

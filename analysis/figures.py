@@ -1,0 +1,341 @@
+"""The report's figures, each from a table of analysis/tables.py, drawn in analysis/style.py.
+
+Every function returns a Plot: the figure, its title and caption (model, batch size, hardware,
+number of runs), the table it shows, and `empty`, the reason when there was nothing to draw (the
+figure then says so instead of failing). Numbering follows issue 11:
+  1 accuracy vs decode speed-up, Pareto front   2 accuracy vs kept experts, bands over seeds
+  3 union before selection vs batch size         4 the selection-rule ablation at equal budget
+  5 backfill vs drop / re-routing                6 predictor R² per layer; kept-experts heat map
+"""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import style
+from analysis.tables import REASSIGN, pareto
+
+ACC = "accuracy (exact match, mean over tasks)"
+KEPT = "experts kept per MoE layer per decode step (mean)"
+SPEED = "decode speed-up over dense (×)"
+ORDER = ("top1_union", "router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base", "oracle")
+
+
+@dataclass
+class Plot:
+    name: str  # file stem under the report folder
+    title: str
+    caption: str
+    fig: Figure
+    table: pd.DataFrame
+    empty: str | None = None  # why nothing was drawn
+
+    def _repr_png_(self) -> bytes:  # a notebook shows a Plot as its PNG
+        buf = io.BytesIO()
+        with style.context():
+            self.fig.savefig(buf, format="png", dpi=100)
+        return buf.getvalue()
+
+
+def _hw(values) -> str:
+    hw = sorted({str(v) for v in values if isinstance(v, str) and v})
+    return ", ".join(hw) if hw else "not recorded"
+
+
+def _runs(n) -> str:
+    return f"{int(np.nansum(np.asarray(n, dtype=float)))} runs"
+
+
+def _empty(name: str, title: str, reason: str) -> Plot:
+    with style.context():
+        fig, (ax,) = style.new_figure(height=2.0)
+        ax.set_title(title)
+        style.empty_axes(ax, reason)
+    return Plot(name, title, reason, fig, pd.DataFrame(), empty=reason)
+
+
+def _finish(fig: Figure, name: str, title: str, caption: str, table: pd.DataFrame) -> Plot:
+    fig.suptitle(title, fontsize=11)
+    style.caption(fig, caption)
+    return Plot(name, title, caption, fig, table)
+
+
+def _variants(df: pd.DataFrame) -> list[str]:
+    rank = {v: i for i, v in enumerate(ORDER)}
+    return sorted(df["variant"].unique(), key=lambda v: (rank.get(v, len(ORDER)), v))
+
+
+def _grid(n: int, ncols: int = 3, height: float = 3.0):
+    ncols = min(ncols, n)
+    fig, axes = style.new_figure(math.ceil(n / ncols), ncols, height=height)
+    for ax in axes[n:]:
+        ax.set_axis_off()
+    return fig, axes
+
+
+def _legend(fig: Figure, axes: list) -> None:
+    """One legend for the figure, from every axis's labelled artists."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=7.5)
+
+
+# ---- 1: accuracy vs end-to-end speed-up --------------------------------------------------------
+def tradeoff_figure(tr: pd.DataFrame, batch_size: int = 16) -> Plot:
+    name, title = "fig1_tradeoff", f"Accuracy vs end-to-end decode speed-up over dense, batch {batch_size}"
+    if tr.empty:
+        return _empty(name, title, f"no quality or throughput results at batch {batch_size}")
+    models = sorted(tr["model"].unique())
+    notes = []
+    with style.context():
+        fig, axes = _grid(len(models), height=3.3)
+        for ax, model in zip(axes, models):
+            m = tr[tr["model"] == model]
+            both = m[m["has_quality"] & m["has_speed"]]
+            if len(both):
+                _tradeoff_joined(ax, both)
+                notes.append(f"{model}: accuracy from {both['exp'].iloc[0]} ({_hw(both['quality_hardware'])}), "
+                             f"speed-up on {_hw(both['speed_hardware'])}")
+            elif m["has_quality"].any():
+                _one_axis(ax, m[m["has_quality"]], "accuracy", "accuracy (exact match)")
+                ax.set_title(f"{model}: accuracy only", fontsize=9)
+                q = m[m["has_quality"]]
+                notes.append(f"{model}: no throughput results at batch {batch_size}, accuracy from {q['exp'].iloc[0]} "
+                             f"({_runs(q['n'])}, hardware {_hw(q['quality_hardware'])})")
+            else:
+                _one_axis(ax, m[m["has_speed"]], "speedup", SPEED)
+                ax.set_title(f"{model}: speed-up only", fontsize=9)
+                notes.append(f"{model}: no quality results, speed-up on {_hw(m['speed_hardware'])}")
+            if len(both):
+                ax.set_title(model, fontsize=9)
+        _legend(fig, axes)
+    caption = (f"Batch {batch_size}. One curve per selector across budgets; speed-up: tokens/s over dense in the same "
+               "process (one timed run each); solid uniform, dashed skewed routing; black rings: Pareto front "
+               "(no other point has both higher accuracy and higher speed-up). " + "; ".join(notes) + ".")
+    return _finish(fig, name, title, caption, tr)
+
+
+def _tradeoff_joined(ax, both: pd.DataFrame) -> None:
+    for (v, routing), g in both.groupby(["variant", "routing"], dropna=False):
+        g = g.sort_values("speedup")
+        ls = style.ROUTING_STYLE.get(routing, "-")
+        yerr = _yerr(g, "accuracy")
+        ax.errorbar(g["speedup"], g["accuracy"], yerr=yerr, color=style.color(v), ls=ls, marker="o", label=v,
+                    capsize=2)
+    front = both[pareto(both["speedup"], both["accuracy"])].sort_values("speedup")
+    ax.plot(front["speedup"], front["accuracy"], "o", mfc="none", mec="black", ms=9, label="Pareto front")
+    ax.set_xlabel(SPEED)
+    ax.set_ylabel("accuracy (exact match)")
+
+
+def _one_axis(ax, m: pd.DataFrame, col: str, ylabel: str) -> None:
+    """A model with one of the two axes: that metric against kept experts per selector."""
+    dense = m[m["variant"] == "dense"]
+    if len(dense):  # the speed-up of dense is 1 under every routing: one line
+        ax.axhline(dense[col].iloc[0], color="black", lw=1, label="dense")
+    for (v, routing), g in m[m["variant"] != "dense"].groupby(["variant", "routing"], dropna=False):
+        g = g.sort_values("kept")
+        ls = style.ROUTING_STYLE.get(routing, "-") if isinstance(routing, str) else "-"
+        ax.plot(g["kept"], g[col], color=style.color(v), ls=ls, marker="o" if len(g) > 1 else "s", label=v)
+    ax.set_xlabel("experts kept per layer per step")
+    ax.set_ylabel(ylabel)
+
+
+def _yerr(g: pd.DataFrame, col: str):
+    low, high = g.get(f"{col}_low"), g.get(f"{col}_high")
+    if low is None or low.isna().all():
+        return None
+    return np.vstack([(g[col] - low).fillna(0).to_numpy(float), (high - g[col]).fillna(0).to_numpy(float)])
+
+
+# ---- 2: accuracy vs kept experts, bands over batching seeds ------------------------------------
+def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
+    name, title = f"fig2_accuracy_kept_{exp}", f"Accuracy vs experts kept: {exp}"
+    if w.empty or "accuracy" not in w or "kept_mean" not in w:
+        return _empty(name, title, f"no evaluate runs with accuracy and kept experts in {exp}")
+    with style.context():
+        fig, (ax,) = style.new_figure(height=4.0, width=8.0)
+        for v in _variants(w):
+            g = w[w["variant"] == v].sort_values("kept_mean")
+            c = style.color(v)
+            if v == "dense":
+                ax.axhline(g["accuracy"].iloc[0], color="black", lw=1, label="dense")
+                if g["accuracy_low"].notna().any():
+                    ax.axhspan(g["accuracy_low"].iloc[0], g["accuracy_high"].iloc[0], color="black", alpha=0.08)
+            elif g["budget"].isna().all():  # no budget: one point at its own kept count
+                ax.errorbar(g["kept_mean"], g["accuracy"], yerr=_yerr(g, "accuracy"), color=c, marker="s", ls="none",
+                            capsize=2, label=v)
+            else:
+                ax.plot(g["kept_mean"], g["accuracy"], color=c, marker="o", label=v)
+                if g["accuracy_low"].notna().any():
+                    ax.fill_between(g["kept_mean"], g["accuracy_low"], g["accuracy_high"], color=c, alpha=0.15, lw=0)
+        ax.set_xlabel(KEPT)
+        ax.set_ylabel(ACC)
+        _legend(fig, [ax])
+    seeds = int(w["n"].max())
+    band = ("bands: 95 % t-interval over batching seeds" if seeds > 1 else
+            "one batching seed per point: no interval (make quality SEEDS=0,1,2 adds them)")
+    caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
+               f"(up to {seeds} batching seeds per point). One curve per selector across budgets M; squares: rules "
+               f"without a budget (their own kept count); black line: dense; {band}.")
+    cols = ["variant", "budget", "kept_mean", "accuracy", "accuracy_low", "accuracy_high", "n"]
+    return _finish(fig, name, title, caption, w.reindex(columns=cols))
+
+
+def _batch(w: pd.DataFrame) -> str:
+    b = sorted({int(x) for x in w["batch_size"].dropna()})
+    return ",".join(map(str, b)) if b else "not recorded"
+
+
+# ---- 3: union before selection vs batch size ---------------------------------------------------
+def union_figure(u: pd.DataFrame) -> Plot:
+    name, title = "fig3_union_batch", "Union before selection vs batch size"
+    if u.empty:
+        return _empty(name, title, "no throughput runs and no routing statistics")
+    with style.context():
+        fig, axes = style.new_figure(1, 2, height=3.6)
+        colors = style.palette(u["model"])
+        for (model, routing), g in u.groupby(["model", "routing"]):
+            g = g.sort_values("batch_size")
+            kw = {"color": colors[model], "ls": style.ROUTING_STYLE.get(routing, "-"), "marker": "o",
+                  "label": f"{model} ({routing})"}
+            axes[0].plot(g["batch_size"], g["union"], **kw)
+            axes[1].plot(g["batch_size"], g["pool_share"], **kw)
+        for ax in axes:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("decode batch size (sequences)")
+        axes[0].set_ylabel("distinct experts per layer per step")
+        axes[1].set_ylabel("union / experts in the layer")
+        _legend(fig, axes)
+    tp = u[u["source"] == "throughput"]
+    caption = ("Mean over MoE layers and decode steps of the distinct experts the batch routes to, before any "
+               "selection. Solid/dashed: dense rows of the throughput runs (random weights of each architecture; "
+               f"uniform router or skewed bias; {tp['model'].nunique()} models); dotted 'trained': routing statistics "
+               "of the embedded models on their task prompts (results/routing).")
+    return _finish(fig, name, title, caption, u)
+
+
+# ---- 4: the selection-rule ablation at equal budget --------------------------------------------
+FIDELITY = (("energy_retained", "retained energy Σw²‖E‖² (kept / routed)"),
+            ("out_error", "MoE-output error ‖Δy‖² / ‖y‖²"), ("kl", "KL(dense ‖ budget) per token (nats)"),
+            ("accuracy", "accuracy"))
+
+
+def rules_figure(w: pd.DataFrame, exp: str) -> Plot:
+    name, title = f"fig4_rules_{exp}", f"Selection rules at equal budget: {exp}"
+    metrics = [(m, lab) for m, lab in FIDELITY if m in w and w[m].notna().any()]
+    budgeted = w[w["budget"].notna()] if len(w) else w
+    if budgeted.empty or len(metrics) < 2:
+        return _empty(name, title, f"{exp} has no budgeted runs with fidelity metrics (eval.fidelity=true)")
+    budgets = sorted(int(b) for b in budgeted["budget"].unique())
+    variants = _variants(budgeted)
+    width = 0.8 / len(variants)
+    with style.context():
+        fig, axes = style.new_figure(1, len(metrics), height=3.6)
+        for ax, (m, lab) in zip(axes, metrics):
+            for i, v in enumerate(variants):
+                g = budgeted[budgeted["variant"] == v].set_index("budget").reindex(budgets)
+                x = np.arange(len(budgets)) - 0.4 + width * (i + 0.5)
+                ax.errorbar(x, g[m], yerr=_yerr(g, m), color=style.color(v), marker="o", ls="none", capsize=2, label=v)
+            dense = w[w["variant"] == "dense"]
+            if m == "accuracy" and len(dense):
+                ax.axhline(dense["accuracy"].iloc[0], color="black", lw=1, label="dense")
+            ax.set_xticks(range(len(budgets)), [f"M={b}" for b in budgets])
+            ax.set_title(lab, fontsize=8.5)
+        fig.supxlabel("budget M: distinct experts kept per MoE layer per decode step", fontsize=9)
+        _legend(fig, axes)
+    caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
+               f"(up to {int(w['n'].max())} batching seeds per point). Each selector keeps the same number of experts "
+               "at a budget; whiskers: 95 % t-interval over batching seeds. Paired differences against base are "
+               "in the table.")
+    cols = ["variant", "budget", "kept_mean", *[c for m, _ in metrics for c in (m, f"{m}_low", f"{m}_high")], "n"]
+    return _finish(fig, name, title, caption, budgeted.reindex(columns=cols))
+
+
+# ---- 5: backfill vs drop and re-routing --------------------------------------------------------
+def reassign_figure(w: pd.DataFrame, exp: str, paired: pd.DataFrame) -> Plot:
+    name, title = f"fig5_reassign_{exp}", f"Backfill vs drop and re-routing at equal budget: {exp}"
+    modes = w[w["variant"].isin(REASSIGN) & w["budget"].notna()] if len(w) else w
+    if modes.empty or modes["variant"].nunique() < 2:
+        return _empty(name, title, f"{exp} has no base run with another reassign mode at the same budget")
+    metrics = [(m, lab) for m, lab in (("accuracy", "accuracy"), *FIDELITY[:3]) if m in modes and modes[m].notna().any()]
+    with style.context():
+        fig, axes = style.new_figure(1, len(metrics), height=3.4)
+        for ax, (m, lab) in zip(axes, metrics):
+            for v, g in modes.groupby("variant"):
+                g = g.sort_values("budget")
+                label = {"base": "base (backfill)"}.get(v, v)
+                ax.errorbar(g["budget"].astype(float), g[m], yerr=_yerr(g, m), color=style.color(v), marker="o",
+                            capsize=2, label=label)
+            ax.set_xticks(sorted(modes["budget"].astype(int).unique()))
+            ax.set_xlabel("budget M")
+            ax.set_title(lab, fontsize=8.5)
+        _legend(fig, axes)
+    seeds = int(modes["n"].max())
+    caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(modes['n'])}. "
+               "backfill: a token that lost experts takes its next-preferred kept ones; drop: the slots stay empty; "
+               "similar: the pair moves to the kept expert with the most similar outputs. "
+               + ("Whiskers: 95 % t-interval over batching seeds; " if seeds > 1 else "One run per point; ")
+               + ("the table gives each mode minus backfill, paired, and calls a difference only when its interval "
+                  "excludes zero." if len(paired) else "no paired comparison available (no per-request records)."))
+    table = modes.reindex(columns=["variant", "budget", *[c for m, _ in metrics for c in (m, f"{m}_low", f"{m}_high")],
+                                   "n"])
+    return _finish(fig, name, title, caption, table)
+
+
+# ---- 6: predictor R² per layer; kept experts per layer and step --------------------------------
+def r2_figure(r2: pd.DataFrame) -> Plot:
+    name, title = "fig6a_predictor_r2", "Norm predictor: held-out R² per layer"
+    if r2.empty:
+        return _empty(name, title, "no fitted predictor (stage=fit) and no committed *_predictor_r2.csv")
+    with style.context():
+        fig, (ax,) = style.new_figure(height=3.6, width=8.0)
+        colors = style.palette(r2["model"])
+        for model, g in r2.groupby("model"):
+            g = g.sort_values("layer")
+            depth = g["layer"] / max(1, g["layer"].max())
+            ax.plot(depth, g["r2"], color=colors[model], marker="o", label=f"{model} ({len(g)} layers)")
+            if "r2_within" in g and g["r2_within"].notna().any():
+                ax.plot(depth, g["r2_within"], color=colors[model], ls="--", marker=".")
+        ax.set_xlabel("layer / (layers − 1)")
+        ax.set_ylabel("held-out R² of log‖E_u(z)‖")
+        _legend(fig, [ax])
+    caption = ("Per MoE layer, R² of the linear predictor of log expert-output norm on held-out calibration tokens "
+               "(solid; dashed: within experts, the token-dependent part). Sources: " +
+               "; ".join(f"{m}: {s}" for m, s in r2.groupby("model")["source"].first().items()) +
+               ". The throughput models have random weights.")
+    return _finish(fig, name, title, caption, r2)
+
+
+def heatmap_figure(h: pd.DataFrame, exp: str) -> Plot:
+    name, title = f"fig6b_kept_heatmap_{exp}", f"Kept experts per layer and decode step, adaptive budgets: {exp}"
+    if h.empty:
+        return _empty(name, title, f"no adaptive-budget run (method.coverage, budget_split) with selection_steps.csv "
+                                   f"in {exp}")
+    panels = list(h.groupby(["variant", "budget"], dropna=False))
+    vmax = float(h["kept"].max())
+    with style.context():
+        fig, axes = _grid(len(panels), ncols=2, height=2.4)
+        for ax, ((v, budget), g) in zip(axes, panels):
+            grid = g.pivot_table(index="layer", columns="step", values="kept")
+            im = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=vmax,
+                           interpolation="nearest", extent=(grid.columns.min() - 0.5, grid.columns.max() + 0.5,
+                                                            -0.5, len(grid) - 0.5))
+            seed = g["seed"].iloc[0]
+            ax.set_title(f"{v}" + ("" if pd.isna(budget) else f", M={int(budget)}") +
+                         ("" if pd.isna(seed) else f" (batching seed {int(seed)})"), fontsize=8.5)
+            ax.set_xlabel("decode step")
+            ax.set_ylabel("MoE layer")
+        fig.colorbar(im, ax=axes[:len(panels)], label="experts kept", shrink=0.9)
+    caption = (f"Model {h['model'].iloc[0]}; batch {_batch(h)}; {len(panels)} runs (outputs/), one per rule: the "
+               "lowest batching seed. Experts kept at each MoE layer and decode step, steps in run order over all "
+               "decode batches (a batch's last steps hold few unfinished sequences, hence the dark columns).")
+    return _finish(fig, name, title, caption, h)

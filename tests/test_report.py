@@ -1,0 +1,249 @@
+"""analysis/load.py, tables.py, figures.py and report.py on a small outputs/ tree (tests/outputs_fixture.py)
+and a small results/ tree: the tidy loader's keys, intervals over seeds, the join to throughput, the
+Pareto front, and that missing data gives a figure that says so instead of an error."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import figures as F
+from analysis import tables as T
+from analysis.load import AXES, load, load_results, model_of
+from tests.outputs_fixture import ACC, PROMPTS, SEEDS, make_outputs
+
+
+@pytest.fixture
+def outputs(tmp_path):
+    return make_outputs(tmp_path / "outputs")
+
+
+def _results(root, exp="ablation_mini", seeds=5):
+    """A committed results/ tree: one per-seed aggregate, its paired table, a predictor and routing stats."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [{"method": m, "budget": b, "metric": metric, "mean": v, "low": v - 0.01, "high": v + 0.01, "seeds": seeds}
+            for m, b, acc in (("base", 6, 0.94), ("router_sum", 6, 0.87), ("dense", None, 1.0))
+            for metric, v in (("accuracy", acc), ("kept_mean", b or 11.5), ("energy_retained", acc), ("kl", 1 - acc))]
+    pd.DataFrame(rows).to_csv(root / f"{exp}.csv", index=False)
+    pd.DataFrame([{"method": "router_sum", "budget": 6, "metric": "accuracy", "diff": -0.07, "low": -0.1,
+                   "high": -0.04, "call": "lower", "unit": "prompts (200)"}]).to_csv(root / f"{exp}_paired.csv",
+                                                                                      index=False)
+    pd.DataFrame({"layer": [0, 1], "r2": [0.9, 0.85], "r2_within": [0.8, 0.7]}).to_csv(
+        root / "quality_mini_olmoe_predictor_r2.csv", index=False)
+    (root / "routing").mkdir(exist_ok=True)
+    (root / "routing" / "routing_stats.csv").write_text(
+        "# python -m experiments.routing_stats ...\nmodel,layer,experts,union_1,union_16\n"
+        "mini,0,32,4.0,11.0\nmini,mean,32,4.0,12.0\n")
+    return root
+
+
+# ---- the loader ---------------------------------------------------------------------------------
+def test_loader_keys_every_frame_by_the_config_axes(outputs):
+    data = load(outputs, None)
+    runs = data.outputs.runs
+    ev = runs[runs["stage"] == "evaluate"]
+    assert len(ev) == len(ACC) * len(SEEDS) + 1 and set(AXES) <= set(runs.columns)
+    assert set(ev["variant"]) == {"base", "router_sum", "base+drop", "dense", "base@cov0.9"}
+    assert set(ev["exp"]) == {"qs_fixture"} and set(ev["seed"]) == set(SEEDS) and set(ev["hardware"]) == {"cpu"}
+    assert ev.loc[ev["variant"] == "dense", "budget"].isna().all()  # no budget stays missing, not 0 or NaN-float
+    samples = data.outputs.samples
+    assert len(samples) == len(ev) * PROMPTS and set(AXES) <= set(samples.columns)
+    one = samples[(samples["variant"] == "router_sum") & (samples["budget"] == 4) & (samples["seed"] == 2)]
+    assert one["correct"].sum() == ACC[("router_sum", 4)]  # each record carries its own run's axes
+    steps = data.outputs.steps
+    assert {"layer", "step", "kept", "variant", "seed"} <= set(steps.columns) and len(steps) == len(ev) * 2 * 5
+    tp = data.outputs.throughput
+    assert set(tp["hardware"]) == {"Fake GPU"} and set(tp["batch_size"]) == {1, 16} and (tp["model"] == "mini").all()
+    assert data.outputs.predictor["r2"].tolist() == [0.9, 0.8]
+
+
+def test_loader_of_nothing_gives_empty_frames_with_the_axes(tmp_path):
+    data = load(tmp_path / "absent", None)
+    assert len(data.outputs) == 0 and set(AXES) <= set(data.outputs.runs.columns)
+    assert data.outputs.samples.empty and data.outputs.throughput.empty and data.results.points.empty
+
+
+def test_results_loader_reads_the_committed_tables(tmp_path):
+    res = load_results(_results(tmp_path / "results"))
+    assert set(res.points["exp"]) == {"ablation_mini"} and set(res.points["model"]) == {"mini"}
+    assert set(res.points["batch_size"]) == {16}  # from conf/experiment/ablation_mini.yaml
+    assert res.paired["variant"].tolist() == ["router_sum"] and res.paired["call"].tolist() == ["lower"]
+    assert set(res.predictor["model"]) == {"mini_olmoe"}
+    assert res.routing["union_16"].tolist() == [12.0]  # the per-model mean row, past the comment line
+    assert model_of("quality_seeds_mini_olmoe") == "mini_olmoe" and model_of("rules_mini") == "mini"
+
+
+# ---- the tables ---------------------------------------------------------------------------------
+def test_points_are_means_over_seeds_with_their_interval(outputs):
+    pts = T.quality_points(load(outputs, None))
+    acc = pts[pts["metric"] == "accuracy"].set_index(["variant", "budget"])
+    base4 = acc.loc[("base", 4)]
+    assert base4["mean"] == pytest.approx(0.8) and base4["n"] == 3
+    kl = pts[(pts["metric"] == "kl") & (pts["variant"] == "base") & (pts["budget"] == 4)].iloc[0]
+    assert kl["mean"] == pytest.approx(0.06) and kl["low"] < 0.06 < kl["high"]  # kl differs by seed
+    cov = acc[acc.index.get_level_values("variant") == "base@cov0.9"].iloc[0]
+    assert cov["n"] == 1 and np.isnan(cov["low"])  # one run: no interval
+
+
+def test_an_experiment_in_both_sources_comes_from_the_fuller_one(tmp_path, outputs):
+    res = _results(tmp_path / "results", exp="qs_fixture", seeds=5)
+    pts = T.quality_points(load(outputs, res))
+    assert set(pts.loc[pts["exp"] == "qs_fixture", "source"]) == {"outputs"}  # 22 runs against 15
+    res = _results(tmp_path / "results", exp="qs_fixture", seeds=10)
+    pts = T.quality_points(load(outputs, res))
+    assert set(pts.loc[pts["exp"] == "qs_fixture", "source"]) == {"results"}  # 30 runs against 22
+
+
+def test_pareto_front_keeps_points_nothing_beats_on_both_axes():
+    x = np.array([1.0, 2.0, 1.5, 2.0, np.nan])
+    y = np.array([0.9, 0.8, 0.7, 0.8, 0.95])
+    assert T.pareto(x, y).tolist() == [True, True, False, True, False]  # equal points both stay
+
+
+def test_tradeoff_joins_quality_and_speed_by_model_variant_and_budget(outputs):
+    data = load(outputs, None)
+    pts = T.quality_points(data)
+    tr = T.tradeoff(pts, T.throughput_rows(data), batch_size=16)
+    joined = tr[tr["has_quality"] & tr["has_speed"]].set_index(["variant", "budget"])
+    assert len(joined) == 5  # base, router_sum at 4 and 6, and dense (no budget on either side)
+    assert joined.loc[("router_sum", 4), "speedup"] == 1.9
+    assert joined.loc[("router_sum", 4), "accuracy"] == pytest.approx(0.6)
+    only_quality = tr[tr["has_quality"] & ~tr["has_speed"]]["variant"]
+    assert set(only_quality) == {"base+drop", "base@cov0.9"}  # never timed: quality axis only
+    plot = F.tradeoff_figure(tr)
+    assert plot.empty is None and "mini: accuracy from qs_fixture" in plot.caption and "Fake GPU" in plot.caption
+
+
+def test_a_model_with_one_side_only_gets_that_axis_and_a_note(outputs):
+    data = load(outputs, None)
+    pts = T.quality_points(data)
+    quality_only = F.tradeoff_figure(T.tradeoff(pts, T.throughput_rows(data).iloc[0:0]))
+    assert "mini: no throughput results at batch 16" in quality_only.caption
+    speed_only = F.tradeoff_figure(T.tradeoff(pts.iloc[0:0], T.throughput_rows(data)))
+    assert "mini: no quality results" in speed_only.caption
+
+
+def test_paired_accuracy_calls_a_difference_only_when_the_interval_excludes_zero():
+    def rows(variant, correct):
+        return [{"exp": "e", "variant": variant, "budget": 6, "seed": s, "task": "t", "doc_id": i,
+                 "prompt_hash": f"h{i}", "correct": float(c)} for s in (0, 1) for i, c in enumerate(correct)]
+
+    n = 60
+    samples = pd.DataFrame(rows("base", [1] * n) + rows("base+drop", [1] * (n - 20) + [0] * 20)
+                           + rows("base+similar", [1] * (n - 1) + [0]))
+    out = T.paired_accuracy(samples, ["base+drop", "base+similar"]).set_index("variant")
+    assert out.loc["base+drop", "diff"] == pytest.approx(-20 / n) and out.loc["base+drop", "call"] == "lower"
+    assert out.loc["base+similar", "call"] == "tie" and out.loc["base+similar", "prompts"] == n
+
+
+def test_union_table_reads_throughput_dense_rows_and_routing_stats(tmp_path, outputs):
+    data = load(outputs, _results(tmp_path / "results"))
+    u = T.union_by_batch(data, T.throughput_rows(data)).set_index(["model", "routing", "batch_size"])
+    assert u.loc[("mini", "uniform", 16), "union"] == 7.0 and u.loc[("mini", "uniform", 16), "pool_share"] == 7 / 8
+    assert u.loc[("mini", "trained", 16), "union"] == 12.0
+
+
+# ---- figures and the report ---------------------------------------------------------------------
+def test_every_figure_says_what_it_lacks_instead_of_failing(tmp_path):
+    from analysis.report import build, write
+
+    plots = build(load(None, None))
+    assert plots and all(p.empty for p, _ in plots)
+    path = write(plots, tmp_path / "report", "# Report\n")
+    text = path.read_text()
+    assert text.count("No figure:") == len(plots) and "no quality or throughput results" in text
+    assert not list((tmp_path / "report").glob("*.png"))
+
+
+def test_figures_with_some_data_missing_still_draw(outputs):
+    data = load(outputs, None)
+    w = T.wide(T.quality_points(data))
+    assert F.rules_figure(w[w["variant"] == "dense"], "x").empty  # no budgeted run
+    assert F.reassign_figure(w[w["variant"] != "base+drop"], "x", pd.DataFrame()).empty  # one mode only
+    assert F.heatmap_figure(T.adaptive_kept(data).iloc[0:0], "x").empty
+    assert F.r2_figure(T.predictor_r2(data)).empty is None
+    assert F.kept_figure(w, "qs_fixture").empty is None
+
+
+def test_make_report_writes_figures_and_a_markdown_that_embeds_them(tmp_path, outputs):
+    from analysis.report import main
+
+    out = tmp_path / "report"
+    results = _results(tmp_path / "results")
+    main(["--outputs", str(outputs), "--results", str(results), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"fig1_tradeoff.png", "fig2_accuracy_kept_qs_fixture.png", "fig3_union_batch.png",
+            "fig4_rules_ablation_mini.png", "fig5_reassign_qs_fixture.png", "fig6a_predictor_r2.png",
+            "fig6b_kept_heatmap_qs_fixture.png"} <= set(pngs)
+    for png in pngs:
+        assert f"]({png})" in text and (out / png.replace(".png", ".svg")).exists()
+    assert "lower" in text  # the committed paired call of ablation_mini is in its table
+    assert "Fake GPU" in text and "cpu" in text  # captions name the hardware
+
+
+def test_a_redrawn_figure_is_byte_identical(tmp_path, outputs):
+    """A refresh whose data did not change leaves the committed files (and git) unchanged."""
+    from analysis.style import save
+
+    data = load(outputs, None)
+    for d in ("a", "b"):
+        save(F.r2_figure(T.predictor_r2(data)).fig, tmp_path / d, "r2")
+    for ext in ("png", "svg"):
+        assert (tmp_path / "a" / f"r2.{ext}").read_bytes() == (tmp_path / "b" / f"r2.{ext}").read_bytes()
+
+
+def test_results_only_report_ignores_outputs(tmp_path, outputs):
+    from analysis.report import main
+
+    out = tmp_path / "figs"
+    main(["--outputs", str(outputs), "--results", str(_results(tmp_path / "results")), "--out", str(out),
+          "--results-only"])
+    text = (out / "report.md").read_text()
+    assert "qs_fixture" not in text and "ablation_mini" in text and "make report REFRESH=1" in text
+
+
+# ---- wandb charts of a run ----------------------------------------------------------------------
+def test_run_logger_turns_selection_and_throughput_rows_into_charts():
+    from base.logger import PLOTS
+
+    sel = [{"layer": li, "union_mean": 7.0 + li, "kept_mean": 4.0, "executed_mean": 4.0, "weight_retained": 0.8,
+            "energy_retained": None} for li in range(3)]
+    charts = PLOTS["selection"](sel)
+    assert set(charts) == {"selection/experts", "selection/retained"}
+    data = charts["selection/experts"].table.data  # (layer, series, value) rows
+    assert len(data) == 9 and [r[2] for r in data if r[1] == "union_mean"] == [7.0, 8.0, 9.0]
+    assert {r[1] for r in charts["selection/retained"].table.data} == {"weight_retained"}  # empty series left out
+
+    def row(mode, variant, budget, batch, tps):
+        return {"mode": mode, "variant": variant, "budget": budget, "batch_size": batch, "tokens_per_s": tps,
+                "speedup_vs_dense": tps / 100}
+
+    rows = [row("graph", "dense", None, 1, 100), row("graph", "base", 8, 1, 120), row("graph", "base", 8, 16, 900),
+            row("eager", "dense", None, 1, 5)]
+    tps = PLOTS["throughput"](rows)["throughput/tokens_per_s"].table.data
+    assert sorted((r[1], r[0], r[2]) for r in tps) == [("base@8", 1, 120), ("base@8", 16, 900), ("dense", 1, 100)]
+
+
+def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch):
+    """`make report LOG=wandb`: the figures and tables go to one run (wandb disabled: nothing leaves)."""
+    import wandb
+
+    from analysis.report import log_wandb, write
+
+    logged = []
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    orig_init = wandb.init
+
+    def init(**kw):
+        run = orig_init(**kw)
+        monkeypatch.setattr(run, "log", lambda d, *a, **k: logged.append(d))
+        return run
+
+    monkeypatch.setattr(wandb, "init", init)
+    data = load(outputs, None)
+    plots = [(F.r2_figure(T.predictor_r2(data)), ""), (F.union_figure(pd.DataFrame()), "")]  # drawn, empty
+    write(plots, tmp_path / "r", "# r\n")
+    log_wandb(plots, tmp_path / "r", "report-test")
+    assert [sorted(d) for d in logged] == [["report/fig6a_predictor_r2", "report/fig6a_predictor_r2_table"]]
+    assert isinstance(logged[0]["report/fig6a_predictor_r2"], wandb.Image)
