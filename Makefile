@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation rules bench-kernels clean
+.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation rules bench-kernels report clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -91,6 +91,15 @@ rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and
 	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.budget_split=sensitivity
 	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.coverage=0.9,0.95 budget=null
 	$(PY) -m analysis.ablation outputs/$(RULES_EXP) results/$(RULES_EXP)
+
+# Figures and report.md from results/ (committed) and outputs/ (when present); no model runs.
+# REFRESH=1: from results/ alone into results/figures/ (the committed figures the README shows).
+# LOG=wandb: also one wandb summary run with the figures (offline unless WANDB_MODE=online).
+# EXP=name: only that sweep's quality figures.
+REPORT_ARGS := $(if $(REFRESH),--results-only --out results/figures,--out outputs/report) \
+	$(if $(LOG),--log $(LOG)) $(if $(EXP),--exp $(EXP))
+report: $(STAMP)  ## figures + report.md -> outputs/report/ (REFRESH=1: results/ only -> results/figures/; LOG=wandb; EXP=sweep)
+	OMP_NUM_THREADS=1 WANDB_SILENT=true $(PY) -m analysis.report $(REPORT_ARGS)
 
 bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/
 	python -m kernels.bench --out benchmarks/kernels

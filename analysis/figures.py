@@ -117,9 +117,12 @@ def tradeoff_figure(tr: pd.DataFrame, batch_size: int = 16) -> Plot:
             if len(both):
                 ax.set_title(model, fontsize=9)
         _legend(fig, axes)
+    joined = bool((tr["has_quality"] & tr["has_speed"]).any())
     caption = (f"Batch {batch_size}. One curve per selector across budgets; speed-up: tokens/s over dense in the same "
-               "process (one timed run each); solid uniform, dashed skewed routing; black rings: Pareto front "
-               "(no other point has both higher accuracy and higher speed-up). " + "; ".join(notes) + ".")
+               "process (CUDA-graph replay, one timed run each); solid uniform, dashed skewed routing"
+               + ("; black rings: Pareto front (no other point has both higher accuracy and higher speed-up). "
+                  if joined else ". No model has both accuracy and speed-up results, so no Pareto front. ")
+               + "; ".join(notes) + ".")
     return _finish(fig, name, title, caption, tr)
 
 
@@ -184,10 +187,14 @@ def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
     band = ("bands: 95 % t-interval over batching seeds" if seeds > 1 else
             "one batching seed per point: no interval (make quality SEEDS=0,1,2 adds them)")
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
-               f"(up to {seeds} batching seeds per point). One curve per selector across budgets M; squares: rules "
+               f"({_seeds(seeds)} per point). One curve per selector across budgets M; squares: rules "
                f"without a budget (their own kept count); black line: dense; {band}.")
     cols = ["variant", "budget", "kept_mean", "accuracy", "accuracy_low", "accuracy_high", "n"]
     return _finish(fig, name, title, caption, w.reindex(columns=cols))
+
+
+def _seeds(n: int) -> str:
+    return "one batching seed" if n == 1 else f"up to {n} batching seeds"
 
 
 def _batch(w: pd.DataFrame) -> str:
@@ -253,7 +260,7 @@ def rules_figure(w: pd.DataFrame, exp: str) -> Plot:
         fig.supxlabel("budget M: distinct experts kept per MoE layer per decode step", fontsize=9)
         _legend(fig, axes)
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
-               f"(up to {int(w['n'].max())} batching seeds per point). Each selector keeps the same number of experts "
+               f"({_seeds(int(w['n'].max()))} per point). Each selector keeps the same number of experts "
                "at a budget; whiskers: 95 % t-interval over batching seeds. Paired differences against base are "
                "in the table.")
     cols = ["variant", "budget", "kept_mean", *[c for m, _ in metrics for c in (m, f"{m}_low", f"{m}_high")], "n"]
@@ -262,10 +269,11 @@ def rules_figure(w: pd.DataFrame, exp: str) -> Plot:
 
 # ---- 5: backfill vs drop and re-routing --------------------------------------------------------
 def reassign_figure(w: pd.DataFrame, exp: str, paired: pd.DataFrame) -> Plot:
-    name, title = f"fig5_reassign_{exp}", f"Backfill vs drop and re-routing at equal budget: {exp}"
+    name = "fig5_reassign" + (f"_{exp}" if exp else "")
+    title = "Backfill vs drop and re-routing at equal budget" + (f": {exp}" if exp else "")
     modes = w[w["variant"].isin(REASSIGN) & w["budget"].notna()] if len(w) else w
     if modes.empty or modes["variant"].nunique() < 2:
-        return _empty(name, title, f"{exp} has no base run with another reassign mode at the same budget")
+        return _empty(name, title, f"{exp or 'no sweep'} has no base run with another reassign mode at the same budget")
     metrics = [(m, lab) for m, lab in (("accuracy", "accuracy"), *FIDELITY[:3]) if m in modes and modes[m].notna().any()]
     with style.context():
         fig, axes = style.new_figure(1, len(metrics), height=3.4)
@@ -316,10 +324,11 @@ def r2_figure(r2: pd.DataFrame) -> Plot:
 
 
 def heatmap_figure(h: pd.DataFrame, exp: str) -> Plot:
-    name, title = f"fig6b_kept_heatmap_{exp}", f"Kept experts per layer and decode step, adaptive budgets: {exp}"
+    name = "fig6b_kept_heatmap" + (f"_{exp}" if exp else "")
+    title = "Kept experts per layer and decode step, adaptive budgets" + (f": {exp}" if exp else "")
     if h.empty:
-        return _empty(name, title, f"no adaptive-budget run (method.coverage, budget_split) with selection_steps.csv "
-                                   f"in {exp}")
+        return _empty(name, title, "no adaptive-budget run (method.coverage, budget_split) with selection_steps.csv "
+                                   f"in {exp or 'outputs/'}")
     panels = list(h.groupby(["variant", "budget"], dropna=False))
     vmax = float(h["kept"].max())
     with style.context():

@@ -119,7 +119,7 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None) -> li
             plot = F.reassign_figure(w, exp, paired)
             out.append((plot, markdown_table(plot.table) + "\n" + _paired_md(paired)))
     if not any(p.name.startswith("fig5") for p, _ in out):
-        out.append((F.reassign_figure(pd.DataFrame(), "any experiment", pd.DataFrame()), ""))
+        out.append((F.reassign_figure(pd.DataFrame(), "", pd.DataFrame()), ""))
 
     r2 = T.predictor_r2(data)
     out.append((F.r2_figure(r2), markdown_table(r2.pivot_table(index="model", columns="layer", values="r2")
@@ -128,7 +128,7 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None) -> li
     heat = T.adaptive_kept(data)
     if exps:
         heat = heat[heat["exp"].isin(exps)]
-    for exp in sorted(heat["exp"].unique()) or ["outputs/"]:
+    for exp in sorted(heat["exp"].unique()) or [""]:
         h = heat[heat["exp"] == exp]
         plot = F.heatmap_figure(h, exp)
         summary = h.groupby(["variant", "budget", "layer"], dropna=False)["kept"].mean().unstack("layer")
@@ -141,9 +141,12 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None) -> li
 def write(plots: list[tuple[F.Plot, str]], out: Path, header: str) -> Path:
     """PNG + SVG of every figure with data, and report.md; an empty figure is a line saying why."""
     out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("fig*.png"), *out.glob("fig*.svg")]:  # the folder mirrors this report, no stale figures
+        old.unlink()
     text = [header]
     for plot, md in plots:
-        text.append(f"\n## {plot.title}\n")
+        number = plot.name.split("_", 1)[0].removeprefix("fig")  # fig6b_... -> 6b: the issue's numbering
+        text.append(f"\n## Figure {number}: {plot.title}\n")
         if plot.empty:
             text.append(f"No figure: {plot.empty}.\n")
             continue

@@ -22,7 +22,7 @@ RC = {
     "axes.spines.right": False, "lines.linewidth": 1.6, "lines.markersize": 4.5, "legend.frameon": False,
     "svg.fonttype": "none", "svg.hashsalt": "base-moe", "figure.dpi": 100,
 }
-DPI = 150
+DPI = 120  # PNG resolution: sharp on a README page, ~100-250 kB a figure
 CAPTION_CHARS = 130  # wrap width of the caption at the figures' width of 10 in
 # Selectors keep their colour in every figure; an unknown variant gets a stable one from its name.
 COLORS = {
