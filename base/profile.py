@@ -2,20 +2,28 @@
 FFN (routed and shared), LM head, embedding, other.
 
 Each class's modules get a profiler range (forward pre/post hooks); a few eager decode steps of the
-engine run under torch.profiler, and the device time of the kernels launched inside each range is
-summed (a kernel belongs to the innermost tagged module that launched it; untagged: `other`).
-Kernel time only: launch gaps, which a CUDA graph shrinks, are not in it, so `total` is below an
-eager step's wall time and close to a graph replay's.
+engine run under torch.profiler. On a GPU every kernel of the trace is attributed to the innermost
+class range open on the host when it was launched: the kernel's launch is found through the
+trace's ids (its `External id`, the operator or range it was launched in, else its `correlation`,
+the runtime or driver call that launched it), so kernels that Triton launches directly (expert FFN,
+route_select, decode attention) count like those of PyTorch operators. A kernel whose launch is
+not in the trace is `unlinked`, so `total` is always the sum of every kernel. Kernel time only:
+launch gaps, which a CUDA graph shrinks, are not in it, so `total` is below an eager step's wall
+time and close to a graph replay's. On a CPU the split is of operators' host time.
 
 History: the first H200 run attributed by each event's self device time, which counted kernels
-twice (an operator and its runtime launch call). The second (results/throughput/runs/*/profile.csv)
-counted each operator's kernels once but skipped the class ranges themselves, and with them every
-Triton kernel launched directly inside a range (its total: 3.9 of a 13.8 ms step). This version
-also counts a range's own kernels; it has not been run on a GPU yet.
+twice (an operator and its runtime launch call). The second (the committed grid's profile.csv)
+went through PyTorch's FunctionEvents, which attach kernels to operators only: Triton's direct
+launches were missing (total 3.9 of a 13.8 ms step). A fix that looked for kernels on the class
+ranges' FunctionEvents found none on the H200; hence the trace.
 """
 from __future__ import annotations
 
+import bisect
+import json
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -73,33 +81,28 @@ def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -
     finally:
         for h in handles:
             h.remove()
-    per_class, total = attribute(prof.events(), cuda)
+    if cuda:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            per_class, total = attribute_trace(json.loads(path.read_text())["traceEvents"])
+    else:
+        per_class, total = attribute_cpu(prof.events())
     out = {cls: ms / steps for cls, ms in sorted(per_class.items(), key=lambda kv: -kv[1])}
     out["total"] = total / steps
     return out
 
 
-def attribute(events, cuda: bool) -> tuple[dict[str, float], float]:
-    """ms by class over profiler events (FunctionEvent-like: name, kernels, self_cpu_time_total,
-    cpu_parent), and their total."""
+def attribute_cpu(events) -> tuple[dict[str, float], float]:
+    """ms of operator self CPU time by class over profiler FunctionEvents (name,
+    self_cpu_time_total, cpu_parent), and their total."""
     per_class: dict[str, float] = {}
     total = 0.0
     for ev in events:
-        own = ev.name.startswith("cls:")
-        # The profiler attaches each GPU kernel once, to the innermost PyTorch operator or
-        # record_function range open at its launch (ev.kernels): a Triton kernel launched
-        # directly inside a class's range (expert FFN, selection, decode attention) is attached
-        # to the range itself, so ranges count their own kernels too.
-        if cuda:
-            t = sum(k.duration for k in ev.kernels) / 1e3
-        else:
-            t = 0.0 if own else ev.self_cpu_time_total / 1e3
+        t = 0.0 if ev.name.startswith("cls:") else ev.self_cpu_time_total / 1e3
         if t <= 0:
             continue
         total += t
-        if own:
-            per_class[ev.name[4:]] = per_class.get(ev.name[4:], 0.0) + t
-            continue
         parent, cls = ev.cpu_parent, "other"
         while parent is not None:
             if parent.name.startswith("cls:"):
@@ -107,4 +110,53 @@ def attribute(events, cuda: bool) -> tuple[dict[str, float], float]:
                 break
             parent = parent.cpu_parent
         per_class[cls] = per_class.get(cls, 0.0) + t
+    return per_class, total
+
+
+def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float]:
+    """ms of GPU kernel time by class over a chrome trace's events (torch.profiler's
+    export_chrome_trace), and their total: each kernel goes to the innermost `cls:` range that was
+    open on its launching thread when it was launched (none: `other`; launch not found: `unlinked`)."""
+    ranges: dict[int, list[tuple[float, float, str]]] = {}  # tid -> (start, end, class)
+    by_ext: dict[int, tuple[int, float]] = {}  # External id -> (tid, host ts) of an op or range
+    by_corr: dict[int, tuple[int, float]] = {}  # correlation -> (tid, host ts) of a launch call
+    kernels = []
+    for ev in trace:
+        if ev.get("ph") != "X":
+            continue
+        cat, args = ev.get("cat", ""), ev.get("args") or {}
+        if cat == "kernel":
+            kernels.append(ev)
+        elif cat in ("cpu_op", "user_annotation"):
+            if cat == "user_annotation" and ev["name"].startswith("cls:"):
+                ranges.setdefault(ev["tid"], []).append((ev["ts"], ev["ts"] + ev["dur"], ev["name"][4:]))
+            if "External id" in args:
+                by_ext[args["External id"]] = (ev["tid"], ev["ts"])
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            by_corr[args["correlation"]] = (ev["tid"], ev["ts"])
+
+    for spans in ranges.values():
+        spans.sort()
+    starts = {tid: [s for s, _, _ in spans] for tid, spans in ranges.items()}
+    longest = {tid: max(e - s for s, e, _ in spans) for tid, spans in ranges.items()}
+
+    def innermost(tid: int, ts: float) -> str:
+        # ranges nest, so the innermost open one is the latest-starting range that contains ts
+        spans = ranges.get(tid, [])
+        i = bisect.bisect_right(starts.get(tid, []), ts) - 1
+        while i >= 0 and spans[i][0] >= ts - longest[tid]:
+            if spans[i][1] >= ts:
+                return spans[i][2]
+            i -= 1
+        return "other"
+
+    per_class: dict[str, float] = {}
+    total = 0.0
+    for k in kernels:
+        args = k.get("args") or {}
+        launch = by_corr.get(args.get("correlation")) or by_ext.get(args.get("External id"))
+        cls = innermost(*launch) if launch is not None else "unlinked"
+        t = k["dur"] / 1e3
+        per_class[cls] = per_class.get(cls, 0.0) + t
+        total += t
     return per_class, total

@@ -221,25 +221,39 @@ def test_quality_pivot_gives_intervals_over_seeds():
     assert piv.loc["dense", "accuracy (no budget)"] == "0.990 [0.990, 0.990]"  # no spread over seeds
 
 
-def test_profile_counts_kernels_launched_directly_in_a_class_range_once():
-    """GPU attribution (base/profile.attribute) on fake profiler events: a Triton kernel launched
-    inside the `expert FFN` range is attached to the range itself; an operator's kernels go to its
-    nearest class range; a runtime call's own (empty) kernel list adds nothing; no range: other."""
-    from types import SimpleNamespace as NS
+def test_profile_attributes_every_kernel_to_the_innermost_class_range_of_its_launch():
+    """GPU attribution (base/profile.attribute_trace) on a hand-made chrome trace: a kernel that
+    Triton launched directly (a driver call inside the `expert FFN` range) goes to that range; an
+    operator's kernels (runtime calls) to the range around the operator, the innermost one when
+    ranges nest; a launch outside every range to `other`; a kernel whose launch is missing from the
+    trace to `unlinked`; the total is every kernel's time."""
+    from base.profile import attribute_trace
 
-    from base.profile import attribute
+    def rng(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "user_annotation", "name": f"cls:{name}", "tid": tid, "ts": ts, "dur": dur, "args": {}}
 
-    def k(us):
-        return NS(duration=us)
+    def call(cat, ts, corr, tid=1):
+        return {"ph": "X", "cat": cat, "name": "launch", "tid": tid, "ts": ts, "dur": 1, "args": {"correlation": corr}}
 
-    experts = NS(name="cls:expert FFN", kernels=[k(500.0)], cpu_parent=None)
-    attn = NS(name="cls:attention", kernels=[], cpu_parent=None)
-    mm = NS(name="aten::mm", kernels=[k(200.0), k(100.0)], cpu_parent=attn)
-    launch = NS(name="cudaLaunchKernel", kernels=[], cpu_parent=mm)
-    stray = NS(name="aten::add", kernels=[k(50.0)], cpu_parent=None)
-    per_class, total = attribute([experts, attn, mm, launch, stray], cuda=True)
-    assert per_class == {"expert FFN": 0.5, "attention": 0.3, "other": 0.05}
-    assert total == pytest.approx(0.85)
+    def kernel(corr, dur, ext=None):
+        args = {"correlation": corr} | ({"External id": ext} if ext is not None else {})
+        return {"ph": "X", "cat": "kernel", "name": "k", "tid": 7, "ts": 10_000 + corr, "dur": dur, "args": args}
+
+    trace = [
+        {"ph": "M", "name": "process_name", "args": {}},
+        rng("attention", 0, 100), rng("norms", 40, 10),  # a norm inside attention (nested)
+        call("cuda_runtime", 20, 1), call("cuda_runtime", 45, 2),
+        rng("expert FFN", 200, 100), call("cuda_driver", 250, 3),
+        call("cuda_runtime", 400, 4),  # no range open
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": 210, "dur": 5, "args": {"External id": 9}},
+        kernel(1, 300.0), kernel(2, 20.0), kernel(3, 500.0), kernel(4, 50.0),
+        kernel(5, 30.0, ext=9),  # its launch call is not in the trace, its operator is
+        kernel(6, 7.0),  # nothing links it
+    ]
+    per_class, total = attribute_trace(trace)
+    assert per_class == pytest.approx({"attention": 0.3, "norms": 0.02, "expert FFN": 0.53, "other": 0.05,
+                                       "unlinked": 0.007})
+    assert total == pytest.approx(0.907)
 
 
 def test_ablation_labels_rule_variants_by_their_options():

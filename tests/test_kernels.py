@@ -359,7 +359,7 @@ def test_gpu_select_and_score(kind):
     b = make_batch(T, E, K, H, torch.bfloat16, device="cuda", seed=2)
     art = make_artifacts(E, H, device="cuda")
     cpu_b = RoutedBatch(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in vars(b).items()})
-    cpu_art = Artifacts(**{k: v.cpu() for k, v in vars(art).items()})
+    cpu_art = Artifacts(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in vars(art).items()})
     sel = step_for(b, kind, 16, art)
     _, score_E = build_selector(kind, cpu_art).keep(cpu_b, 16)
     torch.testing.assert_close(sel.score_E.cpu(), score_E, rtol=1e-4, atol=1e-5)
