@@ -247,3 +247,16 @@ def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch
     log_wandb(plots, tmp_path / "r", "report-test")
     assert [sorted(d) for d in logged] == [["report/fig6a_predictor_r2", "report/fig6a_predictor_r2_table"]]
     assert isinstance(logged[0]["report/fig6a_predictor_r2"], wandb.Image)
+
+
+def test_a_run_logger_logs_the_selection_table_and_its_charts(tmp_path, monkeypatch):
+    from base.config import LoggerConfig
+    from base.logger import Logger
+
+    log = Logger(LoggerConfig(name="wandb", mode="disabled"), tmp_path, "run", {})
+    logged = []
+    monkeypatch.setattr(log.run, "log", lambda d, *a, **k: logged.append(d))
+    log.table("selection", [{"layer": 0, "union_mean": 7.0, "kept_mean": 4.0, "weight_retained": 0.8}])
+    log.table("metrics", [{"task": "t", "value": 1.0}])  # a table without charts
+    log.finish()
+    assert [sorted(d) for d in logged] == [["selection"], ["selection/experts", "selection/retained"], ["metrics"]]
