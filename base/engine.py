@@ -10,9 +10,12 @@ replayed: the KV cache (base/attention.py: each attention module's buffers, writ
 position by the engine's attention function), the input token, per-row positions, the
 key-validity mask (no attention to empty or padded cache slots), finished rows, and the generated
 tokens. On a GPU each layer's attention and norms are compiled once before capture
-(base/regional.py), so the graph holds a few fused kernels per layer instead of dozens. The patch's selection state is on the device from patch time on and its
+(base/regional.py) and its q/k/v projections are one GEMM (base/fused_qkv.py), so the graph holds
+a few fused kernels per layer instead of dozens. The patch's selection state is on the device from patch time on and its
 statistics accumulate in device tensors (base/recorder.py), so a step never syncs the host.
-On a CPU (or with graph=False) the same step function runs eagerly.
+On a CPU (or with graph=False) the same step function runs eagerly, and so does a model spread
+over several GPUs (model.device_map=auto): a CUDA graph records one device's stream, so the
+engine says so once and decodes eagerly; each layer's cache lives on that layer's GPU.
 
 A finished row keeps decoding a pad token, but it neither scores nor adds experts (inactive), as
 with transformers' generate. Rows past the real batch (a short last batch) are finished from the
@@ -32,8 +35,18 @@ import torch
 from torch import Tensor, nn
 
 from base.attention import StaticKV
+from base.fused_qkv import FusedQKV
 from base.patch import BudgetPatch, model_device
+from base.placement import model_devices
 from base.regional import RegionalCompile
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        print(message, flush=True)
 
 
 @dataclass
@@ -85,6 +98,14 @@ class DecodeEngine:
         self.dtype = next(model.parameters()).dtype
         # transformers' `eager` experts loop branches on tensor values (nonzero): not capturable
         capturable = getattr(model.config, "_experts_implementation", None) != "eager"
+        self.devices = model_devices(model)
+        if len(self.devices) > 1:  # model.device_map=auto over several GPUs
+            if graph:
+                raise ValueError(f"a CUDA graph captures one device's stream; the model spans "
+                                 f"{', '.join(map(str, self.devices))}: use graph=None or False")
+            graph = compile = False
+            _say_once(f"[engine] the model spans {', '.join(map(str, self.devices))}: a CUDA graph is captured on "
+                      f"one GPU, so decode steps run eagerly there (same results, more launch overhead per step)")
         self.graph_enabled = (self.device.type == "cuda" and capturable) if graph is None else graph
         self.sampling = sampling or Sampling()
         self.pad_id = pad_id
@@ -93,6 +114,8 @@ class DecodeEngine:
         if compile is None:
             compile = self.graph_enabled and self.device.type == "cuda"
         self.regions = RegionalCompile(model) if compile else None
+        # with the compiled regions, q/k/v in one GEMM per layer (base/fused_qkv.py)
+        self.fused_qkv = FusedQKV(model) if compile else None
         dev, B, L = self.device, batch_size, max_len
         self.eos_D = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
         self.cache = StaticKV(L, dev)
@@ -116,6 +139,7 @@ class DecodeEngine:
 
     def _step(self) -> None:
         """One decode step on the static buffers; no host sync (captured as is)."""
+        self.cache.sync()  # the write position on a spread model's other GPUs (no-op on one)
         self.valid_BL.index_fill_(1, self.pos_1, True)
         if self.patch is not None:
             self.patch.begin_forward(True, ~self.finished_B)
@@ -281,5 +305,8 @@ class DecodeEngine:
         if self.regions is not None:
             self.regions.remove()
             self.regions = None
+        if self.fused_qkv is not None:
+            self.fused_qkv.remove()
+            self.fused_qkv = None
         if self.patch is not None:
             self.patch.ctx.managed = False

@@ -136,3 +136,4 @@ def test_compiled_regions_decode_like_generate_with_one_graph_for_all_layers(nam
     attention_types = len(set(getattr(model.config, "layer_types", None) or ["full"]))
     assert 0 < graphs <= 1 + attention_types  # the norm, and attention per type
     assert all("forward" not in m.__dict__ for m in model.modules())  # original forwards restored
+    assert all(type(m.k_proj) is torch.nn.Linear for m in model.modules() if hasattr(m, "k_proj"))  # q/k/v unfused
