@@ -4,21 +4,31 @@
     python run.py -m method=dense,router_sum,count,base budget=4,8,16
     python run.py model=qwen3_30b model.init=random model.device=meta stage=describe logger=none
 
-Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, report.json, CSVs).
+Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, report.json, CSVs);
+a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/sweep.py). Launchers (README,
+"Running on a cluster"): hydra/launcher=local_gpus | joblib | submitit_local | slurm | ray.
 """
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from datetime import datetime
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from base.config import (
     CalibConfig,
     ConfigError,
+    DescribeConfig,
     EvalConfig,
     LoggerConfig,
     MethodConfig,
@@ -29,9 +39,14 @@ from base.config import (
     TaskConfig,
     ThroughputConfig,
 )
+from base.gpu_pool import job_gpu, lock_dir, visible_gpus
+from base.sweep import error_line, record_job
 
 ROOT = Path(__file__).resolve().parent
 
+# Set when the command starts and inherited by every job a launcher starts (worker processes,
+# SLURM tasks): force=true recomputes a shared artifact once per sweep (base/artifacts.py).
+STARTED_ENV = "BASE_SWEEP_STARTED"
 MAX_RUN_NAME = 120  # file systems allow 255 bytes per name; leave room for Hydra's own suffixes
 
 
@@ -47,6 +62,10 @@ def run_name(overrides: str) -> str:
 
 
 OmegaConf.register_new_resolver("run_name", run_name, replace=True)
+# hydra/launcher=local_gpus: one joblib worker per GPU (resolved in the launching process)
+OmegaConf.register_new_resolver("gpu_count", lambda: max(1, len(visible_gpus())), replace=True)
+# hydra/launcher=ray_jobs: a GPU per task where there are GPUs (num_gpus=1 on a CPU host never schedules)
+OmegaConf.register_new_resolver("one_gpu_if_any", lambda: min(1, len(visible_gpus())), replace=True)
 
 
 def calibration(c: dict, overrides: str) -> dict:
@@ -84,24 +103,63 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
         throughput=ThroughputConfig(**c["throughput"]),
         stats=StatsConfig(**c["stats"]),
         logger=LoggerConfig(**c["logger"]),
+        describe=DescribeConfig(**c["describe"]),
+        started=float(os.environ.get(STARTED_ENV, time.time())),
     )
+
+
+def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
+    """note(status=..., error=...) writes this job's row of the sweep summary (base/sweep.py)."""
+    hc = HydraConfig.get()
+    sweep_dir, run = Path(hc.sweep.dir), str(hc.sweep.subdir)
+    from base.outputs import config_hash
+
+    fixed = {"job": hc.job.num, "overrides": ",".join(hc.overrides.task), "host": socket.gethostname(),
+             "config_hash": config_hash(OmegaConf.to_yaml(cfg, resolve=True)), "pid": os.getpid(), "gpu": gpu,
+             "launcher": str(hc.launcher.get("_target_", "")).rsplit(".", 1)[-1]}
+    t0 = time.time()
+
+    def note(status: str, error: str | None = None) -> None:
+        now = datetime.now().isoformat(timespec="seconds")
+        if status == "started":
+            record_job(sweep_dir, run, status=status, started=now, **fixed)
+        else:
+            record_job(sweep_dir, run, status=status, error=error, ended=now, wall_s=f"{time.time() - t0:.1f}")
+
+    return note
+
+
+def run_job(cfg: DictConfig, out_dir: Path, overrides: str) -> dict | None:
+    """One run; raises ConfigError for a bad input (before the run writes anything)."""
+    try:
+        run_cfg = build_config(cfg, out_dir, overrides)
+    except TypeError as err:  # an unknown key reaching a config dataclass
+        raise ConfigError(str(err)) from None
+    from base.pipeline import run
+
+    return run(run_cfg, OmegaConf.to_yaml(cfg, resolve=True))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        run_cfg = build_config(cfg, out_dir, ",".join(HydraConfig.get().overrides.task))
-    except (ConfigError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    from base.pipeline import run
-
-    try:
-        report = run(run_cfg, OmegaConf.to_yaml(cfg, resolve=True))
-    except ConfigError as err:  # e.g. budget above the model's expert count
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    sweep = hc.mode == RunMode.MULTIRUN
+    # joblib workers share this host's GPUs: each job holds one (base/gpu_pool.py)
+    local_parallel = sweep and "joblib" in str(hc.launcher.get("_target_", ""))
+    with job_gpu(visible_gpus(), lock_dir()) if local_parallel else nullcontext() as gpu:
+        note = sweep_note(cfg, gpu) if sweep else lambda status, error=None: None
+        note("started")
+        try:
+            report = run_job(cfg, out_dir, ",".join(hc.overrides.task))
+        except ConfigError as err:  # e.g. budget above the model's expert count
+            note("failed", error_line(err))
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        except Exception as err:
+            note("failed", error_line(err))
+            raise
+        note("skipped" if report is None else "finished")
     if report is not None:
         from base.report import print_report
 
@@ -110,4 +168,5 @@ def main(cfg: DictConfig) -> dict | None:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault(STARTED_ENV, repr(time.time()))
     main()

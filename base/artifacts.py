@@ -100,23 +100,42 @@ def _load_cached(load, path: Path):
         return None
 
 
+def _made_since(path: Path, t0: float) -> bool:
+    return path.exists() and path.stat().st_mtime >= t0
+
+
+def _clear_temp(directory: Path) -> None:
+    """Temporary files of a writer killed mid-write (every writer here holds the directory's lock,
+    so under it no temporary file is live)."""
+    for tmp in directory.glob(".*.tmp*"):
+        tmp.unlink(missing_ok=True)
+
+
 def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
                        recompute: bool = False) -> tuple[Calibration, Path]:
+    """The cached calibration, or a new one. Jobs of a sweep that need the same one queue on its
+    lock: the first computes, the others load it (with recompute, one made since the sweep
+    started counts as recomputed: force=true recomputes once per sweep, not once per job)."""
     identity = model_identity(cfg, layers)
     directory = artifact_dir(cfg, identity)
-    if (directory / "calib.json").exists() and not recompute:
+    marker = directory / "calib.json"  # written last: its presence marks a complete calibration
+    if marker.exists() and not recompute:
         calib = _load_cached(Calibration.load, directory)
         if calib is not None:
             return calib, directory
-        recompute = True  # a damaged cache: compute it again
     with file_lock(directory):
-        if (directory / "calib.json").exists() and not recompute:  # another process made it meanwhile
-            return Calibration.load(directory), directory
+        if marker.exists() and (not recompute or _made_since(marker, cfg.started)):
+            calib = _load_cached(Calibration.load, directory)
+            if calib is not None:  # another job made it while this one waited
+                print(f"[base] calibration reused: {directory}", flush=True)
+                return calib, directory
+        _clear_temp(directory)
         text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
         batches = token_batches(tokenizer, text, cfg.calibration)
         meta = {"model": identity, "calibration": calibration_settings(cfg)}
         calib = calibrate(model, layers, batches, cfg.calibration, meta)
         calib.save(directory)
+        print(f"[base] calibration computed: {directory}", flush=True)
     return calib, directory
 
 
@@ -130,7 +149,7 @@ def predictor_path(cfg: RunConfig, identity: dict) -> Path:
 def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
                      refit: bool = False, recalibrate: bool = True) -> tuple[Predictor, Path]:
     """The cached predictor, or a new fit; refit=True fits again (and, with recalibrate, first
-    recomputes the calibration it is fitted on)."""
+    recomputes the calibration it is fitted on). Shared across jobs as ensure_calibration."""
     identity = model_identity(cfg, layers)
     path = predictor_path(cfg, identity)
     if path.exists() and not refit:
@@ -138,15 +157,19 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
         if pred is not None:
             pred.check_model(identity, path)
             return pred, path
-        refit = not cfg.predictor.path  # a damaged cache file is fitted again
     if cfg.predictor.path:
-        raise FileNotFoundError(f"predictor.path={cfg.predictor.path} does not exist")
+        raise FileNotFoundError(f"predictor.path={cfg.predictor.path} does not exist or is unreadable")
     calib, _ = ensure_calibration(cfg, model, tokenizer, layers, recompute=refit and recalibrate)
     with file_lock(path.parent):
-        if path.exists() and not refit:  # another process fitted it meanwhile
-            return Predictor.load(path), path
+        if path.exists() and (not refit or _made_since(path, cfg.started)):
+            pred = _load_cached(Predictor.load, path)
+            if pred is not None:  # another job fitted it while this one waited
+                print(f"[base] predictor reused: {path}", flush=True)
+                return pred, path
+        _clear_temp(path.parent)
         pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed)
         pred.save(path)
+        print(f"[base] predictor fitted: {path}", flush=True)
     return pred, path
 
 

@@ -67,20 +67,37 @@ class StaticKV:
         self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
         self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
         self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
+        self._mirrors: dict[torch.device, Tensor] = {}  # write_pos on the other GPUs of a spread model
 
     def allocate(self, module: nn.Module, key_BKQD: Tensor, value_BKQE: Tensor) -> None:
+        """Buffers on the module's own device (each layer of a model spread over GPUs keeps its
+        cache beside its weights)."""
         B, K, _, D = key_BKQD.shape
         module.register_buffer("base_k_cache", key_BKQD.new_zeros(B, K, self.max_len, D), persistent=False)
         module.register_buffer("base_v_cache", value_BKQE.new_zeros(B, K, self.max_len, value_BKQE.shape[-1]),
                                persistent=False)
-        module.register_buffer("base_write_pos", self.write_pos, persistent=False)
+        module.register_buffer("base_write_pos", self._pos_on(key_BKQD.device), persistent=False)
         self.modules.append(module)
 
+    def _pos_on(self, device: torch.device) -> Tensor:
+        if device == self.write_pos.device:
+            return self.write_pos
+        if device not in self._mirrors:
+            self._mirrors[device] = self.write_pos.to(device)
+        return self._mirrors[device]
+
     def set_write_pos(self, pos_Q: Tensor) -> None:
-        """The slots the next forward writes; every module sees the same tensor."""
+        """The slots the next forward writes; every module on one device sees the same tensor."""
         self.write_pos = pos_Q
+        self._mirrors = {}
         for m in self.modules:
-            m.base_write_pos = pos_Q  # a registered buffer: replaced, not copied into
+            m.base_write_pos = self._pos_on(m.base_k_cache.device)  # a registered buffer: replaced, not copied into
+
+    def sync(self) -> None:
+        """After write_pos changed in place (a decode step's position += 1): the other devices'
+        copies follow. Nothing to do on one device."""
+        for pos in self._mirrors.values():
+            pos.copy_(self.write_pos)
 
     def zero_(self) -> None:
         for m in self.modules:
@@ -95,14 +112,14 @@ class StaticKV:
         (that engine allocates again at its next prefill)."""
         for m in model.modules():
             _drop_buffers(m)
-        self.modules = []
+        self.modules, self._mirrors = [], {}
         model.__dict__["_base_kv_owner"] = self
 
     def release(self, model: nn.Module | None = None) -> None:
         """Drop every module's buffers (another batch size or a later run allocates its own)."""
         for m in self.modules:
             _drop_buffers(m)
-        self.modules = []
+        self.modules, self._mirrors = [], {}
         if model is not None and self.owns(model):
             del model.__dict__["_base_kv_owner"]
 

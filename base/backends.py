@@ -6,7 +6,9 @@ a backend is how that runs:
     triton  kernels/: `select_step` after the model's router, or `route_select` in place of a
             softmax-then-top-k router's own softmax/top-k (one launch per layer)
 Everything a backend needs per layer is moved to the model's device when it is built (predictor
-weights, the fused [router; predictor] weight, energies, frequencies): a step copies nothing.
+weights, the fused [router; predictor] weight, energies, frequencies): a step copies nothing. On a
+model spread over GPUs (model.device_map=auto) the Triton backend's per-layer tensors sit on each
+layer's own GPU; the torch backend's selectors move their layer's row per step.
 
 Shapes: T tokens, H hidden, E experts, K top-k, L MoE layers.
 """
@@ -73,7 +75,7 @@ class TorchBackend:
             return dense_decision(batch)
         keep_E, score_E = p.selector.keep(batch, p.budget_of(batch.layer) if p.selector.uses_budget else None)
         sim_LEE = p.selector.artifacts.sim_LEE
-        sim_EE = sim_LEE[batch.layer] if (p.reassign == "similar" and sim_LEE is not None) else None
+        sim_EE = sim_LEE[batch.layer].to(batch.z_TH.device) if (p.reassign == "similar" and sim_LEE is not None) else None
         idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize, sim_EE)
         return Decision(keep_E, idx_TK, w_TK)
 
@@ -101,18 +103,19 @@ class TritonBackend(TorchBackend):
         art = sel.artifacts
         for layer in layers:
             L, row = layer.index, {}
+            dev = layer.router.weight.device  # its own GPU when the model is spread over several
             if self.kind == "calib_freq":
-                row["freq_E"] = art.freq_LE[L].float()
+                row["freq_E"] = art.freq_LE[L].float().to(dev)
             if self.kind == "fixed":  # lower id first, as base.selectors.Fixed
-                row["freq_E"] = -torch.arange(layer.num_experts, dtype=torch.float32, device=device)
+                row["freq_E"] = -torch.arange(layer.num_experts, dtype=torch.float32, device=dev)
             if self.kind == "calib_energy":
-                row["energy_E"] = art.energy_LE[L].float()
+                row["energy_E"] = art.energy_LE[L].float().to(dev)
             if self.kind == "base":
-                row["pred_b_E"] = art.pred_b_LE[L].float()
+                row["pred_b_E"] = art.pred_b_LE[L].float().to(dev)
                 if self.routes(layer):  # the predictor rides in the router's GEMM
-                    self.wcat_CH[L] = fuse_router_predictor(layer.router.weight, art.pred_w_LHE[L])
+                    self.wcat_CH[L] = fuse_router_predictor(layer.router.weight, art.pred_w_LHE[L].to(dev))
                 else:  # select_step after the router gathers predictor rows
-                    row["pred_w_EH"] = prepare_predictor(art.pred_w_LHE[L].float())
+                    row["pred_w_EH"] = prepare_predictor(art.pred_w_LHE[L].float().to(dev))
             self.per_layer[L] = row
 
     def select(self, batch: RoutedBatch) -> Decision:

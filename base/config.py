@@ -15,6 +15,7 @@ STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
 INITS = ("pretrained", "random")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "meta")
+DEVICE_MAPS = ("auto",)  # or null
 APPLY_TO = ("decode", "all")
 EVAL_ORDERS = ("mixed", "lm_eval")
 ROUTINGS = ("uniform", "skewed")
@@ -77,11 +78,18 @@ class ModelConfig:
     arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture
     routing: str = "uniform"  # init=random: uniform (as built) or skewed (base/skew.py)
     skew_ratio: float = 0.6  # skewed: dense batch-16 union as a fraction of the uniform one
+    device_map: str | None = None  # auto: whole decoder layers spread over the visible GPUs
+    # (accelerate; base/placement.py); null: the whole model on model.device
 
     def __post_init__(self) -> None:
         _choice("model.init", self.init, INITS)
         _choice("model.dtype", self.dtype, DTYPES)
         _choice("model.device", self.device, DEVICES)
+        if self.device_map is not None:
+            _choice("model.device_map", self.device_map, DEVICE_MAPS)
+            if self.device not in ("auto", "cuda"):
+                raise ConfigError(f"model.device_map={self.device_map} places the model over the GPUs; it needs "
+                                  f"model.device=auto or cuda, got model.device={self.device}")
         if self.init == "random" and not self.arch:
             raise ConfigError(f"model {self.name}: init=random needs model.arch (the architecture numbers)")
         _choice("model.routing", self.routing, ROUTINGS)
@@ -267,6 +275,14 @@ class ThroughputConfig:
 
 
 @dataclass
+class DescribeConfig:
+    gpu_gb: float = 141.0  # stage=describe: GPUs of this size (GB) for the count it reports (H200 141, H100 80)
+
+    def __post_init__(self) -> None:
+        self.gpu_gb = _float("describe.gpu_gb", self.gpu_gb, low=0.0, low_open=True)
+
+
+@dataclass
 class StatsConfig:
     enabled: bool = True
     energy: bool = False  # true retained energy: runs every routed expert (analysis only)
@@ -304,6 +320,9 @@ class RunConfig:
     throughput: ThroughputConfig | None = None
     stats: StatsConfig = field(default_factory=StatsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    describe: DescribeConfig = field(default_factory=DescribeConfig)
+    started: float = 0.0  # when the command (a sweep's launching process) started: with force, an
+    # artifact made since then was recomputed by another job of this sweep and is reused
 
     def __post_init__(self) -> None:
         _choice("stage", self.stage, STAGES)

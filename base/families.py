@@ -115,7 +115,13 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
 
         register_base_triton()
     kwargs = {"experts_implementation": experts_impl} if experts_impl else {}
-    if cfg.init == "random":
+    if cfg.device_map is not None:
+        from base.placement import load_on_devices
+
+        hf = hf_config(cfg, root) if cfg.init == "random" else None
+        model = load_on_devices(cfg, hf, resolve_path(cfg.path, root), dtype,
+                                {**kwargs, "trust_remote_code": cfg.trust_remote_code}, seed)
+    elif cfg.init == "random":
         torch.manual_seed(seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(

@@ -35,13 +35,14 @@ def atomic_save_tensors(tensors: dict, path: Path, metadata: dict[str, str] | No
 
 
 @contextmanager
-def file_lock(directory: Path) -> Iterator[None]:
-    """An exclusive lock on <directory>/.lock for the with-block (other processes computing the
-    same artifact wait, then find it done)."""
+def file_lock(directory: Path, name: str = ".lock") -> Iterator[None]:
+    """An exclusive lock on <directory>/<name> for the with-block (other processes computing the
+    same artifact wait, then find it done). The kernel drops it when its holder dies, so a killed
+    job never leaves the others waiting."""
     import fcntl
 
     directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("a") as f:
+    with (directory / name).open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -69,15 +70,26 @@ def is_finished(out_dir: Path) -> bool:
 
 # Keys that do not change what a run computes: changing them never makes a finished run stale.
 NON_SEMANTIC_KEYS = ("force", "logger")
+# Options added after runs were recorded, with their defaults: at the default they are left out of
+# the hash, so every run finished before they existed keeps its hash (and is still skipped).
+LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}}
 
 
 def config_hash(resolved_config: str) -> str:
-    """Hash of the resolved configuration (YAML) without NON_SEMANTIC_KEYS."""
+    """Hash of the resolved configuration (YAML) without NON_SEMANTIC_KEYS and LATER_OPTIONS at
+    their defaults."""
     import hashlib
 
     import yaml
 
     cfg = {k: v for k, v in (yaml.safe_load(resolved_config) or {}).items() if k not in NON_SEMANTIC_KEYS}
+    for path, default in LATER_OPTIONS.items():
+        *parents, key = path
+        node = cfg
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node and node[key] == default:
+            del node[key]
     return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -151,7 +151,7 @@ class BudgetPatch:
         active_T = self.ctx.active_T
         if active_T is None or active_T.shape[0] != z_TH.shape[0]:
             active_T = torch.ones(z_TH.shape[0], dtype=torch.bool, device=z_TH.device)
-        return active_T
+        return active_T.to(z_TH.device)  # a layer on another GPU of a spread model; no-op on one
 
     # ---- per router --------------------------------------------------------------------------
     def _router_hook(self, layer: MoeLayer, module: nn.Module, args: tuple, output: tuple) -> tuple | None:

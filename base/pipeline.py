@@ -20,8 +20,10 @@ from base.config import ConfigError, RunConfig
 from base.families import find_moe_layers, load_model, load_tokenizer
 from base.logger import Logger
 from base.patch import BudgetPatch, PatchOptions, patch_model
+from base.placement import model_devices
 from base.preflight import preflight
 from base.selectors import SELECTORS, build_selector
+from base.sweep import host_info
 from base.throughput import Variant
 
 
@@ -93,11 +95,19 @@ def throughput_variants(cfg: RunConfig) -> list[Variant]:
 
 
 def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
+    """The MoE shape, and the memory the model needs: weights and the decode engine's KV cache at
+    the throughput shapes (prompt_len + gen_tokens per sequence, each batch size), and the GPUs of
+    describe.gpu_gb it takes (base/memory.py)."""
+    from base.memory import memory_estimate
+
     c = model.config
     experts = layers[0].experts
     expert_params = sum(p.numel() for p in experts.parameters()) // layers[0].num_experts
     total = sum(p.numel() for p in model.parameters())
     k = layers[0].top_k
+    tp = cfg.throughput
+    memory = memory_estimate(model, c, getattr(torch, cfg.model.dtype), [*tp.batch_sizes, cfg.batch_size],
+                             tp.prompt_len + tp.gen_tokens, cfg.describe.gpu_gb)
     return {
         "model": cfg.model.name, "family": cfg.model.family, "hf_model_type": c.model_type,
         "num_hidden_layers": c.num_hidden_layers, "moe_layers": len(layers),
@@ -107,6 +117,8 @@ def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
         "expert_params": expert_params,
         "expert_bytes": expert_params * torch.finfo(getattr(torch, cfg.model.dtype)).bits // 8,
         "device": str(next(model.parameters()).device),
+        "devices": [str(d) for d in model_devices(model)],
+        "memory": memory,
     }
 
 
@@ -134,6 +146,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
             "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
             "moe_layers": len(layers), "top_k": layers[0].top_k, "overrides": cfg.overrides, "config_hash": chash,
             "routing": cfg.model.routing, "skew": getattr(model, "base_skew_report", None),
+            "host": host_info(),
         }
         if cfg.stage == "describe":
             report["describe"] = describe(cfg, model, layers)
@@ -150,6 +163,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
 
 def _record_hardware(model, report: dict[str, Any]) -> None:
     report["device"] = str(next(model.parameters()).device)
+    report["devices"] = [str(d) for d in model_devices(model)]  # several: model.device_map=auto
     if torch.cuda.is_available() and report["device"].startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name()
 

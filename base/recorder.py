@@ -68,7 +68,8 @@ class StatsRecorder:
         zero = stats.union.new_zeros((), dtype=torch.float32)
         values = [getattr(stats, f) if getattr(stats, f) is not None else zero for f in FIELDS]
         row_1F = torch.stack([v.to(torch.float32) for v in values]).reshape(1, -1)
-        self.rows_LSF[layer].index_copy_(0, self._row(), row_1F)
+        # .to: a layer on another GPU of a spread model records into this device's buffer
+        self.rows_LSF[layer].index_copy_(0, self._row(), row_1F.to(self.device))
 
     def reset(self) -> None:
         self.rows_LSF.zero_()

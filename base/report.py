@@ -12,7 +12,13 @@ def print_report(report: dict[str, Any], out_dir: Path) -> None:
     print(f"\n{head} -> {out_dir}")
     if "describe" in report:
         for k, v in report["describe"].items():
-            print(f"  {k:>26}: {v:,}" if isinstance(v, int) else f"  {k:>26}: {v}")
+            if k != "memory":
+                print(f"  {k:>26}: {v:,}" if isinstance(v, int) else f"  {k:>26}: {v}")
+        mem = report["describe"].get("memory")
+        if mem:
+            print(f"  memory: weights {mem['weights_gb']:.1f} GB + KV cache of {mem['cache_len']} tokens per sequence; "
+                  f"GPUs of {mem['gpu_gb']:g} GB, {mem['usable_share']:.0%} usable:")
+            print(pd.DataFrame(mem["by_batch"]).round(2).to_string(index=False))
     if "metrics" in report:
         df = pd.DataFrame(report["metrics"])
         if not df.empty:

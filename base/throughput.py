@@ -32,6 +32,7 @@ from torch import nn
 from base.config import ThroughputConfig
 from base.engine import DecodeEngine
 from base.patch import BudgetPatch
+from base.placement import model_devices
 
 SKIP_EXPERTS = "base_skip"
 
@@ -64,13 +65,22 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def _peak_reset(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def _peak_reset(devices: list[torch.device]) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
 
 
-def _peak_gb(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+def _peak_gb(devices: list[torch.device]) -> float | None:
+    """Peak GPU memory, summed over the GPUs of a model spread over several."""
+    cuda = [d for d in devices if d.type == "cuda"]
+    return sum(torch.cuda.max_memory_allocated(d) for d in cuda) / 1e9 if cuda else None
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
 
 
 class _ExpertsImpl:
@@ -107,13 +117,11 @@ def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
         t0 = time.perf_counter()
         if warm:
             engine.decode(warm)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(engine.devices)
         warm_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         ms, _ = engine.decode(steps, timed=True)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(engine.devices)
         wall = time.perf_counter() - t0
         rows = [r for r in patch.stats_rows() if r["decode"]] if (patch is not None and stats) else []
     finally:
@@ -148,7 +156,8 @@ def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetP
     """The timed pass, the statistics pass and (CUDA, extra_passes) the non-expert pass of one
     configuration: its row of throughput.csv (speed-up added later)."""
     device = ids_BP.device
-    _peak_reset(device)
+    devices = model_devices(model)
+    _peak_reset(devices)
     steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
     ms, wall, _, warm_s = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
     step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
@@ -158,7 +167,7 @@ def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetP
         "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile,
         "warmup_s": warm_s, "steps": len(ms) if ms else steps,
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
-        "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(device),
+        "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(devices), "gpus": len(devices),
     }
     _, _, stats_rows, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, True, cfg.stats_steps)
     n = max(1, len(stats_rows))

@@ -52,6 +52,24 @@ class _CpuLauncher:
         return launch
 
 
+class _OnDevice:
+    """Launches on a given GPU. Triton launches on the current CUDA device, and a model spread
+    over GPUs (model.device_map=auto) runs layer 30's kernels with GPU 0 current: accelerate moves
+    the tensors, not the current device."""
+
+    def __init__(self, fn: Any, device: torch.device) -> None:
+        self.fn, self.device = fn, device
+
+    def __getitem__(self, grid: Any) -> Callable:
+        kernel = self.fn[grid]
+
+        def launch(*args, **kwargs):
+            with torch.cuda.device(self.device):
+                return kernel(*args, **kwargs)
+
+        return launch
+
+
 class DualKernel:
     """A @triton.jit kernel with a compiled (CUDA) and an interpreted (CPU) launcher."""
 
@@ -63,7 +81,11 @@ class DualKernel:
         self.__doc__ = fn.__doc__
 
     def on(self, device: torch.device) -> Any:
-        return self.cpu if device.type == "cpu" else self.gpu
+        if device.type == "cpu":
+            return self.cpu
+        if device.index is None or device.index == torch.cuda.current_device():
+            return self.gpu  # the one-GPU case: no device switch per launch
+        return _OnDevice(self.gpu, device)
 
 
 def dual_jit(fn: Callable) -> DualKernel:

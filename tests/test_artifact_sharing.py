@@ -1,0 +1,82 @@
+"""Calibration and predictor shared by concurrent jobs (base/artifacts.py): processes started at
+once compute each artifact once and the others reuse it; a writer killed mid-write leaves no
+complete-looking file and no held lock, and the next job computes the artifact whole."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from base.outputs import file_lock
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_jobs_started_at_once_compute_each_artifact_once(tmp_path):
+    cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/art",
+           "logger=none", "model=tiny_qwen3", "task=smoke", "stage=fit"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([*cmd, f"exp_name=job{i}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(out)
+    log = "".join(outs)
+    assert log.count("calibration computed") == 1 and log.count("predictor fitted") == 1
+    reports = [json.loads(next((tmp_path / f"job{i}").glob("*/report.json")).read_text()) for i in range(3)]
+    assert len({r["predictor"]["path"] for r in reports}) == 1
+    assert len({json.dumps(r["predictor"]["r2"]) for r in reports}) == 1  # one fit, read by all
+    art = tmp_path / "art"
+    assert not [p for p in art.rglob("*") if ".tmp" in p.name]
+
+
+KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+import safetensors.torch
+import torch
+from base.outputs import atomic_save_tensors, file_lock
+
+def half_then_hang(tensors, filename, metadata=None):  # a writer that dies halfway through
+    Path(filename).write_bytes(b"\\0" * 4096)
+    print("writing", flush=True)
+    time.sleep(600)
+
+safetensors.torch.save_file = half_then_hang
+directory = Path(sys.argv[1])
+with file_lock(directory):
+    atomic_save_tensors({"x": torch.zeros(4)}, directory / "calib.safetensors")
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_half_written(compose, tmp_path):
+    import run
+    from base.artifacts import artifact_dir, ensure_calibration, model_identity
+    from base.calibrate import Calibration
+    from base.families import find_moe_layers, load_model, load_tokenizer
+
+    rc = run.build_config(compose(["model=tiny_qwen3", "task=smoke", f"artifacts_dir={tmp_path}/art",
+                                   "calibration.num_tokens=1024"]), tmp_path / "out")
+    model = load_model(rc.model, ROOT, seed=0)
+    layers = find_moe_layers(model)
+    directory = artifact_dir(rc, model_identity(rc, layers))
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(directory)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert not (directory / "calib.safetensors").exists() and not (directory / "calib.json").exists()
+    assert [p.name for p in directory.glob(".*.tmp*")]  # only its temporary file is left
+    t0 = time.time()
+    with file_lock(directory):  # the kernel released the dead writer's lock
+        pass
+    assert time.time() - t0 < 1.0
+    calib, where = ensure_calibration(rc, model, load_tokenizer(rc.model, ROOT), layers)
+    assert where == directory and not list(directory.glob(".*.tmp*"))
+    assert Calibration.load(directory).meta["num_layers"] == 2 == calib.meta["num_layers"]

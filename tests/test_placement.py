@@ -1,0 +1,179 @@
+"""Models over several GPUs on the CPU side: stage=describe's memory estimate (a model larger than
+one GPU, and the KV term against the cache the engine really allocates), model.device_map=auto's
+random initialisation (every parameter written, or refused), and the engine's stated fallback to
+eager decoding when a model spans devices. tests/test_multi_gpu.py runs the two-GPU equivalence."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from base.config import ConfigError, ModelConfig
+from base.engine import DecodeEngine
+from base.families import hf_config, load_model
+from base.memory import kv_cache_bytes, memory_estimate
+from tests.helpers import tiny_model_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_describe_a_model_larger_than_one_gpu(tmp_path):
+    """gpt-oss-120b in bf16 on the meta device: 234 GB of weights, two H200s (141 GB) at batch 16."""
+    cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", "logger=none", "model=gpt_oss_120b",
+           "model.init=random", "model.device=meta", "stage=describe", "batch_size=16"]
+    proc = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = json.loads(next(tmp_path.rglob("report.json")).read_text())["describe"]
+    assert 116.8e9 < rep["params_total"] < 116.9e9  # the released model's count
+    mem = rep["memory"]
+    assert 233 < mem["weights_gb"] < 234.5 and not mem["fits_one_gpu"] and mem["cache_len"] == 256 + 384
+    row16 = next(r for r in mem["by_batch"] if r["batch_size"] == 16)
+    # 36 layers x 16 x 640 slots x 8 KV heads x (64 + 64) x 2 bytes
+    assert row16["kv_cache_gb"] == pytest.approx(36 * 16 * 640 * 8 * 128 * 2 / 1e9)
+    assert row16["gpus_needed"] == 2
+    assert "weights 233.7 GB" in proc.stdout
+
+
+def test_gpus_needed_follows_the_gpu_size():
+    cfg = ModelConfig(**{**tiny_model_config("qwen3").__dict__, "device": "meta"})
+    model = load_model(cfg, ROOT)
+    weights = sum(p.numel() * 4 for p in model.parameters()) / 1e9
+    hf = model.config
+    for gpu_gb, want in ((weights / 0.9 * 1.01, 1), (weights / 0.9 / 2.5, 3)):
+        est = memory_estimate(model, hf, torch.float32, [1], 8, gpu_gb)
+        assert est["by_batch"][0]["gpus_needed"] == want
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "olmoe", "mixtral", "deepseek", "gpt_oss"])
+def test_kv_estimate_is_the_cache_the_engine_allocates(family):
+    """Sliding-window layers and DeepSeek's MLA included: the formula counts the buffers the
+    engine's attention really registers."""
+    cfg = tiny_model_config(family)
+    model = load_model(cfg, ROOT)
+    B, L = 3, 20
+    engine = DecodeEngine(model, B, L)
+    ids = torch.randint(3, 200, (B, 5))
+    engine.prefill(ids, torch.ones_like(ids), 4)
+    allocated = sum(m.base_k_cache.nbytes + m.base_v_cache.nbytes for m in engine.cache.modules)
+    engine.release()
+    assert allocated == kv_cache_bytes(hf_config(cfg, ROOT), torch.float32, B, L)
+
+
+def test_two_h200s_take_gpt_oss_120b_in_two_balanced_halves():
+    """The placement plan on the real model's sizes (built on the meta device): whole decoder
+    layers, the embeddings on the first GPU and the head on the last, within a layer of even."""
+    from base.placement import blocks, plan
+
+    cfg = ModelConfig(**{**yaml_model("gpt_oss_120b"), "init": "random", "device": "meta"})
+    units = blocks(load_model(cfg, ROOT))
+    names = [n for n, _ in units]
+    assert names == ["model.embed_tokens", *[f"model.layers.{i}" for i in range(36)], "model.norm",
+                     "model.rotary_emb", "lm_head"]
+    h200 = int(139.8 * 2**30 * 0.9)  # what one H200 reports free, times USABLE
+    dmap = plan(units, [h200, h200])
+    assert dmap["model.embed_tokens"] == 0 and dmap["lm_head"] == 1 and dmap["model.rotary_emb"] == 0
+    layers = [dmap[f"model.layers.{i}"] for i in range(36)]
+    assert layers == sorted(layers) and set(layers) == {0, 1}  # in order, both GPUs
+    per_gpu = [sum(size for n, size in units if dmap[n] == g) for g in (0, 1)]
+    layer_bytes = dict(units)["model.layers.0"]
+    assert abs(per_gpu[0] - per_gpu[1]) <= layer_bytes + dict(units)["lm_head"]
+    with pytest.raises(ConfigError, match=r"the model's 233.7 GB do not fit the 1 visible GPUs \(135 GB usable\)"):
+        plan(units, [h200])
+    small = plan(units, [h200 // 3, h200, h200])  # a fuller first GPU: the rest moves on
+    assert sum(size for n, size in units if small[n] == 0) <= h200 // 3
+
+
+def test_placement_needs_no_psutil():
+    """The GPU host lacks psutil (accelerate's planner imports it); the placement path must not."""
+    code = ("import sys; sys.modules['psutil'] = None\n"
+            "from dataclasses import replace\nfrom pathlib import Path\n"
+            "from base.families import load_model\nfrom tests.helpers import tiny_model_config\n"
+            "from accelerate import dispatch_model, init_empty_weights\n"
+            "m = load_model(replace(tiny_model_config('qwen3'), device='auto', device_map='auto'), Path('.'))\n"
+            "print(sum(p.numel() for p in m.parameters()))")
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) > 0
+
+
+def yaml_model(name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
+
+
+def test_device_map_auto_initialises_every_parameter():
+    """On a machine without GPUs the map is the CPU: the same build-empty, fill, initialise path;
+    the model is finite and runs."""
+    cfg = replace(tiny_model_config("gpt_oss"), device="auto", device_map="auto")
+    model = load_model(cfg, ROOT, seed=0)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert torch.isfinite(model(input_ids=torch.randint(3, 200, (2, 6))).logits).all()
+    again = load_model(cfg, ROOT, seed=0)  # seeded: the same weights
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+def test_a_parameter_the_initialisation_misses_is_refused(monkeypatch):
+    from transformers import PreTrainedModel
+
+    real = PreTrainedModel._initialize_weights
+
+    def skip_norms(self, module, *args, **kwargs):
+        if "RMSNorm" in type(module).__name__:
+            module._is_hf_initialized = True  # as if transformers forgot this module
+            return
+        return real(self, module, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "_initialize_weights", skip_norms)
+    cfg = replace(tiny_model_config("qwen3"), device="auto", device_map="auto")
+    with pytest.raises(RuntimeError, match=r"left \d+ parameters unwritten \(NaN\), e.g. \['model.layers.0"):
+        load_model(cfg, ROOT)
+
+
+def test_device_map_needs_a_gpu_device():
+    with pytest.raises(ConfigError, match="model.device_map=auto places the model over the GPUs; it needs "
+                                          "model.device=auto or cuda, got model.device=meta"):
+        replace(tiny_model_config("qwen3"), device="meta", device_map="auto")
+    with pytest.raises(ConfigError, match="model.device_map='balanced' is not valid; choose one of: auto"):
+        replace(tiny_model_config("qwen3"), device="auto", device_map="balanced")
+
+
+def test_engine_over_several_devices_says_it_decodes_eagerly(monkeypatch, capsys):
+    import base.engine
+
+    model = load_model(tiny_model_config("qwen3"), ROOT)
+    two = [torch.device("cuda:0"), torch.device("cuda:1")]
+    monkeypatch.setattr(base.engine, "model_devices", lambda m: two)
+    with pytest.raises(ValueError, match="a CUDA graph captures one device's stream"):
+        DecodeEngine(model, 2, 16, graph=True)
+    engine = DecodeEngine(model, 2, 16)
+    assert not engine.graph_enabled and engine.regions is None
+    assert "the model spans cuda:0, cuda:1: a CUDA graph is captured on one GPU, so decode steps run eagerly" \
+        in capsys.readouterr().out
+    ids = torch.randint(3, 200, (2, 4))
+    res = engine.generate(ids, torch.ones_like(ids), 5, stop_at_eos=False)
+    assert res.eager_steps == res.steps == 4
+
+
+def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compose):
+    """model.device_map and describe.gpu_gb at their defaults leave the hash as it was before they
+    existed: finished runs are still skipped."""
+    import hashlib
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from base.outputs import config_hash
+
+    text = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
+    old = yaml.safe_load(text)
+    del old["describe"], old["model"]["device_map"], old["force"], old["logger"]
+    old_hash = hashlib.sha1(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    assert config_hash(text) == old_hash
+    changed = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum", "describe.gpu_gb=80"]), resolve=True)
+    assert config_hash(changed) != old_hash
