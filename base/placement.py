@@ -130,7 +130,8 @@ def _dispatch(model: nn.Module, dmap: dict[str, int | str]) -> nn.Module:
 
     if len(set(dmap.values())) == 1:  # one device: no hooks
         return model.to(_as_device(next(iter(dmap.values()))))
-    return dispatch_model(model, device_map=dmap)
+    # a transformers cache passed as an argument stays where it is (as from_pretrained dispatches)
+    return dispatch_model(model, device_map=dmap, skip_keys=list(getattr(model, "_skip_keys_device_placement", None) or []))
 
 
 def random_on_devices(config, dtype: torch.dtype, kwargs: dict, seed: int) -> nn.Module:

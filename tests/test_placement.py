@@ -160,6 +160,94 @@ def test_engine_over_several_devices_says_it_decodes_eagerly(monkeypatch, capsys
     assert res.eager_steps == res.steps == 4
 
 
+def test_decoding_through_accelerates_hooks_equals_the_plain_model():
+    """What a spread model adds on the way, on one device: accelerate's hooks on every placed unit
+    (moving each layer's inputs, bringing the output back). The engine with a patch decodes the
+    same tokens and selections through them."""
+    from accelerate import dispatch_model
+
+    from base.patch import PatchOptions, patch_model
+    from base.placement import blocks
+    from base.selectors import build_selector
+    from tests.helpers import model_artifacts
+
+    plain = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+    hooked = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+    hooked = dispatch_model(hooked, device_map={n: "cpu" for n, _ in blocks(hooked)}, force_hooks=True)
+    assert hasattr(hooked.model.layers[0], "_hf_hook")
+    ids = torch.randint(3, 200, (3, 6), generator=torch.Generator().manual_seed(1))
+
+    def decode(model):
+        patch = patch_model(model, "qwen3_moe", build_selector("base", model_artifacts(plain)), PatchOptions(budget=3))
+        engine = DecodeEngine(model, 4, 20, patch=patch)
+        try:
+            return engine.generate(ids, torch.ones_like(ids), 8, stop_at_eos=False).tokens_BN, patch.stats_rows()
+        finally:
+            engine.release()
+            patch.remove()
+
+    (a, rows_a), (b, rows_b) = decode(plain), decode(hooked)
+    assert torch.equal(a, b) and rows_a == rows_b and len(rows_a) == 7 * 2
+
+
+def test_triton_launches_switch_to_the_tensors_gpu(monkeypatch):
+    """Triton launches on the current CUDA device; a layer on cuda:1 while cuda:0 is current must
+    launch inside torch.cuda.device(cuda:1), and the one-GPU case must not switch at all."""
+    from contextlib import contextmanager
+
+    from kernels._triton import DualKernel
+
+    def body(x):  # never compiled here
+        pass
+
+    seen = []
+    current = {"gpu": 0}
+
+    @contextmanager
+    def on_device(d):
+        before, current["gpu"] = current["gpu"], d.index
+        try:
+            yield
+        finally:
+            current["gpu"] = before
+
+    class FakeJit:
+        def __getitem__(self, grid):
+            return lambda *a, **k: seen.append((grid, current["gpu"]))
+
+    kernel = DualKernel(body)
+    kernel.gpu = FakeJit()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["gpu"])
+    monkeypatch.setattr(torch.cuda, "device", on_device)
+    kernel.on(torch.device("cuda", 1))[(4,)]("x")
+    assert kernel.on(torch.device("cuda", 0)) is kernel.gpu
+    kernel.on(torch.device("cuda", 0))[(2,)]("x")
+    assert seen == [((4,), 1), ((2,), 0)] and current["gpu"] == 0
+
+
+def test_each_layers_cache_and_write_position_sit_on_its_device():
+    """StaticKV over two devices (cpu and meta stand in for two GPUs): buffers beside each layer,
+    one shared position tensor per device, and the other device's copy follows in-place steps."""
+    from torch import nn
+
+    from base.attention import StaticKV
+
+    kv = StaticKV(8, torch.device("cpu"))
+    near, far = nn.Module(), nn.Module()
+    kv.allocate(near, torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 4))
+    kv.allocate(far, torch.zeros(2, 1, 1, 4, device="meta"), torch.zeros(2, 1, 1, 4, device="meta"))
+    assert far.base_k_cache.device.type == "meta" and far.base_write_pos.device.type == "meta"
+    pos = torch.tensor([3])
+    kv.set_write_pos(pos)
+    assert near.base_write_pos is pos and far.base_write_pos.device.type == "meta"
+    mirror = far.base_write_pos
+    pos += 1
+    kv.sync()  # (a copy into meta: shapes and devices only)
+    assert far.base_write_pos is mirror and near.base_write_pos is pos and int(pos) == 4
+    kv.release()
+    assert not hasattr(far, "base_k_cache") and kv._mirrors == {}
+
+
 def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compose):
     """model.device_map and describe.gpu_gb at their defaults leave the hash as it was before they
     existed: finished runs are still skipped."""
