@@ -108,6 +108,28 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
     )
 
 
+# The launcher settings conf/hydra/launcher/*.yaml read from the environment, with their minimum:
+# checked before Hydra resolves them (its message for a bad one is a traceback).
+LAUNCHER_ENV = {"BASE_SLURM_GPUS": 0, "BASE_SLURM_TIME_MIN": 1, "BASE_SLURM_MEM_GB": 1, "BASE_SLURM_CPUS": 1,
+                "BASE_RAY_GPUS": 0, "BASE_RAY_CPUS": 0}
+
+
+def check_launcher_env() -> None:
+    for key, low in LAUNCHER_ENV.items():
+        value = os.environ.get(key)
+        if value is None:
+            continue
+        whole = key.startswith("BASE_SLURM")  # Ray takes fractions of a GPU or CPU
+        try:
+            number = int(value) if whole else float(value)
+        except ValueError:
+            number = None
+        if number is None or number < low:
+            kind = "a whole number" if whole else "a number"
+            raise ConfigError(f"{key}={value!r} must be {kind} >= {low} (read by hydra/launcher="
+                              f"{'slurm' if whole else 'ray_jobs'})")
+
+
 def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
     """note(status=..., error=...) writes this job's row of the sweep summary (base/sweep.py)."""
     hc = HydraConfig.get()
@@ -168,5 +190,10 @@ def main(cfg: DictConfig) -> dict | None:
 
 
 if __name__ == "__main__":
+    try:
+        check_launcher_env()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     os.environ.setdefault(STARTED_ENV, repr(time.time()))
     main()

@@ -134,12 +134,17 @@ def _dispatch(model: nn.Module, dmap: dict[str, int | str]) -> nn.Module:
     return dispatch_model(model, device_map=dmap, skip_keys=list(getattr(model, "_skip_keys_device_placement", None) or []))
 
 
-def random_on_devices(config, dtype: torch.dtype, kwargs: dict, seed: int) -> nn.Module:
+def empty_model(config, dtype: torch.dtype, kwargs: dict) -> nn.Module:
+    """The model with its parameters on the meta device (no memory) and its buffers real."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+
+
+def random_on_devices(config, dtype: torch.dtype, kwargs: dict, seed: int) -> nn.Module:
+    model = empty_model(config, dtype, kwargs)
     dmap = device_map_for(model)
     _materialise(model, dmap)
     torch.manual_seed(seed)
@@ -152,10 +157,8 @@ def load_on_devices(cfg: ModelConfig, hf, path: str, dtype: torch.dtype, kwargs:
     (the same map, from the model built empty first)."""
     if cfg.init == "random":
         return random_on_devices(hf, dtype, kwargs, seed)
-    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     remote = {"trust_remote_code": kwargs.get("trust_remote_code", False)}
-    with init_empty_weights():
-        empty = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, **remote), dtype=dtype, **kwargs)
+    empty = empty_model(AutoConfig.from_pretrained(path, **remote), dtype, kwargs)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map_for(empty), **kwargs)

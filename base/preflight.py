@@ -3,7 +3,8 @@ names the valid range or choice, never as a traceback halfway through a run.
 
     preflight(cfg)   # raises ConfigError
 
-What needs the model reads only its config (no weights): the budget and k0 against its shape. Then
+What needs the model reads only its config (no weights): the budget and k0 against its shape, and
+with model.device_map=auto whether it fits the visible GPUs (planned on the model built empty). Then
 the calibration files (when this run may calibrate), an explicit predictor file (readable, fitted
 for this model), and the evaluation tasks, which are looked up and built once (unknown names,
 missing or empty data).
@@ -31,6 +32,19 @@ def preflight(cfg: RunConfig) -> None:
         _check_calibration_files(cfg)
     if cfg.stage == "evaluate":
         check_tasks(cfg)
+    if cfg.model.device_map is not None:
+        _check_placement(cfg, hf)
+
+
+def _check_placement(cfg: RunConfig, hf) -> None:
+    """model.device_map=auto: the model fits the visible GPUs (planned on the model built empty)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    from base.placement import device_map_for, empty_model
+
+    device_map_for(empty_model(hf, getattr(torch, cfg.model.dtype), {"trust_remote_code": cfg.model.trust_remote_code}))
 
 
 def _methods(cfg: RunConfig) -> list[str]:

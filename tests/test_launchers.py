@@ -58,6 +58,7 @@ def test_joblib_two_processes_one_gpu_each(tmp_path):
     assert os.getpid() not in {int(p) for p in gpus_of}
 
 
+@pytest.mark.slow
 def test_submitit_local(tmp_path):
     proc = multirun(tmp_path, "hydra/launcher=submitit_local", *SWEEP)
     assert proc.returncode == 0
@@ -116,3 +117,10 @@ def test_ray_local_instance(tmp_path):
     proc = multirun(tmp_path, "hydra/launcher=ray_jobs", *SWEEP, timeout=600)
     assert proc.returncode == 0
     check_all_finished(tmp_path, "RayLauncher")
+
+
+def test_a_bad_launcher_setting_in_the_environment_fails_at_start(tmp_path):
+    proc = multirun(tmp_path, "hydra/launcher=slurm", *SWEEP, env={"BASE_SLURM_TIME_MIN": "0"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: BASE_SLURM_TIME_MIN='0' must be a whole number >= 1 (read by hydra/launcher=slurm)"
+    assert not (tmp_path / "default").exists()

@@ -135,6 +135,23 @@ def test_a_parameter_the_initialisation_misses_is_refused(monkeypatch):
         load_model(cfg, ROOT)
 
 
+def test_a_model_too_big_for_the_gpus_fails_before_anything_is_written(compose, tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    import run
+    from base.pipeline import run as run_pipeline
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one 150 GB GPU, as preflight sees it
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=None: (150 * 10**9, 150 * 10**9))
+    cfg = compose(["model=gpt_oss_120b", "model.init=random", "model.tokenizer=bytes", "model.device_map=auto",
+                   "stage=throughput", "logger=none"])
+    with pytest.raises(ConfigError, match=r"the model's 233.7 GB do not fit the 1 visible GPUs \(135 GB usable\); "
+                                          r"run stage=describe"):
+        run_pipeline(run.build_config(cfg, tmp_path / "out"), OmegaConf.to_yaml(cfg, resolve=True))
+    assert not (tmp_path / "out").exists()
+
+
 def test_device_map_needs_a_gpu_device():
     with pytest.raises(ConfigError, match="model.device_map=auto places the model over the GPUs; it needs "
                                           "model.device=auto or cuda, got model.device=meta"):
