@@ -77,18 +77,34 @@ def _select_reassign_kernel(
 ):
     """Grid (cdiv(T, TB),), or (1,) with ROUTE. Every program computes the same union, score and
     kept set (cheap, and it avoids a second launch or a grid-wide barrier); program 0 writes
-    them; the programs then reassign TB-token blocks in turn. With ROUTE the one program first
-    writes the model's routing (probs_TE, topk idx/w) and reads it back after a CTA barrier."""
+    them; the programs then reassign TB-token blocks in turn. With ROUTE the one program also
+    routes: it writes the model's routing (probs_TE, topk idx/w), scores from it in registers, and
+    reads it back for the reassignment after a CTA barrier."""
     pid = tl.program_id(0)
     offs_e = tl.arange(0, E_BLOCK)
     e_ok = offs_e < E
     offs_k = tl.arange(0, K_BLOCK)
 
-    # --- ROUTE: the router's softmax and top-k, as the model computes them after its GEMM ---
-    if ROUTE:
-        for t0 in range(0, T, TB):
-            offs_t = t0 + tl.arange(0, TB)
-            t_ok = offs_t < T
+    # --- one pass over the tokens: with ROUTE, the router's softmax and top-k (as the model
+    # computes them after its GEMM), kept in registers; then the union (pair counts) and,
+    # optionally, the score ---
+    cnt_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
+    acc_E = tl.zeros((E_BLOCK,), dtype=tl.float32)  # score, or router_sum for COUNT
+    if KIND == 4:
+        b_E = tl.load(bias_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
+    if KIND == 3:
+        energy_E = tl.load(energy_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
+    for t0 in range(0, T, TB):
+        offs_t = t0 + tl.arange(0, TB)
+        t_ok = offs_t < T
+        act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
+        if SCORE_IN_KERNEL and KIND == 4:
+            # the whole tile, issued first so its latency overlaps the rest (a load masked by
+            # `routed` would wait for the routing); unrouted entries are discarded below
+            g_TE = tl.load(
+                g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0
+            ).to(tl.float32)
+        if ROUTE:
             lg_TE = tl.load(
                 logits_ptr + offs_t[:, None] * stride_lt + offs_e[None, :],
                 mask=t_ok[:, None] & e_ok[None, :],
@@ -109,35 +125,21 @@ def _select_reassign_kernel(
                 r_TE = tl.where(offs_e[None, :] == j_T[:, None], -2.0, r_TE)
             if NORM:
                 rw_TK = rw_TK / tl.sum(rw_TK, axis=1)[:, None]
-            rw_TK = rw_TK * route_scale
+            rw_TK = (rw_TK * route_scale).to(w_ptr.dtype.element_ty)  # the weights as stored
             tk_ok = t_ok[:, None] & (offs_k[None, :] < K)
             tl.store(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], ri_TK, mask=tk_ok)
             tl.store(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], rw_TK, mask=tk_ok)
-        tl.debug_barrier()  # this CTA's global writes are visible to it after the barrier
-
-    # --- union (pair counts) and, optionally, the score: one pass over all tokens ---
-    cnt_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
-    acc_E = tl.zeros((E_BLOCK,), dtype=tl.float32)  # score, or router_sum for COUNT
-    if KIND == 4:
-        b_E = tl.load(bias_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
-    if KIND == 3:
-        energy_E = tl.load(energy_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
-    for t0 in range(0, T, TB):
-        offs_t = t0 + tl.arange(0, TB)
-        t_ok = offs_t < T
-        act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
-        if SCORE_IN_KERNEL and KIND == 4:
-            # the whole tile, issued before the top-k loads so the latencies overlap (a load
-            # masked by `routed` would wait for them); unrouted entries are discarded below
-            g_TE = tl.load(
-                g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0
-            ).to(tl.float32)
+            rw_TK = rw_TK.to(tl.float32)
         hits_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
         wsum_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
         wsq_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
         for k in tl.static_range(K):
-            i_T = tl.load(idx_ptr + offs_t * stride_it + k, mask=t_ok, other=-1)
-            w_T = tl.load(w_ptr + offs_t * stride_wt + k, mask=t_ok, other=0.0).to(tl.float32)
+            if ROUTE:  # column k of the routing in registers
+                i_T = tl.sum(tl.where(offs_k[None, :] == k, ri_TK, 0), axis=1)
+                w_T = tl.sum(tl.where(offs_k[None, :] == k, rw_TK, 0.0), axis=1)
+            else:
+                i_T = tl.load(idx_ptr + offs_t * stride_it + k, mask=t_ok, other=-1)
+                w_T = tl.load(w_ptr + offs_t * stride_wt + k, mask=t_ok, other=0.0).to(tl.float32)
             hit = (i_T[:, None] == offs_e[None, :]) & act_T[:, None]
             hits_TE += hit.to(tl.float32)
             wsum_TE += tl.where(hit, w_T[:, None], 0.0)
@@ -154,6 +156,8 @@ def _select_reassign_kernel(
             else:  # router_sum, and count's tie-breaker
                 term_TE = wsum_TE
             acc_E += tl.sum(term_TE, axis=0)
+    if ROUTE:
+        tl.debug_barrier()  # the routing this CTA wrote is visible to its reassignment below
     if SCORE_IN_KERNEL:
         if KIND == 2:
             # as base/selectors.Count: one more token outranks any router_sum difference
