@@ -206,6 +206,11 @@ def made_by(root: str | Path, dest: str | Path, df: pd.DataFrame) -> str:
     if exp.startswith("rules_"):  # issue 10's rules: several sweeps (conf/experiment/rules_*.yaml)
         return (f"Made by `make rules` (the sweeps listed in conf/experiment/{exp}.yaml, under {root}), then "
                 f"`python -m analysis.ablation {root} {dest}`.\n\n")
+    if exp.startswith("quality_seeds_"):  # every selector x budget (conf/experiment/quality_seeds_*.yaml)
+        make = "make quality-seeds" + ("" if exp == "quality_seeds_mini" else f" QS_EXP={exp}")
+        return (f"Made by `{make}`: the runs of `python run.py -m experiment={exp}` (and `method=dense budget=null`, "
+                f"`method=oea method.k0=1,2 budget=null`) under {root}, then `python -m analysis.ablation {root} "
+                f"{dest}`.\n\n")
     make = "make ablation" + ("" if exp == "ablation_mini" else f" ABLATION_EXP={exp}")
     seeds = ",".join(str(int(s)) for s in sorted(df["seed"].dropna().unique()))
     return (f"Made by `{make}`: the runs of `python run.py -m experiment={exp} eval.seed={seeds}` (and `method=dense "

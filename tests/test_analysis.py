@@ -195,6 +195,8 @@ def test_ablation_header_names_the_experiment_of_its_folder():
     assert "`make ablation ABLATION_EXP=ablation_mini_olmoe`" in other
     assert "experiment=ablation_mini_olmoe eval.seed=0,1,2`" in other
     assert "analysis.ablation outputs/ablation_mini_olmoe results/ablation_mini_olmoe" in other
+    seeds = made_by("outputs/quality_seeds_mini_olmoe", "results/quality_seeds_mini_olmoe", df)
+    assert "`make quality-seeds QS_EXP=quality_seeds_mini_olmoe`" in seeds and "method.k0=1,2" in seeds
 
 
 def test_ablation_refuses_to_pair_different_prompts(tmp_path):
