@@ -6,11 +6,7 @@
 #   bash experiments/gpu/engine_check.sh            (EXTRA="throughput.compile=false" etc. for the probe)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+source "$(dirname "$0")/env.sh"
 ngpu=$(nvidia-smi -L | wc -l)
 last=$((ngpu - 1))
 tests() {

@@ -13,11 +13,7 @@
 # throughput.log, throughput.csv, throughput_report.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+source "$(dirname "$0")/env.sh"
 MODEL=${MODEL:-gpt_oss_120b}
 BATCHES=${BATCHES:-[1,16,64]}
 S="$OUT/summary.txt"

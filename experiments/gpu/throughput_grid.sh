@@ -13,13 +13,7 @@
 # $OUT/grid.tgz (outputs/throughput and the logs), with the summary tables in $OUT/throughput.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; LOG=${LOG:-/tmp/gridlogs}; mkdir -p "$OUT" "$LOG"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-# Two runs share the host's cores: without a cap, torch's CPU threads (the predictor fit) oversubscribe
-# them (Qwen3's first base configuration, calibration and fit included: 403 s uncapped, 25 s capped).
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+source "$(dirname "$0")/env.sh"
 ngpu=$(nvidia-smi -L | wc -l)
 last=$((ngpu - 1))
 run_on() {  # gpu, model:routing ...
