@@ -102,7 +102,7 @@ report: $(STAMP)  ## figures + report.md -> outputs/report/ (REFRESH=1: results/
 	OMP_NUM_THREADS=1 WANDB_SILENT=true $(PY) -m analysis.report $(REPORT_ARGS)
 
 bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/
-	python -m kernels.bench --out benchmarks/kernels
+	python -m tools.bench_kernels --out benchmarks/kernels
 	python -m analysis.kernel_table benchmarks/kernels/$$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
 
 clean:  ## remove outputs (keeps the venv)

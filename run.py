@@ -5,7 +5,7 @@
     python run.py model=qwen3_30b model.init=random model.device=meta stage=describe logger=none
 
 Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, report.json, CSVs);
-a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/sweep.py). Launchers (README,
+a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Launchers (README,
 "Running on a cluster"): hydra/launcher=local_gpus | joblib | submitit_local | slurm | ray.
 """
 from __future__ import annotations
@@ -39,13 +39,13 @@ from base.config import (
     TaskConfig,
     ThroughputConfig,
 )
-from base.gpu_pool import job_gpu, lock_dir, visible_gpus
-from base.sweep import error_line, record_job
+from base.run.gpu_pool import job_gpu, lock_dir, visible_gpus
+from base.run.sweep import error_line, record_job
 
 ROOT = Path(__file__).resolve().parent
 
 # Set when the command starts and inherited by every job a launcher starts (worker processes,
-# SLURM tasks): force=true recomputes a shared artifact once per sweep (base/artifacts.py).
+# SLURM tasks): force=true recomputes a shared artifact once per sweep (base/run/artifacts.py).
 STARTED_ENV = "BASE_SWEEP_STARTED"
 MAX_RUN_NAME = 120  # file systems allow 255 bytes per name; leave room for Hydra's own suffixes
 
@@ -131,10 +131,10 @@ def check_launcher_env() -> None:
 
 
 def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
-    """note(status=..., error=...) writes this job's row of the sweep summary (base/sweep.py)."""
+    """note(status=..., error=...) writes this job's row of the sweep summary (base/run/sweep.py)."""
     hc = HydraConfig.get()
     sweep_dir, run = Path(hc.sweep.dir), str(hc.sweep.subdir)
-    from base.outputs import config_hash
+    from base.run.outputs import config_hash
 
     fixed = {"job": hc.job.num, "overrides": ",".join(hc.overrides.task), "host": socket.gethostname(),
              "config_hash": config_hash(OmegaConf.to_yaml(cfg, resolve=True)), "pid": os.getpid(), "gpu": gpu,
@@ -157,7 +157,7 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: str) -> dict | None:
         run_cfg = build_config(cfg, out_dir, overrides)
     except TypeError as err:  # an unknown key reaching a config dataclass
         raise ConfigError(str(err)) from None
-    from base.pipeline import run
+    from base.run.pipeline import run
 
     return run(run_cfg, OmegaConf.to_yaml(cfg, resolve=True))
 
@@ -167,7 +167,7 @@ def main(cfg: DictConfig) -> dict | None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     sweep = hc.mode == RunMode.MULTIRUN
-    # joblib workers share this host's GPUs: each job holds one (base/gpu_pool.py)
+    # joblib workers share this host's GPUs: each job holds one (base/run/gpu_pool.py)
     local_parallel = sweep and "joblib" in str(hc.launcher.get("_target_", ""))
     with job_gpu(visible_gpus(), lock_dir()) if local_parallel else nullcontext() as gpu:
         note = sweep_note(cfg, gpu) if sweep else lambda status, error=None: None
@@ -183,7 +183,7 @@ def main(cfg: DictConfig) -> dict | None:
             raise
         note("skipped" if report is None else "finished")
     if report is not None:
-        from base.report import print_report
+        from base.run.report import print_report
 
         print_report(report, out_dir)
     return report

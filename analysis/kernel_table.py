@@ -1,4 +1,4 @@
-"""README tables from a kernel benchmark JSON (written by `python -m kernels.bench` on a GPU).
+"""README tables from a kernel benchmark JSON (written by `python -m tools.bench_kernels` on a GPU).
 
     python -m analysis.kernel_table benchmarks/kernels/NVIDIA_H200.json
 """

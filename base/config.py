@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from base.routing import REASSIGN_MODES, RENORMALIZE_MODES
+from base.method.routing import REASSIGN_MODES, RENORMALIZE_MODES
 
 STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
 INITS = ("pretrained", "random")
@@ -64,7 +64,7 @@ def _float(what: str, value: Any, low: float | None = None, high: float | None =
 @dataclass
 class ModelConfig:
     name: str  # the conf/model/<name>.yaml key; names artifacts and outputs
-    family: str  # registered family (base/families.py): qwen3_moe, qwen2_moe, deepseek_v2, ...
+    family: str  # registered family (base/hf/families.py): qwen3_moe, qwen2_moe, deepseek_v2, ...
     path: str  # hub id or local directory (relative paths resolve against the repo root)
     init: str = "pretrained"  # pretrained: load weights from path; random: build arch with random weights
     dtype: str = "bfloat16"
@@ -76,10 +76,10 @@ class ModelConfig:
     calib_files: list[str] | None = None  # this model's calibration text: replaces the default
     # calibration.files unless the command line sets calibration.files (run.py decides)
     arch: dict[str, Any] = field(default_factory=dict)  # HF config kwargs for the exact architecture
-    routing: str = "uniform"  # init=random: uniform (as built) or skewed (base/skew.py)
+    routing: str = "uniform"  # init=random: uniform (as built) or skewed (base/hf/skew.py)
     skew_ratio: float = 0.6  # skewed: dense batch-16 union as a fraction of the uniform one
     device_map: str | None = None  # auto: whole decoder layers spread over the visible GPUs
-    # (accelerate; base/placement.py); null: the whole model on model.device
+    # (accelerate; base/hf/placement.py); null: the whole model on model.device
 
     def __post_init__(self) -> None:
         _choice("model.init", self.init, INITS)
@@ -112,7 +112,7 @@ class MethodConfig:
     budget_split: str = "uniform"  # uniform: `budget` in every layer; sensitivity: L x budget split by calibration
 
     def __post_init__(self) -> None:
-        from base.selectors import SELECTORS
+        from base.method.selectors import SELECTORS
 
         valid = ("dense", *SELECTORS.names())
         _choice("method", self.name, valid)
@@ -129,7 +129,7 @@ class MethodConfig:
             raise ConfigError(f"method.budget_split=sensitivity splits a budget across layers: it needs a budgeted "
                               f"selector without method.coverage; got method={self.name}")
         if self.coverage is not None:
-            from base.selectors import coverage_selectors
+            from base.method.selectors import coverage_selectors
 
             try:
                 self.coverage = float(self.coverage)
@@ -167,7 +167,7 @@ class EvalConfig:
     top_k: int = 20
     max_gen_toks: int | None = None  # cap over the tasks' own max_gen_toks
     gen_toks: int | None = None  # new tokens per request, set (replaces the tasks' own; the paper: 384)
-    engine: str = "auto"  # decode through base/engine.py: auto = on a GPU (CUDA graphs); on; off
+    engine: str = "auto"  # decode through base/runtime/engine.py: auto = on a GPU (CUDA graphs); on; off
     confirm_unsafe_code: bool = False  # run tasks that execute model-written code (humaneval, mbpp)
     seed: int | None = None  # batching seed: the mixing order (which requests share a decode batch);
     # null = the run's seed. Changes nothing else (calibration, predictor and lm-eval keep `seed`)
@@ -220,7 +220,7 @@ class PredictorConfig:
 def parse_method_spec(spec: str) -> dict[str, Any]:
     """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation) ->
     {"method", "k0", "impl"}, validated."""
-    from base.selectors import SELECTORS
+    from base.method.selectors import SELECTORS
 
     name, *opts = str(spec).split(":")
     _choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
@@ -253,7 +253,7 @@ class ThroughputConfig:
     # the first budget only: each is one more capture)
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
     profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
-    compile: bool = True  # CUDA: compile each layer's attention and norms once (base/regional.py)
+    compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
 
     @property
     def specs(self) -> list[dict[str, Any]] | None:
@@ -335,7 +335,7 @@ class RunConfig:
 
     def _check_method_budget(self) -> None:
         """A budgeted selector evaluated with no budget would run dense under its name."""
-        from base.selectors import SELECTORS
+        from base.method.selectors import SELECTORS
 
         name = self.method.name
         if self.stage == "evaluate" and name != "dense" and SELECTORS.get(name).uses_budget and self.budget is None \

@@ -4,7 +4,7 @@
 
 What an evaluation does, without lm-eval (which GPU hosts lack): the mini tasks' prompts, mixed
 across domains with a seed, cut into decode batches; every row stops at its own stop string
-("\\n") or token limit (24), and finished rows leave the union, exactly as in base/evaluate.py
+("\\n") or token limit (24), and finished rows leave the union, exactly as in base/eval/evaluate.py
 (both paths use base/stops.RowStops). On a GPU the engine replays a CUDA graph and checks the stop
 strings on the host after every step; on a CPU it runs eagerly. Reports, per path: seconds,
 decode steps (batch forwards) and steps per second, and the share of answers equal between paths.
@@ -22,11 +22,11 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.engine import DecodeEngine
-from base.families import load_model, load_tokenizer
-from base.patch import PatchOptions, patch_model
-from base.selectors import build_selector
-from base.stops import RowStops
+from base.runtime.engine import DecodeEngine
+from base.hf.families import load_model, load_tokenizer
+from base.hf.patch import PatchOptions, patch_model
+from base.method.selectors import build_selector
+from base.eval.stops import RowStops
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("dense", "router_sum", "router_sq", "count", "fixed")

@@ -46,7 +46,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from base.families import find_moe_layers
+from base.hf.families import find_moe_layers
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 DISTINCT_BATCH = 16

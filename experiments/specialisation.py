@@ -21,9 +21,9 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.families import find_moe_layers, load_model, load_tokenizer
-from base.outputs import atomic_write_text, write_table
-from base.patch import PatchOptions, patch_model
+from base.hf.families import find_moe_layers, load_model, load_tokenizer
+from base.run.outputs import atomic_write_text, write_table
+from base.hf.patch import PatchOptions, patch_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

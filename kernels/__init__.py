@@ -4,13 +4,11 @@
     select.py   select_reassign: top-M + backfill/renormalise, fixed shapes, one launch;
                 route_select: the router's softmax/top-k and the selection in one launch
     experts.py  fused_experts: the kept experts' FFN, each weight byte read once per step
-    hf.py       register_base_triton: the FFN as transformers experts implementation
     step.py     select_step: one layer's selection from plain tensors
     attention.py decode_attention: split-KV decode attention over a static cache (the engine's)
 CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled.
 """
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
-from kernels.hf import base_triton_experts_forward, register_base_triton
 from kernels.score import (
     fuse_router_predictor,
     fused_router_logits,
@@ -24,13 +22,11 @@ __all__ = [
     "ExpertsLayout",
     "Routing",
     "Selection",
-    "base_triton_experts_forward",
     "experts_reference",
     "fuse_router_predictor",
     "fused_experts",
     "fused_router_logits",
     "prepare_predictor",
-    "register_base_triton",
     "route_select",
     "score_experts",
     "select_reassign",

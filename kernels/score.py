@@ -1,7 +1,7 @@
 """Batch score of each expert: score_E = sum over active routed pairs (t, u) of a per-pair term.
 
-One launch per MoE layer. References: the selectors of base/selectors.py (`pair_term` +
-`base.routing.aggregate_E`, and `Count.score`); tests/test_kernels.py compares against them.
+One launch per MoE layer. References: the selectors of base/method/selectors.py (`pair_term` +
+`base.method.routing.aggregate_E`, and `Count.score`); tests/test_kernels.py compares against them.
 
 Shapes: T tokens, H hidden, E experts, K top-k.
     z_TH         MoE-layer input (router and experts input)

@@ -1,6 +1,6 @@
 """Select + backfill: top-M experts of a decode batch, then every token rerouted to kept experts.
 
-One launch per MoE layer. Reference: `base.routing.select_top_m` and `base.routing.reassign`
+One launch per MoE layer. Reference: `base.method.routing.select_top_m` and `base.method.routing.reassign`
 (tests/test_kernels.py compares against them). Optionally the kernel also computes score_E itself
 from the routing (and, for `base`, from g_TE = z_TH @ W_HE produced by the router's matmul on
 concatenated [router; predictor] weights, see kernels/score.py), so selection costs one launch.
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from kernels._triton import dual_jit, empty, next_pow2
 
-# Per-pair score terms (the `kind` of a selector, see base/selectors.py).
+# Per-pair score terms (the `kind` of a selector, see base/method/selectors.py).
 KINDS = {"router_sum": 0, "router_sq": 1, "count": 2, "calib_energy": 3, "base": 4}
 REASSIGN_MODES = ("backfill", "drop")
 
@@ -186,7 +186,7 @@ def _select_reassign_kernel(
     # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
     best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
 
-    # --- reassign the tokens, TB at a time (base.routing.reassign, branch-free) ---
+    # --- reassign the tokens, TB at a time (base.method.routing.reassign, branch-free) ---
     for tb0 in range(pid * TB, T, tl.num_programs(0) * TB):
         offs_t = tb0 + tl.arange(0, TB)
         t_ok = offs_t < T

@@ -4,7 +4,7 @@
                       pred_w_EH=pred_w_EH, pred_b_E=pred_b_E)
     out = fused_experts(z_TH, gate_up, down, sel.topk_idx_TK, sel.topk_w_TK)
 
-Equivalent to `base.selectors.<kind>.keep` + `base.routing.reassign` (tests compare them); this
+Equivalent to `base.method.selectors.<kind>.keep` + `base.method.routing.reassign` (tests compare them); this
 file takes tensors only, so kernels/ never imports base/. Launches:
     router_sum / router_sq / count / calib_energy   1 (the select kernel scores in-kernel)
     base with g_TE from the fused router GEMM        1 (kernels.score.fused_router_logits)

@@ -15,10 +15,10 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from base.config import ModelConfig
-from base.families import MoeLayer, find_moe_layers
-from base.patch import BudgetPatch, PatchOptions, patch_model
-from base.routing import RoutedBatch
-from base.selectors import Artifacts, Selector
+from base.hf.families import MoeLayer, find_moe_layers
+from base.hf.patch import BudgetPatch, PatchOptions, patch_model
+from base.method.routing import RoutedBatch
+from base.method.selectors import Artifacts, Selector
 
 ROOT = Path(__file__).resolve().parents[1]
 PAD_ID = 0  # pad token of the tiny Qwen3 model built here
@@ -245,12 +245,12 @@ class MoeProbe(TorchFunctionMode):
 
 def ignore_norm_runs(monkeypatch, probe: MoeProbe) -> None:
     """Experts runs made only to measure ||E_u(z_t)|| (oracle, energy stats) are not decode work."""
-    import base.patch
+    import base.hf.patch
 
-    real = base.patch.expert_norms_TK
+    real = base.hf.patch.expert_norms_TK
 
     def wrapped(*args, **kwargs):
         with probe.paused():
             return real(*args, **kwargs)
 
-    monkeypatch.setattr(base.patch, "expert_norms_TK", wrapped)
+    monkeypatch.setattr(base.hf.patch, "expert_norms_TK", wrapped)

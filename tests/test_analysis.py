@@ -61,7 +61,7 @@ def test_throughput_overhead_is_against_fixed_at_the_same_budget(tmp_path):
 
 def test_summary_accuracy_averages_one_metric_per_top_level_task():
     """A group stands for its members; plain tasks count too (task=paper lost gsm8k, boolq, ... before)."""
-    from base.outputs import summary_accuracy
+    from base.run.outputs import summary_accuracy
 
     metrics = [
         {"task": "bbh", "kind": "group", "metric": "exact_match", "filter": "get-answer", "value": 0.4},
@@ -79,7 +79,7 @@ def test_summary_accuracy_averages_one_metric_per_top_level_task():
 def test_lm_evals_two_expected_warnings_are_dropped_and_others_kept(caplog):
     import logging
 
-    from base.lmeval_logging import quiet_expected_warnings
+    from base.eval.lmeval_logging import quiet_expected_warnings
 
     quiet_expected_warnings()
     quiet_expected_warnings()  # idempotent
@@ -229,7 +229,7 @@ def test_profile_attributes_every_kernel_to_the_innermost_class_range_of_its_lau
     operator's kernels (runtime calls) to the range around the operator, the innermost one when
     ranges nest; a launch outside every range to `other`; a kernel whose launch is missing from the
     trace to `unlinked`; the total is every kernel's time."""
-    from base.profile import attribute_trace
+    from base.runtime.profile import attribute_trace
 
     def rng(name, ts, dur, tid=1):
         return {"ph": "X", "cat": "user_annotation", "name": f"cls:{name}", "tid": tid, "ts": ts, "dur": dur, "args": {}}

@@ -7,14 +7,14 @@ from pathlib import Path
 import torch
 
 import run
-from base.artifacts import (
+from base.run.artifacts import (
     artifact_dir,
     calibration_settings,
     content_fingerprint,
     file_fingerprint,
     model_identity,
 )
-from base.families import find_moe_layers, load_model
+from base.hf.families import find_moe_layers, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_editing_calibration_text_changes_the_key(compose, tmp_path):
 
 
 def test_large_files_are_fingerprinted_by_samples_that_see_a_change(tmp_path, monkeypatch):
-    import base.artifacts as art
+    import base.run.artifacts as art
 
     monkeypatch.setattr(art, "WHOLE_LIMIT", 4 << 20)  # sample files above 4 MB
     big = tmp_path / "w.bin"
@@ -69,7 +69,7 @@ def test_large_files_are_fingerprinted_by_samples_that_see_a_change(tmp_path, mo
 def test_force_recomputes_calibration_and_predictor_in_evaluate(compose, tmp_path):
     from omegaconf import OmegaConf
 
-    from base.pipeline import run as run_pipeline
+    from base.run.pipeline import run as run_pipeline
 
     stamps = []
     for i, force in enumerate((False, True)):
@@ -85,7 +85,7 @@ def test_force_recomputes_calibration_and_predictor_in_evaluate(compose, tmp_pat
 def test_a_damaged_cached_predictor_is_fitted_again(compose, tmp_path):
     from omegaconf import OmegaConf
 
-    from base.pipeline import run as run_pipeline
+    from base.run.pipeline import run as run_pipeline
 
     def go(i: int) -> dict:
         cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", "method=base", "budget=3",

@@ -1,4 +1,4 @@
-"""The engine's attention (base/attention.py) and regional compilation (base/regional.py): grouped
+"""The engine's attention (base/hf/attention.py) and regional compilation (base/runtime/regional.py): grouped
 decode attention equals per-head attention over repeated K/V (masks, sliding windows, sinks, key
 and value sizes that differ); the engine decodes every family like transformers' generate, eager
 and compiled; one compiled graph serves every layer."""
@@ -11,10 +11,10 @@ import torch
 import yaml
 from torch import nn
 
-from base.attention import StaticKV, engine_attention
+from base.hf.attention import StaticKV, engine_attention
 from base.config import ModelConfig
-from base.engine import DecodeEngine
-from base.families import load_model
+from base.runtime.engine import DecodeEngine
+from base.hf.families import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

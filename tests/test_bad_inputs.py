@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 import run
 from base.config import ConfigError
-from base.pipeline import run as run_pipeline
+from base.run.pipeline import run as run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]
@@ -50,7 +50,7 @@ def _predictor_file(tmp: Path, kind: str) -> list[str]:
     else:  # a real predictor file, fitted for another model
         import torch
 
-        from base.predictor import Predictor
+        from base.method.predictor import Predictor
 
         meta = {"model": {"name": "olmoe", "num_layers": 16, "num_experts": 64, "hidden": 2048}}
         Predictor(torch.zeros(1, 2, 2), torch.zeros(1, 2), meta).save(path)
@@ -124,9 +124,9 @@ def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):
     """The other-model check compares name, experts and hidden size: a matching file passes."""
     import torch
 
-    from base.families import hf_config
-    from base.predictor import Predictor
-    from base.preflight import preflight
+    from base.hf.families import hf_config
+    from base.method.predictor import Predictor
+    from base.run.preflight import preflight
 
     path = tmp_path / "p.safetensors"
     rc = run.build_config(compose([*FAST, f"predictor.path={path}", "method=base", "budget=2"]), tmp_path / "o")
@@ -138,7 +138,7 @@ def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):
 
 
 def test_dense_may_score_by_log_likelihood_and_confirmed_code_tasks_pass(compose, tmp_path):
-    from base.preflight import check_tasks
+    from base.run.preflight import check_tasks
 
     mc = run.build_config(compose([*FAST, "method=dense", *_shaped_task(tmp_path, "loglikelihood")]), tmp_path / "o")
     check_tasks(mc)  # no budget: nothing to refuse

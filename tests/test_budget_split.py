@@ -1,12 +1,12 @@
-"""Per-layer budgets (base/budget_split.py): loss curves from calibration records, and the greedy
+"""Per-layer budgets (base/method/budget_split.py): loss curves from calibration records, and the greedy
 split that keeps the mean budget while giving experts to the layers that lose most."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from base.budget_split import loss_curves, split_budget
-from base.calibrate import Calibration, LayerCalib
+from base.method.budget_split import loss_curves, split_budget
+from base.hf.calibrate import Calibration, LayerCalib
 
 
 def _calib(layers: list[tuple[list[list[int]], list[list[float]], list[list[float]]]], E: int) -> Calibration:

@@ -1,6 +1,6 @@
-"""The decode engine (base/engine.py): same tokens and statistics as transformers' generate on the
+"""The decode engine (base/runtime/engine.py): same tokens and statistics as transformers' generate on the
 CPU, finished and padding rows inactive, device-side statistics; on a GPU, CUDA-graph replay equals
-eager decoding for dense and base. Also the routing skew of random models (base/skew.py)."""
+eager decoding for dense and base. Also the routing skew of random models (base/hf/skew.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,10 +11,10 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.engine import DecodeEngine
-from base.families import find_moe_layers, load_model, load_tokenizer
-from base.patch import PatchOptions, patch_model
-from base.selectors import build_selector
+from base.runtime.engine import DecodeEngine
+from base.hf.families import find_moe_layers, load_model, load_tokenizer
+from base.hf.patch import PatchOptions, patch_model
+from base.method.selectors import build_selector
 from tests.helpers import model_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
 
         class Replay:  # what a CUDA graph would do: run the step's device work, no host bookkeeping
             def replay(self):
-                with mock.patch("base.recorder._capturing", return_value=True):
+                with mock.patch("base.method.recorder._capturing", return_value=True):
                     engine._step()
 
         def capture():
@@ -187,7 +187,7 @@ def _decode_gpu(model, family, method, backend, graph, compile=False):
 @pytest.mark.parametrize("method,backend", [("dense", "torch"), ("base", "torch"), ("base", "triton"),
                                             ("router_sum", "triton")])
 def test_gpu_graph_replay_equals_eager(method, backend, experts_impl):
-    from kernels import register_base_triton
+    from base.hf.experts_impl import register_base_triton
 
     register_base_triton()
     # grouped_mm is captured in bf16 only (its fp32 path copies from the host); same kernels either
@@ -207,7 +207,7 @@ def test_gpu_graph_replay_equals_eager(method, backend, experts_impl):
 def test_gpu_compiled_graph_equals_eager(method):
     """The default GPU step: compiled attention/norm regions inside the graph (float32, base_triton
     experts, Triton selection): the same tokens and selections as uncompiled eager decoding."""
-    from kernels import register_base_triton
+    from base.hf.experts_impl import register_base_triton
 
     register_base_triton()
     model = load_model(_cfg("tiny_qwen3", device="cuda", dtype="float32"), ROOT, experts_impl="base_triton")
@@ -224,7 +224,7 @@ def test_gpu_mini_engine_graph_equals_generate():
     """The trained mini model on the GPU: graph-replayed greedy decoding (compiled regions, the
     default) gives generate's tokens."""
     cfg = _cfg("mini", device="cuda")
-    from kernels import register_base_triton
+    from base.hf.experts_impl import register_base_triton
 
     register_base_triton()
     model, tok = load_model(cfg, ROOT, experts_impl="base_triton"), load_tokenizer(cfg, ROOT)

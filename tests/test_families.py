@@ -1,5 +1,5 @@
 """Every supported family, built tiny and random from conf/model/tiny_*.yaml through
-`base.families.load_model`: the MoE blocks are found, the patch holds the budget while generating a
+`base.hf.families.load_model`: the MoE blocks are found, the patch holds the budget while generating a
 left-padded batch, shared experts still run, and each family's weight convention survives selection
 (DeepSeek's routed_scaling_factor, GPT-OSS's renormalisation).
 
@@ -13,9 +13,9 @@ import itertools
 import pytest
 import torch
 
-from base.families import FAMILIES, byte_tokenizer, find_moe_layers, load_model
-from base.patch import PatchOptions
-from base.selectors import build_selector
+from base.hf.families import FAMILIES, byte_tokenizer, find_moe_layers, load_model
+from base.hf.patch import PatchOptions
+from base.method.selectors import build_selector
 from tests.helpers import (
     ROOT,
     MoeProbe,

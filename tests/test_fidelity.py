@@ -12,11 +12,11 @@ import torch
 from omegaconf import OmegaConf
 
 import run
-from base.pipeline import run as run_pipeline
-from base.routing import RoutedBatch
-from base.backends import Decision, dense_decision
-from base.families import find_moe_layers
-from base.patch import output_error
+from base.run.pipeline import run as run_pipeline
+from base.method.routing import RoutedBatch
+from base.method.backends import Decision, dense_decision
+from base.hf.families import find_moe_layers
+from base.hf.patch import output_error
 from tests.helpers import tiny_qwen3
 
 FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]

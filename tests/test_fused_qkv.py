@@ -1,4 +1,4 @@
-"""base/fused_qkv.py: one GEMM for q, k and v gives the model's own outputs in every family, shares
+"""base/hf/fused_qkv.py: one GEMM for q, k and v gives the model's own outputs in every family, shares
 the weights' storage, and restores the original projections."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from base.fused_qkv import FusedQKV
+from base.hf.fused_qkv import FusedQKV
 from tests.test_attention import FAMILIES, _model
 
 

@@ -1,4 +1,4 @@
-"""base/gpu_pool.py: one GPU per job for local parallel sweeps, checked with real processes
+"""base/run/gpu_pool.py: one GPU per job for local parallel sweeps, checked with real processes
 started at once (GPU ids are names here: nothing touches CUDA)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = """
 import os, sys, time
 from pathlib import Path
-from base.gpu_pool import job_gpu
+from base.run.gpu_pool import job_gpu
 locks, pool, hold, jobs = Path(sys.argv[1]), sys.argv[2].split(","), float(sys.argv[3]), int(sys.argv[4])
 for j in range(jobs):
     with job_gpu(pool, locks) as gpu:
@@ -63,7 +63,7 @@ def test_more_workers_than_gpus_share_without_overlap(tmp_path):
 
 
 def test_no_gpus_changes_nothing(tmp_path, monkeypatch):
-    from base.gpu_pool import job_gpu, visible_gpus
+    from base.run.gpu_pool import job_gpu, visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == []

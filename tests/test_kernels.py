@@ -1,4 +1,4 @@
-"""Triton kernels against their PyTorch references (base/routing.py, base/selectors.py, and
+"""Triton kernels against their PyTorch references (base/method/routing.py, base/method/selectors.py, and
 kernels.experts.experts_reference / transformers' experts implementations).
 
 CPU: the kernels run through Triton's interpreter whatever TRITON_INTERPRET says (kernels/_triton.py
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import kernels._triton as kt
-from base.routing import RoutedBatch, pair_counts_E, reassign, select_top_m
-from base.selectors import Artifacts, build_selector
+from base.method.routing import RoutedBatch, pair_counts_E, reassign, select_top_m
+from base.method.selectors import Artifacts, build_selector
 from kernels import (
     ExpertsLayout,
     experts_reference,

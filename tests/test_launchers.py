@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from base.sweep import read_summary
+from base.run.sweep import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ["stage=describe", "seed=0,1,2"]  # the same sweep for every launcher: three runs

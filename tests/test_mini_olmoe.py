@@ -45,7 +45,7 @@ def mini_olmoe():
 
 
 def test_checkpoint_is_an_olmoe_without_renormalisation(mini_olmoe):
-    from base.families import FAMILIES
+    from base.hf.families import FAMILIES
 
     model, tok = mini_olmoe
     assert model.config.model_type == "olmoe" and not FAMILIES.get("olmoe").renormalizes(model.config)

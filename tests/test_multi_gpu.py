@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from base.engine import DecodeEngine
-from base.families import load_model
-from base.patch import PatchOptions, patch_model
-from base.placement import model_devices
-from base.selectors import build_selector
+from base.runtime.engine import DecodeEngine
+from base.hf.families import load_model
+from base.hf.patch import PatchOptions, patch_model
+from base.hf.placement import model_devices
+from base.method.selectors import build_selector
 from tests.helpers import model_artifacts, tiny_model_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def _decode(model, method, backend, arts):
 @pytest.mark.parametrize("method,backend", [("dense", "torch"), ("router_sum", "torch"), ("base", "torch"),
                                             ("base", "triton"), ("router_sum", "triton")])
 def test_two_gpus_decode_as_one(method, backend):
-    from kernels import register_base_triton
+    from base.hf.experts_impl import register_base_triton
 
     register_base_triton()
     cfg = replace(tiny_model_config("qwen3", num_hidden_layers=4), device="cuda")

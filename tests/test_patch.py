@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from base.patch import PatchOptions, patch_model
-from base.routing import reassign
-from base.selectors import build_selector
+from base.hf.patch import PatchOptions, patch_model
+from base.method.routing import reassign
+from base.method.selectors import build_selector
 from tests.helpers import (
     BUDGETED,
     PAD_ID,

@@ -10,9 +10,9 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.families import find_moe_layers, load_model
-from base.patch import PatchOptions, patch_model
-from base.selectors import build_selector
+from base.hf.families import find_moe_layers, load_model
+from base.hf.patch import PatchOptions, patch_model
+from base.method.selectors import build_selector
 from tests.helpers import model_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_triton_backend_matches_torch(name, selector):
 def test_gpu_triton_backend_and_base_triton_match_torch(name, selector):
     """Compiled kernels (route_select + base_triton experts) against the eager PyTorch path, fp32;
     one decode step (prefill + 1), since tf32 dots may flip later greedy choices of a random model."""
-    from kernels import register_base_triton
+    from base.hf.experts_impl import register_base_triton
 
     cfg, model = _model(name)
     model = model.cuda()

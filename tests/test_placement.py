@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from base.config import ConfigError, ModelConfig
-from base.engine import DecodeEngine
-from base.families import hf_config, load_model
-from base.memory import kv_cache_bytes, memory_estimate
+from base.runtime.engine import DecodeEngine
+from base.hf.families import hf_config, load_model
+from base.runtime.memory import kv_cache_bytes, memory_estimate
 from tests.helpers import tiny_model_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_kv_estimate_is_the_cache_the_engine_allocates(family):
 def test_two_h200s_take_gpt_oss_120b_in_two_balanced_halves():
     """The placement plan on the real model's sizes (built on the meta device): whole decoder
     layers, the embeddings on the first GPU and the head on the last, within a layer of even."""
-    from base.placement import blocks, plan
+    from base.hf.placement import blocks, plan
 
     cfg = ModelConfig(**{**yaml_model("gpt_oss_120b"), "init": "random", "device": "meta"})
     units = blocks(load_model(cfg, ROOT))
@@ -92,7 +92,7 @@ def test_placement_needs_no_psutil():
     """The GPU host lacks psutil (accelerate's planner imports it); the placement path must not."""
     code = ("import sys; sys.modules['psutil'] = None\n"
             "from dataclasses import replace\nfrom pathlib import Path\n"
-            "from base.families import load_model\nfrom tests.helpers import tiny_model_config\n"
+            "from base.hf.families import load_model\nfrom tests.helpers import tiny_model_config\n"
             "from accelerate import dispatch_model, init_empty_weights\n"
             "m = load_model(replace(tiny_model_config('qwen3'), device='auto', device_map='auto'), Path('.'))\n"
             "print(sum(p.numel() for p in m.parameters()))")
@@ -139,7 +139,7 @@ def test_a_model_too_big_for_the_gpus_fails_before_anything_is_written(compose, 
     from omegaconf import OmegaConf
 
     import run
-    from base.pipeline import run as run_pipeline
+    from base.run.pipeline import run as run_pipeline
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one 150 GB GPU, as preflight sees it
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -161,11 +161,11 @@ def test_device_map_needs_a_gpu_device():
 
 
 def test_engine_over_several_devices_says_it_decodes_eagerly(monkeypatch, capsys):
-    import base.engine
+    import base.runtime.engine
 
     model = load_model(tiny_model_config("qwen3"), ROOT)
     two = [torch.device("cuda:0"), torch.device("cuda:1")]
-    monkeypatch.setattr(base.engine, "model_devices", lambda m: two)
+    monkeypatch.setattr(base.runtime.engine, "model_devices", lambda m: two)
     with pytest.raises(ValueError, match="a CUDA graph captures one device's stream"):
         DecodeEngine(model, 2, 16, graph=True)
     engine = DecodeEngine(model, 2, 16)
@@ -183,9 +183,9 @@ def test_decoding_through_accelerates_hooks_equals_the_plain_model():
     same tokens and selections through them."""
     from accelerate import dispatch_model
 
-    from base.patch import PatchOptions, patch_model
-    from base.placement import blocks
-    from base.selectors import build_selector
+    from base.hf.patch import PatchOptions, patch_model
+    from base.hf.placement import blocks
+    from base.method.selectors import build_selector
     from tests.helpers import model_artifacts
 
     plain = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
@@ -247,7 +247,7 @@ def test_each_layers_cache_and_write_position_sit_on_its_device():
     one shared position tensor per device, and the other device's copy follows in-place steps."""
     from torch import nn
 
-    from base.attention import StaticKV
+    from base.hf.attention import StaticKV
 
     kv = StaticKV(8, torch.device("cpu"))
     near, far = nn.Module(), nn.Module()
@@ -273,7 +273,7 @@ def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compos
     import yaml
     from omegaconf import OmegaConf
 
-    from base.outputs import config_hash
+    from base.run.outputs import config_hash
 
     text = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
     old = yaml.safe_load(text)

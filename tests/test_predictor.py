@@ -1,4 +1,4 @@
-"""The log-norm predictor (base/predictor.py) and the calibration record it is fitted on.
+"""The log-norm predictor (base/method/predictor.py) and the calibration record it is fitted on.
 
 A synthetic Calibration plants log||E_u(z)|| = z @ W_true[:, u] + b_true[u] + noise; the fit must
 recover W_true and b_true and predict fresh tokens with R^2 > 0.95.
@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from base.calibrate import Calibration, LayerCalib
+from base.hf.calibrate import Calibration, LayerCalib
 from base.config import PredictorConfig
-from base.predictor import Predictor, fit_predictor, ridge_fit
+from base.method.predictor import Predictor, fit_predictor, ridge_fit
 
 L, E, K, H, N = 2, 4, 2, 6, 800
 IDENTITY = {"name": "synthetic", "num_layers": L, "num_experts": E, "hidden": H}

@@ -205,7 +205,7 @@ def test_results_only_report_ignores_outputs(tmp_path, outputs):
 
 # ---- wandb charts of a run ----------------------------------------------------------------------
 def test_run_logger_turns_selection_and_throughput_rows_into_charts():
-    from base.logger import PLOTS
+    from base.run.logger import PLOTS
 
     sel = [{"layer": li, "union_mean": 7.0 + li, "kept_mean": 4.0, "executed_mean": 4.0, "weight_retained": 0.8,
             "energy_retained": None} for li in range(3)]
@@ -251,7 +251,7 @@ def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch
 
 def test_a_run_logger_logs_the_selection_table_and_its_charts(tmp_path, monkeypatch):
     from base.config import LoggerConfig
-    from base.logger import Logger
+    from base.run.logger import Logger
 
     log = Logger(LoggerConfig(name="wandb", mode="disabled"), tmp_path, "run", {})
     logged = []

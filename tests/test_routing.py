@@ -1,4 +1,4 @@
-"""base/routing.py on hand-built batches: top-M selection, reassignment (backfill / drop, the three
+"""base/method/routing.py on hand-built batches: top-M selection, reassignment (backfill / drop, the three
 renormalisation choices, empty slots, inactive tokens) and the per-step statistics.
 
 Every expected value below is worked out by hand from the literal probabilities in this file.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from base.routing import aggregate_E, pair_counts_E, reassign, select_top_m, step_stats
+from base.method.routing import aggregate_E, pair_counts_E, reassign, select_top_m, step_stats
 from tests.helpers import ids_of, routed_batch, token_routing
 
 # E = 6, K = 2. Weights are the model's (renormalised top-2 probabilities, w = p / sum_k p).
@@ -221,7 +221,7 @@ def test_similar_without_a_similarity_fails_clearly():
 
 def test_expert_similarity_is_cosine_of_outputs_on_shared_inputs():
     """Three experts of a real transformers experts module, the third a copy of the first."""
-    from base.similarity import expert_similarity_EE
+    from base.method.similarity import expert_similarity_EE
     from tests.helpers import tiny_qwen3
 
     model = tiny_qwen3(num_experts=3, top_k=2)

@@ -181,7 +181,7 @@ def test_a_changed_config_in_the_same_folder_reruns(compose, tmp_path, capsys):
     from omegaconf import OmegaConf
 
     import run
-    from base.pipeline import run as run_pipeline
+    from base.run.pipeline import run as run_pipeline
 
     out = tmp_path / "same"
     reports = []
@@ -200,7 +200,7 @@ def test_two_processes_computing_one_artifact(tmp_path):
     import subprocess
     import sys
 
-    from base.calibrate import Calibration
+    from base.hf.calibrate import Calibration
 
     cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/art",
            "logger=none", "model=tiny_qwen3", "task=smoke", "stage=calibrate"]
@@ -241,7 +241,7 @@ def test_a_failing_run_finishes_its_logger_as_failed(compose, tmp_path, monkeypa
     """The model fails to load after the logger opened: the logger is still finished, with failure."""
     from omegaconf import OmegaConf
 
-    import base.pipeline as pipeline
+    import base.run.pipeline as pipeline
     import run
 
     calls = []

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from base.routing import reassign
-from base.selectors import SELECTORS, Artifacts, build_selector
+from base.method.routing import reassign
+from base.method.selectors import SELECTORS, Artifacts, build_selector
 from tests.helpers import BUDGETED, ids_of, routed_batch, top_m_by_hand
 
 PROBS_TE = [

@@ -1,4 +1,4 @@
-"""Resumable sweeps and the sweep summary (base/sweep.py, run.py): a rerun skips finished runs of
+"""Resumable sweeps and the sweep summary (base/run/sweep.py, run.py): a rerun skips finished runs of
 the same config and redoes the rest; every job's row says finished, skipped or failed, with the
 error line of a failure."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from base.sweep import read_summary, record_job
+from base.run.sweep import read_summary, record_job
 from tests.test_launchers import multirun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def test_rows_update_in_place_and_refuse_unknown_values(tmp_path):
 WRITER = """
 import sys
 from pathlib import Path
-from base.sweep import record_job
+from base.run.sweep import record_job
 for i in range(25):
     record_job(Path(sys.argv[1]), f"{sys.argv[2]}-{i}", status="finished", job=i)
 """

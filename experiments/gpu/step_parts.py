@@ -4,7 +4,7 @@ caches per layer so every byte comes from HBM), and the top kernels of a whole d
     python -m experiments.gpu.step_parts --out $OUT/step_parts.json
 
   attention   decode attention at cache slot 300 of 640: the PyTorch grouped form
-              (base.attention.grouped_decode_attention) against kernels/attention.py
+              (base.hf.attention.grouped_decode_attention) against kernels/attention.py
   router      what a budgeted selector adds after the router GEMM: router_sum (GEMM over E
               outputs + route_select), base as it runs (one GEMM over [router; predictor], 2E
               outputs), base with two GEMMs, and the GEMMs alone
@@ -47,7 +47,7 @@ def graph_ms(fn, reps: int = 50) -> float:
 
 
 def attention_parts(B: int) -> dict[str, float]:
-    from base.attention import grouped_decode_attention
+    from base.hf.attention import grouped_decode_attention
     from kernels.attention import decode_attention
 
     dt, dev = torch.bfloat16, "cuda"
@@ -111,8 +111,8 @@ def top_kernels(B: int = 16, steps: int = 8) -> list[dict]:
     import yaml
 
     from base.config import ModelConfig
-    from base.engine import DecodeEngine
-    from base.families import load_model
+    from base.runtime.engine import DecodeEngine
+    from base.hf.families import load_model
 
     root = Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((root / "conf/model/qwen3_30b.yaml").read_text())

@@ -1,0 +1,140 @@
+"""Calibration: run the dense model over text and record, per MoE layer, what the router and the
+experts do. Feeds `calib_freq`, `calib_energy` and the predictor fit.
+
+Shapes: N calibration tokens, H hidden, E experts, K top-k, L MoE layers.
+Per layer it stores z_NH (the MoE-layer input, fp16 to halve the footprint), idx_NK, w_NK,
+norms_NK = ||E_u(z_t)|| for the routed pairs, and optionally norms_NE for every expert.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from base.config import CalibConfig
+from base.hf.families import MoeLayer
+from base.run.outputs import atomic_save_tensors, atomic_write_text
+from base.hf.patch import expert_norms_TK
+
+
+@dataclass
+class LayerCalib:
+    z_NH: Tensor
+    idx_NK: Tensor
+    w_NK: Tensor
+    norms_NK: Tensor
+    norms_NE: Tensor | None = None
+
+
+@dataclass
+class Calibration:
+    layers: list[LayerCalib]
+    meta: dict  # model identity and calibration settings
+
+    @property
+    def freq_LE(self) -> Tensor:
+        """Fraction of calibration tokens whose top-k holds each expert."""
+        E = self.meta["num_experts"]
+        rows = [torch.bincount(lc.idx_NK.reshape(-1), minlength=E).float() / lc.idx_NK.shape[0] for lc in self.layers]
+        return torch.stack(rows)
+
+    @property
+    def energy_LE(self) -> Tensor:
+        """Mean ||E_u(z)||^2 over calibration tokens routed to u; unseen experts get the layer mean."""
+        E = self.meta["num_experts"]
+        rows = []
+        for lc in self.layers:
+            sq = lc.norms_NK.reshape(-1).double() ** 2
+            idx = lc.idx_NK.reshape(-1)
+            total = torch.zeros(E, dtype=torch.float64).index_add_(0, idx, sq)
+            count = torch.bincount(idx, minlength=E).double()
+            mean = torch.where(count > 0, total / count.clamp_min(1), sq.mean())
+            rows.append(mean.float())
+        return torch.stack(rows)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for i, lc in enumerate(self.layers):
+            for key, value in vars(lc).items():
+                if value is not None:
+                    tensors[f"layer{i}.{key}"] = value.contiguous()
+        atomic_save_tensors(tensors, directory / "calib.safetensors")
+        atomic_write_text(directory / "calib.json", json.dumps(self.meta, indent=2))  # last: marks it complete
+
+    @classmethod
+    def load(cls, directory: Path) -> Calibration:
+        meta = json.loads((directory / "calib.json").read_text())
+        tensors = load_file(str(directory / "calib.safetensors"))
+        layers = []
+        for i in range(meta["num_layers"]):
+            get = lambda k, i=i: tensors.get(f"layer{i}.{k}")
+            layers.append(LayerCalib(get("z_NH"), get("idx_NK"), get("w_NK"), get("norms_NK"), get("norms_NE")))
+        return cls(layers, meta)
+
+
+def read_texts(files: list[Path]) -> str:
+    """Concatenate local .txt files and the "text" field of .jsonl files."""
+    parts = []
+    for path in files:
+        if not path.exists():
+            raise FileNotFoundError(f"calibration file {path} does not exist")
+        if path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    parts.append(row["text"] if "text" in row else " ".join(str(v) for v in row.values()))
+        else:
+            parts.append(path.read_text())
+    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
+
+
+def token_batches(tokenizer, text: str, cfg: CalibConfig) -> list[Tensor]:
+    """Fixed-length windows of the token stream (no padding), `batch_size` windows per batch."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    n_seq = max(1, min(cfg.num_tokens, len(ids)) // cfg.seq_len)
+    if len(ids) < cfg.seq_len:
+        raise ValueError(f"calibration text has {len(ids)} tokens, fewer than seq_len={cfg.seq_len}")
+    windows = torch.tensor(ids[: n_seq * cfg.seq_len]).reshape(n_seq, cfg.seq_len)
+    return list(windows.split(cfg.batch_size))
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, layers: list[MoeLayer], batches: list[Tensor], cfg: CalibConfig, meta: dict) -> Calibration:
+    store: dict[int, dict[str, list[Tensor]]] = {lyr.index: {k: [] for k in vars(LayerCalib(*[None] * 5))} for lyr in layers}
+
+    def hook(layer: MoeLayer, module: nn.Module, args: tuple, output: tuple) -> None:
+        _, w_TK, idx_TK = output
+        z_TH = args[0].reshape(-1, args[0].shape[-1])
+        rec = store[layer.index]
+        rec["z_NH"].append(z_TH.to(torch.float16).cpu())
+        rec["idx_NK"].append(idx_TK.cpu())
+        rec["w_NK"].append(w_TK.float().cpu())
+        rec["norms_NK"].append(expert_norms_TK(layer.experts, z_TH, idx_TK).cpu())
+        if cfg.all_experts:
+            T, E = z_TH.shape[0], layer.num_experts
+            all_TE = torch.arange(E, device=z_TH.device).expand(T, E)
+            rec["norms_NE"].append(expert_norms_TK(layer.experts, z_TH, all_TE).cpu())
+
+    handles = [
+        lyr.router.register_forward_hook(lambda m, a, o, lyr=lyr: hook(lyr, m, a, o)) for lyr in layers
+    ]
+    device = next(model.parameters()).device
+    try:
+        for ids in tqdm(batches, desc="calibrate", unit="batch"):
+            model(input_ids=ids.to(device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    out = []
+    for lyr in layers:
+        rec = store[lyr.index]
+        out.append(LayerCalib(**{k: (torch.cat(v) if v else None) for k, v in rec.items()}))
+    meta = {**meta, "num_layers": len(layers), "num_experts": layers[0].num_experts,
+            "top_k": layers[0].top_k, "num_tokens": int(out[0].z_NH.shape[0]), "hidden": int(out[0].z_NH.shape[1])}
+    return Calibration(out, meta)

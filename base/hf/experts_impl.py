@@ -1,0 +1,73 @@
+"""`base_triton`: the fused expert FFN as a transformers experts implementation.
+
+    from base.hf.experts_impl import register_base_triton
+    register_base_triton()                       # idempotent
+    model.set_experts_implementation("base_triton")
+
+Every experts module built with transformers' `use_experts_implementation` (Qwen2/3-MoE,
+DeepSeek-V2/3, GPT-OSS, ...) then calls `base_triton_experts_forward(self, x_TH, idx_TK, w_TK)`.
+Budgeted decoding needs nothing more: the patch passes reassign's (idx_TK, w_TK), whose empty
+slots carry weight 0, and only experts with a nonzero-weight pair are read.
+
+Falls back to transformers' `grouped_mm` (same numerics class, bf16 GEMMs) where the kernel is not
+the right tool or does not apply: more than DECODE_MAX_TOKENS tokens (prefill: dense-ish GEMMs),
+an activation other than SiLU / GPT-OSS's clamped SwiGLU, no gate, a post-expert norm, expert
+parallelism. The choice depends on shapes and module flags only (no host sync).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.experts import ExpertsLayout, fused_experts
+
+DECODE_MAX_TOKENS = 128
+NAME = "base_triton"
+
+
+def _layout(module: torch.nn.Module) -> ExpertsLayout | None:
+    """The kernel's view of a transformers experts module, or None if it does not apply."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    if not getattr(module, "has_gate", True) or getattr(module, "has_post_expert_norm", False):
+        return None
+    if getattr(module, "_is_expert_parallel", False):
+        return None
+    transposed = bool(getattr(module, "is_transposed", False))
+    interleaved = not bool(getattr(module, "is_concatenated", True))
+    if type(module)._apply_gate is _default_apply_gate:
+        if type(module.act_fn).__name__ not in ("SiLUActivation", "SiLU"):
+            return None
+        return ExpertsLayout(transposed=transposed, interleaved=interleaved)
+    if hasattr(module, "alpha") and hasattr(module, "limit") and interleaved:  # GPT-OSS
+        return ExpertsLayout(transposed, interleaved, "gptoss", float(module.alpha), float(module.limit))
+    return None
+
+
+def base_triton_experts_forward(
+    self: torch.nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor
+) -> Tensor:
+    layout = _layout(self)
+    if layout is None or hidden_states.shape[0] > DECODE_MAX_TOKENS:
+        from transformers.integrations.moe import grouped_mm_experts_forward
+
+        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    has_bias = getattr(self, "has_bias", False)
+    return fused_experts(
+        hidden_states,
+        self.gate_up_proj,
+        self.down_proj,
+        top_k_index,
+        top_k_weights,
+        layout=layout,
+        gate_up_bias=self.gate_up_proj_bias if has_bias else None,
+        down_bias=self.down_proj_bias if has_bias else None,
+    )
+
+
+def register_base_triton() -> str:
+    """Register `base_triton` with transformers' experts interface (idempotent); returns the name."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(NAME, base_triton_experts_forward)
+    return NAME

@@ -1,0 +1,112 @@
+"""The per-layer linear predictor of log||E_u(z)|| from the MoE-layer input z, for every expert u.
+
+Ridge regression per expert on the calibration tokens routed to it (or on all tokens with
+`fit_on=all`); the solve uses whichever of the primal (H x H) and dual (n x n) forms is smaller.
+
+Shapes: N tokens, H hidden, E experts, K top-k, L MoE layers, n tokens routed to one expert.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor
+
+from base.hf.calibrate import Calibration
+from base.config import ConfigError, PredictorConfig
+from base.run.outputs import atomic_save_tensors, atomic_write_text
+
+
+@dataclass
+class Predictor:
+    w_LHE: Tensor
+    b_LE: Tensor
+    meta: dict  # model identity, calibration and fit settings, held-out R^2 per layer
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path.with_suffix(".json"), json.dumps(self.meta, indent=2))
+        atomic_save_tensors({"w_LHE": self.w_LHE.contiguous(), "b_LE": self.b_LE.contiguous()}, path,
+                            metadata={"meta": json.dumps(self.meta)})  # last: its presence marks it complete
+
+    @classmethod
+    def load(cls, path: Path) -> Predictor:
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads(f.metadata()["meta"])
+        t = load_file(str(path))
+        return cls(t["w_LHE"], t["b_LE"], meta)
+
+    def check_model(self, identity: dict, source: Path) -> None:
+        """Fail clearly when the predictor was fitted for another model."""
+        mine = self.meta["model"]
+        keys = ("name", "num_layers", "num_experts", "hidden")
+        if any(mine.get(k) != identity.get(k) for k in keys):
+            have = ", ".join(f"{k}={mine.get(k)}" for k in keys)
+            want = ", ".join(f"{k}={identity.get(k)}" for k in keys)
+            raise ConfigError(f"predictor {source} was fitted for another model ({have}); this run uses ({want})")
+
+
+def ridge_fit(x_nH: Tensor, y_n: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
+    """(w_H, b) minimising ||x w + b - y||^2 + lam ||w||^2, lam = ridge * mean diag of the centred Gram."""
+    x_mean, y_mean = x_nH.mean(0), y_n.mean()
+    xc, yc = x_nH - x_mean, y_n - y_mean
+    n, H = xc.shape
+    lam = ridge * (xc.pow(2).sum() / H).clamp_min(1e-12)
+    if n >= H:
+        w = torch.linalg.solve(xc.T @ xc + lam * torch.eye(H, dtype=xc.dtype), xc.T @ yc)
+    else:
+        w = xc.T @ torch.linalg.solve(xc @ xc.T + lam * torch.eye(n, dtype=xc.dtype), yc)
+    return w, y_mean - x_mean @ w
+
+
+def _pairs(layer, rows: Tensor, fit_on: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(token row, expert, log-norm) for the pairs of the given token rows."""
+    if fit_on == "all":
+        norms = layer.norms_NE[rows]
+        E = norms.shape[1]
+        return rows.repeat_interleave(E), torch.arange(E).repeat(rows.numel()), norms.reshape(-1).clamp_min(1e-12).log()
+    K = layer.idx_NK.shape[1]
+    return rows.repeat_interleave(K), layer.idx_NK[rows].reshape(-1), layer.norms_NK[rows].reshape(-1).clamp_min(1e-12).log()
+
+
+def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Predictor:
+    E, L, H = calib.meta["num_experts"], calib.meta["num_layers"], calib.meta["hidden"]
+    if cfg.fit_on == "all" and calib.layers[0].norms_NE is None:
+        raise ValueError("predictor.fit_on=all needs calibration.all_experts=true")
+    w_LHE = torch.zeros(L, H, E)
+    b_LE = torch.zeros(L, E)
+    r2, r2_within = [], []
+    for li, layer in enumerate(calib.layers):
+        N = layer.z_NH.shape[0]
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed + li))
+        n_hold = max(1, int(N * cfg.holdout))
+        hold, train = perm[:n_hold], perm[n_hold:]
+        z = layer.z_NH.double()
+        t_rows, t_exp, t_y = _pairs(layer, train, cfg.fit_on)
+        for u in range(E):
+            sel = t_exp == u
+            if sel.sum() < 2:
+                b_LE[li, u] = t_y.mean() if t_y.numel() else 0.0
+                continue
+            w, b = ridge_fit(z[t_rows[sel]], t_y[sel].double(), cfg.ridge)
+            w_LHE[li, :, u], b_LE[li, u] = w.float(), float(b)
+        # Held-out R^2 on routed pairs: against the pooled mean, and within experts (the token-
+        # dependent part a static per-expert energy cannot capture).
+        h_rows, h_exp, h_y = _pairs(layer, hold, "routed")
+        pred = (z[h_rows].float() * w_LHE[li, :, h_exp].T).sum(-1) + b_LE[li, h_exp]
+        sse = (pred - h_y).pow(2).sum()
+        r2.append(float(1 - sse / (h_y - h_y.mean()).pow(2).sum().clamp_min(1e-12)))
+        mean_u = torch.zeros(E).index_add_(0, t_exp, t_y) / torch.bincount(t_exp, minlength=E).clamp_min(1)
+        r2_within.append(float(1 - sse / (h_y - mean_u[h_exp]).pow(2).sum().clamp_min(1e-12)))
+    meta = {
+        "model": calib.meta["model"],
+        "calibration": calib.meta["calibration"],
+        "fit": {"ridge": cfg.ridge, "holdout": cfg.holdout, "fit_on": cfg.fit_on, "seed": seed},
+        "r2": r2,
+        "r2_within": r2_within,
+    }
+    return Predictor(w_LHE, b_LE, meta)

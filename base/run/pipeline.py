@@ -1,0 +1,258 @@
+"""The stages of a run, from a validated RunConfig to a finished run folder.
+
+    calibrate   dense forward over calibration text; per-layer routing and expert-norm statistics
+    fit         the per-layer linear predictor of log||E_u(z)||, with held-out R^2
+    evaluate    lm-eval tasks over the patched model; metrics + selection statistics
+    throughput  timed decode steps for the configured batch sizes and budgets
+    describe    build the model (meta device is enough) and report its MoE shape
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import yaml
+
+from base.run import outputs
+from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
+from base.config import ConfigError, RunConfig
+from base.hf.families import find_moe_layers, load_model, load_tokenizer
+from base.run.logger import Logger
+from base.hf.patch import BudgetPatch, PatchOptions, patch_model
+from base.hf.placement import model_devices
+from base.run.preflight import preflight
+from base.method.selectors import SELECTORS, build_selector
+from base.run.sweep import host_info
+from base.runtime.throughput import Variant
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    return tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+
+
+def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
+                 k0: int | None = None) -> tuple[Any, dict]:
+    """A function (budget, record_stats) -> BudgetPatch for a method (the run's by default), and
+    where its artifacts came from."""
+    m = cfg.method
+    if name is None:  # the run's own method
+        name, k0 = m.name, m.k0
+    if name == "dense":
+        selector, info = None, {}
+    else:
+        cls = SELECTORS.get(name)
+        arts, info = selector_artifacts(cfg, cls, model, tokenizer, layers)
+        selector = build_selector(name, arts, k0=k0, coverage=m.coverage if name == m.name else None)
+
+    split: dict[str, Any] = {}  # budget_split=sensitivity: the calibrated loss curves, once
+
+    def layer_budgets(budget: int | None) -> dict[int, int] | None:
+        if m.budget_split != "sensitivity" or budget is None or selector is None:
+            return None
+        from base.method.budget_split import loss_curves, split_budget
+
+        if "curves" not in split:
+            calib, _ = ensure_calibration(cfg, model, tokenizer, layers, recompute=False)
+            split["curves"] = loss_curves(calib, cfg.batch_size)
+        budgets = split_budget(split["curves"], budget, [lyr.index for lyr in layers])
+        info.setdefault("layer_budgets", {})[str(budget)] = budgets
+        return budgets
+
+    def make(budget: int | None, record_stats: bool | None = None) -> BudgetPatch:
+        record = cfg.stats.enabled if record_stats is None else record_stats
+        fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
+        opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
+                            apply_to=m.apply_to, record_stats=record,
+                            energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
+                            layer_budgets=layer_budgets(budget))
+        # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
+        adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
+        sel = selector if (budget is not None or adaptive) else None
+        return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id,
+                           eos_token_ids=eos_ids(model, tokenizer))
+
+    return make, info
+
+
+def throughput_variants(cfg: RunConfig) -> list[Variant]:
+    """The configurations of a throughput run: dense first, then each method at each budget."""
+    tp = cfg.throughput
+    specs = tp.specs or [{"method": "dense", "k0": None, "impl": None},
+                         {"method": cfg.method.name, "k0": cfg.method.k0, "impl": None}]
+    budgets = tp.budgets or ([cfg.budget] if cfg.budget is not None else [])
+    out: list[Variant] = []
+    for spec in specs:
+        name = spec["method"]
+        if name == "dense" or not SELECTORS.get(name).uses_budget:
+            out.append(Variant(name, None, spec["k0"], spec["impl"]))
+        else:
+            out += [Variant(name, b, spec["k0"], spec["impl"]) for b in budgets]
+    out = list(dict.fromkeys(out))
+    out.sort(key=lambda v: v.method != "dense" or v.experts_impl is not None)  # the dense reference first
+    return out
+
+
+def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
+    """The MoE shape, and the memory the model needs: weights and the decode engine's KV cache at
+    the throughput shapes (prompt_len + gen_tokens per sequence, each batch size), and the GPUs of
+    describe.gpu_gb it takes (base/runtime/memory.py)."""
+    from base.runtime.memory import memory_estimate
+
+    c = model.config
+    experts = layers[0].experts
+    expert_params = sum(p.numel() for p in experts.parameters()) // layers[0].num_experts
+    total = sum(p.numel() for p in model.parameters())
+    k = layers[0].top_k
+    tp = cfg.throughput
+    memory = memory_estimate(model, c, getattr(torch, cfg.model.dtype), [*tp.batch_sizes, cfg.batch_size],
+                             tp.prompt_len + tp.gen_tokens, cfg.describe.gpu_gb)
+    return {
+        "model": cfg.model.name, "family": cfg.model.family, "hf_model_type": c.model_type,
+        "num_hidden_layers": c.num_hidden_layers, "moe_layers": len(layers),
+        "num_experts": layers[0].num_experts, "top_k": k, "hidden_size": c.hidden_size,
+        "params_total": total,
+        "params_active_per_token": total - len(layers) * (layers[0].num_experts - k) * expert_params,
+        "expert_params": expert_params,
+        "expert_bytes": expert_params * torch.finfo(getattr(torch, cfg.model.dtype)).bits // 8,
+        "device": str(next(model.parameters()).device),
+        "devices": [str(d) for d in model_devices(model)],
+        "memory": memory,
+    }
+
+
+def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
+    out = cfg.out_dir
+    chash = outputs.config_hash(resolved_config)
+    done = outputs.finished_hash(out)
+    if done == chash and not cfg.force:
+        print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it.")
+        return None
+    if done is not None and done != chash:
+        print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
+    preflight(cfg)  # every bad input fails here, before anything is written or loaded
+    outputs.atomic_write_text(out / "config.yaml", resolved_config)
+    (out / outputs.REPORT).unlink(missing_ok=True)
+    logger = Logger(cfg.logger, out, out.name, yaml.safe_load(resolved_config))
+    ok = False
+    try:
+        t0 = time.perf_counter()
+        torch.manual_seed(cfg.seed)
+        model = load_model(cfg.model, cfg.root, seed=cfg.seed, experts_impl=cfg.model.experts_impl)
+        layers = find_moe_layers(model)
+        report: dict[str, Any] = {
+            "stage": cfg.stage, "model": cfg.model.name, "method": cfg.method.name, "budget": cfg.budget,
+            "batch_size": cfg.batch_size, "seed": cfg.seed, "num_experts": layers[0].num_experts,
+            "moe_layers": len(layers), "top_k": layers[0].top_k, "overrides": cfg.overrides, "config_hash": chash,
+            "routing": cfg.model.routing, "skew": getattr(model, "base_skew_report", None),
+            "host": host_info(),
+        }
+        if cfg.stage == "describe":
+            report["describe"] = describe(cfg, model, layers)
+        else:
+            _run_stage(cfg, model, layers, report, logger)
+        report["wall_s"] = time.perf_counter() - t0
+        logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
+        outputs.write_report(out, report)  # last: its presence marks the run finished
+        ok = True
+    finally:
+        logger.finish(ok)  # a failed run is marked failed in wandb, not finished
+    return report
+
+
+def _record_hardware(model, report: dict[str, Any]) -> None:
+    report["device"] = str(next(model.parameters()).device)
+    report["devices"] = [str(d) for d in model_devices(model)]  # several: model.device_map=auto
+    if torch.cuda.is_available() and report["device"].startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name()
+
+
+def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Logger) -> None:
+    out = cfg.out_dir
+    tokenizer = load_tokenizer(cfg.model, cfg.root)
+    if cfg.stage == "calibrate":
+        calib, directory = ensure_calibration(cfg, model, tokenizer, layers, recompute=cfg.force)
+        report["calibration"] = {"dir": str(directory), **calib.meta}
+        freq = calib.freq_LE
+        rows = [{"layer": li, "expert": u, "freq": float(freq[li, u]), "energy": float(calib.energy_LE[li, u])}
+                for li in range(freq.shape[0]) for u in range(freq.shape[1])]
+        outputs.write_table(out / "calibration.csv", rows)
+        return
+    if cfg.stage == "fit":
+        pred, path = ensure_predictor(cfg, model, tokenizer, layers, refit=cfg.force)
+        rows = [{"layer": li, "r2": r, "r2_within": rw}
+                for li, (r, rw) in enumerate(zip(pred.meta["r2"], pred.meta["r2_within"]))]
+        outputs.write_table(out / "predictor.csv", rows)
+        logger.table("predictor_r2", rows)
+        report["predictor"] = {"path": str(path), **pred.meta}
+        report["summary"] = {"r2_mean": sum(pred.meta["r2"]) / len(rows),
+                             "r2_within_mean": sum(pred.meta["r2_within"]) / len(rows)}
+        return
+    report["method_config"] = vars(cfg.method)
+    if cfg.stage == "throughput":
+        from base.runtime.throughput import measure
+
+        patchers: dict[tuple, Any] = {}
+
+        def make_variant(v: Variant, record: bool) -> BudgetPatch:
+            key = (v.method, v.k0)
+            if key not in patchers:
+                patchers[key], report.setdefault("artifacts_by_method", {})[v.label] = make_patcher(
+                    cfg, model, tokenizer, layers, v.method, v.k0)
+            return patchers[key](v.budget, record)
+
+        rows, profile = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
+        outputs.write_table(out / "throughput.csv", rows)
+        outputs.write_table(out / "profile.csv", profile)
+        report["profile"] = profile
+        logger.table("throughput", rows)
+        report["throughput"] = rows
+        _record_hardware(model, report)
+        return
+    # evaluate
+    make_patch, info = make_patcher(cfg, model, tokenizer, layers)
+    report["artifacts"] = info
+    from base.eval.evaluate import evaluate
+
+    patch = make_patch(cfg.budget)
+    try:
+        t0 = time.perf_counter()
+        result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, patch, cfg.root)
+        eval_s = time.perf_counter() - t0
+        step_rows = patch.stats_rows()
+        selects = patch.selector is not None
+    finally:
+        patch.remove()
+    idle = sorted(t for t, n in result.decode_steps_by_task.items() if n == 0)
+    if selects and idle:
+        raise ConfigError(f"task(s) {', '.join(idle)} ran no decode step: method={cfg.method.name} changes decode "
+                          f"steps only, so their scores equal dense; give them tokens to generate (eval.gen_toks)")
+    summary_rows = outputs.selection_summary(step_rows)
+    outputs.write_table(out / "metrics.csv", result.metrics)
+    outputs.write_jsonl(out / "samples.jsonl", result.samples)
+    outputs.write_table(out / "selection.csv", summary_rows)
+    outputs.write_table(out / "selection_steps.csv", step_rows)
+    if cfg.eval.fidelity:
+        from base.eval.fidelity import summarize
+
+        outputs.write_table(out / "fidelity_steps.csv", result.fidelity)
+    logger.table("metrics", result.metrics)
+    logger.table("selection", summary_rows)
+    logger.lm_eval(result.raw)
+    report["eval"] = {"order": cfg.eval.order, "batch_seed": cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
+                      "fidelity": cfg.eval.fidelity, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
+                      "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine,
+                      "decode_steps": result.decode_steps, "decode_steps_by_task": result.decode_steps_by_task,
+                      "generation": {k: getattr(cfg.eval, k) for k in ("do_sample", "temperature", "top_p", "top_k",
+                                                                        "gen_toks", "max_gen_toks")},
+                      "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None}
+    _record_hardware(model, report)  # figure captions name the hardware (analysis/figures.py)
+    report["metrics"] = result.metrics
+    report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
+    report["selection"] = summary_rows
+    accuracy, used = outputs.summary_accuracy(result.metrics, list(cfg.task.tasks))
+    report["summary_tasks"] = used  # what entered the summary accuracy
+    report["summary"] = {"accuracy": accuracy, **outputs.overall(summary_rows)}
+    if cfg.eval.fidelity:
+        report["summary"].update(summarize(result.fidelity))

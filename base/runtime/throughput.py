@@ -1,0 +1,229 @@
+"""Decode throughput: dense and every configured selector in one process, over batch x budget.
+
+Each (batch size, method, budget) decodes `gen_tokens` tokens after `prompt_len` random prompt
+tokens, EOS ignored (as in the paper), through base/runtime/engine.py: on CUDA the decode step is one CUDA
+graph, replayed and timed step by step with CUDA events; on a CPU the same engine runs eagerly (a
+smoke test of the bookkeeping, not a speed figure). Per configuration:
+  timed pass    statistics off (recording adds kernels to the step), every replay timed:
+                median / p90 step latency, tokens/s = batch / median step
+  stats pass    `stats_steps` steps with selection statistics on: mean union before selection,
+                experts kept
+  non-expert    the same step with the expert FFN skipped (base_skip experts): its median is the
+                time of everything else, so moe_share = 1 - non_expert / step
+  memory        peak GPU memory of the configuration
+  profile       at `profile_batch`, for dense, oea and the first budget: device ms per step by
+                kernel class (attention, norms, router/selection, expert FFN, LM head, ...)
+Speed-up is against the dense row of the same batch size, measured in the same process. The first
+configuration is also decoded eagerly once (mode=eager: no graph, no compiled regions) to put the
+effect of both on record. `compile=false` times the graph without compiled regions.
+
+Shapes: B batch, P prompt length, N new tokens.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from base.config import ThroughputConfig
+from base.runtime.engine import DecodeEngine
+from base.hf.patch import BudgetPatch
+from base.hf.placement import model_devices
+
+SKIP_EXPERTS = "base_skip"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One timed configuration of a method: dense, a selector at a budget, or oea at its k0."""
+
+    method: str
+    budget: int | None = None
+    k0: int | None = None
+    experts_impl: str | None = None  # None: the model's own
+
+    @property
+    def label(self) -> str:
+        name = self.method if self.k0 is None else f"{self.method}(k0={self.k0})"
+        return name if self.experts_impl is None else f"{name}[{self.experts_impl}]"
+
+
+def register_skip_experts() -> str:
+    """An experts implementation that returns zeros: the step without its expert FFN."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(SKIP_EXPERTS, lambda self, x, idx, w: torch.zeros_like(x))
+    return SKIP_EXPERTS
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def _peak_reset(devices: list[torch.device]) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
+
+
+def _peak_gb(devices: list[torch.device]) -> float | None:
+    """Peak GPU memory, summed over the GPUs of a model spread over several."""
+    cuda = [d for d in devices if d.type == "cuda"]
+    return sum(torch.cuda.max_memory_allocated(d) for d in cuda) / 1e9 if cuda else None
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+class _ExpertsImpl:
+    """Temporarily switch the model's experts implementation (restored on exit)."""
+
+    def __init__(self, model: nn.Module, impl: str | None) -> None:
+        self.model, self.impl = model, impl
+        self.before = getattr(model.config, "_experts_implementation", None)
+
+    def __enter__(self) -> None:
+        if self.impl is not None:
+            self.model.set_experts_implementation(self.impl)
+
+    def __exit__(self, *exc) -> None:
+        if self.impl is not None:
+            self.model.set_experts_implementation(self.before or "eager")
+
+
+def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
+            cfg: ThroughputConfig, ids_BP: torch.Tensor, stats: bool, steps: int,
+            graph: bool | None = None) -> tuple[list[float], float, list[dict], float]:
+    """Decode `steps` steps of variant v with a cache for gen_tokens; (per-step ms of the timed
+    replays after `warmup` untimed ones, wall s, stats rows, warm-up s: compilation of regions
+    not compiled before at this shape, capture and the untimed replays)."""
+    patch = make_patch(v, stats)
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=graph,
+                          compile=None if (cfg.compile and graph is None) else False)
+    try:
+        mask_BP = torch.ones_like(ids_BP)
+        engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
+        # warm-up: the capture (one eager step) and untimed replays; the cache holds gen_tokens
+        warm = min(max(1, cfg.warmup), cfg.gen_tokens - 2) if engine.graph_enabled else 0
+        steps = max(1, min(steps, cfg.gen_tokens - 1 - warm))
+        t0 = time.perf_counter()
+        if warm:
+            engine.decode(warm)
+        _sync(engine.devices)
+        warm_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ms, _ = engine.decode(steps, timed=True)
+        _sync(engine.devices)
+        wall = time.perf_counter() - t0
+        rows = [r for r in patch.stats_rows() if r["decode"]] if (patch is not None and stats) else []
+    finally:
+        engine.release()
+        if patch is not None:
+            patch.remove()
+    return ms, wall, rows, warm_s
+
+
+def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
+             cfg: ThroughputConfig, ids_BP: torch.Tensor) -> dict[str, float]:
+    """ms per step by kernel class over `stats_steps` eager steps (base/runtime/profile.py)."""
+    from base.runtime.profile import profile_steps
+
+    patch = make_patch(v, False)
+    # the graph's kernels, run eagerly: compiled regions as in the timed pass
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=False,
+                          compile=cfg.compile and ids_BP.device.type == "cuda")
+    try:
+        engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
+        engine.decode(1)  # warm
+        steps = min(cfg.stats_steps, cfg.gen_tokens - 2)
+        return profile_steps(model, lambda: engine.decode(steps), steps)
+    finally:
+        engine.release()
+        if patch is not None:
+            patch.remove()
+
+
+def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant,
+                 bs: int, cfg: ThroughputConfig, ids_BP: torch.Tensor, extra_passes: bool) -> dict:
+    """The timed pass, the statistics pass and (CUDA, extra_passes) the non-expert pass of one
+    configuration: its row of throughput.csv (speed-up added later)."""
+    device = ids_BP.device
+    devices = model_devices(model)
+    _peak_reset(devices)
+    steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
+    ms, wall, _, warm_s = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
+    step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
+    row = {
+        "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
+        "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
+        "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile,
+        "warmup_s": warm_s, "steps": len(ms) if ms else steps,
+        "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
+        "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(devices), "gpus": len(devices),
+    }
+    _, _, stats_rows, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, True, cfg.stats_steps)
+    n = max(1, len(stats_rows))
+    row["union_mean"] = sum(r["union"] for r in stats_rows) / n
+    row["kept_mean"] = sum(r["kept"] for r in stats_rows) / n
+    if device.type == "cuda" and cfg.non_expert and extra_passes:
+        with _ExpertsImpl(model, SKIP_EXPERTS):
+            ne, _, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps)
+        row["non_expert_ms"] = statistics.median(ne) if ne else None
+        row["moe_share"] = 1 - row["non_expert_ms"] / step_ms if ne else None
+    return row
+
+
+def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None],
+            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict]]:
+    """One row per (batch size, variant), see the module doc for the columns; and at
+    cfg.profile_batch, one row per (variant, kernel class) with ms per step (base/runtime/profile.py)."""
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    if cuda:
+        register_skip_experts()
+    # the non-expert pass and the profile: dense, oea and the first budget (each is another capture)
+    first_budget = next((v.budget for v in variants if v.budget is not None), None)
+    rows: list[dict] = []
+    profile: list[dict] = []
+    for bs in cfg.batch_sizes:
+        gen = torch.Generator().manual_seed(seed + bs)
+        ids_BP = torch.randint(0, model.config.vocab_size, (bs, cfg.prompt_len), generator=gen).to(device)
+        for i, v in enumerate(variants):
+            t0 = time.perf_counter()
+            extra = v.budget is None or v.budget == first_budget
+            with _ExpertsImpl(model, v.experts_impl):
+                row = _measure_one(model, make_patch, v, bs, cfg, ids_BP, extra)
+                rows.append(row)
+                if cuda and cfg.eager_reference and bs == cfg.batch_sizes[0] and i == 0:
+                    _, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps, graph=False)
+                    eager_ms = 1e3 * wall / cfg.stats_steps
+                    rows.append({**row, "mode": "eager", "compiled": False, "warmup_s": None,
+                                 "steps": cfg.stats_steps, "ms_per_step": eager_ms,
+                                 "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
+                                 "moe_share": None})
+                if bs == cfg.profile_batch and extra:
+                    for cls, ms in _profile(model, make_patch, v, bs, cfg, ids_BP).items():
+                        profile.append({"batch_size": bs, "variant": v.label, "budget": v.budget, "class": cls,
+                                        "ms_per_step": ms, "graph_ms_per_step": row["ms_per_step"]})
+            row["config_s"] = time.perf_counter() - t0
+            print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
+                  f"({row['config_s']:.1f} s)", flush=True)
+    _speedups(rows)
+    return rows, profile
+
+
+def _speedups(rows: list[dict]) -> None:
+    """speedup = tokens/s over the dense row (model's own experts implementation) of the same batch."""
+    dense = {(r["batch_size"], r["mode"]): r["tokens_per_s"] for r in rows
+             if r["method"] == "dense" and r["variant"] == "dense"}
+    for r in rows:
+        base = dense.get((r["batch_size"], r["mode"]))
+        r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None

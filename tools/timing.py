@@ -1,0 +1,159 @@
+"""Benchmark fixtures shared by tools/bench_kernels.py and tools/tune_kernels.py: model shapes, routing,
+weight sets, experts modules, and timers.
+
+Shapes: T tokens, H hidden, I expert intermediate, E experts, K top-k, S weight sets.
+Timing: CUDA graphs of one call per weight set (S sets rotated so L2, 60 MB on an H200, never
+holds the next call's weights), replayed many times; each replay timed with CUDA events; median.
+Non-capturable implementations (transformers' eager loop syncs the host) are timed eagerly per call.
+On CPU (smoke runs of the harness) host timers stand in for events.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# One MoE layer of each model: hidden, expert intermediate, routed experts, top-k, renormalised top-k.
+MODELS = {
+    "qwen3_30b_a3b": {"H": 2048, "I": 768, "E": 128, "K": 8, "norm": True},
+    "qwen15_moe_a27b": {"H": 2048, "I": 1408, "E": 60, "K": 4, "norm": False},
+    "deepseek_v2_lite": {"H": 2048, "I": 1408, "E": 64, "K": 6, "norm": False},
+}
+SMOKE_MODELS = {"smoke": {"H": 40, "I": 24, "E": 16, "K": 4, "norm": True}}  # CPU check of the harness
+SKEW = 2.0  # skewed routing: fixed per-expert logit offsets ~ SKEW * N(0, 1)
+
+
+@dataclass
+class Routing:
+    x_TH: Tensor
+    probs_TE: Tensor
+    idx_TK: Tensor
+    w_TK: Tensor
+    active_T: Tensor
+
+
+def make_routing(H: int, E: int, K: int, T: int, norm: bool, skew: bool, device, seed: int = 0,
+                 dtype=torch.bfloat16) -> Routing:  # fmt: skip
+    """Router of a random-weight layer (logit std ~1, as a trained router's), optionally skewed."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x_TH = torch.randn(T, H, generator=g).to(device, dtype)
+    router_EH = (torch.randn(E, H, generator=g) / H**0.5).to(device, dtype)
+    logits_TE = torch.nn.functional.linear(x_TH, router_EH).float()
+    if skew:
+        logits_TE = logits_TE + SKEW * torch.randn(E, generator=g).to(device)
+    probs_TE = logits_TE.softmax(-1)
+    w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+    if norm:
+        w_TK = w_TK / w_TK.sum(-1, keepdim=True)
+    active_T = torch.ones(T, dtype=torch.bool, device=device)
+    return Routing(x_TH, probs_TE, idx_TK, w_TK.to(dtype), active_T)
+
+
+def make_weight_sets(E: int, H: int, I: int, S: int, device, dtype=torch.bfloat16) -> list[tuple[Tensor, Tensor]]:
+    """S independent (gate_up (E, 2I, H), down (E, H, I)) sets, random (never zeros)."""
+    sets = []
+    for s in range(S):
+        g = torch.Generator(device=device).manual_seed(100 + s)
+        gu = torch.randn(E, 2 * I, H, generator=g, device=device, dtype=dtype).mul_(H**-0.5)
+        dn = torch.randn(E, H, I, generator=g, device=device, dtype=dtype).mul_(I**-0.5)
+        sets.append((gu, dn))
+    return sets
+
+
+def experts_module(gate_up: Tensor, down: Tensor, K: int) -> torch.nn.Module:
+    """A transformers Qwen3MoeExperts over the given weights (no copy); pick the implementation
+    with `set_impl(module, name)`."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    E, twoI, H = gate_up.shape
+    cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=twoI // 2, num_experts=E, num_experts_per_tok=K)
+    with torch.device("meta"):
+        mod = Qwen3MoeExperts(cfg)
+    mod.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
+    mod.down_proj = torch.nn.Parameter(down, requires_grad=False)
+    return mod
+
+
+def set_impl(module: torch.nn.Module, name: str) -> None:
+    module.config._experts_implementation = name
+
+
+def expert_bytes(n_experts: int, H: int, I: int, T: int, elt: int = 2) -> int:
+    """Fewest bytes a step must move: the experts' weights once, x read, out written."""
+    return n_experts * 3 * H * I * elt + 2 * T * H * elt
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_eager(calls: list[Callable], reps: int, device) -> float:
+    """Median microseconds of one call (calls rotated), host launch overhead included."""
+    for c in calls:
+        c()
+    _sync(device)
+    times = []
+    for r in range(reps):
+        c = calls[r % len(calls)]
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            c()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            c()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
+    """(median microseconds per call, "graph"); one graph holds every call once (weight sets
+    rotated); falls back to eager timing where capture is impossible (CPU, host syncs)."""
+    if device.type != "cuda":
+        return time_eager(calls, max(reps, len(calls)), device), "eager"
+    for c in calls:  # compile / autotune outside the capture
+        c()
+    torch.cuda.synchronize()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for c in calls:
+                c()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+    except Exception:  # noqa: BLE001 - e.g. a host sync inside the implementation
+        torch.cuda.synchronize()
+        return time_eager(calls, max(reps, len(calls)) * 2, device), "eager"
+    graph.replay()
+    graph.replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in events:
+        a.record()
+        graph.replay()
+        b.record()
+    torch.cuda.synchronize()
+    us = statistics.median(a.elapsed_time(b) * 1e3 for a, b in events) / len(calls)
+    del graph
+    return us, "graph"
+
+
+def copy_bandwidth(device, gib: float = 2.0, reps: int = 20) -> float:
+    """Device-to-device copy, GB/s counting bytes read plus bytes written."""
+    n = int(gib * 2**30) // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    us = time_eager([lambda: dst.copy_(src)], reps, device)
+    return 2 * n * 4 / (us * 1e-6) / 1e9

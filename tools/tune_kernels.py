@@ -1,0 +1,155 @@
+"""Tune the expert FFN's launch configs per (H, I, T) on this GPU -> kernels/configs/<gpu>.json.
+
+    python -m tools.tune_kernels                                  # every model of tools/timing.py, all T
+    python -m tools.tune_kernels --models qwen3_30b_a3b --ts 16 64 --out /tmp/cfg.json
+
+Objective per shape: the mean over three routings (budgets 16 and 32 after router_sum selection,
+and the dense union) of time / memory floor, so one config serves budgeted and dense decoding.
+(Run v2 also had budget 8: its gain at T=128 picked TB=128, which cost 1.3-1.4x at M >= 32.)
+Search: coordinate descent, gate_up candidates with the default down config, then down
+candidates with the best gate_up. Timed as tools/bench_kernels.py times (CUDA graphs, weight sets
+rotated). Entries not tuned fall back to the nearest T, then to configs/default.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from kernels.experts import (
+    CONFIG_DIR,
+    ExpertsConfig,
+    _load_configs,
+    config_key,
+    device_name,
+    fused_experts,
+)
+from kernels.select import select_reassign
+from tools.timing import (
+    MODELS,
+    expert_bytes,
+    make_routing,
+    make_weight_sets,
+    time_graph,
+)
+
+# PER_SM <= the CTAs an SM holds at once (registers and shared memory, read off an sm_90 build),
+# so every persistent program starts at once and none trails the others.
+# (TB pairs per tile, BI intermediate rows, BH hidden per step, num_warps, num_stages, PER_SM)
+GATE_UP = [(16, 32, 128, 4, 4, 3), (16, 64, 128, 4, 3, 2), (16, 32, 256, 4, 3, 2), (16, 16, 256, 4, 4, 3),
+           (32, 32, 128, 4, 4, 2), (64, 32, 64, 4, 4, 2), (16, 64, 64, 4, 5, 2), (16, 32, 128, 8, 4, 2),
+           (64, 64, 64, 8, 3, 2), (32, 64, 64, 4, 4, 2), (128, 32, 64, 8, 3, 2)]  # fmt: skip
+# (TB, BHO hidden outputs per work item, BI intermediate per step, num_warps, num_stages, PER_SM)
+DOWN = [(16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 4, 3), (16, 128, 64, 4, 4, 2), (16, 64, 256, 4, 3, 2),
+        (32, 64, 128, 4, 4, 2), (64, 64, 64, 4, 4, 2), (16, 32, 256, 4, 3, 4), (16, 128, 128, 8, 3, 1),
+        (64, 128, 64, 8, 3, 2), (32, 128, 64, 4, 4, 2), (128, 64, 64, 8, 3, 2)]  # fmt: skip
+TS = [1, 8, 16, 32, 64, 128]
+
+
+def gate_up_cfg(c: tuple) -> dict:
+    return {"TB": c[0], "BI": c[1], "BH": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
+
+
+def down_cfg(c: tuple) -> dict:
+    return {"TB": c[0], "BHO": c[1], "BI": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
+
+
+def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print) -> dict:
+    """Best {gate_up, down} for one model and T; also the normalised objective it reached."""
+    H, I, E, K = model["H"], model["I"], model["E"], model["K"]
+    dev = sets[0][0].device
+    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
+    cases = []
+    routings = [(r.idx_TK, r.w_TK)]
+    for M in (16, 32):
+        sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
+        routings.append((sel.topk_idx_TK, sel.topk_w_TK))
+    for idx, w in routings:
+        n_run = int(torch.unique(idx[w != 0]).numel())
+        floor_us = expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)
+        cases.append((idx, w, floor_us))
+
+    def objective(cfg: ExpertsConfig) -> float:
+        total = 0.0
+        for idx, w, floor_us in cases:
+            calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, config=cfg)
+                     for gu, dn in sets]  # fmt: skip
+            us, _ = time_graph(calls, reps, dev)
+            total += us / floor_us
+        return total
+
+    best_g, best_d = GATE_UP[0], DOWN[0]
+    best = float("inf")
+    for g in GATE_UP:
+        try:
+            v = objective(ExpertsConfig(gate_up_cfg(g), down_cfg(best_d)))
+        except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or launch
+            log(f"    gate_up {g} failed: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if v < best:
+            best, best_g = v, g
+    for d in DOWN[1:]:
+        try:
+            v = objective(ExpertsConfig(gate_up_cfg(best_g), down_cfg(d)))
+        except Exception as e:  # noqa: BLE001
+            log(f"    down {d} failed: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if v < best:
+            best, best_d = v, d
+    return {"gate_up": gate_up_cfg(best_g), "down": down_cfg(best_d), "objective": round(best / len(cases), 3)}
+
+
+def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: int = 10, log=print,
+         device: str = "cuda") -> dict:  # fmt: skip
+    """Tuned table {config_key: entry} for every (model, T) reached before `deadline`."""
+    table: dict = {}
+    for name, m in models.items():
+        sets = make_weight_sets(m["E"], m["H"], m["I"], 3, device)
+        for T in ts:
+            if time.time() > deadline:
+                log(f"  tune: out of time before {name} T={T}")
+                return table
+            t0 = time.time()
+            entry = tune_shape(m, T, sets, copy_gbps, reps, log)
+            table[config_key(m["H"], m["I"], T)] = entry
+            log(f"  tune {name} T={T}: {entry} ({time.time() - t0:.1f}s)")
+        del sets
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return table
+
+
+def install(table: dict, device: torch.device, out: Path | None = None) -> Path:
+    """Merge `table` into configs/<gpu>.json (and copy it to `out`); later launches use it."""
+    path = CONFIG_DIR / f"{device_name(device)}.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged.update(table)
+    text = json.dumps(dict(sorted(merged.items())), indent=1) + "\n"
+    path.write_text(text)
+    if out is not None:
+        Path(out).write_text(text)
+    _load_configs.cache_clear()
+    return path
+
+
+def main() -> None:
+    from tools.timing import copy_bandwidth
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--ts", nargs="*", type=int, default=TS)
+    ap.add_argument("--budget-s", type=float, default=600)
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    bw = copy_bandwidth(dev)
+    print(f"copy bandwidth {bw:.0f} GB/s")
+    table = tune({k: MODELS[k] for k in args.models}, args.ts, bw, time.time() + args.budget_s)
+    print(f"wrote {install(table, dev, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
