@@ -4,11 +4,12 @@ Nothing in base/ reads Hydra: these dataclasses are the only way configuration e
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base.checks import ConfigError, check_choice, check_float, check_int
+from base.method.predictor import PredictorConfig
 from base.method.routing import REASSIGN_MODES, RENORMALIZE_MODES
 
 STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
@@ -19,46 +20,6 @@ DEVICE_MAPS = ("auto",)  # or null
 APPLY_TO = ("decode", "all")
 EVAL_ORDERS = ("mixed", "lm_eval")
 ROUTINGS = ("uniform", "skewed")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the valid choices or range."""
-
-
-def _choice(what: str, value: Any, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(valid)}")
-
-
-def _int(what: str, value: Any, low: int, high: int | None = None, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value))
-        except ValueError:
-            rng = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
-            raise ConfigError(f"{what}={value!r} must be {rng}{' or null' if allow_none else ''}") from None
-    if value < low or (high is not None and value > high):
-        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ConfigError(f"{what}={value} is out of range: must be {rng}{' or null' if allow_none else ''}")
-    return value
-
-
-def _float(what: str, value: Any, low: float | None = None, high: float | None = None,
-           low_open: bool = False) -> float:
-    """A float in [low, high] ((low, high] when low_open); the message names the range."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    lo_ok = low is None or (v > low if low_open else v >= low)
-    hi_ok = high is None or v <= high
-    if math.isnan(v) or not (lo_ok and hi_ok):
-        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
-        hi = "" if high is None else f"<= {high}"
-        raise ConfigError(f"{what}={value!r} is out of range: must be a number {' and '.join(x for x in (lo, hi) if x)}")
-    return v
 
 
 @dataclass
@@ -82,17 +43,17 @@ class ModelConfig:
     # (accelerate; base/hf/placement.py); null: the whole model on model.device
 
     def __post_init__(self) -> None:
-        _choice("model.init", self.init, INITS)
-        _choice("model.dtype", self.dtype, DTYPES)
-        _choice("model.device", self.device, DEVICES)
+        check_choice("model.init", self.init, INITS)
+        check_choice("model.dtype", self.dtype, DTYPES)
+        check_choice("model.device", self.device, DEVICES)
         if self.device_map is not None:
-            _choice("model.device_map", self.device_map, DEVICE_MAPS)
+            check_choice("model.device_map", self.device_map, DEVICE_MAPS)
             if self.device not in ("auto", "cuda"):
                 raise ConfigError(f"model.device_map={self.device_map} places the model over the GPUs; it needs "
                                   f"model.device=auto or cuda, got model.device={self.device}")
         if self.init == "random" and not self.arch:
             raise ConfigError(f"model {self.name}: init=random needs model.arch (the architecture numbers)")
-        _choice("model.routing", self.routing, ROUTINGS)
+        check_choice("model.routing", self.routing, ROUTINGS)
         if self.routing == "skewed" and self.init != "random":
             raise ConfigError("model.routing=skewed applies to random-weight models (model.init=random) only; "
                               "a trained model routes as it was trained")
@@ -115,16 +76,16 @@ class MethodConfig:
         from base.method.selectors import SELECTORS
 
         valid = ("dense", *SELECTORS.names())
-        _choice("method", self.name, valid)
-        _choice("method.reassign", self.reassign, REASSIGN_MODES)
-        _choice("method.renormalize", self.renormalize, RENORMALIZE_MODES)
-        _choice("method.apply_to", self.apply_to, APPLY_TO)
-        _choice("method.backend", self.backend, ("torch", "triton"))
-        self.k0 = _int("method.k0", self.k0, 1, allow_none=True)
+        check_choice("method", self.name, valid)
+        check_choice("method.reassign", self.reassign, REASSIGN_MODES)
+        check_choice("method.renormalize", self.renormalize, RENORMALIZE_MODES)
+        check_choice("method.apply_to", self.apply_to, APPLY_TO)
+        check_choice("method.backend", self.backend, ("torch", "triton"))
+        self.k0 = check_int("method.k0", self.k0, 1, allow_none=True)
         cls = SELECTORS.get(self.name) if self.name != "dense" else None
         if cls is not None and cls.needs_k0 and self.k0 is None:
             raise ConfigError(f"method={self.name} needs method.k0 (each token's top-k0 experts are kept)")
-        _choice("method.budget_split", self.budget_split, ("uniform", "sensitivity"))
+        check_choice("method.budget_split", self.budget_split, ("uniform", "sensitivity"))
         if self.budget_split == "sensitivity" and (cls is None or not cls.uses_budget or self.coverage is not None):
             raise ConfigError(f"method.budget_split=sensitivity splits a budget across layers: it needs a budgeted "
                               f"selector without method.coverage; got method={self.name}")
@@ -155,7 +116,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ConfigError(f"task {self.name}: tasks is empty")
-        self.limit = _int("task.limit", self.limit, 1, allow_none=True)
+        self.limit = check_int("task.limit", self.limit, 1, allow_none=True)
 
 
 @dataclass
@@ -175,16 +136,16 @@ class EvalConfig:
     # teacher-forced log-likelihood change against dense, in the same decode batches (analysis only)
 
     def __post_init__(self) -> None:
-        _choice("eval.order", self.order, EVAL_ORDERS)
-        self.seed = _int("eval.seed", self.seed, 0, allow_none=True)
+        check_choice("eval.order", self.order, EVAL_ORDERS)
+        self.seed = check_int("eval.seed", self.seed, 0, allow_none=True)
         if not isinstance(self.fidelity, bool):
             raise ConfigError(f"eval.fidelity={self.fidelity!r} must be true or false")
-        _choice("eval.engine", self.engine, ("auto", "on", "off"))
-        self.max_gen_toks = _int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
-        self.gen_toks = _int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
-        _float("eval.temperature", self.temperature, low=0.0, low_open=True)
-        _float("eval.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        self.top_k = _int("eval.top_k", self.top_k, 1)
+        check_choice("eval.engine", self.engine, ("auto", "on", "off"))
+        self.max_gen_toks = check_int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
+        self.gen_toks = check_int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
+        check_float("eval.temperature", self.temperature, low=0.0, low_open=True)
+        check_float("eval.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        self.top_k = check_int("eval.top_k", self.top_k, 1)
 
 
 @dataclass
@@ -198,23 +159,9 @@ class CalibConfig:
     def __post_init__(self) -> None:
         if not self.files:
             raise ConfigError("calibration.files is empty")
-        self.num_tokens = _int("calibration.num_tokens", self.num_tokens, 1)
-        self.seq_len = _int("calibration.seq_len", self.seq_len, 2, max(2, self.num_tokens))
-        self.batch_size = _int("calibration.batch_size", self.batch_size, 1)
-
-
-@dataclass
-class PredictorConfig:
-    ridge: float = 1e-2  # ridge strength, relative to the mean diagonal of z^T z
-    holdout: float = 0.2  # fraction of calibration tokens held out for R^2
-    fit_on: str = "routed"  # routed pairs only, or all experts (needs calibration.all_experts)
-    path: str | None = None  # an explicit predictor file; default: the cached one for this model
-
-    def __post_init__(self) -> None:
-        _choice("predictor.fit_on", self.fit_on, ("routed", "all"))
-        self.ridge = _float("predictor.ridge", self.ridge, low=0.0)
-        if not 0.0 < self.holdout < 1.0:
-            raise ConfigError(f"predictor.holdout={self.holdout} must be in (0, 1)")
+        self.num_tokens = check_int("calibration.num_tokens", self.num_tokens, 1)
+        self.seq_len = check_int("calibration.seq_len", self.seq_len, 2, max(2, self.num_tokens))
+        self.batch_size = check_int("calibration.batch_size", self.batch_size, 1)
 
 
 def parse_method_spec(spec: str) -> dict[str, Any]:
@@ -223,11 +170,11 @@ def parse_method_spec(spec: str) -> dict[str, Any]:
     from base.method.selectors import SELECTORS
 
     name, *opts = str(spec).split(":")
-    _choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
+    check_choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
     out: dict[str, Any] = {"method": name, "k0": None, "impl": None}
     for opt in opts:
         if opt.isdigit():
-            out["k0"] = _int(f"throughput.methods[]={spec!r} k0", opt, 1)
+            out["k0"] = check_int(f"throughput.methods[]={spec!r} k0", opt, 1)
         elif opt:
             out["impl"] = opt
         else:
@@ -262,16 +209,16 @@ class ThroughputConfig:
     def __post_init__(self) -> None:
         if not self.batch_sizes:
             raise ConfigError("throughput.batch_sizes is empty")
-        self.batch_sizes = [_int("throughput.batch_sizes[]", b, 1) for b in self.batch_sizes]
-        self.budgets = None if self.budgets is None else [_int("throughput.budgets[]", b, 1) for b in self.budgets]
+        self.batch_sizes = [check_int("throughput.batch_sizes[]", b, 1) for b in self.batch_sizes]
+        self.budgets = None if self.budgets is None else [check_int("throughput.budgets[]", b, 1) for b in self.budgets]
         for spec in self.methods or []:
             parse_method_spec(spec)  # fails with the valid choices
-        self.prompt_len = _int("throughput.prompt_len", self.prompt_len, 1)
-        self.gen_tokens = _int("throughput.gen_tokens", self.gen_tokens, 2)
-        self.warmup = _int("throughput.warmup", self.warmup, 0)
-        self.stats_steps = _int("throughput.stats_steps", self.stats_steps, 1)
-        self.profile_batch = _int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
-        self.timed_steps = _int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
+        self.prompt_len = check_int("throughput.prompt_len", self.prompt_len, 1)
+        self.gen_tokens = check_int("throughput.gen_tokens", self.gen_tokens, 2)
+        self.warmup = check_int("throughput.warmup", self.warmup, 0)
+        self.stats_steps = check_int("throughput.stats_steps", self.stats_steps, 1)
+        self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
+        self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
 
 
 @dataclass
@@ -279,7 +226,7 @@ class DescribeConfig:
     gpu_gb: float = 141.0  # stage=describe: GPUs of this size (GB) for the count it reports (H200 141, H100 80)
 
     def __post_init__(self) -> None:
-        self.gpu_gb = _float("describe.gpu_gb", self.gpu_gb, low=0.0, low_open=True)
+        self.gpu_gb = check_float("describe.gpu_gb", self.gpu_gb, low=0.0, low_open=True)
 
 
 @dataclass
@@ -295,8 +242,8 @@ class LoggerConfig:
     project: str = "base-moe"
 
     def __post_init__(self) -> None:
-        _choice("logger", self.name, ("wandb", "none"))
-        _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
+        check_choice("logger", self.name, ("wandb", "none"))
+        check_choice("logger.mode", self.mode, ("offline", "online", "disabled"))
 
 
 @dataclass
@@ -325,12 +272,12 @@ class RunConfig:
     # artifact made since then was recomputed by another job of this sweep and is reused
 
     def __post_init__(self) -> None:
-        _choice("stage", self.stage, STAGES)
-        self.budget = _int("budget", self.budget, 1, allow_none=True)
+        check_choice("stage", self.stage, STAGES)
+        self.budget = check_int("budget", self.budget, 1, allow_none=True)
         if self.method.name == "dense":
             self.budget = None  # dense keeps every routed expert whatever the budget says
-        self.batch_size = _int("batch_size", self.batch_size, 1)
-        self.seed = _int("seed", self.seed, 0)
+        self.batch_size = check_int("batch_size", self.batch_size, 1)
+        self.seed = check_int("seed", self.seed, 0)
         self._check_method_budget()
 
     def _check_method_budget(self) -> None:

@@ -23,7 +23,7 @@ import yaml
 
 from base.config import ModelConfig
 from base.runtime.engine import DecodeEngine
-from base.hf.families import load_model, load_tokenizer
+from base.hf.loading import load_model, load_tokenizer
 from base.hf.patch import PatchOptions, patch_model
 from base.method.selectors import build_selector
 from base.eval.stops import RowStops

@@ -21,8 +21,10 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.hf.families import find_moe_layers, load_model, load_tokenizer
-from base.run.outputs import atomic_write_text, write_table
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model, load_tokenizer
+from base.files import atomic_write_text
+from base.run.outputs import write_table
 from base.hf.patch import PatchOptions, patch_model
 
 ROOT = Path(__file__).resolve().parents[1]

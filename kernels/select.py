@@ -28,9 +28,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._triton import dual_jit, empty, next_pow2
+from kernels.terms import TERMS as KINDS  # the per-pair score terms, by name (a selector's kernel_term)
 
-# Per-pair score terms (the `kind` of a selector, see base/method/selectors.py).
-KINDS = {"router_sum": 0, "router_sq": 1, "count": 2, "calib_energy": 3, "base": 4}
 REASSIGN_MODES = ("backfill", "drop")
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from base.run.outputs import file_lock
+from base.files import file_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ import sys, time
 from pathlib import Path
 import safetensors.torch
 import torch
-from base.run.outputs import atomic_save_tensors, file_lock
+from base.files import atomic_save_tensors, file_lock
 
 def half_then_hang(tensors, filename, metadata=None):  # a writer that dies halfway through
     Path(filename).write_bytes(b"\\0" * 4096)
@@ -58,8 +58,9 @@ with file_lock(directory):
 def test_a_writer_killed_mid_write_leaves_nothing_half_written(compose, tmp_path):
     import run
     from base.run.artifacts import artifact_dir, ensure_calibration, model_identity
-    from base.hf.calibrate import Calibration
-    from base.hf.families import find_moe_layers, load_model, load_tokenizer
+    from base.method.calibration import Calibration
+    from base.hf.families import find_moe_layers
+    from base.hf.loading import load_model, load_tokenizer
 
     rc = run.build_config(compose(["model=tiny_qwen3", "task=smoke", f"artifacts_dir={tmp_path}/art",
                                    "calibration.num_tokens=1024"]), tmp_path / "out")

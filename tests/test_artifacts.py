@@ -14,7 +14,8 @@ from base.run.artifacts import (
     file_fingerprint,
     model_identity,
 )
-from base.hf.families import find_moe_layers, load_model
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from torch import nn
 from base.hf.attention import StaticKV, engine_attention
 from base.config import ModelConfig
 from base.runtime.engine import DecodeEngine
-from base.hf.families import load_model
+from base.hf.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

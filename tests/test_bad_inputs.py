@@ -124,7 +124,7 @@ def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):
     """The other-model check compares name, experts and hidden size: a matching file passes."""
     import torch
 
-    from base.hf.families import hf_config
+    from base.hf.loading import hf_config
     from base.method.predictor import Predictor
     from base.run.preflight import preflight
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from base.method.budget_split import loss_curves, split_budget
-from base.hf.calibrate import Calibration, LayerCalib
+from base.method.calibration import Calibration, LayerCalib
 
 
 def _calib(layers: list[tuple[list[list[int]], list[list[float]], list[list[float]]]], E: int) -> Calibration:

@@ -8,7 +8,7 @@ from hydra.errors import MissingConfigException
 
 import run
 from base.config import ConfigError
-from base.hf.families import num_experts
+from base.hf.loading import num_experts
 
 ROOT = Path(__file__).resolve().parents[1]
 

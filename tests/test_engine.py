@@ -12,7 +12,8 @@ import yaml
 
 from base.config import ModelConfig
 from base.runtime.engine import DecodeEngine
-from base.hf.families import find_moe_layers, load_model, load_tokenizer
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model, load_tokenizer
 from base.hf.patch import PatchOptions, patch_model
 from base.method.selectors import build_selector
 from tests.helpers import model_artifacts

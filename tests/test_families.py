@@ -13,7 +13,8 @@ import itertools
 import pytest
 import torch
 
-from base.hf.families import FAMILIES, byte_tokenizer, find_moe_layers, load_model
+from base.hf.families import FAMILIES, find_moe_layers
+from base.hf.loading import byte_tokenizer, load_model
 from base.hf.patch import PatchOptions
 from base.method.selectors import build_selector
 from tests.helpers import (

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from base.runtime.engine import DecodeEngine
-from base.hf.families import load_model
+from base.hf.loading import load_model
 from base.hf.patch import PatchOptions, patch_model
 from base.hf.placement import model_devices
 from base.method.selectors import build_selector

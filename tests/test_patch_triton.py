@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.hf.families import find_moe_layers, load_model
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model
 from base.hf.patch import PatchOptions, patch_model
 from base.method.selectors import build_selector
 from tests.helpers import model_artifacts

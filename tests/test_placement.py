@@ -15,7 +15,7 @@ import torch
 
 from base.config import ConfigError, ModelConfig
 from base.runtime.engine import DecodeEngine
-from base.hf.families import hf_config, load_model
+from base.hf.loading import hf_config, load_model
 from base.runtime.memory import kv_cache_bytes, memory_estimate
 from tests.helpers import tiny_model_config
 
@@ -92,7 +92,7 @@ def test_placement_needs_no_psutil():
     """The GPU host lacks psutil (accelerate's planner imports it); the placement path must not."""
     code = ("import sys; sys.modules['psutil'] = None\n"
             "from dataclasses import replace\nfrom pathlib import Path\n"
-            "from base.hf.families import load_model\nfrom tests.helpers import tiny_model_config\n"
+            "from base.hf.loading import load_model\nfrom tests.helpers import tiny_model_config\n"
             "from accelerate import dispatch_model, init_empty_weights\n"
             "m = load_model(replace(tiny_model_config('qwen3'), device='auto', device_map='auto'), Path('.'))\n"
             "print(sum(p.numel() for p in m.parameters()))")

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from base.hf.calibrate import Calibration, LayerCalib
+from base.method.calibration import Calibration, LayerCalib
 from base.config import PredictorConfig
 from base.method.predictor import Predictor, fit_predictor, ridge_fit
 

@@ -200,7 +200,7 @@ def test_two_processes_computing_one_artifact(tmp_path):
     import subprocess
     import sys
 
-    from base.hf.calibrate import Calibration
+    from base.method.calibration import Calibration
 
     cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/art",
            "logger=none", "model=tiny_qwen3", "task=smoke", "stage=calibrate"]

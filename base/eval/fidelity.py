@@ -10,9 +10,10 @@ Per decode step, over the rows still running:
     agree  the budgeted model's greedy token equals x
 
 The first new token comes from the prefill, which a budget leaves dense (apply_to=decode), so only
-decode steps are measured, as in generation. Both passes run the same patched model: the dense one
-inside `patch.bypassed()`, the budgeted one recording nothing (`patch.unrecorded()`; the selection
-statistics come from the evaluation's own generation). Method `dense` gives KL and dll exactly 0.
+decode steps are measured, as in generation. Both passes run the same budgeted model, each
+forward with its own inputs (base/hf/budget.py): the dense one as the reference (the model's own
+routing), the budgeted one recording nothing (the selection statistics come from the
+evaluation's own generation). Method `dense` gives KL and dll exactly 0.
 
 Shapes: B rows, S prompt positions, V vocabulary.
 """
@@ -23,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from base.hf.patch import BudgetPatch
+from base.eval.generate import active_rows
 from base.eval.stops import RowStops
+from base.hf.budget import MoeBudget
 
 
 def _positions(mask_BS: Tensor) -> Tensor:
@@ -39,13 +41,15 @@ def _step(model: nn.Module, ids_BS: Tensor, mask_BS: Tensor, cache: Any) -> tupl
 
 
 @torch.no_grad()
-def teacher_forced(model: nn.Module, patch: BudgetPatch, enc_BS: Tensor, mask_BS: Tensor, stops: RowStops,
-                   max_new: int, pad_id: int) -> list[dict[str, float]]:
+def teacher_forced(model: nn.Module, budget: MoeBudget, enc_BS: Tensor, mask_BS: Tensor, stops: RowStops,
+                   max_new: int, pad_id: int, ended: tuple[int, ...]) -> list[dict[str, float]]:
     """One row per decode step: tokens scored and the sums of kl, dll and agree over them."""
     B = enc_BS.shape[0]
-    with patch.bypassed():
+    ended_D = torch.tensor(ended, dtype=torch.long, device=enc_BS.device)
+    prompt_T = mask_BS.reshape(-1).bool()
+    with budget.bound(budget.inputs(False, prompt_T, reference=True)):
         logits_d_BV, cache_d = _step(model, enc_BS, mask_BS, None)
-    with patch.unrecorded():
+    with budget.bound(budget.inputs(False, prompt_T, record=False)):
         _, cache_b = _step(model, enc_BS, mask_BS, None)
     tok_B = logits_d_BV.argmax(-1)
     new = [tok_B.cpu()]
@@ -58,12 +62,11 @@ def teacher_forced(model: nn.Module, patch: BudgetPatch, enc_BS: Tensor, mask_BS
         done_dev_B = done_B.to(enc_BS.device)
         ids_B1 = torch.where(done_dev_B, pad_id, tok_B)[:, None]
         mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
-        with patch.bypassed():
+        with budget.bound(budget.inputs(True, active_rows(ids_B1[:, 0], ended_D, done_dev_B), reference=True)):
             logits_d_BV, cache_d = _step(model, ids_B1, mask, cache_d)
-        patch.ctx.finished_B = done_dev_B  # finished rows neither score nor join the union
-        with patch.unrecorded():
+        # finished rows neither score nor join the union
+        with budget.bound(budget.inputs(True, active_rows(ids_B1[:, 0], ended_D, done_dev_B), record=False)):
             logits_b_BV, cache_b = _step(model, ids_B1, mask, cache_b)
-        patch.ctx.finished_B = None
         logp_d_BV, logp_b_BV = logits_d_BV.log_softmax(-1), logits_b_BV.log_softmax(-1)
         # fp64; clamped at 0 against rounding when the two distributions are nearly equal
         kl_B = (logp_d_BV.exp() * (logp_d_BV - logp_b_BV)).sum(-1).clamp_min(0.0)

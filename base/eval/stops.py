@@ -1,7 +1,7 @@
 """Per-row stopping for batched generation (no lm-eval import: GPU code paths use it too).
 
-A row is done at its own stop string, token limit or EOS; the patch is told which rows finished,
-so they stop counting toward the union.
+A row is done at its own stop string, token limit or EOS; whoever drives the decoding turns the
+done rows into the next forward's inactive rows (base/eval/generate.py, base/runtime/engine.py).
 """
 from __future__ import annotations
 
@@ -10,19 +10,14 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from base.hf.patch import BudgetPatch
-
 
 class RowStops(StoppingCriteria):
-    """Per-row stop: a row is done at its own stop string, token limit or EOS.
-
-    It also tells the patch which rows have finished, so they stop counting toward the union.
-    """
+    """Per-row stop: a row is done at its own stop string, token limit or EOS."""
 
     def __init__(self, tokenizer, prompt_len: int, untils: list[list[str]], max_new: list[int],
-                 eos_ids: set[int], patch: BudgetPatch | None) -> None:
+                 eos_ids: set[int]) -> None:
         self.tok, self.prompt_len, self.untils, self.max_new = tokenizer, prompt_len, untils, max_new
-        self.eos_ids, self.patch = eos_ids, patch
+        self.eos_ids = eos_ids
         self.done: torch.Tensor | None = None
         self.lengths: dict[int, int] = {}  # row -> new tokens when it finished
 
@@ -43,7 +38,4 @@ class RowStops(StoppingCriteria):
         return self.done.clone()
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        done = self.done_rows(input_ids[:, self.prompt_len:].cpu()).to(input_ids.device)
-        if self.patch is not None:
-            self.patch.ctx.finished_B = done.clone()
-        return done
+        return self.done_rows(input_ids[:, self.prompt_len:].cpu()).to(input_ids.device)

@@ -1,27 +1,40 @@
-"""MoE model families and loading.
+"""MoE model families: what differs between the transformers implementations the project runs.
 
-Every family transformers 5 implements the same way: an MoE block holds a router module (`gate` or
-`router`) whose forward returns (router_logits, top_k_weights, top_k_index), and an `experts` module
-with forward(hidden_TH, top_k_index_TK, top_k_weights_TK). A family only says what differs: the
-config key of the expert count, and whether the model renormalises its top-k weights.
+Every family transformers 5 implements the same way: a sparse-MoE block holds a router module
+(`gate` or `router`) whose forward returns (router_logits, top_k_weights, top_k_index), and an
+`experts` module with forward(hidden_TH, top_k_index_TK, top_k_weights_TK). A family says what
+differs: the config keys of the expert count and top-k, whether top-k weights are renormalised,
+the block's shared experts (added after the routed ones) and what its forward returns. The owned
+block (base/hf/moe_block.py) runs the family's block from these.
+
+Shapes: B sequences, S positions, T = B*S tokens, H hidden, E experts, K top-k.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
-from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PretrainedConfig,
-)
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PretrainedConfig
 
-from base.config import ConfigError, ModelConfig
+from base.method.backends import SoftmaxTopK
 from base.registry import Registry
+
+
+def _no_shared(block: nn.Module, hidden_BSH: Tensor, x_TH: Tensor, y_TH: Tensor) -> Tensor:
+    return y_TH.reshape(hidden_BSH.shape)
+
+
+def _qwen2_shared(block: nn.Module, hidden_BSH: Tensor, x_TH: Tensor, y_TH: Tensor) -> Tensor:
+    """Qwen1.5/2-MoE: one shared expert behind a sigmoid gate."""
+    shared_TH = F.sigmoid(block.shared_expert_gate(x_TH)) * block.shared_expert(x_TH)
+    return (y_TH + shared_TH).reshape(hidden_BSH.shape)
+
+
+def _deepseek_shared(block: nn.Module, hidden_BSH: Tensor, x_TH: Tensor, y_TH: Tensor) -> Tensor:
+    """DeepSeek-V2: shared experts on the block input, added to the routed output."""
+    return y_TH.view(*hidden_BSH.shape) + block.shared_experts(hidden_BSH)
 
 
 @dataclass(frozen=True)
@@ -30,17 +43,38 @@ class Family:
     experts_key: str  # config attribute holding the number of routed experts
     renormalizes: Callable[[PretrainedConfig], bool]  # are top-k weights rescaled to sum to 1?
     topk_key: str = "num_experts_per_tok"  # config attribute holding the experts per token
+    router_attr: str = "gate"  # the block's router child
+    shared: tuple[str, ...] = ()  # the block's shared-expert children
+    # the block's output from (block, hidden_BSH, x_TH, routed y_TH): shared experts added, shape back
+    combine: Callable[[nn.Module, Tensor, Tensor, Tensor], Tensor] = _no_shared
+    returns_router_scores: bool = False  # the block returns (hidden, router scores) (GPT-OSS)
+    # router classes that are softmax -> top-k (-> renormalise, scale): route_select reproduces them
+    softmax_topk_routers: tuple[str, ...] = ()
+
+    @property
+    def block_children(self) -> tuple[str, ...]:
+        return (self.router_attr, "experts", *self.shared)
 
 
 FAMILIES: Registry[Family] = Registry("model family")
-FAMILIES.register("qwen3_moe")(Family("qwen3_moe", "num_experts", lambda c: bool(c.norm_topk_prob)))
-FAMILIES.register("qwen2_moe")(Family("qwen2_moe", "num_experts", lambda c: bool(c.norm_topk_prob)))
-FAMILIES.register("olmoe")(Family("olmoe", "num_experts", lambda c: bool(c.norm_topk_prob)))
-FAMILIES.register("mixtral")(Family("mixtral", "num_local_experts", lambda c: True))
-# GPT-OSS takes a softmax over its top-k logits: the same as renormalising the full softmax.
-FAMILIES.register("gpt_oss")(Family("gpt_oss", "num_local_experts", lambda c: True))
+FAMILIES.register("qwen3_moe")(Family("qwen3_moe", "num_experts", lambda c: bool(c.norm_topk_prob),
+                                      softmax_topk_routers=("Qwen3MoeTopKRouter",)))
+FAMILIES.register("qwen2_moe")(Family("qwen2_moe", "num_experts", lambda c: bool(c.norm_topk_prob),
+                                      shared=("shared_expert", "shared_expert_gate"), combine=_qwen2_shared,
+                                      softmax_topk_routers=("Qwen2MoeTopKRouter",)))
+FAMILIES.register("olmoe")(Family("olmoe", "num_experts", lambda c: bool(c.norm_topk_prob),
+                                  softmax_topk_routers=("OlmoeTopKRouter",)))
+# Mixtral's router jitter applies in training only; the project decodes in eval mode.
+FAMILIES.register("mixtral")(Family("mixtral", "num_local_experts", lambda c: True,
+                                    softmax_topk_routers=("MixtralTopKRouter",)))
+# GPT-OSS takes a softmax over its top-k logits: the same as renormalising the full softmax. Its
+# router has a bias, so route_select does not replace it.
+FAMILIES.register("gpt_oss")(Family("gpt_oss", "num_local_experts", lambda c: True, router_attr="router",
+                                    returns_router_scores=True))
 # DeepSeek-V2 scales by routed_scaling_factor and never renormalises.
-FAMILIES.register("deepseek_v2")(Family("deepseek_v2", "n_routed_experts", lambda c: False))
+FAMILIES.register("deepseek_v2")(Family("deepseek_v2", "n_routed_experts", lambda c: False,
+                                        shared=("shared_experts",), combine=_deepseek_shared,
+                                        softmax_topk_routers=("DeepseekV2TopkRouter",)))
 
 
 @dataclass
@@ -73,97 +107,14 @@ def find_moe_layers(model: nn.Module) -> list[MoeLayer]:
     return layers
 
 
-def resolve_path(path: str, root: Path) -> str:
-    """Local directories resolve against the repo root; anything else is a hub id."""
-    p = Path(path)
-    if p.is_absolute():
-        return str(p)
-    return str(root / p) if (root / p).exists() else path
-
-
-def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
-    family = FAMILIES.get(cfg.family)
-    if cfg.init == "random":
-        return AutoConfig.for_model(family.model_type, **cfg.arch)
-    try:
-        return AutoConfig.from_pretrained(resolve_path(cfg.path, root), trust_remote_code=cfg.trust_remote_code)
-    except OSError as err:
-        raise ConfigError(
-            f"model {cfg.name}: cannot load {cfg.path!r} ({type(err).__name__}); point model.path at a local "
-            f"checkpoint directory, or use model.init=random to build the architecture with random weights"
-        ) from err
-
-
-def num_experts(cfg: ModelConfig, root: Path) -> int:
-    return int(getattr(hf_config(cfg, root), FAMILIES.get(cfg.family).experts_key))
-
-
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | None = None) -> nn.Module:
-    """The model in eval mode on its device. `init=random` builds the exact architecture offline."""
-    dtype = getattr(torch, cfg.dtype)
-    device = pick_device(cfg.device)
-    if experts_impl is None and device.type == "cuda":
-        experts_impl = "base_triton"  # capturable in a CUDA graph in any dtype (grouped_mm: bf16 only)
-    if experts_impl == "base_triton":
-        from base.hf.experts_impl import register_base_triton
-
-        register_base_triton()
-    kwargs = {"experts_implementation": experts_impl} if experts_impl else {}
-    if cfg.device_map is not None:
-        from base.hf.placement import load_on_devices
-
-        hf = hf_config(cfg, root) if cfg.init == "random" else None
-        model = load_on_devices(cfg, hf, resolve_path(cfg.path, root), dtype,
-                                {**kwargs, "trust_remote_code": cfg.trust_remote_code}, seed)
-    elif cfg.init == "random":
-        torch.manual_seed(seed)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(
-                hf_config(cfg, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
-            )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(
-            resolve_path(cfg.path, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
-        )
-        model.to(device)
-    model.eval()
-    if cfg.routing == "skewed":
-        from base.hf.skew import skew_routing
-
-        family = FAMILIES.get(cfg.family)
-        model.base_skew_report = skew_routing(model, family.renormalizes(model.config), cfg.skew_ratio, seed)
-    return model
-
-
-def byte_tokenizer():
-    """A byte-level tokenizer built in code, for random-weight models that ship none."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    for special in ("<pad>", "<eos>"):
-        vocab[special] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left"
-    )
-
-
-def load_tokenizer(cfg: ModelConfig, root: Path):
-    source = cfg.tokenizer or cfg.path
-    if source == "bytes":
-        return byte_tokenizer()
-    tok = AutoTokenizer.from_pretrained(resolve_path(source, root), trust_remote_code=cfg.trust_remote_code)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return tok
+def softmax_topk(family: Family, router: nn.Module, norm_topk: bool) -> SoftmaxTopK | None:
+    """The router as route_select sees it, or None when route_select cannot reproduce it (a bias
+    of its own, group-limited top-k, another router class)."""
+    bias_E = getattr(router, "logit_bias_E", None)  # a skewed random router (base/hf/skew.py)
+    plain = type(router).__name__ in family.softmax_topk_routers
+    if not (plain or bias_E is not None) or getattr(router, "bias", None) is not None:
+        return None
+    if getattr(router, "topk_method", "greedy") != "greedy":
+        return None
+    return SoftmaxTopK(router.weight, int(router.top_k), norm_topk,
+                       float(getattr(router, "routed_scaling_factor", 1.0)), bias_E)

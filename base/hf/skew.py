@@ -7,8 +7,9 @@ change that (top-k ignores a temperature); a popularity skew can. Each MoE layer
 logit bias b_E = s * std(logits) * g_E, g_E ~ N(0, 1) seeded per layer, with s found by bisection so
 that the dense union of 16-token batches of random input is `ratio` times the unbiased union.
 
-The bias is part of the router (its forward is replaced by `biased_router_forward`, and the
-Triton route_select path adds `router.logit_bias_E`), so every backend and selector sees the
+The bias is part of the router: each block's router becomes a `SkewedRouter` that holds the
+original's weight (the same parameter, under the same name) and the bias as a buffer, and the
+Triton route_select path adds `router.logit_bias_E`, so every backend and selector sees the
 same skewed routing. Only softmax-then-top-k routers without a bias of their own are skewed.
 
 Shapes: N tokens, E experts, K top-k, G groups of 16 tokens, H hidden.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from base.hf.families import MoeLayer, find_moe_layers
+from base.hf.families import Family, MoeLayer, find_moe_layers
 
 UNION_BATCH = 16
 
@@ -54,40 +55,48 @@ def solve_bias(logits_NE: Tensor, k: int, ratio: float, seed: int, iters: int = 
     return bias_E, u0, batch_union(logits_NE + bias_E, k, groups_GB)
 
 
-def biased_router_forward(router: nn.Module, norm_topk: bool, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A softmax-then-top-k router's forward with router.logit_bias_E added to its logits."""
-    z_TH = hidden_states.reshape(-1, router.weight.shape[-1]).to(router.weight.dtype)
-    logits_TE = nn.functional.linear(z_TH, router.weight) + router.logit_bias_E
-    probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
-    w_TK, idx_TK = probs_TE.topk(router.top_k, dim=-1)
-    if norm_topk:
-        w_TK = w_TK / w_TK.sum(-1, keepdim=True)
-    w_TK = w_TK * float(getattr(router, "routed_scaling_factor", 1.0))
-    return logits_TE, w_TK.to(logits_TE.dtype), idx_TK
+class SkewedRouter(nn.Module):
+    """A softmax-then-top-k router with a fixed logit bias: the model's router, skewed. Holds the
+    original's weight parameter (state dict keys unchanged) and its routing attributes."""
+
+    def __init__(self, router: nn.Module, norm_topk: bool, bias_E: Tensor) -> None:
+        super().__init__()
+        self.weight = router.weight
+        self.register_buffer("logit_bias_E", bias_E.to(router.weight.dtype), persistent=False)
+        self.top_k, self.norm_topk = int(router.top_k), norm_topk
+        self.num_experts = int(getattr(router, "num_experts", router.weight.shape[0]))
+        self.routed_scaling_factor = float(getattr(router, "routed_scaling_factor", 1.0))
+
+    def forward(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        z_TH = hidden_states.reshape(-1, self.weight.shape[-1]).to(self.weight.dtype)
+        logits_TE = nn.functional.linear(z_TH, self.weight) + self.logit_bias_E
+        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        w_TK, idx_TK = probs_TE.topk(self.top_k, dim=-1)
+        if self.norm_topk:
+            w_TK = w_TK / w_TK.sum(-1, keepdim=True)
+        w_TK = w_TK * self.routed_scaling_factor
+        return logits_TE, w_TK.to(logits_TE.dtype), idx_TK
 
 
 @torch.no_grad()
-def skew_routing(model: nn.Module, norm_topk: bool, ratio: float, seed: int = 0,
+def skew_routing(model: nn.Module, family: Family, norm_topk: bool, ratio: float, seed: int = 0,
                  tokens: int = 1024) -> list[dict[str, float]]:
-    """Bias every MoE layer's router so the dense batch-16 union is `ratio` x the uniform one.
-    Returns per layer: the unbiased and biased union on the calibration tokens and the bias scale."""
-    from base.method.backends import ROUTE_SELECT_ROUTERS
-
+    """Give every MoE block a SkewedRouter so the dense batch-16 union is `ratio` x the uniform
+    one. Returns per layer: the unbiased and biased union on the calibration tokens and the bias scale."""
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"routing skew ratio must be in (0, 1], got {ratio}")
     layers = find_moe_layers(model)
     for layer in layers:
         r = layer.router
-        if type(r).__name__ not in ROUTE_SELECT_ROUTERS or getattr(r, "bias", None) is not None:
+        if type(r).__name__ not in family.softmax_topk_routers or getattr(r, "bias", None) is not None:
             raise ValueError(f"routing skew supports softmax/top-k routers without a bias; "
                              f"{type(r).__name__} is not one")
     logits = _router_logits(model, layers, tokens, seed)
     report = []
     for layer in layers:
         bias_E, u0, u1 = solve_bias(logits[layer.index], layer.top_k, ratio, seed + layer.index)
-        router = layer.router
-        router.logit_bias_E = bias_E.to(router.weight.dtype)
-        router.forward = lambda h, router=router: biased_router_forward(router, norm_topk, h)
+        block = model.get_submodule(layer.name)
+        setattr(block, family.router_attr, SkewedRouter(layer.router, norm_topk, bias_E))
         report.append({"layer": layer.index, "union_uniform": u0, "union_skewed": u1,
                        "bias_std": float(bias_E.std())})
     return report

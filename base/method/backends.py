@@ -1,16 +1,22 @@
-"""Backends that execute a selection policy for one MoE layer and one step.
+"""How a policy's selection runs for one MoE layer: the PyTorch reference or the fused kernels.
 
-A policy is what to keep and how tokens are rerouted (selector, budget, reassign, renormalise);
-a backend is how that runs:
-    torch   base/method/routing.py, the reference; every selector
+    sel = make_selection("triton", policy, layer=3, num_experts=128, device=dev, router=SoftmaxTopK(...))
+    decision = sel.select(batch)                  # after the model's own router
+    batch, decision = sel.route(z_TH, active_T)   # router + selection in one launch (sel.fused_route)
+
+    torch   base/method/routing.py with the selector's `keep`: every selector, branch-free, so a
+            step that uses it can be captured in a CUDA graph too
     triton  kernels/: `select_step` after the model's router, or `route_select` in place of a
-            softmax-then-top-k router's own softmax/top-k (one launch per layer)
-Everything a backend needs per layer is moved to the model's device when it is built (predictor
-weights, the fused [router; predictor] weight, energies, frequencies): a step copies nothing. On a
-model spread over GPUs (model.device_map=auto) the Triton backend's per-layer tensors sit on each
-layer's own GPU; the torch backend's selectors move their layer's row per step.
+            softmax-then-top-k router's softmax/top-k (one launch per layer). Which selectors it
+            runs is what they declare (`kernel_term`, `static_score`, base/method/selectors.py);
+            the others, coverage and `reassign=similar` run the reference.
 
-Shapes: T tokens, H hidden, E experts, K top-k, L MoE layers.
+One object per layer, built when a model is budgeted: it holds that layer's tensors on the layer's
+device (predictor, the fused [router; predictor] weight, energies, static scores), so a step
+copies nothing. Everything here takes plain tensors; the MoE block (base/hf/moe_block.py) says
+what its router is (`SoftmaxTopK`).
+
+Shapes: T tokens, H hidden, E experts, K top-k.
 """
 from __future__ import annotations
 
@@ -19,156 +25,126 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from base.hf.families import MoeLayer
-from base.method.routing import RoutedBatch, pair_counts_E, reassign
-from base.method.selectors import Selector
+from base.method.policy import Decision, Policy
+from base.method.routing import RoutedBatch, reassign
 
-# Selectors with a Triton path (kernels.select_step); the others run the PyTorch reference.
-TRITON_SELECTORS = ("router_sum", "router_sq", "count", "calib_freq", "calib_energy", "base", "fixed")
-# ... all of which can also replace the router's own softmax/top-k (kernels.route_select).
-ROUTE_SELECT_KINDS = TRITON_SELECTORS
-# Selectors whose score is a fixed per-layer vector (the kernels take it as score_E).
-STATIC_SCORES = ("calib_freq", "fixed")
-# Routers route_select reproduces: softmax -> top-k (-> renormalise, scale), no bias.
-ROUTE_SELECT_ROUTERS = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter",
-                        "DeepseekV2TopkRouter")
+KERNEL_REASSIGN = ("backfill", "drop")  # what the kernels reassign; `similar` runs the reference
 
 
-@dataclass
-class Policy:
-    """What a budgeted step keeps and how tokens are rerouted; `selector=None` is dense."""
+@dataclass(frozen=True)
+class SoftmaxTopK:
+    """A router that computes softmax(z W^T + bias) -> top-k (-> renormalise) (* scale), no bias
+    of its own: what `route_select` reproduces. bias_E is a skew (base/hf/skew.py), else None."""
 
-    selector: Selector | None
-    budget: int | None
-    reassign: str = "backfill"
-    renormalize: bool = True  # resolved for the model (renormalize=model|always|never)
-    layer_budgets: dict[int, int] | None = None  # per-layer budgets (base/method/budget_split.py), else `budget`
-
-    def budget_of(self, layer: int) -> int | None:
-        return self.layer_budgets.get(layer, self.budget) if self.layer_budgets else self.budget
+    weight_EH: Tensor
+    top_k: int
+    norm_topk: bool
+    scale: float = 1.0
+    bias_E: Tensor | None = None
 
 
-@dataclass
-class Decision:
-    keep_E: Tensor  # bool kept set
-    topk_idx_TK: Tensor | None  # rerouted experts, None = the router's own
-    topk_w_TK: Tensor | None
+class TorchSelection:
+    """The reference: the selector's `keep`, then `reassign`."""
 
+    fused_route = False
 
-def dense_decision(batch: RoutedBatch) -> Decision:
-    return Decision(pair_counts_E(batch.topk_idx_TK, batch.active_T, batch.num_experts) > 0, None, None)
-
-
-class TorchBackend:
-    """The PyTorch reference (base/method/routing.py); branch-free, so it can be captured too."""
-
-    name = "torch"
-
-    def __init__(self, policy: Policy, layers: list[MoeLayer], device: torch.device, energy: bool = False) -> None:
-        self.policy, self.energy = policy, energy
-        if policy.selector is not None:
-            policy.selector.artifacts = policy.selector.artifacts.to(device)
+    def __init__(self, policy: Policy, layer: int, device: torch.device) -> None:
+        self.policy, self.layer, self.budget = policy, layer, policy.budget_of(layer)
+        sim_LEE = policy.selector.artifacts.sim_LEE
+        self.sim_EE = sim_LEE[layer].to(device) if (policy.reassign == "similar" and sim_LEE is not None) else None
 
     def select(self, batch: RoutedBatch) -> Decision:
-        p = self.policy
-        if p.selector is None:
-            return dense_decision(batch)
-        keep_E, score_E = p.selector.keep(batch, p.budget_of(batch.layer) if p.selector.uses_budget else None)
-        sim_LEE = p.selector.artifacts.sim_LEE
-        sim_EE = sim_LEE[batch.layer].to(batch.z_TH.device) if (p.reassign == "similar" and sim_LEE is not None) else None
-        idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize, sim_EE)
+        p, sel = self.policy, self.policy.selector
+        keep_E, score_E = sel.keep(batch, self.budget if sel.uses_budget else None)
+        idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize, self.sim_EE)
         return Decision(keep_E, idx_TK, w_TK)
 
-    def routes(self, layer: MoeLayer) -> bool:
-        return False
+    def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
+        raise NotImplementedError("the reference selects after the model's router (fused_route is False)")
 
 
-class TritonBackend(TorchBackend):
-    """kernels/ where the selector has a kernel; the PyTorch reference otherwise (oracle, oea)."""
+class TritonSelection(TorchSelection):
+    """kernels/: one launch per layer; `route` also does the router's softmax/top-k."""
 
-    name = "triton"
-
-    def __init__(self, policy: Policy, layers: list[MoeLayer], device: torch.device, energy: bool = False) -> None:
-        super().__init__(policy, layers, device, energy)
+    def __init__(self, policy: Policy, layer: int, num_experts: int, device: torch.device,
+                 router: SoftmaxTopK | None) -> None:
+        super().__init__(policy, layer, device)
         from kernels.score import fuse_router_predictor, prepare_predictor
 
         sel = policy.selector
-        # coverage (an adaptive count) and `similar` re-routing have no kernel: PyTorch runs them
-        kernel_ok = sel is not None and sel.coverage is None and policy.reassign in ("backfill", "drop")
-        self.kind = sel.name if kernel_ok and sel.name in TRITON_SELECTORS else None
-        self.per_layer: dict[int, dict[str, Tensor]] = {}
-        self.wcat_CH: dict[int, Tensor] = {}  # base: [router; predictor] weights for route_select
-        if self.kind is None:
+        self.term = sel.kernel_term  # None for a static score
+        self.router = router
+        self.fused_route = router is not None
+        self.extra: dict[str, Tensor] = {}  # per-layer kernel inputs, on the layer's device
+        self.wcat_CH: Tensor | None = None  # base with fused_route: [router; predictor] weights
+        if sel.static_score:
+            self.extra["score_E"] = sel.static_score_E(layer, num_experts, device)
             return
-        art = sel.artifacts
-        for layer in layers:
-            L, row = layer.index, {}
-            dev = layer.router.weight.device  # its own GPU when the model is spread over several
-            if self.kind == "calib_freq":
-                row["freq_E"] = art.freq_LE[L].float().to(dev)
-            if self.kind == "fixed":  # lower id first, as base.method.selectors.Fixed
-                row["freq_E"] = -torch.arange(layer.num_experts, dtype=torch.float32, device=dev)
-            if self.kind == "calib_energy":
-                row["energy_E"] = art.energy_LE[L].float().to(dev)
-            if self.kind == "base":
-                row["pred_b_E"] = art.pred_b_LE[L].float().to(dev)
-                if self.routes(layer):  # the predictor rides in the router's GEMM
-                    self.wcat_CH[L] = fuse_router_predictor(layer.router.weight, art.pred_w_LHE[L].to(dev))
-                else:  # select_step after the router gathers predictor rows
-                    row["pred_w_EH"] = prepare_predictor(art.pred_w_LHE[L].float().to(dev))
-            self.per_layer[L] = row
+        inputs = {k: v.to(device) for k, v in sel.kernel_inputs(layer).items()}
+        if self.term == "base":
+            self.extra["pred_b_E"] = inputs["pred_b_E"]
+            if self.fused_route:  # the predictor rides in the router's GEMM
+                self.wcat_CH = fuse_router_predictor(router.weight_EH, inputs["pred_w_HE"])
+            else:  # select_step after the router gathers predictor rows
+                self.extra["pred_w_EH"] = prepare_predictor(inputs["pred_w_HE"].float())
+        else:
+            self.extra.update(inputs)
 
     def select(self, batch: RoutedBatch) -> Decision:
-        if self.kind is None:
-            return super().select(batch)
         from kernels.step import select_step
 
-        p, row = self.policy, self.per_layer[batch.layer]
-        kind = "calib_freq" if self.kind in STATIC_SCORES else self.kind  # a static score_E
-        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind,
-                          p.budget_of(batch.layer),
-                          z_TH=batch.z_TH, reassign_mode=p.reassign, renormalize=p.renormalize, **row)
+        p = self.policy
+        kw = dict(self.extra)
+        if "score_E" in kw:  # a static score: select_step's `calib_freq` path takes it as freq_E
+            kind, kw = "calib_freq", {"freq_E": kw["score_E"]}
+        else:
+            kind = self.term
+        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind, self.budget,
+                          z_TH=batch.z_TH, reassign_mode=p.reassign, renormalize=p.renormalize, **kw)
         return Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK)
 
-    def routes(self, layer: MoeLayer) -> bool:
-        """Can this layer's router forward be replaced by route_select (one launch)?"""
-        router = layer.router
-        return (
-            self.kind in ROUTE_SELECT_KINDS and not self.energy and getattr(router, "bias", None) is None
-            and getattr(router, "topk_method", "greedy") == "greedy"
-            and type(router).__name__ in ROUTE_SELECT_ROUTERS
-        )
-
-    def route(self, layer: MoeLayer, z_TH: Tensor, active_T: Tensor,
-              norm_topk: bool) -> tuple[RoutedBatch, Decision, Tensor]:
+    def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
         """The router's softmax/top-k and the selection in one launch; for `base` the predictor
-        rides in the router's GEMM. Returns the model's own routing (for statistics), the decision
-        and the router logits."""
+        rides in the router's GEMM. Returns the model's own routing (for statistics) and the
+        decision."""
         from kernels import fused_router_logits, route_select
 
-        router, L, p = layer.router, layer.index, self.policy
-        row = self.per_layer[L]
-        extra: dict[str, Tensor] = {}
-        bias_E = getattr(router, "logit_bias_E", None)  # a skewed random router (base/hf/skew.py)
-        if self.kind == "base":
-            logits_TE, g_TE = fused_router_logits(z_TH, self.wcat_CH[L])
-            extra = {"g_TE": g_TE, "pred_b_E": row["pred_b_E"]}
+        r, p = self.router, self.policy
+        extra = dict(self.extra)
+        if self.wcat_CH is not None:
+            logits_TE, g_TE = fused_router_logits(z_TH, self.wcat_CH)
+            extra["g_TE"] = g_TE
         else:
-            logits_TE = nn.functional.linear(z_TH, router.weight)
-            if self.kind == "calib_energy":
-                extra = {"energy_E": row["energy_E"]}
-            if self.kind in STATIC_SCORES:
-                extra = {"score_E": row["freq_E"]}
-        if bias_E is not None:
-            logits_TE = logits_TE + bias_E
+            logits_TE = nn.functional.linear(z_TH, r.weight_EH)
+        if r.bias_E is not None:
+            logits_TE = logits_TE + r.bias_E
         routing, out = route_select(
-            logits_TE, layer.top_k, active_T, p.budget_of(L), norm_topk=norm_topk,
-            scale=float(getattr(router, "routed_scaling_factor", 1.0)),
-            kind="router_sum" if self.kind in STATIC_SCORES else self.kind,
+            logits_TE, r.top_k, active_T, self.budget, norm_topk=r.norm_topk, scale=r.scale,
+            kind=self.term or "router_sum",  # a static score_E replaces the in-kernel score
             reassign_mode=p.reassign, renormalize=p.renormalize, **extra,
         )  # fmt: skip
-        batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, L)
-        return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK), logits_TE
+        batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, self.layer)
+        return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK)
 
 
-BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}
+BACKENDS = ("torch", "triton")
+
+
+def runs_on_kernels(policy: Policy) -> bool:
+    """Can the kernels run this policy (its selector declares a kernel path; no coverage, no
+    `similar` re-routing)?"""
+    sel = policy.selector
+    return (sel is not None and (sel.kernel_term is not None or sel.static_score) and sel.coverage is None
+            and policy.reassign in KERNEL_REASSIGN)
+
+
+def make_selection(backend: str, policy: Policy, layer: int, num_experts: int, device: torch.device,
+                   router: SoftmaxTopK | None = None) -> TorchSelection:
+    """The selection of one layer under `backend`. `router`: the layer's router when route_select
+    may replace it (a plain softmax/top-k router, and no statistics that need the model's own
+    router call); None keeps the model's router."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "triton" and runs_on_kernels(policy):
+        return TritonSelection(policy, layer, num_experts, device, router)
+    return TorchSelection(policy, layer, device)

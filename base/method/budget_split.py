@@ -24,7 +24,7 @@ import heapq
 import torch
 from torch import Tensor
 
-from base.hf.calibrate import Calibration
+from base.method.calibration import Calibration
 
 
 def loss_curves(calib: Calibration, batch_size: int, max_batches: int = 256) -> Tensor:

@@ -2,7 +2,9 @@
 
 Recording never syncs the host and allocates nothing per step: rows go into a preallocated
 buffer at the index held by a device counter, so a decode step captured in a CUDA graph writes the
-row of the step it replays. `rows()` reads everything back once, after decoding.
+row of the step it replays. The first MoE layer's record opens the forward's row (every forward
+runs layer 0 first), so whoever drives the forward needs no call of its own. `rows()` reads
+everything back once, after decoding.
 
 Shapes: L MoE layers, S step capacity, F fields (FIELDS).
 """
@@ -33,6 +35,7 @@ class StatsRecorder:
         self.decode_S = torch.zeros(capacity, dtype=torch.bool, device=self.device)
         self.count_D = torch.zeros((), dtype=torch.long, device=self.device)  # steps begun
         self._host_steps = 0  # steps begun as the host saw them (eager calls; not graph replays)
+        self.version = 0  # bumped when the buffers are reallocated: a captured graph writes the old ones
         self._flags = {flag: torch.tensor([flag], device=self.device) for flag in (False, True)}
 
     @property
@@ -48,9 +51,10 @@ class StatsRecorder:
             L, _, F = self.rows_LSF.shape
             self.rows_LSF = torch.cat([self.rows_LSF, self.rows_LSF.new_zeros(L, extra, F)], dim=1)
             self.decode_S = torch.cat([self.decode_S, self.decode_S.new_zeros(extra)])
+            self.version += 1
 
-    def begin_step(self, decode: bool) -> None:
-        """Open the row of a new forward step (called once per model forward, in or out of a graph)."""
+    def _open(self, decode: bool) -> None:
+        """Open the row of a new forward step (once per model forward, in or out of a graph)."""
         if not _capturing(self.device):
             self.reserve(1)
             self._host_steps += 1
@@ -64,7 +68,10 @@ class StatsRecorder:
     def _row(self) -> Tensor:
         return (self.count_D - 1).clamp(0, self.capacity - 1).reshape(1)
 
-    def record(self, layer: int, stats: StepStats) -> None:
+    def record(self, layer: int, stats: StepStats, decode: bool) -> None:
+        """Write one layer's statistics into the current forward's row (layer 0 opens it)."""
+        if layer == 0:
+            self._open(decode)
         zero = stats.union.new_zeros((), dtype=torch.float32)
         values = [getattr(stats, f) if getattr(stats, f) is not None else zero for f in FIELDS]
         row_1F = torch.stack([v.to(torch.float32) for v in values]).reshape(1, -1)

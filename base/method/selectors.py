@@ -14,15 +14,21 @@ Most selectors are a per-pair term summed per expert (`aggregate_E`); they diffe
 `calib_freq` ranks by a static calibration frequency, `fixed` by expert id (no scoring: a timing
 baseline), `oea` keeps each token's top-k0, and `top1_union` keeps the union of each token's first
 choice, capped at the budget (the paper's selection-rule ablation).
+
+A selector is declared once, by its class: how it scores, what it needs (norms, calibration, a
+predictor, k0) and how the fused kernels can run it (`kernel_term` or `static_score`). The backends
+(base/method/backends.py) dispatch on those declarations; conf/method/<name>.yaml only names it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from base.registry import Registry
+from kernels.terms import TERMS
 from base.method.routing import RoutedBatch, aggregate_E, pair_counts_E, select_top_m
 
 SELECTORS: Registry[type[Selector]] = Registry("selector")
@@ -47,12 +53,15 @@ class Artifacts:
 class Selector:
     """Scores experts from a RoutedBatch; `keep` returns the kept set as a bool mask over E."""
 
-    needs_norms = False  # the patch must compute true ||E_u(z_t)|| for routed pairs
+    needs_norms = False  # the MoE block must compute true ||E_u(z_t)|| for routed pairs
     needs_calibration = False
     needs_predictor = False
     needs_k0 = False
     uses_budget = True
     supports_coverage = False  # scores are additive, non-negative costs (coverage is meaningful)
+    # How the fused kernels can run it (method.backend=triton); neither: PyTorch under every backend.
+    kernel_term: ClassVar[str | None] = None  # the per-pair term the kernels score (kernels/terms.py)
+    static_score: ClassVar[bool] = False  # the score is a fixed per-layer vector (static_score_E)
 
     def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None,
                  coverage: float | None = None) -> None:
@@ -73,6 +82,14 @@ class Selector:
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:  # -> term_TK
         raise NotImplementedError
+
+    def kernel_inputs(self, layer: int) -> dict[str, Tensor]:
+        """The per-layer tensors the kernel term needs (kernels.select_step's keyword names)."""
+        return {}
+
+    def static_score_E(self, layer: int, num_experts: int, device: torch.device) -> Tensor:
+        """A static selector's score of every expert (fp32; the kernels take it as score_E)."""
+        raise NotImplementedError(f"{self.name} has no static score")
 
     def score(self, batch: RoutedBatch) -> Tensor:  # -> score_E
         return aggregate_E(self.pair_term(batch), batch.topk_idx_TK, batch.active_T, batch.num_experts)
@@ -105,6 +122,8 @@ def coverage_selectors() -> list[str]:
 
 def register_selector(name: str):
     def deco(cls: type[Selector]) -> type[Selector]:
+        if cls.kernel_term is not None and cls.kernel_term not in TERMS:
+            raise ValueError(f"selector {name}: kernel_term {cls.kernel_term!r} is not one of {', '.join(TERMS)}")
         cls.name = name
         return SELECTORS.register(name)(cls)
 
@@ -120,6 +139,7 @@ class RouterSum(Selector):
     """The "router top-k" baseline: routing weight an expert receives, summed over the batch."""
 
     supports_coverage = True
+    kernel_term = "router_sum"
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         return _w(batch)
@@ -130,6 +150,7 @@ class RouterSq(Selector):
     """Squared routing weight: the cost model with every expert's output norm assumed equal."""
 
     supports_coverage = True
+    kernel_term = "router_sq"
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         return _w(batch) ** 2
@@ -138,6 +159,8 @@ class RouterSq(Selector):
 @register_selector("count")
 class Count(Selector):
     """How many tokens of the batch route to the expert; router_sum breaks ties."""
+
+    kernel_term = "count"
 
     def score(self, batch: RoutedBatch) -> Tensor:
         args = (batch.topk_idx_TK, batch.active_T, batch.num_experts)
@@ -153,9 +176,13 @@ class CalibFreq(Selector):
     """Static: how often the expert was in a token's top-k on calibration data."""
 
     needs_calibration = True
+    static_score = True
+
+    def static_score_E(self, layer: int, num_experts: int, device: torch.device) -> Tensor:
+        return self.artifacts.freq_LE[layer].to(device, torch.float32)
 
     def score(self, batch: RoutedBatch) -> Tensor:
-        return self.artifacts.freq_LE[batch.layer].to(batch.probs_TE.device, torch.float32)
+        return self.static_score_E(batch.layer, batch.num_experts, batch.probs_TE.device)
 
 
 @register_selector("calib_energy")
@@ -163,8 +190,11 @@ class CalibEnergy(Selector):
     """w^2 times the expert's mean squared output norm on calibration data (static energy)."""
 
     supports_coverage = True
-
     needs_calibration = True
+    kernel_term = "calib_energy"
+
+    def kernel_inputs(self, layer: int) -> dict[str, Tensor]:
+        return {"energy_E": self.artifacts.energy_LE[layer].float()}
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         energy_E = self.artifacts.energy_LE[batch.layer].to(batch.probs_TE.device, torch.float32)
@@ -178,9 +208,13 @@ class Fixed(Selector):
     Not a quality rule: the baseline against which a selector's scoring overhead is timed, since it
     keeps M experts through the same select/backfill path without computing any score."""
 
+    static_score = True
+
+    def static_score_E(self, layer: int, num_experts: int, device: torch.device) -> Tensor:
+        return -torch.arange(num_experts, device=device, dtype=torch.float32)
+
     def score(self, batch: RoutedBatch) -> Tensor:
-        E = batch.num_experts
-        return -torch.arange(E, device=batch.probs_TE.device, dtype=torch.float32)
+        return self.static_score_E(batch.layer, batch.num_experts, batch.probs_TE.device)
 
 
 def predicted_log_norm_TK(artifacts: Artifacts, batch: RoutedBatch) -> Tensor:
@@ -197,8 +231,11 @@ class Base(Selector):
     """BASE: w^2 * predicted ||E_u(z_t)||^2, the estimated change of the layer output if u is dropped."""
 
     supports_coverage = True
-
     needs_predictor = True
+    kernel_term = "base"
+
+    def kernel_inputs(self, layer: int) -> dict[str, Tensor]:
+        return {"pred_w_HE": self.artifacts.pred_w_LHE[layer], "pred_b_E": self.artifacts.pred_b_LE[layer].float()}
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         return _w(batch) ** 2 * torch.exp(2.0 * predicted_log_norm_TK(self.artifacts, batch))
@@ -249,6 +286,7 @@ class Anchored(Selector):
     is the plain score (reassignment's fallback uses it)."""
 
     needs_k0 = True
+    kernel_term = None  # the anchors tier the score: PyTorch only, whatever the base score's kernel
 
     def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
         score_E = self.score(batch)

@@ -14,12 +14,14 @@ from typing import Any
 import torch
 import yaml
 
+from base.files import atomic_write_text
 from base.run import outputs
 from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.config import ConfigError, RunConfig
-from base.hf.families import find_moe_layers, load_model, load_tokenizer
+from base.hf.budget import BudgetOptions, MoeBudget, install_budget
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model, load_tokenizer
 from base.run.logger import Logger
-from base.hf.patch import BudgetPatch, PatchOptions, patch_model
 from base.hf.placement import model_devices
 from base.run.preflight import preflight
 from base.method.selectors import SELECTORS, build_selector
@@ -27,15 +29,10 @@ from base.run.sweep import host_info
 from base.runtime.throughput import Variant
 
 
-def eos_ids(model, tokenizer) -> tuple[int, ...]:
-    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    return tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-
-
-def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
-                 k0: int | None = None) -> tuple[Any, dict]:
-    """A function (budget, record_stats) -> BudgetPatch for a method (the run's by default), and
-    where its artifacts came from."""
+def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
+                  k0: int | None = None) -> tuple[Any, dict]:
+    """A function (budget, record_stats) -> MoeBudget installed on the model for a method (the
+    run's by default), and where its artifacts came from."""
     m = cfg.method
     if name is None:  # the run's own method
         name, k0 = m.name, m.k0
@@ -60,18 +57,17 @@ def make_patcher(cfg: RunConfig, model, tokenizer, layers, name: str | None = No
         info.setdefault("layer_budgets", {})[str(budget)] = budgets
         return budgets
 
-    def make(budget: int | None, record_stats: bool | None = None) -> BudgetPatch:
+    def make(budget: int | None, record_stats: bool | None = None) -> MoeBudget:
         record = cfg.stats.enabled if record_stats is None else record_stats
         fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
-        opts = PatchOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
-                            apply_to=m.apply_to, record_stats=record,
-                            energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
-                            layer_budgets=layer_budgets(budget))
+        opts = BudgetOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
+                             apply_to=m.apply_to, record_stats=record,
+                             energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
+                             layer_budgets=layer_budgets(budget))
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
         sel = selector if (budget is not None or adaptive) else None
-        return patch_model(model, cfg.model.family, sel, opts, pad_token_id=tokenizer.pad_token_id,
-                           eos_token_ids=eos_ids(model, tokenizer))
+        return install_budget(model, cfg.model.family, sel, opts)
 
     return make, info
 
@@ -132,7 +128,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     if done is not None and done != chash:
         print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
     preflight(cfg)  # every bad input fails here, before anything is written or loaded
-    outputs.atomic_write_text(out / "config.yaml", resolved_config)
+    atomic_write_text(out / "config.yaml", resolved_config)
     (out / outputs.REPORT).unlink(missing_ok=True)
     logger = Logger(cfg.logger, out, out.name, yaml.safe_load(resolved_config))
     ok = False
@@ -193,14 +189,14 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     if cfg.stage == "throughput":
         from base.runtime.throughput import measure
 
-        patchers: dict[tuple, Any] = {}
+        budgeters: dict[tuple, Any] = {}
 
-        def make_variant(v: Variant, record: bool) -> BudgetPatch:
+        def make_variant(v: Variant, record: bool) -> MoeBudget:
             key = (v.method, v.k0)
-            if key not in patchers:
-                patchers[key], report.setdefault("artifacts_by_method", {})[v.label] = make_patcher(
+            if key not in budgeters:
+                budgeters[key], report.setdefault("artifacts_by_method", {})[v.label] = make_budgeter(
                     cfg, model, tokenizer, layers, v.method, v.k0)
-            return patchers[key](v.budget, record)
+            return budgeters[key](v.budget, record)
 
         rows, profile = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
         outputs.write_table(out / "throughput.csv", rows)
@@ -211,19 +207,19 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         _record_hardware(model, report)
         return
     # evaluate
-    make_patch, info = make_patcher(cfg, model, tokenizer, layers)
+    make_budget, info = make_budgeter(cfg, model, tokenizer, layers)
     report["artifacts"] = info
     from base.eval.evaluate import evaluate
 
-    patch = make_patch(cfg.budget)
+    budget = make_budget(cfg.budget)
     try:
         t0 = time.perf_counter()
-        result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, patch, cfg.root)
+        result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, budget, cfg.root)
         eval_s = time.perf_counter() - t0
-        step_rows = patch.stats_rows()
-        selects = patch.selector is not None
+        step_rows = budget.stats_rows()
+        selects = budget.selector is not None
     finally:
-        patch.remove()
+        budget.remove()
     idle = sorted(t for t, n in result.decode_steps_by_task.items() if n == 0)
     if selects and idle:
         raise ConfigError(f"task(s) {', '.join(idle)} ran no decode step: method={cfg.method.name} changes decode "

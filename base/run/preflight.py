@@ -15,7 +15,8 @@ import contextlib
 import difflib
 
 from base.config import ConfigError, RunConfig
-from base.hf.families import FAMILIES, hf_config
+from base.hf.families import FAMILIES
+from base.hf.loading import hf_config
 from base.method.selectors import SELECTORS
 
 

@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from base.run.outputs import atomic_write_text, file_lock
+from base.files import atomic_write_text, file_lock
 
 SUMMARY = "sweep_summary.csv"
 COLUMNS = ("run", "status", "error", "job", "overrides", "config_hash", "host", "pid", "gpu", "launcher",

@@ -1,6 +1,6 @@
 """Decode engine: prefill dense, then decode steps replayed from one CUDA graph per batch size.
 
-    engine = DecodeEngine(model, batch_size=16, max_len=640, patch=patch, eos_ids=(2,), pad_id=0)
+    engine = DecodeEngine(model, batch_size=16, max_len=640, budget=budget, eos_ids=(2,), pad_id=0)
     result = engine.generate(ids_BP, mask_BP, max_new=384)       # tokens_BN, step times
     engine.release()                                            # free the graph and the cache
 
@@ -11,8 +11,10 @@ position by the engine's attention function), the input token, per-row positions
 key-validity mask (no attention to empty or padded cache slots), finished rows, and the generated
 tokens. On a GPU each layer's attention and norms are compiled once before capture
 (base/runtime/regional.py) and its q/k/v projections are one GEMM (base/hf/fused_qkv.py), so the graph holds
-a few fused kernels per layer instead of dozens. The patch's selection state is on the device from patch time on and its
-statistics accumulate in device tensors (base/method/recorder.py), so a step never syncs the host.
+a few fused kernels per layer instead of dozens. Each step hands the budgeted model's MoE blocks
+their inputs explicitly (base/hf/budget.py: which rows are active, select, record); the selection
+state is on the device from the time the model is budgeted and the statistics accumulate in
+device tensors (base/method/recorder.py), so a step never syncs the host.
 On a CPU (or with graph=False) the same step function runs eagerly, and so does a model spread
 over several GPUs (model.device_map=auto): a CUDA graph records one device's stream, so the
 engine says so once and decodes eagerly; each layer's cache lives on that layer's GPU.
@@ -35,10 +37,11 @@ import torch
 from torch import Tensor, nn
 
 from base.hf.attention import StaticKV
+from base.hf.budget import MoeBudget, model_device
 from base.hf.fused_qkv import FusedQKV
-from base.hf.patch import BudgetPatch, model_device
 from base.hf.placement import model_devices
 from base.runtime.regional import RegionalCompile
+from base.runtime.sampling import Sampling
 
 _SAID: set[str] = set()
 
@@ -47,32 +50,6 @@ def _say_once(message: str) -> None:
     if message not in _SAID:
         _SAID.add(message)
         print(message, flush=True)
-
-
-@dataclass
-class Sampling:
-    """Greedy (do_sample False) or temperature / top-k / top-p sampling, in the graph."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def next_token(self, logits_BV: Tensor) -> Tensor:
-        if not self.do_sample:
-            return logits_BV.argmax(-1)
-        logits_BV = logits_BV.float() / max(self.temperature, 1e-5)
-        if self.top_k:
-            kth_B1 = logits_BV.topk(min(self.top_k, logits_BV.shape[-1]), dim=-1).values[:, -1:]
-            logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
-        if self.top_p is not None and self.top_p < 1.0:
-            sorted_BV, order_BV = logits_BV.sort(dim=-1, descending=True)
-            cum_BV = sorted_BV.softmax(-1).cumsum(-1)
-            drop_BV = (cum_BV - sorted_BV.softmax(-1)) > self.top_p  # keep the first token always
-            logits_BV = logits_BV.scatter(1, order_BV, sorted_BV.masked_fill(drop_BV, float("-inf")))
-        probs_BV = logits_BV.softmax(-1)
-        # Exponential race: argmax p / Exp(1) samples from p; graph-safe (no multinomial).
-        return (probs_BV / torch.empty_like(probs_BV).exponential_()).argmax(-1)
 
 
 @dataclass
@@ -90,10 +67,10 @@ def _has_logits_to_keep(model: nn.Module) -> bool:
 class DecodeEngine:
     """Static-shape prefill + decode for one batch size and cache length (see the module doc)."""
 
-    def __init__(self, model: nn.Module, batch_size: int, max_len: int, patch: BudgetPatch | None = None,
+    def __init__(self, model: nn.Module, batch_size: int, max_len: int, budget: MoeBudget | None = None,
                  eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
                  sampling: Sampling | None = None, compile: bool | None = None) -> None:
-        self.model, self.patch, self.B, self.L = model, patch, batch_size, max_len
+        self.model, self.budget, self.B, self.L = model, budget, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
         # transformers' `eager` experts loop branches on tensor values (nonzero): not capturable
@@ -128,23 +105,23 @@ class DecodeEngine:
         self.gen_i = torch.zeros(1, dtype=torch.long, device=dev)  # index of the next generated token
         self.out_BN = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_rows: Tensor | None = None  # the recorder buffer the graph writes into
+        self._graph_version = -1  # the recorder buffers the graph writes into (StatsRecorder.version)
 
     # ---- the step ----------------------------------------------------------------------------
-    def _forward(self, ids: Tensor, allowed_B1QL: Tensor, pos: Tensor):
-        """The model without a transformers cache: attention reads and writes self.cache."""
+    def _forward(self, ids: Tensor, allowed_B1QL: Tensor, pos: Tensor, decode: bool, active_T: Tensor):
+        """The model without a transformers cache: attention reads and writes self.cache; the MoE
+        blocks get this forward's inputs."""
         kw = {"logits_to_keep": 1} if self._has_keep else {}
-        with self.cache.active(self.model):
+        moe = self.budget.bound(self.budget.inputs(decode, active_T)) if self.budget is not None else nullcontext()
+        with self.cache.active(self.model), moe:
             return self.model(input_ids=ids, attention_mask=allowed_B1QL, position_ids=pos, use_cache=False, **kw)
 
     def _step(self) -> None:
         """One decode step on the static buffers; no host sync (captured as is)."""
         self.cache.sync()  # the write position on a spread model's other GPUs (no-op on one)
         self.valid_BL.index_fill_(1, self.pos_1, True)
-        if self.patch is not None:
-            self.patch.begin_forward(True, ~self.finished_B)
         with self.regions.enabled() if self.regions is not None else nullcontext():
-            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1)
+            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1, True, ~self.finished_B)
         nxt_B = self.sampling.next_token(out.logits[:, -1])
         self._emit(nxt_B)
         self.pos_1 += 1
@@ -184,10 +161,7 @@ class DecodeEngine:
         mask_B1PL[:, 0, :, :P] = causal_PP & mask.bool()[:, None, :]
         mask_B1PL[:, 0, :, :P] |= torch.eye(P, dtype=torch.bool, device=dev)  # pad queries: themselves
         self.cache.set_write_pos(torch.arange(P, device=dev))
-        if self.patch is not None:
-            self.patch.ctx.managed = True
-            self.patch.begin_forward(False, mask.reshape(-1).bool())
-        out = self._forward(ids, mask_B1PL, pos_BP)
+        out = self._forward(ids, mask_B1PL, pos_BP, False, mask.reshape(-1).bool())
         self.cache.set_write_pos(self.pos_1)  # decode steps write at pos_1 (the graph reads this tensor)
         self.cache.host_len = P
         if self.out_BN.shape[1] < max_new:
@@ -221,20 +195,20 @@ class DecodeEngine:
                 f"{impl!r}, dtype {self.dtype}. Use model.experts_impl=base_triton (or grouped_mm in bf16), "
                 f"or decode eagerly (eval.engine=off)") from err
         self._graph = graph
-        self._graph_rows = self.patch.recorder.rows_LSF if self.patch is not None else None
+        self._graph_version = self.budget.recorder.version if self.budget is not None else -1
 
     def _graph_stale(self) -> bool:
-        """A graph writes statistics into the recorder buffer it was captured with; once the
+        """A graph writes statistics into the recorder buffers it was captured with; once the
         recorder has grown (a long evaluation), the step is captured again."""
-        return self.patch is not None and self.patch.recorder.rows_LSF is not self._graph_rows
+        return self.budget is not None and self.budget.recorder.version != self._graph_version
 
     @torch.no_grad()
     def decode(self, steps: int, timed: bool = False,
                after_step: Callable[[int], None] | None = None) -> tuple[list[float], int]:
         """Run `steps` decode steps after a prefill. Returns (per-step ms of timed graph replays,
         steps run eagerly). `after_step(i)` runs on the host after step i (it may sync)."""
-        if self.patch is not None:
-            self.patch.recorder.reserve(steps + 1)
+        if self.budget is not None:
+            self.budget.recorder.reserve(steps + 1)
         eager, events = 0, []
         for i in range(steps):
             if not self.graph_enabled:
@@ -258,8 +232,8 @@ class DecodeEngine:
             ms = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
         else:
             ms = []
-        if self.patch is not None:
-            self.patch.recorder.advance_host(steps - eager)
+        if self.budget is not None:
+            self.budget.recorder.advance_host(steps - eager)
         self.cache.host_len += steps
         return ms, eager
 
@@ -292,12 +266,10 @@ class DecodeEngine:
             ms += m
             eager += e
             steps += chunk
-        if self.patch is not None:
-            self.patch.ctx.managed = False
         return GenerateResult(self.out_BN[:b, : steps + 1].cpu(), steps, ms, eager)
 
     def release(self) -> None:
-        """Free the graph and the cache (another patch or batch size needs its own) and restore
+        """Free the graph and the cache (another budget or batch size needs its own) and restore
         the model's own forwards."""
         self._graph = None
         self.cache.release(self.model)
@@ -308,5 +280,3 @@ class DecodeEngine:
         if self.fused_qkv is not None:
             self.fused_qkv.remove()
             self.fused_qkv = None
-        if self.patch is not None:
-            self.patch.ctx.managed = False

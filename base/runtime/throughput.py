@@ -31,7 +31,7 @@ from torch import nn
 
 from base.config import ThroughputConfig
 from base.runtime.engine import DecodeEngine
-from base.hf.patch import BudgetPatch
+from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
 
 SKIP_EXPERTS = "base_skip"
@@ -99,14 +99,14 @@ class _ExpertsImpl:
             self.model.set_experts_implementation(self.before or "eager")
 
 
-def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
+def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant, bs: int,
             cfg: ThroughputConfig, ids_BP: torch.Tensor, stats: bool, steps: int,
             graph: bool | None = None) -> tuple[list[float], float, list[dict], float]:
     """Decode `steps` steps of variant v with a cache for gen_tokens; (per-step ms of the timed
     replays after `warmup` untimed ones, wall s, stats rows, warm-up s: compilation of regions
     not compiled before at this shape, capture and the untimed replays)."""
-    patch = make_patch(v, stats)
-    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=graph,
+    budget = make_budget(v, stats)
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=graph,
                           compile=None if (cfg.compile and graph is None) else False)
     try:
         mask_BP = torch.ones_like(ids_BP)
@@ -123,22 +123,22 @@ def _decode(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
         ms, _ = engine.decode(steps, timed=True)
         _sync(engine.devices)
         wall = time.perf_counter() - t0
-        rows = [r for r in patch.stats_rows() if r["decode"]] if (patch is not None and stats) else []
+        rows = [r for r in budget.stats_rows() if r["decode"]] if (budget is not None and stats) else []
     finally:
         engine.release()
-        if patch is not None:
-            patch.remove()
+        if budget is not None:
+            budget.remove()
     return ms, wall, rows, warm_s
 
 
-def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant, bs: int,
+def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant, bs: int,
              cfg: ThroughputConfig, ids_BP: torch.Tensor) -> dict[str, float]:
     """ms per step by kernel class over `stats_steps` eager steps (base/runtime/profile.py)."""
     from base.runtime.profile import profile_steps
 
-    patch = make_patch(v, False)
+    budget = make_budget(v, False)
     # the graph's kernels, run eagerly: compiled regions as in the timed pass
-    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, patch=patch, graph=False,
+    engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=False,
                           compile=cfg.compile and ids_BP.device.type == "cuda")
     try:
         engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
@@ -147,11 +147,11 @@ def _profile(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch
         return profile_steps(model, lambda: engine.decode(steps), steps)
     finally:
         engine.release()
-        if patch is not None:
-            patch.remove()
+        if budget is not None:
+            budget.remove()
 
 
-def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None], v: Variant,
+def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant,
                  bs: int, cfg: ThroughputConfig, ids_BP: torch.Tensor, extra_passes: bool) -> dict:
     """The timed pass, the statistics pass and (CUDA, extra_passes) the non-expert pass of one
     configuration: its row of throughput.csv (speed-up added later)."""
@@ -159,7 +159,7 @@ def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetP
     devices = model_devices(model)
     _peak_reset(devices)
     steps = cfg.timed_steps or cfg.gen_tokens - 1  # the prefill makes the first token
-    ms, wall, _, warm_s = _decode(model, make_patch, v, bs, cfg, ids_BP, False, steps)
+    ms, wall, _, warm_s = _decode(model, make_budget, v, bs, cfg, ids_BP, False, steps)
     step_ms = statistics.median(ms) if ms else 1e3 * wall / steps
     row = {
         "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
@@ -169,19 +169,19 @@ def _measure_one(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetP
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
         "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(devices), "gpus": len(devices),
     }
-    _, _, stats_rows, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, True, cfg.stats_steps)
+    _, _, stats_rows, _ = _decode(model, make_budget, v, bs, cfg, ids_BP, True, cfg.stats_steps)
     n = max(1, len(stats_rows))
     row["union_mean"] = sum(r["union"] for r in stats_rows) / n
     row["kept_mean"] = sum(r["kept"] for r in stats_rows) / n
     if device.type == "cuda" and cfg.non_expert and extra_passes:
         with _ExpertsImpl(model, SKIP_EXPERTS):
-            ne, _, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps)
+            ne, _, _, _ = _decode(model, make_budget, v, bs, cfg, ids_BP, False, cfg.stats_steps)
         row["non_expert_ms"] = statistics.median(ne) if ne else None
         row["moe_share"] = 1 - row["non_expert_ms"] / step_ms if ne else None
     return row
 
 
-def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch | None],
+def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
             variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict]]:
     """One row per (batch size, variant), see the module doc for the columns; and at
     cfg.profile_batch, one row per (variant, kernel class) with ms per step (base/runtime/profile.py)."""
@@ -200,17 +200,17 @@ def measure(model: nn.Module, make_patch: Callable[[Variant, bool], BudgetPatch 
             t0 = time.perf_counter()
             extra = v.budget is None or v.budget == first_budget
             with _ExpertsImpl(model, v.experts_impl):
-                row = _measure_one(model, make_patch, v, bs, cfg, ids_BP, extra)
+                row = _measure_one(model, make_budget, v, bs, cfg, ids_BP, extra)
                 rows.append(row)
                 if cuda and cfg.eager_reference and bs == cfg.batch_sizes[0] and i == 0:
-                    _, wall, _, _ = _decode(model, make_patch, v, bs, cfg, ids_BP, False, cfg.stats_steps, graph=False)
+                    _, wall, _, _ = _decode(model, make_budget, v, bs, cfg, ids_BP, False, cfg.stats_steps, graph=False)
                     eager_ms = 1e3 * wall / cfg.stats_steps
                     rows.append({**row, "mode": "eager", "compiled": False, "warmup_s": None,
                                  "steps": cfg.stats_steps, "ms_per_step": eager_ms,
                                  "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
                                  "moe_share": None})
                 if bs == cfg.profile_batch and extra:
-                    for cls, ms in _profile(model, make_patch, v, bs, cfg, ids_BP).items():
+                    for cls, ms in _profile(model, make_budget, v, bs, cfg, ids_BP).items():
                         profile.append({"batch_size": bs, "variant": v.label, "budget": v.budget, "class": cls,
                                         "ms_per_step": ms, "graph_ms_per_step": row["ms_per_step"]})
             row["config_s"] = time.perf_counter() - t0

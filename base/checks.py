@@ -1,0 +1,45 @@
+"""ConfigError and the checks every typed config uses: each names the valid choices or range."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the valid choices or range."""
+
+
+def check_choice(what: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(valid)}")
+
+
+def check_int(what: str, value: Any, low: int, high: int | None = None, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value))
+        except ValueError:
+            rng = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
+            raise ConfigError(f"{what}={value!r} must be {rng}{' or null' if allow_none else ''}") from None
+    if value < low or (high is not None and value > high):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ConfigError(f"{what}={value} is out of range: must be {rng}{' or null' if allow_none else ''}")
+    return value
+
+
+def check_float(what: str, value: Any, low: float | None = None, high: float | None = None,
+           low_open: bool = False) -> float:
+    """A float in [low, high] ((low, high] when low_open); the message names the range."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    lo_ok = low is None or (v > low if low_open else v >= low)
+    hi_ok = high is None or v <= high
+    if math.isnan(v) or not (lo_ok and hi_ok):
+        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        raise ConfigError(f"{what}={value!r} is out of range: must be a number {' and '.join(x for x in (lo, hi) if x)}")
+    return v

@@ -1,0 +1,149 @@
+"""Generation requests decoded in batches, as concurrent serving would batch them.
+
+    batches = DecodeBatches(model, tokenizer, budget, codec, 16, eval_cfg, seed=0, max_length=2048, device=dev)
+    texts = batches.run(requests)              # one text per Request, in the requests' order
+    batches.release()
+
+lm-eval sorts generation requests by length, which groups similar requests and hides the union
+growth BASE targets; with `order=mixed` the requests of all tasks of a run are shuffled with the
+batching seed and cut into batches of `batch_size`, each row keeping its own stop strings and
+token limit. Each batch decodes through the engine (base/runtime/engine.py: CUDA graphs on a GPU,
+one graph reused by every batch) or transformers' generate (base/eval/generate.py); with
+`eval.fidelity` the dense model's continuation is then re-decoded teacher-forced
+(base/eval/fidelity.py). Per batch it keeps which requests shared it and how many decode steps
+each row ran, which the run's tables report.
+
+Shapes: B rows, P prompt positions, N new tokens.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from base.config import EvalConfig
+from base.eval.fidelity import teacher_forced
+from base.eval.generate import budgeted_generate, ended_token_ids
+from base.eval.stops import RowStops
+from base.hf.budget import MoeBudget
+
+
+@dataclass(frozen=True)
+class Request:
+    context: str
+    until: list[str]  # stop strings
+    max_new: int  # new-token limit
+    task: str
+    doc_id: int
+
+
+class Codec(Protocol):
+    """Tokenisation as lm-eval's HFLM does it (left padding, truncation, special tokens)."""
+
+    def tok_batch_encode(self, strings: list[str], left_truncate_len: int | None = None) -> tuple[Tensor, Tensor]: ...
+    def tok_encode(self, string: str) -> list[int]: ...
+    def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+def _truncate(text: str, until: list[str]) -> str:
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+class DecodeBatches:
+    """Decode batches of one evaluation (see the module doc) and what they did."""
+
+    def __init__(self, model: nn.Module, tokenizer, budget: MoeBudget | None, codec: Codec, batch_size: int,
+                 cfg: EvalConfig, seed: int, max_length: int, device: torch.device) -> None:
+        self.model, self.tok, self.budget, self.codec = model, tokenizer, budget, codec
+        self.batch_size, self.cfg, self.seed, self.max_length, self.device = batch_size, cfg, seed, max_length, device
+        self.use_engine = cfg.engine == "on" or (cfg.engine == "auto" and self.device.type == "cuda")
+        self.ended = ended_token_ids(model, tokenizer)
+        self._engine = None
+        self.decode_batches = 0
+        self.decode_steps = 0  # decode forwards over all batches
+        self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
+        self.fidelity_rows: list[dict[str, float]] = []  # eval.fidelity: one row per (decode batch, step)
+        self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch
+
+    def order(self, requests: list[Request]) -> list[int]:
+        """Request indices in decoding order: mixed (seeded shuffle) or lm-eval's longest first."""
+        order = list(range(len(requests)))
+        if self.cfg.order == "mixed":
+            random.Random(self.seed).shuffle(order)
+        else:
+            order.sort(key=lambda i: -len(self.codec.tok_encode(requests[i].context)))
+        return order
+
+    def run(self, requests: list[Request], disable_tqdm: bool = False) -> list[str]:
+        results: list[str | None] = [None] * len(requests)
+        order = self.order(requests)
+        bs = self.batch_size
+        for start in tqdm(range(0, len(order), bs), desc="generate", disable=disable_tqdm):
+            ids = order[start:start + bs]
+            texts, row_steps = self._decode([requests[i] for i in ids])
+            for i, text, n in zip(ids, texts, row_steps):
+                r = requests[i]
+                results[i] = text
+                self.batch_of[(r.task, r.doc_id)] = self.decode_batches - 1
+                self.decode_steps_by_task[r.task] = self.decode_steps_by_task.get(r.task, 0) + n
+        return results  # type: ignore[return-value]
+
+    def _decode(self, batch: list[Request]) -> tuple[list[str], list[int]]:
+        """One decode batch: texts, and each row's decode steps until it finished."""
+        untils, max_new = [r.until for r in batch], [r.max_new for r in batch]
+        enc, mask = self.codec.tok_batch_encode([r.context for r in batch],
+                                                left_truncate_len=self.max_length - max(max_new))
+        enc, mask = enc.to(self.device), mask.to(self.device)
+        eos = {self.tok.eos_token_id} | ({self.tok.pad_token_id} - {None})
+        stops = RowStops(self.tok, enc.shape[1], untils, max_new, eos)
+        if self.use_engine:
+            new = self._engine_for(enc.shape[1] + max(max_new), eos).generate(
+                enc, mask, max(max_new), stop=stops.done_rows).tokens_BN
+        else:
+            new = budgeted_generate(self.model, self.budget, enc, mask, max(max_new), stops, self.ended,
+                                    self.tok.pad_token_id, **self._sampling())
+        if self.cfg.fidelity and self.budget is not None:
+            dense_stops = RowStops(self.tok, enc.shape[1], untils, max_new, eos)
+            for row in teacher_forced(self.model, self.budget, enc, mask, dense_stops, max(max_new),
+                                      self.tok.pad_token_id, self.ended):
+                self.fidelity_rows.append({"decode_batch": self.decode_batches, **row})
+        self.decode_batches += 1
+        self.decode_steps += max(0, new.shape[1] - 1)  # the first new token comes from the prefill
+        row_steps = [max(0, stops.lengths.get(i, new.shape[1]) - 1) for i in range(len(batch))]
+        texts = [_truncate(self.codec.tok_decode(row[:n], skip_special_tokens=True), until)
+                 for row, until, n in zip(new.tolist(), untils, max_new)]
+        return texts, row_steps
+
+    def _sampling(self) -> dict[str, Any]:
+        c = self.cfg
+        if c.do_sample:
+            return {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k}
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+
+    def _engine_for(self, need: int, eos: set[int]):
+        """One engine for the evaluation (one CUDA graph reused by every batch; a short last batch
+        fills its spare rows with finished padding), rebuilt only for a longer cache. The host
+        checks the stop strings after every step, so rows finish exactly when generate's would."""
+        from base.runtime.engine import DecodeEngine
+        from base.runtime.sampling import Sampling
+
+        if self._engine is None or self._engine.L < need:
+            if self._engine is not None:
+                self._engine.release()
+            c = self.cfg
+            sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
+            self._engine = DecodeEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
+                                        eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling)
+        return self._engine
+
+    def release(self) -> None:
+        if self._engine is not None:
+            self._engine.release()
+            self._engine = None

@@ -1,0 +1,109 @@
+"""Loading a model and its tokenizer from a typed ModelConfig: a local checkpoint, or the exact
+architecture with random weights (`model.init=random`), on one device or spread over GPUs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from base.config import ConfigError, ModelConfig
+from base.hf.families import FAMILIES
+
+
+def resolve_path(path: str, root: Path) -> str:
+    """Local directories resolve against the repo root; anything else is a hub id."""
+    p = Path(path)
+    if p.is_absolute():
+        return str(p)
+    return str(root / p) if (root / p).exists() else path
+
+
+def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
+    family = FAMILIES.get(cfg.family)
+    if cfg.init == "random":
+        return AutoConfig.for_model(family.model_type, **cfg.arch)
+    try:
+        return AutoConfig.from_pretrained(resolve_path(cfg.path, root), trust_remote_code=cfg.trust_remote_code)
+    except OSError as err:
+        raise ConfigError(
+            f"model {cfg.name}: cannot load {cfg.path!r} ({type(err).__name__}); point model.path at a local "
+            f"checkpoint directory, or use model.init=random to build the architecture with random weights"
+        ) from err
+
+
+def num_experts(cfg: ModelConfig, root: Path) -> int:
+    return int(getattr(hf_config(cfg, root), FAMILIES.get(cfg.family).experts_key))
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | None = None) -> nn.Module:
+    """The model in eval mode on its device. `init=random` builds the exact architecture offline."""
+    dtype = getattr(torch, cfg.dtype)
+    device = pick_device(cfg.device)
+    if experts_impl is None and device.type == "cuda":
+        experts_impl = "base_triton"  # capturable in a CUDA graph in any dtype (grouped_mm: bf16 only)
+    if experts_impl == "base_triton":
+        from base.hf.experts_impl import register_base_triton
+
+        register_base_triton()
+    kwargs = {"experts_implementation": experts_impl} if experts_impl else {}
+    if cfg.device_map is not None:
+        from base.hf.placement import load_on_devices
+
+        hf = hf_config(cfg, root) if cfg.init == "random" else None
+        model = load_on_devices(cfg, hf, resolve_path(cfg.path, root), dtype,
+                                {**kwargs, "trust_remote_code": cfg.trust_remote_code}, seed)
+    elif cfg.init == "random":
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                hf_config(cfg, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
+            )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_path(cfg.path, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
+        )
+        model.to(device)
+    model.eval()
+    if cfg.routing == "skewed":
+        from base.hf.skew import skew_routing
+
+        family = FAMILIES.get(cfg.family)
+        model.base_skew_report = skew_routing(model, family, family.renormalizes(model.config), cfg.skew_ratio, seed)
+    return model
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer built in code, for random-weight models that ship none."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for special in ("<pad>", "<eos>"):
+        vocab[special] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left"
+    )
+
+
+def load_tokenizer(cfg: ModelConfig, root: Path):
+    source = cfg.tokenizer or cfg.path
+    if source == "bytes":
+        return byte_tokenizer()
+    tok = AutoTokenizer.from_pretrained(resolve_path(source, root), trust_remote_code=cfg.trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok

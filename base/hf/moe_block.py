@@ -1,0 +1,116 @@
+"""The project's own sparse-MoE block: router -> selection -> experts -> shared experts, in one forward.
+
+When a model is budgeted (base/hf/budget.py), each family's sparse-MoE block is replaced by a
+`BudgetedMoE` that holds the original's router, experts and shared experts as children under the
+same names (state dict keys, device maps and the experts implementation are unchanged) and runs
+the block itself, as gpt-fast's MOEFeedForward and vLLM's FusedMoE layer do:
+
+    x_TH = hidden_BSH.reshape(-1, H)
+    route: the model's router, or route_select in place of its softmax/top-k (fused kernels)
+    select: the layer's selection (base/method/backends.py), when this forward selects
+    record: the step's statistics into the forward's recorder, when it records
+    y_TH = experts(x_TH, idx_TK, w_TK)                     # transformers' or base_triton
+    the family's shared experts, and the block's shape back
+
+What a forward needs comes in explicitly: whoever drives the forward (the decode engine, the
+generate loop, the fidelity pass) makes a `StepInputs` and hands it to every block for that
+forward (`MoeBudget.bound`). Without one the block is the model's own: its routing, nothing
+recorded. Dense is this block with no selection.
+
+Shapes: B sequences, S positions, T = B*S tokens, H hidden, E experts, K top-k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from base.hf.families import Family
+from base.method.backends import TorchSelection
+from base.method.policy import Decision, dense_decision
+from base.method.recorder import StatsRecorder
+from base.method.routing import RoutedBatch, step_stats
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What every MoE block needs to know about one model forward."""
+
+    active_T: Tensor  # bool: rows that score and join the union (not padding, not finished, not ended)
+    select: bool  # run the layer's selection (a budgeted decode step; every forward with apply_to=all)
+    recorder: StatsRecorder | None  # where this forward's selection statistics go; None: nowhere
+    decode: bool = True  # the kind of the recorded row
+
+
+def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
+    """||E_u(z_t)|| for every routed pair, through the experts module's own implementation.
+
+    Each (t, u) pair becomes one row routed to u alone with weight 1, so the output row is E_u(z_t).
+    """
+    T, K = idx_TK.shape
+    x_PH = z_TH.repeat_interleave(K, dim=0)
+    w_P1 = torch.ones(T * K, 1, dtype=z_TH.dtype, device=z_TH.device)
+    out_PH = experts(x_PH, idx_TK.reshape(-1, 1), w_P1)
+    return out_PH.float().norm(dim=-1).reshape(T, K)
+
+
+def output_error(experts: nn.Module, batch: RoutedBatch, decision: Decision) -> tuple[Tensor, Tensor]:
+    """(sum ||y_budget - y_dense||^2, sum ||y_dense||^2) over the active tokens of one layer and step,
+    y the routed experts' output (shared experts, equal in both, left out). Runs the experts twice."""
+    y_dense_TH = experts(batch.z_TH, batch.topk_idx_TK, batch.topk_w_TK).float()
+    active_T1 = batch.active_T[:, None]
+    dense = torch.where(active_T1, y_dense_TH, 0.0).pow(2).sum()
+    if decision.topk_idx_TK is None:  # the router's own routing: no error
+        return dense.new_zeros(()), dense
+    y_budget_TH = experts(batch.z_TH, decision.topk_idx_TK, decision.topk_w_TK.to(batch.topk_w_TK.dtype)).float()
+    err = torch.where(active_T1, y_budget_TH - y_dense_TH, 0.0).pow(2).sum()
+    return err, dense
+
+
+class BudgetedMoE(nn.Module):
+    """A family's sparse-MoE block, owned (see the module doc). `selection` None: dense."""
+
+    def __init__(self, block: nn.Module, index: int, family: Family, selection: TorchSelection | None) -> None:
+        super().__init__()
+        for name in family.block_children:  # the original's children, under their own names
+            setattr(self, name, getattr(block, name))
+        self.index, self.family, self.selection = index, family, selection
+        self.step: StepInputs | None = None  # this forward's inputs (MoeBudget.bound)
+
+    def forward(self, hidden_BSH: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
+        idx_TK, w_TK = self.route(x_TH, self.step)
+        y_TH = self.experts(x_TH, idx_TK, w_TK)
+        out_BSH = self.family.combine(self, hidden_BSH, x_TH, y_TH)
+        return (out_BSH, w_TK) if self.family.returns_router_scores else out_BSH
+
+    def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor]:
+        """(topk_idx_TK, topk_w_TK) the experts run: the router's own, or the selection's."""
+        router = self._modules[self.family.router_attr]
+        if step is None or not (step.select or step.recorder is not None):
+            _, w_TK, idx_TK = router(x_TH)
+            return idx_TK, w_TK
+        active_T = step.active_T.to(x_TH.device)  # a layer on another GPU of a spread model; no-op on one
+        if step.select and self.selection.fused_route:
+            batch, decision = self.selection.route(x_TH.to(router.weight.dtype), active_T)
+        else:
+            logits_TE, w_TK, idx_TK = router(x_TH)
+            probs_TE = torch.softmax(logits_TE.reshape(x_TH.shape[0], -1).float(), dim=-1)
+            batch = RoutedBatch(x_TH, probs_TE, idx_TK, w_TK, active_T, self.index)
+            energy = step.recorder is not None and step.recorder.energy
+            if energy or (step.select and self.selection.policy.selector.needs_norms):
+                batch.norms_TK = expert_norms_TK(self.experts, x_TH, idx_TK)
+            decision = self.selection.select(batch) if step.select else dense_decision(batch)
+        if step.recorder is not None:
+            self._record(step, batch, decision)
+        if decision.topk_idx_TK is None:
+            return batch.topk_idx_TK, batch.topk_w_TK
+        return decision.topk_idx_TK, decision.topk_w_TK
+
+    def _record(self, step: StepInputs, batch: RoutedBatch, decision: Decision) -> None:
+        """The step's statistics; with the recorder's fidelity, also the MoE-output error against dense."""
+        stats = step_stats(batch, decision.keep_E, decision.topk_idx_TK)
+        if step.recorder.fidelity:
+            stats.out_err, stats.out_dense = output_error(self.experts, batch, decision)
+        step.recorder.record(self.index, stats, step.decode)
