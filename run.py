@@ -5,8 +5,8 @@
     python run.py model=qwen3_30b model.init=random model.device=meta stage=describe logger=none
 
 Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, report.json, CSVs);
-a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Launchers (README,
-"Running on a cluster"): hydra/launcher=local_gpus | joblib | submitit_local | slurm | ray.
+a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Launchers
+(docs/cluster.md): hydra/launcher=local_gpus | joblib | submitit_local | slurm | ray.
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def headline_table(df: pd.DataFrame, batch: int = 16) -> pd.DataFrame:
-    """The README's table: one row per (model, routing) at one batch size."""
+    """results/README.md's table: one row per (model, routing) at one batch size."""
     g = df[(df["mode"] == "graph") & (df["batch_size"] == batch)]
     out = []
     for (model, routing), one in g.groupby(["model", "routing"]):

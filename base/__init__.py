@@ -11,5 +11,5 @@ Packages by concern, each importing only the ones listed after it (tests/test_la
     method/   the paper's idea on plain tensors: routing, selectors, budget rules, predictor,
               selection statistics, and the backends that run a selection (PyTorch or kernels/)
 Modules beside them are shared by all: config.py (the typed run configuration), registry.py,
-errors.py, files.py.
+checks.py (ConfigError and the value checks), files.py (atomic writes, locks).
 """

@@ -5,7 +5,7 @@
 What an evaluation does, without lm-eval (which GPU hosts lack): the mini tasks' prompts, mixed
 across domains with a seed, cut into decode batches; every row stops at its own stop string
 ("\\n") or token limit (24), and finished rows leave the union, exactly as in base/eval/evaluate.py
-(both paths use base/stops.RowStops). On a GPU the engine replays a CUDA graph and checks the stop
+(both paths use base/eval/stops.RowStops). On a GPU the engine replays a CUDA graph and checks the stop
 strings on the host after every step; on a CPU it runs eagerly. Reports, per path: seconds,
 decode steps (batch forwards) and steps per second, and the share of answers equal between paths.
 Selectors that need calibration artifacts (calib_*, base) are not offered: this measures decoding.
@@ -24,7 +24,8 @@ import yaml
 from base.config import ModelConfig
 from base.runtime.engine import DecodeEngine
 from base.hf.loading import load_model, load_tokenizer
-from base.hf.patch import PatchOptions, patch_model
+from base.eval.generate import budgeted_generate, ended_token_ids
+from base.hf.budget import BudgetOptions, install_budget
 from base.method.selectors import build_selector
 from base.eval.stops import RowStops
 
@@ -39,26 +40,22 @@ def mini_prompts(n: int, seed: int) -> list[str]:
     return [r["prompt"] for r in rows[:n]]
 
 
-def decode_all(model, tok, patch, prompts: list[str], batch_size: int, max_new: int, engine: bool) -> tuple[list[str], int]:
+def decode_all(model, tok, budget, prompts: list[str], batch_size: int, max_new: int, engine: bool) -> tuple[list[str], int]:
     """Answers and decode steps over all batches, through generate or the engine."""
     eos = {tok.eos_token_id} | ({tok.pad_token_id} - {None})
     answers, steps = [], 0
-    eng = DecodeEngine(model, batch_size, 256, patch=patch, eos_ids=tuple(sorted(eos)), pad_id=tok.pad_token_id) \
+    eng = DecodeEngine(model, batch_size, 256, budget=budget, eos_ids=tuple(sorted(eos)), pad_id=tok.pad_token_id) \
         if engine else None
     device = next(model.parameters()).device
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         enc = tok(batch, return_tensors="pt", padding=True).to(device)
-        stops = RowStops(tok, enc["input_ids"].shape[1], [["\n"]] * len(batch), [max_new] * len(batch), eos,
-                         None if engine else patch)
+        stops = RowStops(tok, enc["input_ids"].shape[1], [["\n"]] * len(batch), [max_new] * len(batch), eos)
         if engine:
             new = eng.generate(enc["input_ids"], enc["attention_mask"], max_new, stop=stops.done_rows).tokens_BN
         else:
-            if patch is not None:
-                patch.ctx.finished_B = None
-            with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id,
-                                     stopping_criteria=[stops])
+            out = budgeted_generate(model, budget, enc["input_ids"], enc["attention_mask"], ended_token_ids(model, tok),
+                                    stops, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
             new = out[:, enc["input_ids"].shape[1]:].cpu()
         steps += max(0, new.shape[1] - 1)
         answers += [tok.decode(row, skip_special_tokens=True).split("\n")[0] for row in new.tolist()]
@@ -88,18 +85,17 @@ def main() -> None:
               "prompts": len(prompts), "device": str(next(model.parameters()).device)}
     answers = {}
     for path in ("generate", "engine"):
-        patch = patch_model(model, cfg.family, selector, PatchOptions(budget=args.budget, record_stats=False),
-                            pad_token_id=tok.pad_token_id)
+        budget = install_budget(model, cfg.family, selector, BudgetOptions(budget=args.budget, record_stats=False))
         try:
-            decode_all(model, tok, patch, prompts[: args.batch_size], args.batch_size, args.max_new, path == "engine")
+            decode_all(model, tok, budget, prompts[: args.batch_size], args.batch_size, args.max_new, path == "engine")
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            answers[path], steps = decode_all(model, tok, patch, prompts, args.batch_size, args.max_new,
+            answers[path], steps = decode_all(model, tok, budget, prompts, args.batch_size, args.max_new,
                                               path == "engine")
             seconds = time.perf_counter() - t0
         finally:
-            patch.remove()
+            budget.remove()
         result[path] = {"seconds": seconds, "decode_steps": steps, "steps_per_s": steps / seconds}
         print(f"[eval_speed] {path}: {seconds:.2f} s, {steps} decode steps, {steps / seconds:.1f} steps/s", flush=True)
     result["same_answers"] = sum(a == b for a, b in zip(answers["generate"], answers["engine"])) / len(prompts)

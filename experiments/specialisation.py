@@ -25,7 +25,8 @@ from base.hf.families import find_moe_layers
 from base.hf.loading import load_model, load_tokenizer
 from base.files import atomic_write_text
 from base.run.outputs import write_table
-from base.hf.patch import PatchOptions, patch_model
+from base.eval.generate import budgeted_generate
+from base.hf.budget import BudgetOptions, install_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,13 +69,14 @@ def histograms(model, tok, layers, examples: list[dict], batch: int = 32) -> tor
 @torch.no_grad()
 def decode_union(model, tok, family: str, prompts: list[str], max_new: int) -> list[float]:
     """Mean dense union per MoE layer over the decode steps of one batch."""
-    patch = patch_model(model, family, None, PatchOptions(budget=None), pad_token_id=tok.pad_token_id)
+    budget = install_budget(model, family, None, BudgetOptions(budget=None))
     try:
         enc = tok(prompts, return_tensors="pt", padding=True)
-        model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
-        df = pd.DataFrame([r for r in patch.stats_rows() if r["decode"]])
+        budgeted_generate(model, budget, enc["input_ids"], enc["attention_mask"], (tok.pad_token_id,),
+                          max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
+        df = pd.DataFrame([r for r in budget.stats_rows() if r["decode"]])
     finally:
-        patch.remove()
+        budget.remove()
     return df.groupby("layer")["union"].mean().tolist()
 
 

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from base.config import ModelConfig
 from base.hf.families import MoeLayer, find_moe_layers
-from base.hf.patch import BudgetPatch, PatchOptions, patch_model
+from base.hf.budget import BudgetOptions, MoeBudget, install_budget
 from base.method.routing import RoutedBatch
 from base.method.selectors import Artifacts, Selector
 
@@ -157,13 +157,21 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 @contextmanager
-def patched(model: nn.Module, family: str, selector: Selector | None, options: PatchOptions,
-            pad_token_id: int | None = PAD_ID) -> Iterator[BudgetPatch]:
-    patch = patch_model(model, family, selector, options, pad_token_id=pad_token_id)
+def budgeted(model: nn.Module, family: str, selector: Selector | None, options: BudgetOptions) -> Iterator[MoeBudget]:
+    budget = install_budget(model, family, selector, options)
     try:
-        yield patch
+        yield budget
     finally:
-        patch.remove()
+        budget.remove()
+
+
+def generate(model: nn.Module, budget: MoeBudget | None, ids: Tensor, mask: Tensor, new: int, **kwargs):
+    """Greedy `generate` of `new` tokens through the budget (base/eval/generate.py), with logits;
+    a row fed the pad token has ended."""
+    from base.eval.generate import budgeted_generate
+
+    return budgeted_generate(model, budget, ids, mask, (PAD_ID,), max_new_tokens=new, do_sample=False,
+                             pad_token_id=PAD_ID, return_dict_in_generate=True, output_logits=True, **kwargs)
 
 
 # ---- observing a model -------------------------------------------------------------------------
@@ -171,14 +179,14 @@ class MoeProbe(TorchFunctionMode):
     """Records, per model forward f and MoE layer l:
 
     - routed[f, l]: the router's own output (idx_TK, w_TK, probs_TE, z_TH), captured by router hooks
-      installed *before* the budget patch, so they see what the model decided;
-    - applied[f, l]: (idx_TK, w_TK) the experts module was called with (after the patch);
+      installed *before* the budget, so they see what the model decided;
+    - applied[f, l]: (idx_TK, w_TK) the experts module was called with (after selection);
     - executed[f, l]: the expert ids whose weights the eager loop indexed (`gate_up_proj[u]`,
       `down_proj[u]`), i.e. the experts that actually ran.
     - seq_len[f]: new positions of forward f (1 in a decode step).
 
     Experts calls made to measure norms (oracle, energy statistics) are ignored inside `paused()`.
-    Create it before `patch_model`, use it as a context manager around the forwards, then `remove()`.
+    Create it before `install_budget`, use it as a context manager around the forwards, then `remove()`.
     """
 
     def __init__(self, model: nn.Module, layers: list[MoeLayer] | None = None) -> None:
@@ -245,12 +253,12 @@ class MoeProbe(TorchFunctionMode):
 
 def ignore_norm_runs(monkeypatch, probe: MoeProbe) -> None:
     """Experts runs made only to measure ||E_u(z_t)|| (oracle, energy stats) are not decode work."""
-    import base.hf.patch
+    import base.hf.moe_block
 
-    real = base.hf.patch.expert_norms_TK
+    real = base.hf.moe_block.expert_norms_TK
 
     def wrapped(*args, **kwargs):
         with probe.paused():
             return real(*args, **kwargs)
 
-    monkeypatch.setattr(base.hf.patch, "expert_norms_TK", wrapped)
+    monkeypatch.setattr(base.hf.moe_block, "expert_norms_TK", wrapped)

@@ -13,8 +13,10 @@ import yaml
 from base.config import ModelConfig
 from base.runtime.engine import DecodeEngine
 from base.hf.families import find_moe_layers
+from base.hf.skew import SkewedRouter
 from base.hf.loading import load_model, load_tokenizer
-from base.hf.patch import PatchOptions, patch_model
+from base.eval.generate import budgeted_generate
+from base.hf.budget import BudgetOptions, install_budget
 from base.method.selectors import build_selector
 from tests.helpers import model_artifacts
 
@@ -41,18 +43,17 @@ def test_engine_equals_generate_with_padding_rows(mini, method):
     model, tok = mini
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     sel = None if method == "dense" else build_selector(method, model_artifacts(model))
-    patch = patch_model(model, "qwen3_moe", sel, PatchOptions(budget=4), pad_token_id=tok.pad_token_id)
+    budget = install_budget(model, "qwen3_moe", sel, BudgetOptions(budget=4))
     try:
-        with torch.no_grad():
-            ref = model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=None)
-        ref_rows = patch.stats_rows()
-        patch.reset()
-        engine = DecodeEngine(model, 8, 64, patch=patch, pad_id=tok.pad_token_id)
+        ref = budgeted_generate(model, budget, enc["input_ids"], enc["attention_mask"], (tok.pad_token_id,),
+                                max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
+        ref_rows = budget.stats_rows()
+        budget.reset()
+        engine = DecodeEngine(model, 8, 64, budget=budget, pad_id=tok.pad_token_id)
         res = engine.generate(enc["input_ids"], enc["attention_mask"], 10, stop_at_eos=False)
-        rows = patch.stats_rows()
+        rows = budget.stats_rows()
     finally:
-        patch.remove()
+        budget.remove()
     assert torch.equal(res.tokens_BN, ref[:, enc["input_ids"].shape[1]:])
     assert res.steps == 9 and res.eager_steps == 9  # CPU: every step eager
     assert len(rows) == len(ref_rows) == 9 * 6
@@ -64,7 +65,7 @@ def test_engine_equals_generate_with_padding_rows(mini, method):
 
 def test_stop_callback_finishes_rows_and_removes_them_from_the_union():
     model = load_model(_cfg("tiny_qwen3"), ROOT)
-    patch = patch_model(model, "qwen3_moe", None, PatchOptions(budget=None), pad_token_id=0)
+    budget = install_budget(model, "qwen3_moe", None, BudgetOptions(budget=None))
     ids = torch.randint(3, 90, (4, 5), generator=torch.Generator().manual_seed(0))
     calls = []
 
@@ -74,11 +75,11 @@ def test_stop_callback_finishes_rows_and_removes_them_from_the_union():
         return torch.tensor([False, n >= 2, False, n >= 4])
 
     try:
-        engine = DecodeEngine(model, 4, 32, patch=patch, pad_id=0)
+        engine = DecodeEngine(model, 4, 32, budget=budget, pad_id=0)
         res = engine.generate(ids, torch.ones_like(ids), 8, stop_at_eos=False, stop=stop)
-        rows = patch.stats_rows()
+        rows = budget.stats_rows()
     finally:
-        patch.remove()
+        budget.remove()
     assert calls == list(range(1, 9))  # after the prefill's token, then after every step
     assert (res.tokens_BN[1, 2:] == 0).all() and (res.tokens_BN[3, 4:] == 0).all()  # pad once finished
     tokens_by_step = [r["tokens"] for r in rows if r["layer"] == 0]
@@ -99,14 +100,14 @@ def test_eos_ends_a_row_inside_the_step():
 
 def test_recorder_grows_past_its_capacity_in_eager_decoding(mini):
     model, tok = mini
-    patch = patch_model(model, "qwen3_moe", None, PatchOptions(budget=None), pad_token_id=tok.pad_token_id)
+    budget = install_budget(model, "qwen3_moe", None, BudgetOptions(budget=None))
     try:
-        cap = patch.recorder.capacity
+        cap = budget.recorder.capacity
         ids = torch.full((2, 3), 5)
-        DecodeEngine(model, 2, cap + 16, patch=patch).generate(ids, torch.ones_like(ids), cap + 10, stop_at_eos=False)
-        rows = patch.stats_rows()
+        DecodeEngine(model, 2, cap + 16, budget=budget).generate(ids, torch.ones_like(ids), cap + 10, stop_at_eos=False)
+        rows = budget.stats_rows()
     finally:
-        patch.remove()
+        budget.remove()
     L = len(find_moe_layers(model))
     assert len(rows) == (cap + 9) * L and rows[-1]["step"] == cap + 9
 
@@ -119,8 +120,8 @@ def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
     ids = torch.full((2, 3), 5)
 
     def run(graph: bool) -> tuple[list[dict], int]:
-        patch = patch_model(model, "qwen3_moe", None, PatchOptions(budget=None), pad_token_id=tok.pad_token_id)
-        engine = DecodeEngine(model, 2, 128, patch=patch, graph=graph)
+        budget = install_budget(model, "qwen3_moe", None, BudgetOptions(budget=None))
+        engine = DecodeEngine(model, 2, 128, budget=budget, graph=graph)
         captures = []
 
         class Replay:  # what a CUDA graph would do: run the step's device work, no host bookkeeping
@@ -129,17 +130,17 @@ def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
                     engine._step()
 
         def capture():
-            captures.append(patch.recorder.capacity)
+            captures.append(budget.recorder.capacity)
             engine._step()  # the warm-up step the real capture runs eagerly
-            engine._graph, engine._graph_rows = Replay(), patch.recorder.rows_LSF
+            engine._graph, engine._graph_version = Replay(), budget.recorder.version
 
         monkeypatch.setattr(engine, "_capture", capture)
         try:
-            n = patch.recorder.capacity + 10
+            n = budget.recorder.capacity + 10
             engine.generate(ids, torch.ones_like(ids), n, stop_at_eos=False, stop=lambda t: torch.zeros(2, dtype=bool))
-            return patch.stats_rows(), captures
+            return budget.stats_rows(), captures
         finally:
-            patch.remove()
+            budget.remove()
 
     eager_rows, none = run(graph=False)
     graph_rows, captures = run(graph=True)
@@ -148,16 +149,17 @@ def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_olmoe", "tiny_deepseek"])
-def test_skewed_routing_hits_its_union_and_survives_a_patch(name):
+def test_skewed_routing_hits_its_union_and_survives_a_budget(name):
     cfg = _cfg(name, routing="skewed", skew_ratio=0.6)
     model = load_model(cfg, ROOT, seed=0)
     for r in model.base_skew_report:
         assert r["union_skewed"] == pytest.approx(0.6 * r["union_uniform"], abs=0.6)
     router = find_moe_layers(model)[0].router
-    forward = router.forward
-    patch = patch_model(model, cfg.family, build_selector("router_sum"), PatchOptions(budget=2, backend="torch"))
-    patch.remove()
-    assert router.forward is forward  # the skewed forward stays after a patch is removed
+    assert isinstance(router, SkewedRouter)
+    budget = install_budget(model, cfg.family, build_selector("router_sum"), BudgetOptions(budget=2, backend="torch"))
+    assert budget.layers[0].router is router  # the owned block routes through the skewed router
+    budget.remove()
+    assert find_moe_layers(model)[0].router is router  # and it stays after the budget is removed
 
 
 def test_skew_needs_random_weights():
@@ -170,16 +172,16 @@ def test_skew_needs_random_weights():
 # ---- GPU: graph replay equals eager ------------------------------------------------------------
 def _decode_gpu(model, family, method, backend, graph, compile=False):
     sel = None if method == "dense" else build_selector(method, model_artifacts(model))
-    patch = patch_model(model, family, sel, PatchOptions(budget=3, backend=backend), pad_token_id=0)
+    budget = install_budget(model, family, sel, BudgetOptions(budget=3, backend=backend))
     ids = torch.randint(3, 90, (16, 7), generator=torch.Generator().manual_seed(2)).cuda()
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     try:
-        engine = DecodeEngine(model, 16, 48, patch=patch, pad_id=0, graph=graph, compile=compile)
+        engine = DecodeEngine(model, 16, 48, budget=budget, pad_id=0, graph=graph, compile=compile)
         res = engine.generate(ids, mask, 20, stop_at_eos=False)
-        rows = patch.stats_rows()
+        rows = budget.stats_rows()
     finally:
-        patch.remove()
+        budget.remove()
     return res, rows
 
 

@@ -1,5 +1,5 @@
 """Every supported family, built tiny and random from conf/model/tiny_*.yaml through
-`base.hf.families.load_model`: the MoE blocks are found, the patch holds the budget while generating a
+`base.hf.loading.load_model`: the MoE blocks are found, the owned blocks hold the budget while generating a
 left-padded batch, shared experts still run, and each family's weight convention survives selection
 (DeepSeek's routed_scaling_factor, GPT-OSS's renormalisation).
 
@@ -15,12 +15,13 @@ import torch
 
 from base.hf.families import FAMILIES, find_moe_layers
 from base.hf.loading import byte_tokenizer, load_model
-from base.hf.patch import PatchOptions
+from base.eval.generate import budgeted_generate
+from base.hf.budget import BudgetOptions
 from base.method.selectors import build_selector
 from tests.helpers import (
     ROOT,
     MoeProbe,
-    patched,
+    budgeted,
     random_artifacts,
     tiny_model_config,
     torch_threads,
@@ -110,9 +111,9 @@ def test_find_moe_layers_rejects_a_dense_model():
         find_moe_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
-# ---- patched generation ------------------------------------------------------------------------
+# ---- budgeted generation -----------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
-def test_patched_generate_holds_the_budget(name, models, tok):
+def test_budgeted_generate_holds_the_budget(name, models, tok):
     M = 2
     cfg, model = models(name)
     E, L, H = experts_of(cfg), len(find_moe_layers(model)), cfg.arch["hidden_size"]
@@ -120,14 +121,15 @@ def test_patched_generate_holds_the_budget(name, models, tok):
     sel = build_selector("base", random_artifacts(L, E, H, seed=1))
     probe = MoeProbe(model)
     try:
-        opts = PatchOptions(budget=M)
-        with patched(model, cfg.family, sel, opts, tok.pad_token_id) as patch, probe, torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW,
-                                 do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        opts = BudgetOptions(budget=M)
+        with budgeted(model, cfg.family, sel, opts) as budget, probe, torch.no_grad():
+            out = budgeted_generate(model, budget, ids, mask, (tok.pad_token_id,), max_new_tokens=NEW,
+                                    min_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id,
+                                    eos_token_id=tok.eos_token_id)
     finally:
         probe.remove()
     assert out.shape == (4, ids.shape[1] + NEW) and torch.equal(out[:, :ids.shape[1]], ids)
-    rows = patch.stats_rows()
+    rows = budget.stats_rows()
     assert len(rows) == (NEW - 1) * L and all(r["decode"] for r in rows)
     assert max(r["union"] for r in rows) > M
     by_key = {(r["step"], r["layer"]): r for r in rows}
@@ -150,54 +152,55 @@ def test_shared_experts_still_run_in_decode(name, attr, models, tok):
         for lyr in layers]
     ids, mask = prompts(tok)
     try:
-        with patched(model, cfg.family, build_selector("router_sum"), PatchOptions(budget=1),
-                     tok.pad_token_id) as patch, torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW,
-                           do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        with budgeted(model, cfg.family, build_selector("router_sum"), BudgetOptions(budget=1)) as budget:
+            budgeted_generate(model, budget, ids, mask, (tok.pad_token_id,), max_new_tokens=NEW,
+                              min_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id,
+                              eos_token_id=tok.eos_token_id)
     finally:
         probe.remove()
         for h in hooks:
             h.remove()
     decode = probe.decode_forwards()
-    assert len(decode) == NEW - 1 and all(r["kept"] == 1 for r in patch.stats_rows())
+    assert len(decode) == NEW - 1 and all(r["kept"] == 1 for r in budget.stats_rows())
     for f in decode:
         assert sorted((i, n) for g, i, n in calls if g == f) == [(i, 4) for i in range(len(layers))]
 
 
 # ---- weight conventions ------------------------------------------------------------------------
 def routed_and_applied(name, models, tok, budget, renormalize="model", reassign="backfill"):
-    """One patched prefill+decode step; per decode (forward, layer): original vs applied routing."""
+    """One budgeted prefill+decode step; per decode (forward, layer): original vs applied routing;
+    and whether the family renormalises its top-k weights for this model."""
     cfg, model = models(name)
     ids, mask = prompts(tok)
     probe = MoeProbe(model)
-    opts = PatchOptions(budget=budget, renormalize=renormalize, reassign=reassign)
+    opts = BudgetOptions(budget=budget, renormalize=renormalize, reassign=reassign)
     try:
-        with patched(model, cfg.family, build_selector("router_sum"), opts, tok.pad_token_id) as patch, \
-                torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2,
-                           do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        with budgeted(model, cfg.family, build_selector("router_sum"), opts) as moe:
+            budgeted_generate(model, moe, ids, mask, (tok.pad_token_id,), max_new_tokens=2,
+                              min_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id,
+                              eos_token_id=tok.eos_token_id)
     finally:
         probe.remove()
     out = [(probe.routed[f, i], probe.applied[f, i]) for f in probe.decode_forwards()
-           for i in range(len(patch.layers))]
+           for i in range(len(moe.layers))]
     assert out
-    return cfg, patch, out
+    return cfg, FAMILIES.get(cfg.family).renormalizes(model.config), out
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_family_renormalises_as_its_router_does(name, models, tok):
     """FAMILIES' `renormalizes` matches the router: w = p/sum_k p, or p * routed_scaling_factor."""
-    cfg, patch, steps = routed_and_applied(name, models, tok, budget=None)
+    cfg, renormalizes, steps = routed_and_applied(name, models, tok, budget=None)
     scale = cfg.arch.get("routed_scaling_factor", 1.0)
     for (idx_TK, w_TK, probs_TE, _), _ in steps:
         p_TK = probs_TE.gather(1, idx_TK)
-        want_TK = p_TK / p_TK.sum(-1, keepdim=True) if patch.renormalizes else p_TK * scale
+        want_TK = p_TK / p_TK.sum(-1, keepdim=True) if renormalizes else p_TK * scale
         assert torch.allclose(w_TK.float(), want_TK, rtol=1e-5, atol=1e-6)
 
 
 def test_deepseek_keeps_routed_scaling_factor(models, tok):
-    cfg, patch, steps = routed_and_applied("deepseek", models, tok, budget=experts_of(models("deepseek")[0]))
-    assert patch.renormalizes is False and cfg.arch["routed_scaling_factor"] == 2.5
+    cfg, renormalizes, steps = routed_and_applied("deepseek", models, tok, budget=experts_of(models("deepseek")[0]))
+    assert renormalizes is False and cfg.arch["routed_scaling_factor"] == 2.5
     for (idx_TK, w_TK, probs_TE, _), (new_idx_TK, new_w_TK) in steps:
         assert torch.equal(new_idx_TK, idx_TK) and torch.equal(new_w_TK, w_TK)  # budget >= union
         assert torch.allclose(w_TK, probs_TE.gather(1, idx_TK) * 2.5)  # the scale is in the weights
@@ -225,8 +228,8 @@ def test_deepseek_keeps_routed_scaling_factor(models, tok):
 
 
 def test_gpt_oss_renormalises(models, tok):
-    _, patch, steps = routed_and_applied("gpt_oss", models, tok, budget=2)
-    assert FAMILIES.get("gpt_oss").renormalizes(None) and patch.renormalizes
+    _, renormalizes, steps = routed_and_applied("gpt_oss", models, tok, budget=2)
+    assert FAMILIES.get("gpt_oss").renormalizes(None) and renormalizes
     lost = 0
     for (idx_TK, w_TK, _, _), (new_idx_TK, new_w_TK) in steps:
         assert torch.allclose(w_TK.sum(-1), torch.ones(w_TK.shape[0]))

@@ -19,19 +19,20 @@ import torch
 import kernels._triton as kt
 from base.method.routing import RoutedBatch, pair_counts_E, reassign, select_top_m
 from base.method.selectors import Artifacts, build_selector
+from base.hf.experts_impl import register_base_triton
+from kernels.terms import TERMS
 from kernels import (
     ExpertsLayout,
     experts_reference,
     fused_experts,
     prepare_predictor,
-    register_base_triton,
     route_select,
     score_experts,
     select_reassign,
     select_step,
 )
 
-KINDS = ["router_sum", "router_sq", "count", "calib_energy", "base"]
+KINDS = list(TERMS)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -1,4 +1,4 @@
-"""A model split over two GPUs decodes exactly as on one: the patch, the Triton kernels (launched on
+"""A model split over two GPUs decodes exactly as on one: the budget, the Triton kernels (launched on
 each layer's GPU) and the engine's cache (beside each layer) on a tiny model whose first half of
 layers sits on cuda:0 and second half on cuda:1. Needs two GPUs (experiments/gpu/multi_gpu.sh)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from base.runtime.engine import DecodeEngine
 from base.hf.loading import load_model
-from base.hf.patch import PatchOptions, patch_model
+from base.hf.budget import BudgetOptions, install_budget
 from base.hf.placement import model_devices
 from base.method.selectors import build_selector
 from tests.helpers import model_artifacts, tiny_model_config
@@ -32,17 +32,17 @@ def _split(model):
 
 def _decode(model, method, backend, arts):
     sel = None if method == "dense" else build_selector(method, arts)
-    patch = patch_model(model, "qwen3_moe", sel, PatchOptions(budget=3, backend=backend), pad_token_id=0)
+    budget = install_budget(model, "qwen3_moe", sel, BudgetOptions(budget=3, backend=backend))
     ids = torch.randint(3, 200, (8, 7), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     try:
-        engine = DecodeEngine(model, 8, 40, patch=patch, pad_id=0, graph=False)
+        engine = DecodeEngine(model, 8, 40, budget=budget, pad_id=0, graph=False)
         res = engine.generate(ids.cuda(), mask.cuda(), 16, stop_at_eos=False)
         engine.release()
-        rows = patch.stats_rows()
+        rows = budget.stats_rows()
     finally:
-        patch.remove()
+        budget.remove()
     return res, rows
 
 

@@ -179,11 +179,11 @@ def test_engine_over_several_devices_says_it_decodes_eagerly(monkeypatch, capsys
 
 def test_decoding_through_accelerates_hooks_equals_the_plain_model():
     """What a spread model adds on the way, on one device: accelerate's hooks on every placed unit
-    (moving each layer's inputs, bringing the output back). The engine with a patch decodes the
+    (moving each layer's inputs, bringing the output back). The engine with a budget decodes the
     same tokens and selections through them."""
     from accelerate import dispatch_model
 
-    from base.hf.patch import PatchOptions, patch_model
+    from base.hf.budget import BudgetOptions, install_budget
     from base.hf.placement import blocks
     from base.method.selectors import build_selector
     from tests.helpers import model_artifacts
@@ -195,13 +195,13 @@ def test_decoding_through_accelerates_hooks_equals_the_plain_model():
     ids = torch.randint(3, 200, (3, 6), generator=torch.Generator().manual_seed(1))
 
     def decode(model):
-        patch = patch_model(model, "qwen3_moe", build_selector("base", model_artifacts(plain)), PatchOptions(budget=3))
-        engine = DecodeEngine(model, 4, 20, patch=patch)
+        budget = install_budget(model, "qwen3_moe", build_selector("base", model_artifacts(plain)), BudgetOptions(budget=3))
+        engine = DecodeEngine(model, 4, 20, budget=budget)
         try:
-            return engine.generate(ids, torch.ones_like(ids), 8, stop_at_eos=False).tokens_BN, patch.stats_rows()
+            return engine.generate(ids, torch.ones_like(ids), 8, stop_at_eos=False).tokens_BN, budget.stats_rows()
         finally:
             engine.release()
-            patch.remove()
+            budget.remove()
 
     (a, rows_a), (b, rows_b) = decode(plain), decode(hooked)
     assert torch.equal(a, b) and rows_a == rows_b and len(rows_a) == 7 * 2

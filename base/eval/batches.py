@@ -107,8 +107,9 @@ class DecodeBatches:
             new = self._engine_for(enc.shape[1] + max(max_new), eos).generate(
                 enc, mask, max(max_new), stop=stops.done_rows).tokens_BN
         else:
-            new = budgeted_generate(self.model, self.budget, enc, mask, max(max_new), stops, self.ended,
-                                    self.tok.pad_token_id, **self._sampling())
+            out = budgeted_generate(self.model, self.budget, enc, mask, self.ended, stops, max_new_tokens=max(max_new),
+                                    pad_token_id=self.tok.pad_token_id, use_cache=True, **self._sampling())
+            new = out[:, enc.shape[1]:]
         if self.cfg.fidelity and self.budget is not None:
             dense_stops = RowStops(self.tok, enc.shape[1], untils, max_new, eos)
             for row in teacher_forced(self.model, self.budget, enc, mask, dense_stops, max(max_new),

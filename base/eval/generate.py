@@ -1,6 +1,6 @@
 """transformers' `generate` over a budgeted model (`eval.engine=off`, the CPU default).
 
-    new_BN = budgeted_generate(model, budget, ids_BP, mask_BP, max_new, stops, ended_D, pad_id)
+    out = budgeted_generate(model, budget, ids_BP, mask_BP, ended, stops, max_new_tokens=N, pad_token_id=pad)
 
 generate runs every forward itself, so this driver cannot wrap each one: it binds the prefill's
 inputs before generate starts and, from a stopping criterion generate calls after every new
@@ -37,25 +37,26 @@ def active_rows(ids_B: Tensor, ended_D: Tensor, done_B: Tensor) -> Tensor:
 class _NextStep(StoppingCriteria):
     """After every new token: the rows' stops, then the next decode step's inputs for the blocks."""
 
-    def __init__(self, budget: MoeBudget, stops: RowStops, ended_D: Tensor) -> None:
+    def __init__(self, budget: MoeBudget, stops: RowStops | None, ended_D: Tensor) -> None:
         self.budget, self.stops, self.ended_D = budget, stops, ended_D
 
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
-        done_B = self.stops(input_ids, scores)
+        if self.stops is not None:
+            done_B = self.stops(input_ids, scores)
+        else:
+            done_B = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         self.budget.bind(self.budget.inputs(True, active_rows(input_ids[:, -1], self.ended_D, done_B)))
         return done_B
 
 
 @torch.no_grad()
-def budgeted_generate(model: nn.Module, budget: MoeBudget | None, ids_BP: Tensor, mask_BP: Tensor, max_new: int,
-                      stops: RowStops, ended: tuple[int, ...], pad_id: int, **sampling: Any) -> Tensor:
-    """The new tokens (B, N) of `generate` with the budget applied as described above."""
-    kwargs = dict(input_ids=ids_BP, attention_mask=mask_BP, max_new_tokens=max_new, pad_token_id=pad_id,
-                  use_cache=True, **sampling)
+def budgeted_generate(model: nn.Module, budget: MoeBudget | None, input_ids: Tensor, attention_mask: Tensor,
+                      ended: tuple[int, ...], stops: RowStops | None = None, **generate_kwargs: Any) -> Any:
+    """`model.generate(...)` with the budget applied as described above; returns what generate
+    returns. `stops` ends rows at their own stop strings and limits."""
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
     if budget is None:
-        out = model.generate(**kwargs, stopping_criteria=StoppingCriteriaList([stops]))
-        return out[:, ids_BP.shape[1]:]
-    ended_D = torch.tensor(ended, dtype=torch.long, device=ids_BP.device)
-    with budget.bound(budget.inputs(False, mask_BP.reshape(-1).bool())):
-        out = model.generate(**kwargs, stopping_criteria=StoppingCriteriaList([_NextStep(budget, stops, ended_D)]))
-    return out[:, ids_BP.shape[1]:]
+        return model.generate(**kwargs, stopping_criteria=StoppingCriteriaList([stops] if stops else []))
+    ended_D = torch.tensor(ended, dtype=torch.long, device=input_ids.device)
+    with budget.bound(budget.inputs(False, attention_mask.reshape(-1).bool())):
+        return model.generate(**kwargs, stopping_criteria=StoppingCriteriaList([_NextStep(budget, stops, ended_D)]))

@@ -73,8 +73,11 @@ class BudgetedMoE(nn.Module):
 
     def __init__(self, block: nn.Module, index: int, family: Family, selection: TorchSelection | None) -> None:
         super().__init__()
-        for name in family.block_children:  # the original's children, under their own names
-            setattr(self, name, getattr(block, name))
+        missing = [n for n in family.block_children if not isinstance(getattr(block, n, None), nn.Module)]
+        if missing:
+            raise ValueError(f"{type(block).__name__} has no {', '.join(missing)}: not a {family.model_type} MoE block")
+        for name, child in block.named_children():  # the original's parts, in its order, under their names
+            setattr(self, name, child)
         self.index, self.family, self.selection = index, family, selection
         self.step: StepInputs | None = None  # this forward's inputs (MoeBudget.bound)
 

@@ -18,7 +18,7 @@ from base.method.routing import StepStats
 FIELDS = ("union", "kept", "executed", "weight_kept", "weight_total", "tokens_lost", "tokens", "energy_kept",
           "energy_total", "out_err", "out_dense")
 ENERGY_FIELDS = ("energy_kept", "energy_total")
-FIDELITY_FIELDS = ("out_err", "out_dense")  # MoE-output error against dense (PatchOptions.fidelity)
+FIDELITY_FIELDS = ("out_err", "out_dense")  # MoE-output error against dense (BudgetOptions.fidelity)
 
 
 def _capturing(device: torch.device) -> bool:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's throughput grid on a CUDA machine: conf/experiment/throughput.yaml for each model,
+# The throughput grid of results/README.md on a CUDA machine: conf/experiment/throughput.yaml for each model,
 # uniform and skewed routing. With two GPUs, Qwen3-30B-A3B runs on GPU 0 and the three smaller
 # models on GPU 1. Each run writes outputs/throughput/<run>/; then
 #   python -m analysis.throughput outputs/throughput results/throughput

@@ -1,4 +1,4 @@
-"""method.backend=triton: the patched model routes exactly as the PyTorch reference.
+"""method.backend=triton: the budgeted model routes exactly as the PyTorch reference.
 
 On CPU the kernels run through Triton's interpreter, so the models are tiny (fp32)."""
 from __future__ import annotations
@@ -12,7 +12,9 @@ import yaml
 from base.config import ModelConfig
 from base.hf.families import find_moe_layers
 from base.hf.loading import load_model
-from base.hf.patch import PatchOptions, patch_model
+from base.eval.generate import budgeted_generate
+from base.hf.budget import BudgetOptions, install_budget
+from base.hf.moe_block import BudgetedMoE
 from base.method.selectors import build_selector
 from tests.helpers import model_artifacts
 
@@ -25,15 +27,14 @@ def _model(name: str):
 
 
 def _decode(model, family, selector, backend, ids_BS, mask_BS, budget, new_tokens=4):
-    patch = patch_model(model, family, selector, PatchOptions(budget=budget, backend=backend), pad_token_id=None)
+    moe = install_budget(model, family, selector, BudgetOptions(budget=budget, backend=backend))
     try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids_BS, attention_mask=mask_BS, max_new_tokens=new_tokens, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-        kept = [r["kept"] for r in patch.stats_rows() if r["decode"]]
-        fused = bool(patch._forwards)
+        out = budgeted_generate(model, moe, ids_BS, mask_BS, (), max_new_tokens=new_tokens, do_sample=False,
+                                output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        kept = [r["kept"] for r in moe.stats_rows() if r["decode"]]
+        fused = all(block.selection.fused_route for block in moe.blocks)
     finally:
-        patch.remove()
+        moe.remove()
     return out, kept, fused
 
 
@@ -55,8 +56,9 @@ def test_triton_backend_matches_torch(name, selector):
     for a, b in zip(out.logits, ref.logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert kept == kept_ref and max(kept) <= budget
-    # After remove() the router is the model's own again.
-    assert all("forward" not in vars(layer.router) for layer in find_moe_layers(model))
+    # After remove() the blocks are the model's own again.
+    assert not any(isinstance(m, BudgetedMoE) for m in model.modules())
+    assert all(type(layer.router).__module__.startswith("transformers.") for layer in find_moe_layers(model))
 
 
 @pytest.mark.gpu

@@ -1,8 +1,10 @@
-"""The budget patch on a tiny random Qwen3-MoE (fp32, eager experts loop).
+"""A budgeted tiny random Qwen3-MoE (fp32, eager experts loop): the owned MoE blocks keep at most
+`budget` experts per layer and decode step, driven by transformers' generate (base/eval/generate.py)
+or by explicit per-forward inputs.
 
 What runs is observed, not inferred from indices: `MoeProbe` records which expert weight slices the
 eager loop reads (`gate_up_proj[u]`, `down_proj[u]`) per forward and layer, and the router's own
-output from a hook installed before the patch.
+output from a hook installed before the budget.
 
 Shapes: B = 4 sequences, E = 8 experts, K = 2, H = 32, L = 2 MoE layers, M budget.
 """
@@ -14,17 +16,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from base.hf.patch import PatchOptions, patch_model
+from base.eval.generate import active_rows
+from base.hf.budget import BudgetOptions, install_budget
+from base.hf.moe_block import BudgetedMoE
 from base.method.routing import reassign
 from base.method.selectors import build_selector
 from tests.helpers import (
     BUDGETED,
     PAD_ID,
     MoeProbe,
+    budgeted,
     ids_of,
     ignore_norm_runs,
     left_padded,
-    patched,
     random_artifacts,
     random_batch,
     tiny_qwen3,
@@ -42,10 +46,10 @@ def selector(name: str, k0: int = 1):
     return build_selector(name, random_artifacts(L, E, H), k0=k0 if name == "oea" else None)
 
 
-def generate(model, ids=IDS, mask=MASK, new=NEW, **kwargs):
-    with torch.no_grad():
-        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                              pad_token_id=PAD_ID, return_dict_in_generate=True, output_logits=True, **kwargs)
+def generate(model, budget=None, ids=IDS, mask=MASK, new=NEW, **kwargs):
+    from tests.helpers import generate as budgeted_generate
+
+    return budgeted_generate(model, budget, ids, mask, new, **kwargs)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,11 +81,11 @@ def test_at_most_budget_experts_run_per_layer_and_decode_step(model, monkeypatch
     probe = MoeProbe(model)
     ignore_norm_runs(monkeypatch, probe)  # oracle measures every routed expert's norm: not decode work
     try:
-        with patched(model, "qwen3_moe", selector(name), PatchOptions(budget=M)) as patch, probe:
-            generate(model)
+        with budgeted(model, "qwen3_moe", selector(name), BudgetOptions(budget=M)) as budget, probe:
+            generate(model, budget)
     finally:
         probe.remove()
-    rows = {(r["step"], r["layer"]): r for r in patch.stats_rows()}
+    rows = {(r["step"], r["layer"]): r for r in budget.stats_rows()}
     decode = probe.decode_forwards()
     assert decode == list(range(1, NEW))
     assert {s for s, _ in rows} == set(decode)  # apply_to=decode: prefill is not recorded
@@ -100,8 +104,8 @@ def test_at_most_budget_experts_run_per_layer_and_decode_step(model, monkeypatch
 def test_prefill_runs_every_routed_expert_with_apply_to_decode(model):
     probe = MoeProbe(model)
     try:
-        with patched(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=1)), probe:
-            generate(model, new=2)
+        with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=1)) as budget, probe:
+            generate(model, budget, new=2)
     finally:
         probe.remove()
     real_T = MASK.reshape(-1).bool()
@@ -115,40 +119,47 @@ def test_prefill_runs_every_routed_expert_with_apply_to_decode(model):
 @pytest.mark.parametrize("name", [*ALL_SELECTORS, "dense"])
 def test_budget_covering_the_union_equals_dense(model, dense, name):
     sel = None if name == "dense" else selector(name, k0=K)
-    with patched(model, "qwen3_moe", sel, PatchOptions(budget=E)) as patch:
-        out = generate(model)
+    with budgeted(model, "qwen3_moe", sel, BudgetOptions(budget=E)) as budget:
+        out = generate(model, budget)
     assert torch.equal(out.sequences, dense.sequences)
     assert len(out.logits) == len(dense.logits) == NEW
     for got, want in zip(out.logits, dense.logits):
         assert torch.equal(got, want)
-    assert len(patch.stats_rows()) == (NEW - 1) * L
+    assert len(budget.stats_rows()) == (NEW - 1) * L
 
 
 def test_binding_budget_changes_decode_but_not_prefill(model, dense):
-    with patched(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=1)):
-        out = generate(model)
+    with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=1)) as budget:
+        out = generate(model, budget)
     assert torch.equal(out.logits[0], dense.logits[0])  # from the prefill forward
     assert not torch.allclose(out.logits[1], dense.logits[1])
 
 
 # ---- prefill -----------------------------------------------------------------------------------
+def prefill_inputs(budget, mask=MASK):
+    """A prefill forward's inputs: every real (not padding) position takes part."""
+    return budget.inputs(decode=False, active_T=mask.reshape(-1).bool())
+
+
 def test_prefill_untouched_unless_apply_to_all(model):
     with torch.no_grad():
         dense_logits = model(input_ids=IDS, attention_mask=MASK).logits
-    with patched(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=1)) as patch, torch.no_grad():
-        logits = model(input_ids=IDS, attention_mask=MASK).logits
+    with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=1)) as budget, torch.no_grad():
+        with budget.bound(prefill_inputs(budget)):
+            logits = model(input_ids=IDS, attention_mask=MASK).logits
     assert torch.equal(logits, dense_logits)
-    assert patch.stats_rows() == []
+    assert budget.stats_rows() == []
 
     probe = MoeProbe(model)
     try:
-        opts = PatchOptions(budget=1, apply_to="all")
-        with patched(model, "qwen3_moe", selector("router_sum"), opts) as patch, probe, torch.no_grad():
-            logits = model(input_ids=IDS, attention_mask=MASK).logits
+        opts = BudgetOptions(budget=1, apply_to="all")
+        with budgeted(model, "qwen3_moe", selector("router_sum"), opts) as budget, probe, torch.no_grad():
+            with budget.bound(prefill_inputs(budget)):
+                logits = model(input_ids=IDS, attention_mask=MASK).logits
     finally:
         probe.remove()
     assert not torch.allclose(logits, dense_logits)
-    rows = patch.stats_rows()
+    rows = budget.stats_rows()
     assert [(r["layer"], r["decode"], r["kept"]) for r in rows] == [(0, False, 1.0), (1, False, 1.0)]
     assert all(len(probe.executed[0, layer]) == 1 for layer in range(L))
 
@@ -160,13 +171,14 @@ def test_left_padding_neither_joins_the_union_nor_adds_experts(model, budget):
     real_T = mask.reshape(-1).bool()
     probe = MoeProbe(model)
     try:
-        opts = PatchOptions(budget=budget, apply_to="all")
-        with patched(model, "qwen3_moe", selector("router_sum"), opts) as patch, probe, torch.no_grad():
-            model(input_ids=ids, attention_mask=mask)
+        opts = BudgetOptions(budget=budget, apply_to="all")
+        with budgeted(model, "qwen3_moe", selector("router_sum"), opts) as moe, probe, torch.no_grad():
+            with moe.bound(prefill_inputs(moe, mask)):
+                model(input_ids=ids, attention_mask=mask)
     finally:
         probe.remove()
     padding_adds = False
-    for r in patch.stats_rows():
+    for r in moe.stats_rows():
         layer = r["layer"]
         idx_TK = probe.routed[0, layer][0]
         real = union_of(idx_TK, real_T)
@@ -184,17 +196,18 @@ def test_finished_and_pad_fed_rows_excluded_in_decode(model, budget):
         prefill = model(input_ids=IDS, attention_mask=MASK, use_cache=True)
     next_ids = prefill.logits[:, -1].argmax(-1, keepdim=True)
     next_ids[3] = PAD_ID  # how generate() feeds a finished row
-    active_T = torch.tensor([True, False, True, False])
+    finished_B = torch.tensor([False, True, False, False])  # row 1 ended at its stop string
+    active_T = active_rows(next_ids[:, 0], torch.tensor([PAD_ID]), finished_B)
+    assert active_T.tolist() == [True, False, True, False]
     probe = MoeProbe(model)
     try:
-        with patched(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=budget)) as patch, probe:
-            patch.ctx.finished_B = torch.tensor([False, True, False, False])  # row 1 ended
-            with torch.no_grad():
+        with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=budget)) as moe, probe:
+            with torch.no_grad(), moe.bound(moe.inputs(decode=True, active_T=active_T)):
                 model(input_ids=next_ids, attention_mask=F.pad(MASK, (0, 1), value=1),
                       cache=prefill.past_key_values)
     finally:
         probe.remove()
-    rows = patch.stats_rows()
+    rows = moe.stats_rows()
     assert len(rows) == L and all(r["decode"] and r["tokens"] == 2 for r in rows)
     finished_add = False
     for r in rows:
@@ -212,10 +225,10 @@ def test_generate_rows_fed_pad_after_eos_stop_counting(model, dense):
     S = IDS.shape[1]
     eos = int(dense.sequences[0, S])  # row 0's first new token
     assert eos not in dense.sequences[1:, S:].flatten().tolist(), "pick prompts where only row 0 ends"
-    with patched(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=2)) as patch:
-        out = generate(model, eos_token_id=eos)
+    with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=2)) as budget:
+        out = generate(model, budget, eos_token_id=eos)
     assert (out.sequences[0, S + 1:] == PAD_ID).all()
-    rows = patch.stats_rows()
+    rows = budget.stats_rows()
     assert {r["step"] for r in rows} == set(range(1, NEW))
     # Step 1 feeds row 0 its eos token; from step 2 on it is fed the pad token and must not count.
     assert all(r["tokens"] == 3 for r in rows if r["step"] >= 2)
@@ -234,18 +247,18 @@ def test_stats_rows_match_a_manual_computation(model, monkeypatch):
     probe = MoeProbe(model)
     ignore_norm_runs(monkeypatch, probe)  # energy statistics measure every routed expert
     try:
-        opts = PatchOptions(budget=M, energy=True)
-        with patched(model, "qwen3_moe", selector("router_sum"), opts) as patch, probe:
-            generate(model)
+        opts = BudgetOptions(budget=M, energy=True)
+        with budgeted(model, "qwen3_moe", selector("router_sum"), opts) as budget, probe:
+            generate(model, budget)
     finally:
         probe.remove()
-    rows = patch.stats_rows()
+    rows = budget.stats_rows()
     assert len(rows) == (NEW - 1) * L
     lost_somewhere = False
     for r in rows:
         f, layer = r["step"], r["layer"]
         idx_TK, w_TK, _, z_TH = probe.routed[f, layer]
-        experts = patch.layers[layer].experts
+        experts = budget.layers[layer].experts
         score = {}
         for t, k in itertools.product(range(idx_TK.shape[0]), range(K)):
             score[int(idx_TK[t, k])] = score.get(int(idx_TK[t, k]), 0.0) + float(w_TK[t, k])
@@ -282,12 +295,12 @@ def test_renormalize_option(model, model_unnormalised, norm_topk_prob, mode, res
     m = model if norm_topk_prob else model_unnormalised
     probe = MoeProbe(m)
     try:
-        opts = PatchOptions(budget=2, reassign="drop", renormalize=mode)
-        with patched(m, "qwen3_moe", selector("router_sum"), opts) as patch, probe:
-            generate(m, new=3)
+        opts = BudgetOptions(budget=2, reassign="drop", renormalize=mode)
+        with budgeted(m, "qwen3_moe", selector("router_sum"), opts) as budget, probe:
+            generate(m, budget, new=3)
     finally:
         probe.remove()
-    assert patch.renormalizes is norm_topk_prob
+    assert budget.policy.renormalize is rescaled
     checked = 0
     for f, layer in itertools.product(probe.decode_forwards(), range(L)):
         idx_TK, w_TK = probe.routed[f, layer][:2]
@@ -305,7 +318,35 @@ def test_renormalize_option(model, model_unnormalised, norm_topk_prob, mode, res
 
 def test_budget_above_expert_count_fails_clearly(model):
     with pytest.raises(ValueError, match=f"budget=9 exceeds the {E} experts"):
-        patch_model(model, "qwen3_moe", selector("router_sum"), PatchOptions(budget=9))
+        install_budget(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=9))
+
+
+# ---- the owned block ----------------------------------------------------------------------------
+def test_owned_blocks_replace_the_model_blocks_and_remove_restores_them_exactly(model):
+    blocks = {n: m for n, m in model.named_modules() if type(m).__name__ == "Qwen3MoeSparseMoeBlock"}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=2)):
+        owned = {n: m for n, m in model.named_modules() if isinstance(m, BudgetedMoE)}
+        assert set(owned) == set(blocks)
+        for name, block in owned.items():  # the model's own parts, as children under their own names
+            assert block.gate is blocks[name].gate and block.experts is blocks[name].experts
+        assert list(model.state_dict()) == list(state)  # checkpoints load into a budgeted model
+        with pytest.raises(ValueError, match="already budgeted"):
+            install_budget(model, "qwen3_moe", None, BudgetOptions(budget=None))
+        assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+        assert all("forward" not in m.__dict__ for m in model.modules())  # no forward swaps
+    after = {n: m for n, m in model.named_modules() if type(m).__name__ == "Qwen3MoeSparseMoeBlock"}
+    assert all(after[n] is blocks[n] for n in blocks) and len(after) == len(blocks)
+    assert not any(isinstance(m, BudgetedMoE) for m in model.modules())
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+def test_a_block_without_inputs_is_the_model_own_block(model, dense):
+    """Unbound (no driver), a budgeted model decodes exactly as the dense one and records nothing."""
+    with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=1)) as budget:
+        out = generate(model)  # transformers' generate without the budget's driver
+    assert torch.equal(out.sequences, dense.sequences)
+    assert budget.stats_rows() == []
 
 
 # ---- oracle is optimal for its objective -------------------------------------------------------
@@ -335,9 +376,9 @@ def test_oracle_retains_the_most_true_energy_in_the_model(model):
     """Layer 0 of decode step 1 sees the same input under every selector (prefill is dense)."""
     kept = {}
     for name in BUDGETED:
-        with patched(model, "qwen3_moe", selector(name), PatchOptions(budget=2, energy=True)) as patch:
-            generate(model, new=2)
-        row = next(r for r in patch.stats_rows() if r["step"] == 1 and r["layer"] == 0)
+        with budgeted(model, "qwen3_moe", selector(name), BudgetOptions(budget=2, energy=True)) as budget:
+            generate(model, budget, new=2)
+        row = next(r for r in budget.stats_rows() if r["step"] == 1 and r["layer"] == 0)
         kept[name] = row["energy_kept"]
         assert row["energy_kept"] <= row["energy_total"]
     assert all(kept["oracle"] >= v * (1 - 1e-6) for v in kept.values()), kept
