@@ -1,7 +1,7 @@
 """Launch helpers shared by the kernels: one kernel source, compiled on CUDA, interpreted on CPU.
 
 `dual_jit` keeps two handles on each kernel: `triton.jit` for CUDA tensors and Triton's numpy
-interpreter for CPU tensors. CPU callers (tests, CPU-only runs of a patched model) therefore work
+interpreter for CPU tensors. CPU callers (tests, CPU-only runs of a budgeted model) therefore work
 whatever TRITON_INTERPRET was when this module was imported, and CUDA callers are never
 interpreted by accident because some test set that variable. Kernels here call no other
 @triton.jit function, so each handle is self-contained.

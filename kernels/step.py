@@ -12,7 +12,7 @@ file takes tensors only, so kernels/ never imports base/. Launches:
     calib_freq                                        1 (static score freq_E)
 No host synchronisation; fixed output shapes for a given (T, K, E, budget): CUDA-graph safe.
 Per-layer tensors (freq_E, energy_E, pred_*) must already be fp32 on the device: they are
-prepared once at patch time, never copied per step.
+prepared once when a model is budgeted, never copied per step.
 """
 from __future__ import annotations
 

@@ -20,8 +20,10 @@ def _empty_task(tmp: Path) -> list[str]:
     (tmp / "tasks").mkdir()
     (tmp / "tasks" / "empty.jsonl").write_text("")
     yaml = (ROOT / "tasks/smoke/smoke_copy.yaml").read_text()
-    yaml = yaml.replace("task: smoke_copy", "task: empty_copy").replace("tasks/smoke/copy.jsonl",
-                                                                        str(tmp / "tasks" / "empty.jsonl"))
+    data = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp / 'tasks' / 'empty.jsonl'}\n"
+    yaml = yaml.replace("task: smoke_copy", "task: empty_copy").replace(
+        "custom_dataset: !function utils.load_split\ndataset_kwargs:\n  file: copy.jsonl\n", data)
+    assert data in yaml
     (tmp / "tasks" / "empty.yaml").write_text(yaml)
     return [f"task.include_path={tmp / 'tasks'}", "task.tasks=[empty_copy]"]
 

@@ -6,7 +6,7 @@
 
 Every experts module built with transformers' `use_experts_implementation` (Qwen2/3-MoE,
 DeepSeek-V2/3, GPT-OSS, ...) then calls `base_triton_experts_forward(self, x_TH, idx_TK, w_TK)`.
-Budgeted decoding needs nothing more: the patch passes reassign's (idx_TK, w_TK), whose empty
+Budgeted decoding needs nothing more: the MoE block passes reassign's (idx_TK, w_TK), whose empty
 slots carry weight 0, and only experts with a nonzero-weight pair are read.
 
 Falls back to transformers' `grouped_mm` (same numerics class, bf16 GEMMs) where the kernel is not

@@ -45,7 +45,7 @@ class Artifacts:
     sim_LEE: Tensor | None = None  # cosine similarity of experts' outputs on calibration inputs
 
     def to(self, device: torch.device) -> Artifacts:
-        """The same statistics on `device` (a patch moves them once, so no step copies them)."""
+        """The same statistics on `device` (moved once when a model is budgeted, so no step copies them)."""
         moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(self).items()}
         return Artifacts(**moved)
 
@@ -251,7 +251,7 @@ class Oracle(Selector):
 
     def pair_term(self, batch: RoutedBatch) -> Tensor:
         if batch.norms_TK is None:
-            raise RuntimeError("oracle needs batch.norms_TK; the patch computes them when needs_norms")
+            raise RuntimeError("oracle needs batch.norms_TK; the MoE block computes them when needs_norms")
         return (_w(batch) * batch.norms_TK.to(torch.float32)) ** 2
 
 

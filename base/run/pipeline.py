@@ -2,7 +2,7 @@
 
     calibrate   dense forward over calibration text; per-layer routing and expert-norm statistics
     fit         the per-layer linear predictor of log||E_u(z)||, with held-out R^2
-    evaluate    lm-eval tasks over the patched model; metrics + selection statistics
+    evaluate    lm-eval tasks over the budgeted model; metrics + selection statistics
     throughput  timed decode steps for the configured batch sizes and budgets
     describe    build the model (meta device is enough) and report its MoE shape
 """
