@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-slow test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation rules bench-kernels report clean
+.PHONY: help install test test-all test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation rules bench-kernels report clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv if missing and install the project (torch pinned to the CPU build)
 
-test: $(STAMP)  ## run the test suite (CPU; GPU and slow tests are left out)
+test: $(STAMP)  ## the fast tier: one representative of every group (CPU; slow and GPU tests left out; CI runs this)
 	$(OFFLINE) $(PY) -m pytest -q
 
-test-slow: $(STAMP)  ## also run the slow tests
+test-all: $(STAMP)  ## every CPU test, the slow ones included (GPU tests skip without a GPU)
 	$(OFFLINE) $(PY) -m pytest -q -m "slow or not slow"
 
 test-gpu: $(STAMP)  ## GPU tests only (on a CUDA machine)

@@ -41,7 +41,8 @@ class EvalResult:
 def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
              budget: MoeBudget | None, root: Path) -> EvalResult:
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
+
+    from base.eval.tasks import task_manager
 
     include = str(root / task.include_path) if task.include_path else None
     batch_seed = seed if eval_cfg.seed is None else eval_cfg.seed  # the mixing order only
@@ -53,7 +54,7 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     try:
         out = simple_evaluate(
             model=lm, tasks=list(task.tasks), num_fewshot=task.num_fewshot, limit=task.limit,
-            task_manager=TaskManager(include_path=include), random_seed=seed, numpy_random_seed=seed,
+            task_manager=task_manager(include, tuple(task.tasks)), random_seed=seed, numpy_random_seed=seed,
             torch_random_seed=seed, fewshot_random_seed=seed, log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS,
             confirm_run_unsafe_code=eval_cfg.confirm_unsafe_code,
         )

@@ -11,7 +11,6 @@ missing or empty data).
 """
 from __future__ import annotations
 
-import contextlib
 import difflib
 
 from base.config import ConfigError, RunConfig
@@ -90,25 +89,23 @@ def _check_predictor_file(cfg: RunConfig, hf) -> None:
 
 def check_tasks(cfg: RunConfig) -> None:
     """Every task name is known to lm-eval and every task builds (its data exists and is not empty)."""
-    from lm_eval.tasks import TaskManager
-
     from base.eval.lmeval_logging import quiet_expected_warnings
+    from base.eval.tasks import task_manager
 
     quiet_expected_warnings()
     include = str(cfg.resolve(cfg.task.include_path)) if cfg.task.include_path else None
-    tm = TaskManager(include_path=include)
+    tm = task_manager(include, tuple(cfg.task.tasks))
     known = set(tm.all_tasks)
     for name in cfg.task.tasks:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=5)
             hint = f"; close matches: {', '.join(close)}" if close else ""
             raise ConfigError(f"task {cfg.task.name}: unknown lm-eval task {name!r}{hint}")
-    with contextlib.chdir(cfg.root):  # task YAMLs name local data relative to the repo root
-        try:
-            leaves = tm.load(list(cfg.task.tasks))["tasks"]
-        except Exception as err:  # noqa: BLE001 - lm-eval raises anything, StopIteration for empty data
-            why = "its data is empty" if isinstance(err, StopIteration) else f"{type(err).__name__}: {err}"
-            raise ConfigError(f"task {cfg.task.name}: {', '.join(cfg.task.tasks)} could not be built ({why})") from None
+    try:
+        leaves = tm.load(list(cfg.task.tasks))["tasks"]
+    except Exception as err:  # noqa: BLE001 - lm-eval raises anything, StopIteration for empty data
+        why = "its data is empty" if isinstance(err, StopIteration) else f"{type(err).__name__}: {err}"
+        raise ConfigError(f"task {cfg.task.name}: {', '.join(cfg.task.tasks)} could not be built ({why})") from None
     scored = sorted(n for n, t in leaves.items() if t.OUTPUT_TYPE != "generate_until")
     if scored and cfg.method.name != "dense":
         raise ConfigError(f"task {cfg.task.name}: {', '.join(scored[:8])}{' ...' if len(scored) > 8 else ''} "
