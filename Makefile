@@ -17,11 +17,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv if missing and install the project (torch pinned to the CPU build)
 
+# Tests run in TEST_JOBS worker processes (pytest-xdist), one thread each: on 2 cores, two workers
+# with torch's default threads would oversubscribe them.
+TEST_JOBS ?= 2
 test: $(STAMP)  ## the fast tier: one representative of every group (CPU; slow and GPU tests left out; CI runs this)
-	$(OFFLINE) $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS)
 
 test-all: $(STAMP)  ## every CPU test, the slow ones included (GPU tests skip without a GPU)
-	$(OFFLINE) $(PY) -m pytest -q -m "slow or not slow"
+	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS) -m "slow or not slow"
 
 test-gpu: $(STAMP)  ## GPU tests only (on a CUDA machine)
 	$(OFFLINE) $(PY) -m pytest -q -m gpu

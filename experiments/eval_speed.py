@@ -22,12 +22,12 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.runtime.engine import DecodeEngine
-from base.hf.loading import load_model, load_tokenizer
 from base.eval.generate import budgeted_generate, ended_token_ids
-from base.hf.budget import BudgetOptions, install_budget
-from base.method.selectors import build_selector
 from base.eval.stops import RowStops
+from base.hf.budget import BudgetOptions, install_budget
+from base.hf.loading import load_model, load_tokenizer
+from base.method.selectors import build_selector
+from base.runtime.engine import DecodeEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("dense", "router_sum", "router_sq", "count", "fixed")

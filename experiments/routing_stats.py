@@ -150,7 +150,7 @@ def decode_routing(model: nn.Module, tok, requests: list[Request], chunk: int = 
     finally:
         tap.close()
     num_layers = len(tap.layers)
-    cat = lambda j: torch.stack([torch.cat([p[0][layer][j] for p in parts]) for layer in range(num_layers)])  # noqa: E731
+    cat = lambda j: torch.stack([torch.cat([p[0][layer][j] for p in parts]) for layer in range(num_layers)])
     return DecodeRouting(
         topk_idx_LTK=cat(0),
         topk_w_LTK=cat(1),
@@ -255,7 +255,7 @@ def write(df: pd.DataFrame, out: Path, command: str) -> None:
         rounded.to_csv(f, index=False)
     means = rounded[rounded["layer"] == "mean"].drop(columns=["layer", "decode_tokens"])
     md = [
-        f"Routing on decode tokens of tasks/mini (mean over layers; per layer in routing_stats.csv).\n",
+        "Routing on decode tokens of tasks/mini (mean over layers; per layer in routing_stats.csv).\n",
         f"`{command}`\n",
         means.to_markdown(index=False, floatfmt=".3f"),
         "",

@@ -21,12 +21,12 @@ import torch
 import yaml
 
 from base.config import ModelConfig
+from base.eval.generate import budgeted_generate
+from base.files import atomic_write_text
+from base.hf.budget import BudgetOptions, install_budget
 from base.hf.families import find_moe_layers
 from base.hf.loading import load_model, load_tokenizer
-from base.files import atomic_write_text
 from base.run.outputs import write_table
-from base.eval.generate import budgeted_generate
-from base.hf.budget import BudgetOptions, install_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,9 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._triton import dual_jit, empty, next_pow2
-from kernels.terms import TERMS as KINDS  # the per-pair score terms, by name (a selector's kernel_term)
+from kernels.terms import (
+    TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
+)
 
 REASSIGN_MODES = ("backfill", "drop")
 

@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from base.config import ModelConfig
-from base.hf.families import MoeLayer, find_moe_layers
 from base.hf.budget import BudgetOptions, MoeBudget, install_budget
+from base.hf.families import MoeLayer, find_moe_layers
 from base.method.routing import RoutedBatch
 from base.method.selectors import Artifacts, Selector
 

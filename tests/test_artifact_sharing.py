@@ -11,11 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from base.files import file_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_jobs_started_at_once_compute_each_artifact_once(tmp_path):
     cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/art",
            "logger=none", "model=tiny_qwen3", "task=smoke", "stage=fit"]
@@ -57,10 +60,10 @@ with file_lock(directory):
 
 def test_a_writer_killed_mid_write_leaves_nothing_half_written(compose, tmp_path):
     import run
-    from base.run.artifacts import artifact_dir, ensure_calibration, model_identity
-    from base.method.calibration import Calibration
     from base.hf.families import find_moe_layers
     from base.hf.loading import load_model, load_tokenizer
+    from base.method.calibration import Calibration
+    from base.run.artifacts import artifact_dir, ensure_calibration, model_identity
 
     rc = run.build_config(compose(["model=tiny_qwen3", "task=smoke", f"artifacts_dir={tmp_path}/art",
                                    "calibration.num_tokens=1024"]), tmp_path / "out")

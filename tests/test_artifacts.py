@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 
 import run
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model
 from base.run.artifacts import (
     artifact_dir,
     calibration_settings,
@@ -14,8 +16,6 @@ from base.run.artifacts import (
     file_fingerprint,
     model_identity,
 )
-from base.hf.families import find_moe_layers
-from base.hf.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

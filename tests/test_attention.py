@@ -11,10 +11,10 @@ import torch
 import yaml
 from torch import nn
 
-from base.hf.attention import StaticKV, engine_attention
 from base.config import ModelConfig
-from base.runtime.engine import DecodeEngine
+from base.hf.attention import StaticKV, engine_attention
 from base.hf.loading import load_model
+from base.runtime.engine import DecodeEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -144,18 +144,18 @@ def prefill_inputs(budget, mask=MASK):
 def test_prefill_untouched_unless_apply_to_all(model):
     with torch.no_grad():
         dense_logits = model(input_ids=IDS, attention_mask=MASK).logits
-    with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=1)) as budget, torch.no_grad():
-        with budget.bound(prefill_inputs(budget)):
-            logits = model(input_ids=IDS, attention_mask=MASK).logits
+    with (budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=1)) as budget, torch.no_grad(),
+          budget.bound(prefill_inputs(budget))):
+        logits = model(input_ids=IDS, attention_mask=MASK).logits
     assert torch.equal(logits, dense_logits)
     assert budget.stats_rows() == []
 
     probe = MoeProbe(model)
     try:
         opts = BudgetOptions(budget=1, apply_to="all")
-        with budgeted(model, "qwen3_moe", selector("router_sum"), opts) as budget, probe, torch.no_grad():
-            with budget.bound(prefill_inputs(budget)):
-                logits = model(input_ids=IDS, attention_mask=MASK).logits
+        with (budgeted(model, "qwen3_moe", selector("router_sum"), opts) as budget, probe, torch.no_grad(),
+              budget.bound(prefill_inputs(budget))):
+            logits = model(input_ids=IDS, attention_mask=MASK).logits
     finally:
         probe.remove()
     assert not torch.allclose(logits, dense_logits)
@@ -172,9 +172,9 @@ def test_left_padding_neither_joins_the_union_nor_adds_experts(model, budget):
     probe = MoeProbe(model)
     try:
         opts = BudgetOptions(budget=budget, apply_to="all")
-        with budgeted(model, "qwen3_moe", selector("router_sum"), opts) as moe, probe, torch.no_grad():
-            with moe.bound(prefill_inputs(moe, mask)):
-                model(input_ids=ids, attention_mask=mask)
+        with (budgeted(model, "qwen3_moe", selector("router_sum"), opts) as moe, probe, torch.no_grad(),
+              moe.bound(prefill_inputs(moe, mask))):
+            model(input_ids=ids, attention_mask=mask)
     finally:
         probe.remove()
     padding_adds = False
@@ -201,10 +201,10 @@ def test_finished_and_pad_fed_rows_excluded_in_decode(model, budget):
     assert active_T.tolist() == [True, False, True, False]
     probe = MoeProbe(model)
     try:
-        with budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=budget)) as moe, probe:
-            with torch.no_grad(), moe.bound(moe.inputs(decode=True, active_T=active_T)):
-                model(input_ids=next_ids, attention_mask=F.pad(MASK, (0, 1), value=1),
-                      cache=prefill.past_key_values)
+        with (budgeted(model, "qwen3_moe", selector("router_sum"), BudgetOptions(budget=budget)) as moe, probe,
+              torch.no_grad(), moe.bound(moe.inputs(decode=True, active_T=active_T))):
+            model(input_ids=next_ids, attention_mask=F.pad(MASK, (0, 1), value=1),
+                  cache=prefill.past_key_values)
     finally:
         probe.remove()
     rows = moe.stats_rows()

@@ -11,13 +11,13 @@ import torch
 import yaml
 
 from base.config import ModelConfig
-from base.runtime.engine import DecodeEngine
-from base.hf.families import find_moe_layers
-from base.hf.skew import SkewedRouter
-from base.hf.loading import load_model, load_tokenizer
 from base.eval.generate import budgeted_generate
 from base.hf.budget import BudgetOptions, install_budget
+from base.hf.families import find_moe_layers
+from base.hf.loading import load_model, load_tokenizer
+from base.hf.skew import SkewedRouter
 from base.method.selectors import build_selector
+from base.runtime.engine import DecodeEngine
 from tests.helpers import model_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_eos_ends_a_row_inside_the_step():
 
 
 def test_recorder_grows_past_its_capacity_in_eager_decoding(mini):
-    model, tok = mini
+    model, _ = mini
     budget = install_budget(model, "qwen3_moe", None, BudgetOptions(budget=None))
     try:
         cap = budget.recorder.capacity
@@ -116,7 +116,7 @@ def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
     """Chunked decoding (a host stop check per step, as in evaluation) past the recorder's capacity:
     the statistics buffer is reallocated, so the step must be captured again. On a CPU a stand-in
     graph replays the step eagerly; the rows must equal eager decoding's."""
-    model, tok = mini
+    model, _ = mini
     ids = torch.full((2, 3), 5)
 
     def run(graph: bool) -> tuple[list[dict], int]:

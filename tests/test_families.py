@@ -13,10 +13,10 @@ import itertools
 import pytest
 import torch
 
-from base.hf.families import FAMILIES, find_moe_layers
-from base.hf.loading import byte_tokenizer, load_model
 from base.eval.generate import budgeted_generate
 from base.hf.budget import BudgetOptions
+from base.hf.families import FAMILIES, find_moe_layers
+from base.hf.loading import byte_tokenizer, load_model
 from base.method.selectors import build_selector
 from tests.helpers import (
     ROOT,

@@ -12,11 +12,11 @@ import torch
 from omegaconf import OmegaConf
 
 import run
-from base.run.pipeline import run as run_pipeline
-from base.method.routing import RoutedBatch
-from base.method.policy import Decision, dense_decision
 from base.hf.families import find_moe_layers
 from base.hf.moe_block import output_error
+from base.method.policy import Decision, dense_decision
+from base.method.routing import RoutedBatch
+from base.run.pipeline import run as run_pipeline
 from tests.helpers import tiny_qwen3
 
 FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]

@@ -17,10 +17,9 @@ import pytest
 import torch
 
 import kernels._triton as kt
+from base.hf.experts_impl import register_base_triton
 from base.method.routing import RoutedBatch, pair_counts_E, reassign, select_top_m
 from base.method.selectors import Artifacts, build_selector
-from base.hf.experts_impl import register_base_triton
-from kernels.terms import TERMS
 from kernels import (
     ExpertsLayout,
     experts_reference,
@@ -31,6 +30,7 @@ from kernels import (
     select_reassign,
     select_step,
 )
+from kernels.terms import TERMS
 
 KINDS = list(TERMS)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -42,6 +42,7 @@ def check_all_finished(tmp_path: Path, launcher: str) -> tuple[dict[str, dict], 
     return reps, rows
 
 
+@pytest.mark.slow
 def test_joblib_two_processes_one_gpu_each(tmp_path):
     pool = f"fakeA{os.getpid()},fakeB{os.getpid()}"  # names only: the CPU build never reads them
     proc = multirun(tmp_path, "hydra/launcher=local_gpus", *SWEEP, env={"CUDA_VISIBLE_DEVICES": pool})

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from base.runtime.engine import DecodeEngine
-from base.hf.loading import load_model
 from base.hf.budget import BudgetOptions, install_budget
+from base.hf.loading import load_model
 from base.hf.placement import model_devices
 from base.method.selectors import build_selector
+from base.runtime.engine import DecodeEngine
 from tests.helpers import model_artifacts, tiny_model_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,7 @@ def test_cmmlu_gen_asks_by_generation_and_scores_the_first_letter(tmp_path):
     (tmp_path / "t.yaml").write_text(
         f"include: {ROOT / 'tasks/paper/cmmlu_gen/_template_yaml'}\ntask: cg_local\ndataset_path: json\n"
         f"dataset_kwargs:\n  data_files:\n    test: {data}\n    dev: {data}\n")
-    task = TaskManager(include_path=str(tmp_path)).load(["cg_local"])["tasks"]["cg_local"]
+    task = TaskManager(include_path=str(tmp_path), include_defaults=False).load(["cg_local"])["tasks"]["cg_local"]
     doc = next(iter(task.test_docs()))
     assert task.OUTPUT_TYPE == "generate_until"
     assert task.doc_to_text(doc).endswith("D. 4\n答案：") and task.doc_to_target(doc) == "B"
@@ -40,6 +42,7 @@ def test_cmmlu_gen_asks_by_generation_and_scores_the_first_letter(tmp_path):
     assert scores == {" 答案是 B。": 1.0, "C": 0.0}
 
 
+@pytest.mark.slow  # indexes every lm-eval task (~15 s)
 def test_task_paper_lists_only_generative_tasks_lm_eval_knows():
     import yaml
     from lm_eval.tasks import TaskManager

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from base.config import ConfigError, ModelConfig
-from base.runtime.engine import DecodeEngine
 from base.hf.loading import hf_config, load_model
+from base.runtime.engine import DecodeEngine
 from base.runtime.memory import kv_cache_bytes, memory_estimate
 from tests.helpers import tiny_model_config
 
@@ -88,6 +88,7 @@ def test_two_h200s_take_gpt_oss_120b_in_two_balanced_halves():
     assert sum(size for n, size in units if small[n] == 0) <= h200 // 3
 
 
+@pytest.mark.slow
 def test_placement_needs_no_psutil():
     """The GPU host lacks psutil (accelerate's planner imports it); the placement path must not."""
     code = ("import sys; sys.modules['psutil'] = None\n"

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from base.method.calibration import Calibration, LayerCalib
 from base.config import PredictorConfig
+from base.method.calibration import Calibration, LayerCalib
 from base.method.predictor import Predictor, fit_predictor, ridge_fit
 
 L, E, K, H, N = 2, 4, 2, 6, 800

@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from base.method.routing import aggregate_E, pair_counts_E, reassign, select_top_m, step_stats
+from base.method.routing import (
+    aggregate_E,
+    pair_counts_E,
+    reassign,
+    select_top_m,
+    step_stats,
+)
 from tests.helpers import ids_of, routed_batch, token_routing
 
 # E = 6, K = 2. Weights are the model's (renormalised top-2 probabilities, w = p / sum_k p).

@@ -1,5 +1,7 @@
-"""run.py end to end, in subprocesses as a user runs it: evaluate on the offline task, a 2-point
-multirun, resume skipping a finished run, the calibrate/fit/throughput/describe stages."""
+"""run.py end to end: in a subprocess as a user runs it (evaluate and resume, exit codes), and in
+process as run.py runs a job (the selection features, the fit and throughput stages), where a
+test pays no interpreter start. Slow ones (a multirun, the engine against generate, the paper's
+stand-in tasks, real shapes on the meta device) run under `make test-all`."""
 from __future__ import annotations
 
 import json
@@ -25,6 +27,22 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
     return proc
+
+
+def _run_here(compose, tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
+    """One run as run.py's job does it, in this process: (report, run folder)."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run.pipeline import run as run_pipeline
+
+    args = [*overrides]
+    for key, value in (("model", "tiny_qwen3"), ("task", "smoke")):  # small defaults for speed
+        if not any(a.startswith(f"{key}=") for a in args):
+            args.append(f"{key}={value}")
+    out = tmp_path / "_".join(a.replace("=", "-").replace("/", "") for a in overrides)[:100]
+    cfg = compose([*args, "logger=none", f"artifacts_dir={tmp_path}/artifacts"])
+    return run_pipeline(run.build_config(cfg, out, ",".join(overrides)), OmegaConf.to_yaml(cfg, resolve=True)), out
 
 
 def _run_dir(root: Path, *parts: str) -> Path:
@@ -63,12 +81,10 @@ def test_evaluate_then_resume_skips(tmp_path):
     assert (out / "report.json").stat().st_mtime == mtime
 
 
-def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(tmp_path):
+def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(compose, tmp_path):
     """method.coverage with no budget: per layer and step, the fewest experts covering 60 % of
     BASE's predicted cost; the count varies and the distribution is in selection.csv."""
-    proc = _run(tmp_path, "method=base", "method.coverage=0.6", "budget=null", "batch_size=8")
-    assert proc.returncode == 0
-    out = _run_dir(tmp_path / "default", "method.coverage=0.6")
+    _, out = _run_here(compose, tmp_path, "method=base", "method.coverage=0.6", "budget=null", "batch_size=8")
     steps = pd.read_csv(out / "selection_steps.csv")
     assert (steps["kept"] >= 1).all() and (steps["kept"] <= steps["union"]).all()
     assert (steps["kept"] < steps["union"]).any() and steps["kept"].nunique() > 1
@@ -76,26 +92,23 @@ def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(tmp_path):
     assert (sel["kept_min"] <= sel["kept_p50"]).all() and (sel["kept_p90"] <= sel["kept_max"]).all()
 
 
-def test_similar_rerouting_runs_with_calibrated_expert_similarity(tmp_path):
-    proc = _run(tmp_path, "method=router_sum", "method.reassign=similar", "budget=2", "batch_size=8")
-    assert proc.returncode == 0
-    out = _run_dir(tmp_path / "default", "method.reassign=similar")
-    report = json.loads((out / "report.json").read_text())
+def test_similar_rerouting_runs_with_calibrated_expert_similarity(compose, tmp_path):
+    report, out = _run_here(compose, tmp_path, "method=router_sum", "method.reassign=similar", "budget=2", "batch_size=8")
     assert "output cosine similarity" in report["artifacts"]["similarity"]
     steps = pd.read_csv(out / "selection_steps.csv")
     assert steps["kept"].max() <= 2 and (steps["executed"] <= 2).all()  # substitutes are kept experts
 
 
-def test_sensitivity_split_keeps_the_mean_budget_with_layers_that_differ(tmp_path):
-    proc = _run(tmp_path, "method=base", "method.budget_split=sensitivity", "budget=2", "batch_size=8")
-    assert proc.returncode == 0
-    out = _run_dir(tmp_path / "default", "method.budget_split=sensitivity")
-    split = json.loads((out / "report.json").read_text())["artifacts"]["layer_budgets"]["2"]
+def test_sensitivity_split_keeps_the_mean_budget_with_layers_that_differ(compose, tmp_path):
+    report, out = _run_here(compose, tmp_path, "method=base", "method.budget_split=sensitivity", "budget=2",
+                            "batch_size=8")
+    split = report["artifacts"]["layer_budgets"]["2"]
     assert sum(split.values()) == 2 * len(split)
     sel = pd.read_csv(out / "selection.csv")
     assert all(sel.loc[sel["layer"] == int(layer), "kept_max"].iloc[0] <= m for layer, m in split.items())
 
 
+@pytest.mark.slow  # a multirun through Hydra's launcher: tests/test_sweep.py has the fast one
 def test_multirun_two_points(tmp_path):
     proc = _run(tmp_path, "-m", "method=router_sum", "budget=2,6", "batch_size=8")
     assert proc.returncode == 0
@@ -107,6 +120,7 @@ def test_multirun_two_points(tmp_path):
     assert kept[2] < kept[6]
 
 
+@pytest.mark.slow  # the command line's exit code: tests/test_bad_inputs.py has the fast one
 def test_budget_above_experts_fails_at_start(tmp_path):
     proc = _run(tmp_path, "budget=17")
     assert proc.returncode == 2
@@ -114,17 +128,15 @@ def test_budget_above_experts_fails_at_start(tmp_path):
     assert not list(tmp_path.rglob("report.json"))
 
 
-def test_fit_and_throughput_stages(tmp_path):
-    fit = _run(tmp_path, "stage=fit")
-    assert fit.returncode == 0
-    r2 = pd.read_csv(_run_dir(tmp_path / "default", "stage=fit") / "predictor.csv")
+def test_fit_and_throughput_stages(compose, tmp_path):
+    _, fit = _run_here(compose, tmp_path, "stage=fit")
+    r2 = pd.read_csv(fit / "predictor.csv")
     assert len(r2) == 2 and r2["r2"].notna().all()
-    tp = _run(tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
-              "throughput.prompt_len=6", "throughput.gen_tokens=4", "throughput.stats_steps=3",
-              "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]",
-              "throughput.profile_batch=4")
-    assert tp.returncode == 0
-    rows = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "throughput.csv")
+    _, tp = _run_here(compose, tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
+                      "throughput.prompt_len=6", "throughput.gen_tokens=4", "throughput.stats_steps=3",
+                      "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]",
+                      "throughput.profile_batch=4")
+    rows = pd.read_csv(tp / "throughput.csv")
     # dense first, count at each budget, oea once (it ignores the budget); CPU: eager engine
     assert rows["variant"].tolist() == ["dense", "count", "count", "oea(k0=1)"]
     assert (rows["tokens_per_s"] > 0).all() and (rows["mode"] == "eager").all()
@@ -132,7 +144,7 @@ def test_fit_and_throughput_stages(tmp_path):
         assert 0 < rows.loc[rows["budget"] == budget, "kept_mean"].iloc[0] <= budget
     dense = rows.iloc[0]
     assert dense["kept_mean"] == dense["union_mean"] > 3 and dense["speedup_vs_dense"] == 1.0
-    prof = pd.read_csv(_run_dir(tmp_path / "default", "budget=3", "stage=throughput") / "profile.csv")
+    prof = pd.read_csv(tp / "profile.csv")
     assert set(prof["variant"]) == {"dense", "count", "oea(k0=1)"}  # the first budget only
     assert {"attention", "expert FFN", "router/selection", "LM head"} <= set(prof["class"])
     for _, one in prof.groupby("variant"):  # every kernel (CPU: operator) in exactly one class
@@ -140,6 +152,7 @@ def test_fit_and_throughput_stages(tmp_path):
         assert parts == pytest.approx(one.loc[one["class"] == "total", "ms_per_step"].iloc[0], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_many_overrides_fit_in_a_folder_name(tmp_path):
     """Hydra names a run folder by its overrides; past a file-name limit the name gets a hash."""
     long = [f"throughput.methods=[{','.join(['dense'] * 60)}]", "stage=describe", "model.device=meta",
@@ -151,6 +164,7 @@ def test_many_overrides_fit_in_a_folder_name(tmp_path):
     assert "dense" in json.loads((folder / "report.json").read_text())["overrides"]
 
 
+@pytest.mark.slow  # tests/test_placement.py describes a model in process
 def test_describe_real_shape_on_meta(tmp_path):
     proc = _run(tmp_path, "model=qwen3_30b", "model.init=random", "model.device=meta", "stage=describe")
     assert proc.returncode == 0
@@ -160,6 +174,7 @@ def test_describe_real_shape_on_meta(tmp_path):
     assert 3.0e9 < rep["params_active_per_token"] < 3.5e9
 
 
+@pytest.mark.slow  # tests/test_engine.py compares the two decodings in process
 def test_evaluate_through_the_engine_equals_generate(tmp_path):
     """eval.engine=on (what a GPU uses by default) gives generate's answers and statistics."""
     common = ("model=mini", "task=mini_smoke", "method=base", "budget=6", "batch_size=8")
@@ -194,6 +209,7 @@ def test_a_changed_config_in_the_same_folder_reruns(compose, tmp_path, capsys):
     assert json.loads((out / "report.json").read_text())["batch_size"] == 4
 
 
+@pytest.mark.slow  # tests/test_artifact_sharing.py has the fast one
 def test_two_processes_computing_one_artifact(tmp_path):
     """Both calibrate the same model into one artifacts folder at once: the lock serialises them
     and the files stay whole (atomic per-process temporary names)."""
@@ -214,14 +230,16 @@ def test_two_processes_computing_one_artifact(tmp_path):
     assert not [p for p in calib_dir.iterdir() if ".tmp" in p.name]
 
 
-def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(tmp_path):
+def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(compose, tmp_path):
     """eval.gen_toks=1: the prefill makes the only token, so no decode step ever sees the budget."""
-    proc = _run(tmp_path, "method=router_sum", "budget=3", "eval.gen_toks=1")
-    assert proc.returncode == 2
-    assert "smoke_copy ran no decode step: method=router_sum changes decode steps only" in proc.stderr
+    from base.checks import ConfigError
+
+    with pytest.raises(ConfigError, match="smoke_copy ran no decode step: method=router_sum changes decode steps only"):
+        _run_here(compose, tmp_path, "method=router_sum", "budget=3", "eval.gen_toks=1")
     assert not list(tmp_path.rglob("report.json"))
 
 
+@pytest.mark.slow
 def test_paper_standin_runs_end_to_end_and_every_task_decodes(tmp_path):
     """task=paper's shapes offline: sampling as the paper does, 384 tokens set, the code task only
     with the unsafe-code opt-in; the report shows every task's decode steps and what was averaged."""
@@ -241,8 +259,8 @@ def test_a_failing_run_finishes_its_logger_as_failed(compose, tmp_path, monkeypa
     """The model fails to load after the logger opened: the logger is still finished, with failure."""
     from omegaconf import OmegaConf
 
-    import base.run.pipeline as pipeline
     import run
+    from base.run import pipeline
 
     calls = []
 

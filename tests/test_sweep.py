@@ -53,6 +53,7 @@ def test_concurrent_jobs_lose_no_rows(tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_runs_and_redoes_an_interrupted_one(tmp_path):
     sweep = ("stage=describe", "seed=0,1,2")
     assert multirun(tmp_path, *sweep).returncode == 0

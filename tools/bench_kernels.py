@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from base.hf.experts_impl import register_base_triton
 from kernels import (
     fuse_router_predictor,
     fused_router_logits,
     prepare_predictor,
 )
-from base.hf.experts_impl import register_base_triton
 from kernels.experts import device_name, fused_experts
 from kernels.score import score_experts
 from kernels.select import route_select, select_reassign

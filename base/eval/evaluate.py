@@ -19,8 +19,6 @@ from base.eval.lm import BudgetedLM
 from base.eval.lmeval_logging import quiet_expected_warnings
 from base.hf.budget import MoeBudget
 
-quiet_expected_warnings()
-
 # lm-eval's standard errors: closed form for mean metrics; a bootstrap only for other aggregations.
 BOOTSTRAP_ITERS = 1000
 CODE_EVAL_ENV = "HF_ALLOW_CODE_EVAL"  # what lm-eval's code-execution metric (code_eval) asks for
@@ -44,6 +42,7 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
 
     from base.eval.tasks import task_manager
 
+    quiet_expected_warnings()
     include = str(root / task.include_path) if task.include_path else None
     batch_seed = seed if eval_cfg.seed is None else eval_cfg.seed  # the mixing order only
     lm = BudgetedLM(model, tokenizer, batch_size, eval_cfg, batch_seed, budget,

@@ -6,7 +6,6 @@ Shapes: N calibration tokens, H hidden, E experts, K top-k, L MoE layers.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,8 +14,8 @@ from tqdm.auto import tqdm
 
 from base.config import CalibConfig
 from base.hf.families import MoeLayer
-from base.method.calibration import Calibration, LayerCalib
 from base.hf.moe_block import expert_norms_TK
+from base.method.calibration import Calibration, LayerCalib
 
 
 def read_texts(files: list[Path]) -> str:

@@ -52,7 +52,7 @@ def split_budget(curves_LM: Tensor, budget: int, layer_ids: list[int] | None = N
         raise ValueError(f"budget={budget} must be in 1..{E}")
     ids = layer_ids if layer_ids is not None else list(range(L))
     m_L = [1] * L
-    gain = lambda layer: float(curves_LM[layer, m_L[layer]] - curves_LM[layer, m_L[layer] + 1])  # noqa: E731
+    gain = lambda layer: float(curves_LM[layer, m_L[layer]] - curves_LM[layer, m_L[layer] + 1])
     heap = [(-gain(i), i) for i in range(L) if m_L[i] < E]  # ties: the lower layer first
     heapq.heapify(heap)
     for _ in range(L * budget - L):

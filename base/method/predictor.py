@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from base.method.calibration import Calibration
 from base.checks import ConfigError, check_choice, check_float
 from base.files import atomic_save_tensors, atomic_write_text
+from base.method.calibration import Calibration
 
 
 @dataclass

@@ -27,9 +27,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from base.method.routing import RoutedBatch, aggregate_E, pair_counts_E, select_top_m
 from base.registry import Registry
 from kernels.terms import TERMS
-from base.method.routing import RoutedBatch, aggregate_E, pair_counts_E, select_top_m
 
 SELECTORS: Registry[type[Selector]] = Registry("selector")
 

@@ -13,15 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
 from torch import nn
 
-from base.hf.calibrate import calibrate, read_texts, token_batches
-from base.method.calibration import Calibration
 from base.config import RunConfig
+from base.files import file_lock
+from base.hf.calibrate import calibrate, read_texts, token_batches
 from base.hf.families import MoeLayer
 from base.hf.loading import resolve_path
-from base.files import file_lock
+from base.method.calibration import Calibration
 from base.method.predictor import Predictor, fit_predictor
 from base.method.selectors import Artifacts, Selector
 

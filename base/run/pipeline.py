@@ -14,17 +14,17 @@ from typing import Any
 import torch
 import yaml
 
-from base.files import atomic_write_text
-from base.run import outputs
-from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.config import ConfigError, RunConfig
+from base.files import atomic_write_text
 from base.hf.budget import BudgetOptions, MoeBudget, install_budget
 from base.hf.families import find_moe_layers
 from base.hf.loading import load_model, load_tokenizer
-from base.run.logger import Logger
 from base.hf.placement import model_devices
-from base.run.preflight import preflight
 from base.method.selectors import SELECTORS, build_selector
+from base.run import outputs
+from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
+from base.run.logger import Logger
+from base.run.preflight import preflight
 from base.run.sweep import host_info
 from base.runtime.throughput import Variant
 

@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from base.config import ThroughputConfig
-from base.runtime.engine import DecodeEngine
 from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
+from base.runtime.engine import DecodeEngine
 
 SKIP_EXPERTS = "base_skip"
 

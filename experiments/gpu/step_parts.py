@@ -111,8 +111,8 @@ def top_kernels(B: int = 16, steps: int = 8) -> list[dict]:
     import yaml
 
     from base.config import ModelConfig
-    from base.runtime.engine import DecodeEngine
     from base.hf.loading import load_model
+    from base.runtime.engine import DecodeEngine
 
     root = Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((root / "conf/model/qwen3_30b.yaml").read_text())

@@ -16,7 +16,6 @@ from transformers import OlmoeConfig, PretrainedConfig, Qwen3MoeConfig
 
 from experiments.mini.tokenizer import VOCAB_SIZE, build_tokenizer
 
-
 FAMILIES = ("qwen3_moe", "olmoe")
 
 
