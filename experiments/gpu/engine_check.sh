@@ -11,7 +11,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 last=$((ngpu - 1))
 tests() {
   CUDA_VISIBLE_DEVICES=$last python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine.py \
-    tests/test_attention.py tests/test_kernels.py tests/test_patch_triton.py > "$OUT/gpu_tests.log" 2>&1
+    tests/test_attention.py tests/test_kernels.py tests/test_budget_triton.py > "$OUT/gpu_tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/gpu_tests.log"
 }
 if [ "$ngpu" -ge 2 ]; then tests & else tests; fi

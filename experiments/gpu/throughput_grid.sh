@@ -20,7 +20,7 @@ run_on() {  # gpu, model:routing ...
   local gpu=$1; shift
   if [ "${TESTS:-0}" = 1 ] && [ "$gpu" = "$last" ]; then
     CUDA_VISIBLE_DEVICES=$gpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine.py \
-      tests/test_attention.py tests/test_kernels.py tests/test_patch_triton.py > "$LOG/gpu_tests.log" 2>&1
+      tests/test_attention.py tests/test_kernels.py tests/test_budget_triton.py > "$LOG/gpu_tests.log" 2>&1
     echo "tests rc=$?" >> "$LOG/gpu_tests.log"
   fi
   if [ "${PARTS:-0}" = 1 ] && [ "$gpu" = "$last" ]; then
