@@ -19,6 +19,7 @@ DEVICES = ("auto", "cpu", "cuda", "meta")
 DEVICE_MAPS = ("auto",)  # or null
 APPLY_TO = ("decode", "all")
 EVAL_ORDERS = ("mixed", "lm_eval")
+BATCHINGS = ("continuous", "static")
 ROUTINGS = ("uniform", "skewed")
 
 
@@ -134,13 +135,19 @@ class EvalConfig:
     # null = the run's seed. Changes nothing else (calibration, predictor and lm-eval keep `seed`)
     fidelity: bool = False  # also measure layer-output error, retained energy, next-token KL and the
     # teacher-forced log-likelihood change against dense, in the same decode batches (analysis only)
+    batching: str = "continuous"  # continuous: a finished request's slot takes the next one
+    # (base/runtime/continuous.py), as a server does; static: a batch ends with its longest request
 
     def __post_init__(self) -> None:
         check_choice("eval.order", self.order, EVAL_ORDERS)
+        check_choice("eval.batching", self.batching, BATCHINGS)
         self.seed = check_int("eval.seed", self.seed, 0, allow_none=True)
         if not isinstance(self.fidelity, bool):
             raise ConfigError(f"eval.fidelity={self.fidelity!r} must be true or false")
         check_choice("eval.engine", self.engine, ("auto", "on", "off"))
+        if self.batching == "continuous" and self.engine == "off":
+            raise ConfigError("eval.engine=off decodes through transformers' generate, which batches statically: "
+                              "use eval.batching=static with it, or eval.engine=auto|on")
         self.max_gen_toks = check_int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
         self.gen_toks = check_int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
         check_float("eval.temperature", self.temperature, low=0.0, low_open=True)

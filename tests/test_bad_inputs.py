@@ -69,6 +69,8 @@ CASES = [
     (["eval.seed=-1"], "eval.seed=-1 is out of range: must be >= 0 or null"),
     (["eval.seed=abc"], "eval.seed='abc' must be an integer >= 0 or null"),
     (["eval.fidelity=maybe"], "eval.fidelity='maybe' must be true or false"),
+    (["eval.batching=dynamic"], "eval.batching='dynamic' is not valid; choose one of: continuous, static"),
+    (["eval.engine=off"], "eval.engine=off decodes through transformers' generate, which batches statically"),
     (["eval.temperature=-1"], "eval.temperature=-1 is out of range: must be a number > 0.0"),
     pytest.param(["task.tasks=[smoke_copyy]"], "unknown lm-eval task 'smoke_copyy'; close matches: smoke_copy",
                  marks=pytest.mark.slow),  # the close matches come from lm-eval's whole task index (~15 s)

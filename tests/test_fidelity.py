@@ -19,7 +19,7 @@ from base.method.routing import RoutedBatch
 from base.run.pipeline import run as run_pipeline
 from tests.helpers import tiny_qwen3
 
-FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]
+FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "eval.batching=static"]  # the teacher-forced pass
 
 
 def _evaluate(compose, tmp_path, *overrides: str) -> tuple[dict, object]:

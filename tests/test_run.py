@@ -177,7 +177,7 @@ def test_describe_real_shape_on_meta(tmp_path):
 @pytest.mark.slow  # tests/test_engine.py compares the two decodings in process
 def test_evaluate_through_the_engine_equals_generate(tmp_path):
     """eval.engine=on (what a GPU uses by default) gives generate's answers and statistics."""
-    common = ("model=mini", "task=mini_smoke", "method=base", "budget=6", "batch_size=8")
+    common = ("model=mini", "task=mini_smoke", "method=base", "budget=6", "batch_size=8", "eval.batching=static")
     runs = {}
     for engine in ("off", "on"):
         assert _run(tmp_path, *common, f"eval.engine={engine}", f"exp_name={engine}").returncode == 0

@@ -1,4 +1,4 @@
-"""Generation requests decoded in batches, as concurrent serving would batch them.
+"""Generation requests decoded as concurrent serving would batch them.
 
     batches = DecodeBatches(model, tokenizer, budget, codec, 16, eval_cfg, seed=0, max_length=2048, device=dev)
     texts = batches.run(requests)              # one text per Request, in the requests' order
@@ -6,12 +6,19 @@
 
 lm-eval sorts generation requests by length, which groups similar requests and hides the union
 growth BASE targets; with `order=mixed` the requests of all tasks of a run are shuffled with the
-batching seed and cut into batches of `batch_size`, each row keeping its own stop strings and
-token limit. Each batch decodes through the engine (base/runtime/engine.py: CUDA graphs on a GPU,
-one graph reused by every batch) or transformers' generate (base/eval/generate.py); with
-`eval.fidelity` the dense model's continuation is then re-decoded teacher-forced
-(base/eval/fidelity.py). Per batch it keeps which requests shared it and how many decode steps
-each row ran, which the run's tables report.
+batching seed, each keeping its own stop strings and token limit. Then, by `eval.batching`:
+
+    continuous  `batch_size` slots of the engine (base/runtime/continuous.py, scheduled by
+                base/runtime/scheduler.py): a finished request's slot takes the next request in
+                that order, so every step decodes as many requests as there are (a server's view)
+    static      batches of `batch_size` in that order, each decoded until its longest request ends
+                (finished rows stay, inactive), through the engine (CUDA graphs on a GPU, one graph
+                for every batch) or transformers' generate (base/eval/generate.py); with
+                `eval.fidelity` the dense continuation is then re-decoded teacher-forced in the
+                same batch (base/eval/fidelity.py)
+
+It keeps which requests shared a batch (static) or an admission round (continuous), each
+request's decode steps and the steps' timing, which the run's tables report.
 
 Shapes: B rows, P prompt positions, N new tokens.
 """
@@ -30,6 +37,7 @@ from base.eval.fidelity import teacher_forced
 from base.eval.generate import budgeted_generate, ended_token_ids
 from base.eval.stops import RowStops
 from base.hf.budget import MoeBudget
+from base.runtime.scheduler import ServeStats
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,8 @@ class DecodeBatches:
         self.decode_steps = 0  # decode forwards over all batches
         self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
         self.fidelity_rows: list[dict[str, float]] = []  # eval.fidelity: one row per (decode batch, step)
-        self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch
+        self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch (admission round)
+        self.serve_stats: ServeStats | None = None  # continuous batching: occupancy and step times
 
     def order(self, requests: list[Request]) -> list[int]:
         """Request indices in decoding order: mixed (seeded shuffle) or lm-eval's longest first."""
@@ -82,6 +91,8 @@ class DecodeBatches:
         return order
 
     def run(self, requests: list[Request], disable_tqdm: bool = False) -> list[str]:
+        if self.cfg.batching == "continuous":
+            return self._serve(requests)
         results: list[str | None] = [None] * len(requests)
         order = self.order(requests)
         bs = self.batch_size
@@ -93,6 +104,42 @@ class DecodeBatches:
                 results[i] = text
                 self.batch_of[(r.task, r.doc_id)] = self.decode_batches - 1
                 self.decode_steps_by_task[r.task] = self.decode_steps_by_task.get(r.task, 0) + n
+        return results  # type: ignore[return-value]
+
+    def _serve(self, requests: list[Request]) -> list[str]:
+        """Every request through the continuous-batching engine, admitted in `order`."""
+        from base.runtime.continuous import ContinuousEngine
+        from base.runtime.sampling import Sampling
+        from base.runtime.scheduler import Request as EngineRequest
+        from base.runtime.scheduler import serve
+
+        order = self.order(requests)
+        eos = {self.tok.eos_token_id} | ({self.tok.pad_token_id} - {None})
+        jobs, stops = [], []
+        for i in order:
+            r = requests[i]
+            ids, _ = self.codec.tok_batch_encode([r.context], left_truncate_len=self.max_length - r.max_new)
+            stop = RowStops(self.tok, 0, [r.until], [r.max_new], eos)
+            stops.append(stop)
+            jobs.append(EngineRequest(ids[0].tolist(), r.max_new,
+                                      done=lambda toks, s=stop: bool(s.done_rows(torch.tensor([toks]))[0])))
+        need = max(len(j.ids) + j.max_new for j in jobs)
+        c = self.cfg
+        sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
+        engine = ContinuousEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
+                                  eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling)
+        try:
+            done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id)
+        finally:
+            engine.release()
+        results: list[str | None] = [None] * len(requests)
+        for i, d in zip(order, done):
+            r = requests[i]
+            results[i] = _truncate(self.codec.tok_decode(d.tokens[:r.max_new], skip_special_tokens=True), r.until)
+            self.batch_of[(r.task, r.doc_id)] = d.round
+            self.decode_steps_by_task[r.task] = self.decode_steps_by_task.get(r.task, 0) + d.decode_steps
+        self.decode_batches = self.serve_stats.rounds
+        self.decode_steps = self.serve_stats.steps
         return results  # type: ignore[return-value]
 
     def _decode(self, batch: list[Request]) -> tuple[list[str], list[int]]:

@@ -34,6 +34,7 @@ class EvalResult:
     engine: bool  # decoded through base/runtime/engine.py (CUDA graphs on a GPU)
     samples: list[dict[str, Any]]  # one row per request (sample_rows)
     fidelity: list[dict[str, float]]  # eval.fidelity: per (decode batch, step) KL / dll sums (base/eval/fidelity.py)
+    serving: dict[str, Any] | None = None  # continuous batching: rounds, steps, occupancy, steady decode rate
 
 
 def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
@@ -80,8 +81,9 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     raw = {k: v for k, v in out.items() if k != "samples"}
     b = lm.batches
     samples = sample_rows(out.get("samples") or {}, b.batch_of)
-    return EvalResult(rows, raw, b.decode_batches, b.decode_steps, b.decode_steps_by_task, b.use_engine, samples,
-                      b.fidelity_rows)
+    return EvalResult(rows, raw, b.decode_batches, b.decode_steps, b.decode_steps_by_task,
+                      b.use_engine or eval_cfg.batching == "continuous", samples, b.fidelity_rows,
+                      b.serve_stats.summary() if b.serve_stats is not None else None)
 
 
 def sample_rows(samples: dict[str, list[dict]], batch_of: dict[tuple[str, int], int]) -> list[dict[str, Any]]:

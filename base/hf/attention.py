@@ -25,6 +25,10 @@ Supports grouped and multi-head attention, key and value head sizes that differ 
 sliding windows (cache slots older than the window are masked) and attention sinks (GPT-OSS's
 `s_aux`). Prefill (more than one query token) uses sdpa over the repeated cache: it runs once.
 
+Continuous batching (base/runtime/continuous.py) writes per row: a decode step's write position
+is then one slot per row, `write_pos` of shape (B, 1), and an arrivals' prefill writes only their
+rows (`set_write_rows`), attending over those rows alone.
+
 Shapes: B batch, Hq query heads, K key/value heads, G = Hq/K, Q query tokens, L cache slots,
 D key head size, E value head size.
 """
@@ -60,11 +64,13 @@ class StaticKV:
     """Per-attention-module K/V buffers of fixed shape (B, K, L, D|E), written at `write_pos`.
 
     Buffers are allocated by the first (prefill) forward, outside any CUDA graph, and keep their
-    addresses; `write_pos` holds the cache slots the current forward writes (Q of them)."""
+    addresses; `write_pos` holds the cache slots the current forward writes: (Q,) shared by every
+    row, or (B, 1) one per row. `batch` fixes B when the first forward has fewer rows."""
 
-    def __init__(self, max_len: int, device: torch.device) -> None:
-        self.max_len = max_len
+    def __init__(self, max_len: int, device: torch.device, batch: int | None = None) -> None:
+        self.max_len, self.batch = max_len, batch
         self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.write_rows: Tensor | None = None  # an arrivals' prefill: the rows it writes
         self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
         self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
         self._mirrors: dict[torch.device, Tensor] = {}  # write_pos on the other GPUs of a spread model
@@ -73,10 +79,12 @@ class StaticKV:
         """Buffers on the module's own device (each layer of a model spread over GPUs keeps its
         cache beside its weights)."""
         B, K, _, D = key_BKQD.shape
+        B = self.batch or B
         module.register_buffer("base_k_cache", key_BKQD.new_zeros(B, K, self.max_len, D), persistent=False)
         module.register_buffer("base_v_cache", value_BKQE.new_zeros(B, K, self.max_len, value_BKQE.shape[-1]),
                                persistent=False)
         module.register_buffer("base_write_pos", self._pos_on(key_BKQD.device), persistent=False)
+        module.base_write_rows = None if self.write_rows is None else self.write_rows.to(key_BKQD.device)
         self.modules.append(module)
 
     def _pos_on(self, device: torch.device) -> Tensor:
@@ -92,6 +100,12 @@ class StaticKV:
         self._mirrors = {}
         for m in self.modules:
             m.base_write_pos = self._pos_on(m.base_k_cache.device)  # a registered buffer: replaced, not copied into
+
+    def set_write_rows(self, rows_n: Tensor | None) -> None:
+        """The rows the next forward writes (an arrivals' prefill), or None: every row."""
+        self.write_rows = rows_n
+        for m in self.modules:
+            m.base_write_rows = None if rows_n is None else rows_n.to(m.base_k_cache.device)
 
     def sync(self) -> None:
         """After write_pos changed in place (a decode step's position += 1): the other devices'
@@ -141,15 +155,32 @@ class StaticKV:
 def _drop_buffers(module: nn.Module) -> None:
     for name in ("base_k_cache", "base_v_cache", "base_write_pos"):
         module._buffers.pop(name, None)
+    module.__dict__.pop("base_write_rows", None)
 
 
-def _allowed(mask_B1QL: Tensor, pos_Q: Tensor, sliding_window: int | None) -> Tensor:
+def _allowed(mask_B1QL: Tensor, pos: Tensor, sliding_window: int | None) -> Tensor:
+    """The mask, with slots older than a sliding window dropped (pos: (Q,) shared or (B, 1) per row)."""
     if mask_B1QL.dtype != torch.bool:
         raise TypeError("engine_attention takes the engine's boolean 4D mask")
     if not sliding_window:
         return mask_B1QL
     slot_L = torch.arange(mask_B1QL.shape[-1], device=mask_B1QL.device)
-    return mask_B1QL & (slot_L[None, :] > pos_Q[:, None] - sliding_window)  # as transformers' sliding mask
+    if pos.dim() == 2:  # one position per row
+        return mask_B1QL & (slot_L[None, :] > pos - sliding_window)[:, None, None, :]
+    return mask_B1QL & (slot_L[None, :] > pos[:, None] - sliding_window)  # as transformers' sliding mask
+
+
+def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | None) -> Tensor:
+    """Write the forward's keys or values into the cache; returns the cache rows it attends over."""
+    if rows_n is not None:  # an arrivals' prefill: their rows only, slots pos (Q,)
+        cache_BKLD.transpose(1, 2)[rows_n[:, None], pos[None, :]] = new_BKQD.transpose(1, 2)
+        return cache_BKLD[rows_n]
+    if pos.dim() == 2:  # one slot per row (continuous batching's decode step)
+        B, K, _, D = new_BKQD.shape
+        cache_BKLD.scatter_(2, pos.view(B, 1, 1, 1).expand(B, K, 1, D), new_BKQD)
+        return cache_BKLD
+    cache_BKLD.index_copy_(2, pos, new_BKQD)
+    return cache_BKLD
 
 
 def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,
@@ -182,15 +213,16 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
         if not _ACTIVE:
             raise RuntimeError("engine_attention runs only inside StaticKV.active(model)")
         _ACTIVE[-1].allocate(module, key_BKQD, value_BKQE)
-    pos_Q = module.base_write_pos
-    k_BKLD, v_BKLE = module.base_k_cache, module.base_v_cache
-    k_BKLD.index_copy_(2, pos_Q, key_BKQD)
-    v_BKLE.index_copy_(2, pos_Q, value_BKQE)
+    pos = module.base_write_pos
+    rows_n = getattr(module, "base_write_rows", None)
+    k_BKLD = _write(module.base_k_cache, key_BKQD, pos, rows_n)
+    v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n)
     scaling = query_BHQD.shape[-1] ** -0.5 if scaling is None else scaling
-    allowed_B1QL = _allowed(attention_mask, pos_Q, sliding_window)
+    allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
     if Q == 1 and s_aux is None and query_BHQD.is_cuda:
-        out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], pos_Q, scaling)
+        last_1 = pos.max().reshape(1) if pos.dim() == 2 else pos  # the last slot any row reads
+        out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], last_1, scaling)
         return out_BHE[:, None], None
     if Q == 1 or s_aux is not None:
         return grouped_decode_attention(query_BHQD, k_BKLD, v_BKLE, allowed_B1QL, scaling, s_aux), None

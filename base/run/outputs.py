@@ -36,9 +36,10 @@ def is_finished(out_dir: Path) -> bool:
 
 # Keys that do not change what a run computes: changing them never makes a finished run stale.
 NON_SEMANTIC_KEYS = ("force", "logger")
-# Options added after runs were recorded, with their defaults: at the default they are left out of
-# the hash, so every run finished before they existed keeps its hash (and is still skipped).
-LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}}
+# Options added after runs were recorded, with the value every earlier run had: at that value they
+# are left out of the hash, so a run finished before they existed keeps its hash (and is still
+# skipped). eval.batching: every earlier run batched statically (continuous became the default).
+LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}, ("eval", "batching"): "static"}
 
 
 def config_hash(resolved_config: str) -> str:
@@ -71,8 +72,8 @@ def finished_hash(out_dir: Path) -> str | None:
 
 def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per MoE layer, over decode steps: mean union and kept experts (and the kept count's spread),
-    weight retained, tokens that
-    lost an expert (and retained energy and the relative MoE-output error when recorded)."""
+    weight retained, tokens that lost an expert, mean occupancy (rows decoding per step), and
+    retained energy and the relative MoE-output error when recorded."""
     if not rows:
         return []
     df = pd.DataFrame(rows)
@@ -89,6 +90,7 @@ def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         **({"executed_mean": df.groupby("layer")["executed"].mean()} if "executed" in df else {}),
         "weight_retained": sums["weight_kept"] / sums["weight_total"].clip(lower=1e-30),
         "tokens_lost_frac": sums["tokens_lost"] / sums["tokens"].clip(lower=1),
+        "occupancy_mean": df.groupby("layer")["tokens"].mean(),  # active rows per step: requests decoding
         "steps": df.groupby("layer")["step"].nunique(),
     })
     if "energy_kept" in df:

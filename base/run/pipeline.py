@@ -232,17 +232,24 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     if cfg.eval.fidelity:
         from base.eval.fidelity import summarize
 
-        outputs.write_table(out / "fidelity_steps.csv", result.fidelity)
+        if result.fidelity:  # the teacher-forced pass (static batching)
+            outputs.write_table(out / "fidelity_steps.csv", result.fidelity)
     logger.table("metrics", result.metrics)
     logger.table("selection", summary_rows)
     logger.lm_eval(result.raw)
+    continuous = cfg.eval.batching == "continuous"
     report["eval"] = {"order": cfg.eval.order, "batch_seed": cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
-                      "fidelity": cfg.eval.fidelity, "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
+                      "batching": cfg.eval.batching,
+                      # continuous batching has no fixed batch to teacher-force the dense continuation in:
+                      # its fidelity is the per-layer error and retained energy, no KL / dll
+                      "fidelity": ("layer metrics only" if continuous else True) if cfg.eval.fidelity else False,
+                      "do_sample": cfg.eval.do_sample, "tasks": cfg.task.tasks,
                       "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine,
                       "decode_steps": result.decode_steps, "decode_steps_by_task": result.decode_steps_by_task,
                       "generation": {k: getattr(cfg.eval, k) for k in ("do_sample", "temperature", "top_p", "top_k",
                                                                         "gen_toks", "max_gen_toks")},
-                      "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None}
+                      "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None,
+                      **(result.serving or {})}
     _record_hardware(model, report)  # figure captions name the hardware (analysis/figures.py)
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
