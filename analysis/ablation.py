@@ -38,7 +38,8 @@ from scipy import stats
 from analysis.load import variant_label
 from analysis.paired import mcnemar_exact
 
-METRICS = ("kept_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree", "accuracy")
+METRICS = ("union_mean", "occupancy_mean", "kept_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree",
+           "accuracy")
 REF = "base"
 ORDER = ("top1_union", "router_sum", "router_sq", "calib_energy", "base", "oracle", "dense")
 
@@ -104,8 +105,12 @@ def _samples(run_dir: str) -> pd.DataFrame:
 
 
 def _batch_means(run_dir: str) -> pd.DataFrame:
-    """Per decode batch: per-token KL and log-likelihood change (fidelity_steps.csv)."""
-    f = pd.read_csv(Path(run_dir) / "fidelity_steps.csv")
+    """Per decode batch: per-token KL and log-likelihood change (fidelity_steps.csv; continuous
+    batching has none: no fixed batch to teacher-force the dense continuation in)."""
+    path = Path(run_dir) / "fidelity_steps.csv"
+    if not path.exists():
+        return pd.DataFrame(columns=["decode_batch", "kl", "dll"])
+    f = pd.read_csv(path)
     g = f.groupby("decode_batch")[["tokens", "kl_sum", "dll_sum"]].sum()
     return pd.DataFrame({"kl": g["kl_sum"] / g["tokens"], "dll": g["dll_sum"] / g["tokens"]}).reset_index()
 
@@ -140,7 +145,7 @@ def paired_table(df: pd.DataFrame, ref: str = REF) -> pd.DataFrame:
             # KL, dll: paired over (seed, decode batch)
             pairs = pd.concat([_batch_means(g.loc[s, "dir"]).merge(_batch_means(base.loc[s, "dir"]), on="decode_batch",
                                                                    suffixes=("_m", "_b")) for s in seeds])
-            for m in ("kl", "dll"):
+            for m in ("kl", "dll") if len(pairs) else ():
                 d, lo, hi = bootstrap((pairs[f"{m}_m"] - pairs[f"{m}_b"]).to_numpy())
                 out.append({"method": method, "budget": budget, "metric": m, "diff": d, "low": lo, "high": hi,
                             "call": call(lo, hi, d), "unit": f"decode batches ({len(pairs)})"})
@@ -161,7 +166,8 @@ def _fmt(mean: float, low: float, high: float, digits: int) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-DIGITS = {"kept_mean": 2, "energy_retained": 3, "out_error": 3, "kl": 3, "dll": 3, "top1_agree": 3, "accuracy": 3}
+DIGITS = {"union_mean": 2, "occupancy_mean": 2, "kept_mean": 2, "energy_retained": 3, "out_error": 3, "kl": 3,
+          "dll": 3, "top1_agree": 3, "accuracy": 3}
 
 
 def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
@@ -175,7 +181,9 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     wide = wide.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99)) if c.name == "method"
                             else c.map(lambda v: {"none": 1e8, "dense": 1e9}.get(v) or int(v))).reset_index(drop=True)
     seeds = int(table["seeds"].max())
-    text = [f"Mean over {seeds} batching seeds [95 % t-interval over seeds]; kept_mean: experts kept per layer "
+    text = [f"Mean over {seeds} batching seeds [95 % t-interval over seeds]; union_mean: distinct experts the "
+            "active tokens route to per layer and decode step, before selection; occupancy_mean: requests decoding "
+            "per step; kept_mean: experts kept per layer "
             "and step; energy_retained: sum w^2||E||^2 kept / routed; out_error: ||y_budget - y_dense||^2 / "
             "||y_dense||^2 of the MoE output; kl: KL(dense || budget) per token; dll: log-likelihood change per "
             "token of the dense continuation (teacher forcing); top1_agree: greedy tokens equal.\n",
