@@ -36,6 +36,7 @@ from base.config import (
     PredictorConfig,
     RunConfig,
     StatsConfig,
+    StreamConfig,
     TaskConfig,
     ThroughputConfig,
 )
@@ -104,6 +105,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
         stats=StatsConfig(**c["stats"]),
         logger=LoggerConfig(**c["logger"]),
         describe=DescribeConfig(**c["describe"]),
+        stream=StreamConfig(**c["stream"]),
         started=float(os.environ.get(STARTED_ENV, time.time())),
     )
 

@@ -20,6 +20,7 @@ DEVICE_MAPS = ("auto",)  # or null
 APPLY_TO = ("decode", "all")
 EVAL_ORDERS = ("mixed", "lm_eval")
 BATCHINGS = ("continuous", "static")
+ADMISSIONS = ("fifo", "union")
 ROUTINGS = ("uniform", "skewed")
 
 
@@ -137,10 +138,18 @@ class EvalConfig:
     # teacher-forced log-likelihood change against dense, in the same decode batches (analysis only)
     batching: str = "continuous"  # continuous: a finished request's slot takes the next one
     # (base/runtime/continuous.py), as a server does; static: a batch ends with its longest request
+    admission: str = "fifo"  # continuous: fifo (the mixed order) | union: the waiting request whose
+    # predicted experts overlap the running batch most (base/runtime/admission.py)
+    max_wait_rounds: int = 4  # union: a request passed over this many admission rounds goes next
 
     def __post_init__(self) -> None:
         check_choice("eval.order", self.order, EVAL_ORDERS)
         check_choice("eval.batching", self.batching, BATCHINGS)
+        check_choice("eval.admission", self.admission, ADMISSIONS)
+        if self.admission != "fifo" and self.batching != "continuous":
+            raise ConfigError(f"eval.admission={self.admission} chooses who takes a free slot: it needs "
+                              f"eval.batching=continuous")
+        self.max_wait_rounds = check_int("eval.max_wait_rounds", self.max_wait_rounds, 0)
         self.seed = check_int("eval.seed", self.seed, 0, allow_none=True)
         if not isinstance(self.fidelity, bool):
             raise ConfigError(f"eval.fidelity={self.fidelity!r} must be true or false")
@@ -208,6 +217,8 @@ class ThroughputConfig:
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
     profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
+    mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
+    # through continuous batching with latency (base/runtime/stream.py; `stream.*`), batch_sizes = slots
 
     @property
     def specs(self) -> list[dict[str, Any]] | None:
@@ -226,6 +237,44 @@ class ThroughputConfig:
         self.stats_steps = check_int("throughput.stats_steps", self.stats_steps, 1)
         self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
+        check_choice("throughput.mode", self.mode, ("steps", "stream"))
+
+
+
+def _length_range(what: str, value: Any) -> list[int]:
+    """[lo, hi] token lengths, drawn uniformly; one value (or lo == hi) is fixed."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if not 1 <= len(values) <= 2:
+        raise ConfigError(f"{what}={value!r} must be a length or [low, high]")
+    lo, hi = (check_int(f"{what}[]", v, 1) for v in (values[0], values[-1]))
+    if lo > hi:
+        raise ConfigError(f"{what}={value!r}: low {lo} is above high {hi}")
+    return [lo, hi]
+
+
+@dataclass
+class StreamConfig:
+    """throughput.mode=stream: requests through continuous batching, as a server receives them."""
+
+    requests_per_slot: int = 8  # requests = slots x this, so that slots are refilled many times
+    prompt_len: list[int] = field(default_factory=lambda: [128, 512])  # tokens, uniform in [low, high]
+    output_len: list[int] = field(default_factory=lambda: [32, 256])  # new tokens, uniform (EOS ignored)
+    rate: float | None = None  # Poisson arrivals per second; null: every request at once
+    admission: str = "fifo"  # fifo | union: the waiting request whose experts overlap the batch most
+    max_wait_rounds: int = 4  # union admission: a request passed over this many rounds goes next
+    stats_requests_per_slot: int = 2  # the statistics pass (union, kept experts): a shorter stream
+
+    def __post_init__(self) -> None:
+        self.requests_per_slot = check_int("stream.requests_per_slot", self.requests_per_slot, 1)
+        self.prompt_len = _length_range("stream.prompt_len", self.prompt_len)
+        self.output_len = _length_range("stream.output_len", self.output_len)
+        if self.output_len[0] < 2:
+            raise ConfigError(f"stream.output_len={self.output_len}: at least 2 new tokens (one decode step)")
+        if self.rate is not None:
+            self.rate = check_float("stream.rate", self.rate, low=0.0, low_open=True)
+        check_choice("stream.admission", self.admission, ADMISSIONS)
+        self.max_wait_rounds = check_int("stream.max_wait_rounds", self.max_wait_rounds, 0)
+        self.stats_requests_per_slot = check_int("stream.stats_requests_per_slot", self.stats_requests_per_slot, 1)
 
 
 @dataclass
@@ -275,6 +324,7 @@ class RunConfig:
     stats: StatsConfig = field(default_factory=StatsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     describe: DescribeConfig = field(default_factory=DescribeConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
     started: float = 0.0  # when the command (a sweep's launching process) started: with force, an
     # artifact made since then was recomputed by another job of this sweep and is reused
 

@@ -144,3 +144,55 @@ def test_gpu_graph_replay_equals_eager_under_refill(method):
     assert graph_toks == eager_toks and sum(graph_eager) == 1  # one capture, then replays
     assert [(r["layer"], r["union"], r["kept"], r["tokens"]) for r in graph_rows] == \
         [(r["layer"], r["union"], r["kept"], r["tokens"]) for r in eager_rows]
+
+
+# ---- admission -----------------------------------------------------------------------------------
+def _sets(*rows: list[int], E: int = 6) -> torch.Tensor:
+    """bool (1, E) predicted experts of one request (one layer)."""
+    out = torch.zeros(1, E, dtype=torch.bool)
+    out[0, list(rows[0])] = True
+    return out
+
+
+def test_union_admission_takes_the_best_overlap_and_bounds_the_wait():
+    from base.runtime.admission import UnionAdmission
+
+    predicted = {0: _sets([0, 1]), 1: _sets([4, 5]), 2: _sets([0, 2]), 3: _sets([1, 0]), 4: _sets([3, 5])}
+    pick = UnionAdmission(lambda i: predicted[i], max_wait_rounds=2)
+    # request 0 runs: 3 shares both its experts, 2 one of two, 1 and 4 none
+    assert pick([1, 2, 3, 4], free=1, running=[0]) == [3]
+    assert pick([1, 2, 4], free=2, running=[0]) == [2, 1]  # then 1 (ties go to the earlier request)
+    assert pick.passed == {1: 1, 2: 1, 4: 2}
+    # request 4 was passed over twice: it goes first now, whatever its overlap
+    assert pick([4], free=1, running=[0])[0] == 4
+
+
+def test_prompt_experts_are_the_most_weighted_experts_of_the_prompt(model):
+    from base.runtime.admission import prompt_experts
+    from tests.helpers import MoeProbe
+
+    ids = [5, 9, 17, 33, 65, 129]
+    probe = MoeProbe(model)
+    with budgeted(model, "qwen3_moe", None, BudgetOptions(budget=None)) as budget, probe:
+        got_LE = prompt_experts(model, budget, ids, per_layer=3)
+    probe.remove()
+    for layer in range(got_LE.shape[0]):
+        idx_TK, w_TK = probe.routed[0, layer][:2]
+        weight_E = torch.zeros(got_LE.shape[1]).index_add_(0, idx_TK.reshape(-1), w_TK.reshape(-1).float())
+        assert set(torch.nonzero(got_LE[layer]).flatten().tolist()) == set(weight_E.topk(3).indices.tolist())
+
+
+def test_union_admission_in_the_scheduler_serves_everyone(model):
+    from base.runtime.admission import UnionAdmission, prompt_experts
+
+    reqs = random_requests(10, seed=5)
+    with budgeted(model, "qwen3_moe", None, BudgetOptions(budget=None)) as budget:
+        predicted = [prompt_experts(model, budget, r.ids, 4) for r in reqs]
+        engine = ContinuousEngine(model, 3, 32, budget=budget, pad_id=0)
+        try:
+            done, _ = serve(engine, reqs, 0, pick=UnionAdmission(lambda i: predicted[i], 1), stop_at_eos=False)
+        finally:
+            engine.release()
+    assert [len(d.tokens) for d in done] == [r.max_new for r in reqs]
+    for r, d in zip(reqs, done):  # who shares a step changes nothing for dense greedy decoding
+        assert d.tokens == alone(model, r)

@@ -281,3 +281,18 @@ def test_a_failing_run_finishes_its_logger_as_failed(compose, tmp_path, monkeypa
         pipeline.run(run.build_config(cfg, tmp_path / "out"), OmegaConf.to_yaml(cfg, resolve=True))
     assert calls == ["open", ("finish", False)]
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_request_stream_mode_reports_latency_and_occupancy(compose, tmp_path):
+    """throughput.mode=stream on the CPU (eager): every variant serves the same stream; the table
+    has tokens/s, TPOT and TTFT percentiles, occupancy, union and kept experts."""
+    _, out = _run_here(compose, tmp_path, "stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[3]",
+                       "throughput.methods=[dense,router_sum]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
+                       "stream.output_len=[3,7]", "stream.requests_per_slot=3", "stream.admission=union")
+    rows = pd.read_csv(out / "stream.csv")
+    assert rows["variant"].tolist() == ["dense", "router_sum"] and (rows["requests"] == 9).all()
+    assert (rows["tokens_per_s"] > 0).all() and (rows["tpot_ms_p50"] <= rows["tpot_ms_p90"]).all()
+    assert (rows["ttft_ms_p50"] <= rows["ttft_ms_p90"]).all() and (rows["occupancy_mean"] <= 3).all()
+    dense, sel = rows.iloc[0], rows.iloc[1]
+    assert dense["kept_mean"] == dense["union_mean"] and sel["kept_mean"] <= 2 < sel["union_mean"]
+    assert dense["output_tokens"] == sel["output_tokens"]  # the same stream, EOS ignored

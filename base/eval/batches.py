@@ -129,7 +129,7 @@ class DecodeBatches:
         engine = ContinuousEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
                                   eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling)
         try:
-            done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id)
+            done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs))
         finally:
             engine.release()
         results: list[str | None] = [None] * len(requests)
@@ -141,6 +141,16 @@ class DecodeBatches:
         self.decode_batches = self.serve_stats.rounds
         self.decode_steps = self.serve_stats.steps
         return results  # type: ignore[return-value]
+
+    def _admission(self, jobs: list):
+        """fifo: the mixed order; union: by predicted experts (one dense probe forward per prompt)."""
+        from base.runtime.admission import UnionAdmission, fifo, prompt_experts
+
+        if self.cfg.admission == "fifo":
+            return fifo
+        per_layer = 2 * self.budget.layers[0].top_k
+        predicted = [prompt_experts(self.model, self.budget, j.ids, per_layer) for j in jobs]
+        return UnionAdmission(lambda i: predicted[i], self.cfg.max_wait_rounds)
 
     def _decode(self, batch: list[Request]) -> tuple[list[str], list[int]]:
         """One decode batch: texts, and each row's decode steps until it finished."""

@@ -21,6 +21,7 @@ Shapes: B sequences, S positions, T = B*S tokens, H hidden, E experts, K top-k.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,7 @@ class StepInputs:
     select: bool  # run the layer's selection (a budgeted decode step; every forward with apply_to=all)
     recorder: StatsRecorder | None  # where this forward's selection statistics go; None: nowhere
     decode: bool = True  # the kind of the recorded row
+    observe: Callable[[int, RoutedBatch], None] | None = None  # sees each layer's own routing (a probe)
 
 
 def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
@@ -91,7 +93,7 @@ class BudgetedMoE(nn.Module):
     def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor]:
         """(topk_idx_TK, topk_w_TK) the experts run: the router's own, or the selection's."""
         router = self._modules[self.family.router_attr]
-        if step is None or not (step.select or step.recorder is not None):
+        if step is None or not (step.select or step.recorder is not None or step.observe is not None):
             _, w_TK, idx_TK = router(x_TH)
             return idx_TK, w_TK
         active_T = step.active_T.to(x_TH.device)  # a layer on another GPU of a spread model; no-op on one
@@ -105,6 +107,8 @@ class BudgetedMoE(nn.Module):
             if energy or (step.select and self.selection.policy.selector.needs_norms):
                 batch.norms_TK = expert_norms_TK(self.experts, x_TH, idx_TK)
             decision = self.selection.select(batch) if step.select else dense_decision(batch)
+        if step.observe is not None:
+            step.observe(self.index, batch)
         if step.recorder is not None:
             self._record(step, batch, decision)
         if decision.topk_idx_TK is None:

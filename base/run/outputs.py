@@ -39,7 +39,11 @@ NON_SEMANTIC_KEYS = ("force", "logger")
 # Options added after runs were recorded, with the value every earlier run had: at that value they
 # are left out of the hash, so a run finished before they existed keeps its hash (and is still
 # skipped). eval.batching: every earlier run batched statically (continuous became the default).
-LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}, ("eval", "batching"): "static"}
+LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}, ("eval", "batching"): "static",
+                 ("eval", "admission"): "fifo", ("eval", "max_wait_rounds"): 4,
+                 ("throughput", "mode"): "steps",
+                 ("stream",): {"requests_per_slot": 8, "prompt_len": [128, 512], "output_len": [32, 256], "rate": None,
+                               "admission": "fifo", "max_wait_rounds": 4, "stats_requests_per_slot": 2}}
 
 
 def config_hash(resolved_config: str) -> str:

@@ -198,6 +198,16 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                     cfg, model, tokenizer, layers, v.method, v.k0)
             return budgeters[key](v.budget, record)
 
+        if cfg.throughput.mode == "stream":
+            from base.runtime.stream import measure_stream
+
+            rows = measure_stream(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream, cfg.seed)
+            outputs.write_table(out / "stream.csv", rows)
+            logger.table("stream", rows)
+            report["stream"] = rows
+            report["stream_config"] = vars(cfg.stream)
+            _record_hardware(model, report)
+            return
         rows, profile = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
         outputs.write_table(out / "throughput.csv", rows)
         outputs.write_table(out / "profile.csv", profile)

@@ -91,9 +91,10 @@ def _sync(engine: ContinuousEngine) -> None:
 
 def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=None,
           stop_at_eos: bool = True) -> tuple[list[Finished], ServeStats]:
-    """Decode every request to its end; results in the requests' order. `pick(waiting, free)`
-    chooses whom to admit (indices into `requests`, at most `free`); default FIFO."""
-    pick = pick or (lambda waiting, free: waiting[:free])
+    """Decode every request to its end; results in the requests' order. `pick(waiting, free,
+    running)` chooses whom to admit (indices into `requests`, at most `free`; base/runtime/admission.py);
+    default FIFO."""
+    pick = pick or (lambda waiting, free, running: waiting[:free])
     engine.reset()
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)  # stable: ties keep their order
     waiting: list[int] = []
@@ -125,7 +126,7 @@ def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=N
         while order and requests[order[0]].arrival_s <= now:
             waiting.append(order.pop(0))
         if free and waiting:
-            chosen = pick(list(waiting), len(free))
+            chosen = pick(list(waiting), len(free), sorted(slot_of.values()))
             for i in chosen:
                 waiting.remove(i)
             slots = free[:len(chosen)]

@@ -1,0 +1,130 @@
+"""Request-stream throughput: requests through continuous batching as a server receives them.
+
+    rows = measure_stream(model, make_budget, variants, throughput_cfg, stream_cfg, seed)
+
+`throughput.mode=stream`. For each slot count (`throughput.batch_sizes`) one stream of
+slots x `stream.requests_per_slot` requests, random prompt tokens, prompt and output lengths drawn
+uniformly from `stream.prompt_len` and `stream.output_len` (EOS ignored), arriving all at once or
+at a Poisson `stream.rate`; every (method, budget) variant serves the same stream
+(base/runtime/scheduler.py; admission by `stream.admission`, base/runtime/admission.py). Per variant:
+
+  warm-up    one round of short requests: compiles the regions and captures the decode graph
+  timed      the stream with statistics off: output tokens/s (all new tokens over the time from the
+             first arrival to the last token), time per output token and time to first token
+             (p50, p90 over requests), mean occupancy, the steady decode step (replays only)
+  statistics a stream of slots x `stream.stats_requests_per_slot` requests with statistics on:
+             mean union before selection and kept experts per layer and decode step
+
+On a CPU the same code runs eagerly: a check of the bookkeeping, not a speed figure.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from base.config import StreamConfig, ThroughputConfig
+from base.hf.budget import MoeBudget
+from base.runtime.admission import UnionAdmission, fifo, prompt_experts
+from base.runtime.continuous import ContinuousEngine
+from base.runtime.scheduler import Finished, Request, ServeStats, serve
+from base.runtime.throughput import Variant
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else None
+
+
+def make_stream(n: int, vocab: int, cfg: StreamConfig, seed: int) -> list[Request]:
+    """n requests: random prompt tokens, uniform lengths, Poisson arrivals (or all at time 0)."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = cfg.prompt_len
+    plen = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    olen = torch.randint(cfg.output_len[0], cfg.output_len[1] + 1, (n,), generator=g).tolist()
+    gaps = torch.empty(n).exponential_(generator=g) / cfg.rate if cfg.rate else torch.zeros(n)
+    arrival = gaps.cumsum(0).tolist() if cfg.rate else [0.0] * n
+    return [Request(torch.randint(3, vocab, (p,), generator=g).tolist(), o, None, a)
+            for p, o, a in zip(plen, olen, arrival)]
+
+
+def _pick(cfg: StreamConfig, model: nn.Module, budget: MoeBudget | None, requests: list[Request]):
+    if cfg.admission == "fifo":
+        return fifo
+    if budget is None:
+        raise ValueError("stream.admission=union predicts experts through the owned MoE blocks: it needs a budget")
+    per_layer = 2 * budget.layers[0].top_k
+    predicted = [prompt_experts(model, budget, r.ids, per_layer) for r in requests]
+    return UnionAdmission(lambda i: predicted[i], cfg.max_wait_rounds)
+
+
+def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, tp: ThroughputConfig,
+           cfg: StreamConfig, requests: list[Request]) -> tuple[list[Finished], ServeStats, float]:
+    """The stream through a fresh engine after a warm-up round; (finished, stats, s to predict experts)."""
+    import time
+
+    engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False)
+    try:
+        warm = [Request(r.ids, 3) for r in requests[:slots]]
+        serve(engine, warm, pad_id=0, stop_at_eos=False)
+        t0 = time.perf_counter()
+        pick = _pick(cfg, model, budget, requests)
+        predict_s = time.perf_counter() - t0
+        done, stats = serve(engine, requests, pad_id=0, pick=pick, stop_at_eos=False)
+    finally:
+        engine.release()
+    return done, stats, predict_s
+
+
+def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
+                   variants: list[Variant], tp: ThroughputConfig, cfg: StreamConfig, seed: int) -> list[dict]:
+    """One row per (slots, variant); see the module doc for the columns."""
+    vocab = model.config.vocab_size
+    length = -(-(cfg.prompt_len[1] + cfg.output_len[1]) // 256) * 256
+    rows = []
+    for slots in tp.batch_sizes:
+        stream = make_stream(slots * cfg.requests_per_slot, vocab, cfg, seed + slots)
+        short = make_stream(slots * cfg.stats_requests_per_slot, vocab, cfg, seed + slots + 1)
+        for v in variants:
+            budget = make_budget(v, False)
+            try:
+                done, stats, predict_s = _serve(model, budget, slots, length, tp, cfg, stream)
+            finally:
+                if budget is not None:
+                    budget.remove()
+            span = max(d.finished_s for d in done) - min(d.arrival_s for d in done)
+            tokens = sum(len(d.tokens) for d in done)
+            steady = stats.summary()
+            row = {
+                "slots": slots, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
+                "admission": cfg.admission, "rate": cfg.rate, "requests": len(done), "output_tokens": tokens,
+                "seconds": span, "tokens_per_s": tokens / span,
+                "tpot_ms_p50": 1e3 * _quantile([d.tpot_s for d in done], 0.5),
+                "tpot_ms_p90": 1e3 * _quantile([d.tpot_s for d in done], 0.9),
+                "ttft_ms_p50": 1e3 * _quantile([d.ttft_s for d in done], 0.5),
+                "ttft_ms_p90": 1e3 * _quantile([d.ttft_s for d in done], 0.9),
+                "occupancy_mean": steady["occupancy_mean"], "rounds": stats.rounds, "steps": stats.steps,
+                "step_ms_median": 1e3 * statistics.median([s for s, e in zip(stats.step_s, stats.eager) if not e]
+                                                          or stats.step_s),
+                "prefill_s": stats.prefill_s, "predict_s": predict_s,
+            }
+            budget = make_budget(v, True)
+            try:
+                _, _, _ = _serve(model, budget, slots, length, tp, cfg, short)
+                decode = [r for r in budget.stats_rows() if r["decode"]] if budget is not None else []
+            finally:
+                if budget is not None:
+                    budget.remove()
+            n = max(1, len(decode))
+            row["union_mean"] = sum(r["union"] for r in decode) / n
+            row["kept_mean"] = sum(r["kept"] for r in decode) / n
+            rows.append(row)
+            print(f"[stream] {slots} slots {v.label} budget={v.budget}: {row['tokens_per_s']:.0f} tok/s, "
+                  f"TPOT p50 {row['tpot_ms_p50']:.2f} ms, TTFT p50 {row['ttft_ms_p50']:.0f} ms, "
+                  f"occupancy {row['occupancy_mean']:.1f}", flush=True)
+    dense = {r["slots"]: r["tokens_per_s"] for r in rows if r["variant"] == "dense"}
+    for r in rows:
+        r["speedup_vs_dense"] = r["tokens_per_s"] / dense[r["slots"]] if r["slots"] in dense else None
+    return rows
