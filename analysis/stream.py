@@ -1,0 +1,48 @@
+"""The request-stream table: one row per (routing, slots, method, budget, admission) from stream runs.
+
+    python -m analysis.stream results/stream/runs results/stream/summary
+
+Reads every stream.csv under the folder (each run folder of `python run.py experiment=stream ...`,
+`throughput.mode=stream`) with its report.json (model, routing) and writes <dest>.csv and <dest>.md:
+output tokens/s and its ratio to dense at the same slots, time per output token and time to first
+token (p50 / p90), mean occupancy, union before selection and kept experts, the median decode step
+and the seconds spent in admission prefills (and, for union admission, in predicting experts).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+COLUMNS = ["model", "routing", "slots", "variant", "budget", "admission", "tokens_per_s", "speedup_vs_dense",
+           "tpot_ms_p50", "tpot_ms_p90", "ttft_ms_p50", "ttft_ms_p90", "occupancy_mean", "union_mean", "kept_mean",
+           "step_ms_median", "seconds", "prefill_s", "predict_s", "requests", "rounds"]
+
+
+def load(root: Path) -> pd.DataFrame:
+    frames = []
+    for csv in sorted(root.rglob("stream.csv")):
+        rep = json.loads((csv.parent / "report.json").read_text())
+        frames.append(pd.read_csv(csv).assign(model=rep["model"], routing=rep.get("routing")))
+    if not frames:
+        raise SystemExit(f"no stream.csv under {root}")
+    df = pd.concat(frames, ignore_index=True)
+    return df[[c for c in COLUMNS if c in df.columns]].sort_values(["model", "routing", "admission", "slots"],
+                                                                   kind="stable")
+
+
+def main(src: str, dest: str) -> None:
+    table = load(Path(src))
+    out = Path(dest)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    text = (f"Request streams through continuous batching, from {src} (`python -m analysis.stream {src} {dest}`); "
+            "one run per row.\n\n" + table.round(3).to_markdown(index=False) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
