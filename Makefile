@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-all test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation rules bench-kernels report clean
+.PHONY: help install test test-all test-gpu demo mini mini-olmoe routing specialisation quality quality-seeds ablation admission rules bench-kernels report clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -85,6 +85,13 @@ quality-seeds: $(STAMP)  ## all selectors x budgets x 3 batching seeds, interval
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP)
 	$(PY) -m analysis.ablation outputs/$(QS_EXP) results/$(QS_EXP)
+
+# Union-aware admission against FIFO under continuous batching (ADM_EXP=admission_mini_olmoe: the other model).
+ADM_EXP ?= admission_mini
+admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 seeds (ADM_EXP=admission_mini_olmoe) -> results/$(ADM_EXP).*
+	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP)
+	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) method=dense budget=null
+	$(PY) -m analysis.admission outputs/$(ADM_EXP) results/$(ADM_EXP)
 
 # RULES_EXP=rules_mini_olmoe: the same comparison on the second embedded model.
 RULES_EXP ?= rules_mini

@@ -263,6 +263,8 @@ class StreamConfig:
     admission: str = "fifo"  # fifo | union: the waiting request whose experts overlap the batch most
     max_wait_rounds: int = 4  # union admission: a request passed over this many rounds goes next
     stats_requests_per_slot: int = 2  # the statistics pass (union, kept experts): a shorter stream
+    lengths_from: str | None = None  # a run's samples.jsonl: draw (prompt, output) lengths from a
+    # task's own requests instead of prompt_len / output_len
 
     def __post_init__(self) -> None:
         self.requests_per_slot = check_int("stream.requests_per_slot", self.requests_per_slot, 1)
@@ -275,6 +277,23 @@ class StreamConfig:
         check_choice("stream.admission", self.admission, ADMISSIONS)
         self.max_wait_rounds = check_int("stream.max_wait_rounds", self.max_wait_rounds, 0)
         self.stats_requests_per_slot = check_int("stream.stats_requests_per_slot", self.stats_requests_per_slot, 1)
+
+    def task_lengths(self, root: Path) -> list[tuple[int, int]] | None:
+        """The (prompt, output) token lengths of `lengths_from`'s requests, or None."""
+        if self.lengths_from is None:
+            return None
+        import json
+
+        path = Path(self.lengths_from) if Path(self.lengths_from).is_absolute() else root / self.lengths_from
+        if not path.is_file():
+            raise ConfigError(f"stream.lengths_from={self.lengths_from}: no such file (a run's samples.jsonl)")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        pairs = [(r.get("prompt_tokens"), r.get("new_tokens")) for r in rows]
+        pairs = [(p, n) for p, n in pairs if p and n and n >= 2]
+        if not pairs:
+            raise ConfigError(f"stream.lengths_from={self.lengths_from}: no request with prompt_tokens and at least "
+                              f"2 new_tokens (samples.jsonl of an evaluate run made since issue 18)")
+        return pairs
 
 
 @dataclass

@@ -73,6 +73,8 @@ CASES = [
     (["eval.admission=union", "eval.batching=static"], "eval.admission=union chooses who takes a free slot: it needs"),
     (["stage=throughput", "throughput.mode=stream", "stream.prompt_len=[10,5]"], "stream.prompt_len=[10, 5]: low 10 is above high 5"),
     (["stage=throughput", "throughput.mode=stream", "stream.rate=0"], "stream.rate=0 is out of range: must be a number > 0.0"),
+    (["stage=throughput", "throughput.mode=stream", "stream.lengths_from=nowhere/samples.jsonl"],
+     "stream.lengths_from=nowhere/samples.jsonl: no such file"),
     (["eval.engine=off"], "eval.engine=off decodes through transformers' generate, which batches statically"),
     (["eval.temperature=-1"], "eval.temperature=-1 is out of range: must be a number > 0.0"),
     pytest.param(["task.tasks=[smoke_copyy]"], "unknown lm-eval task 'smoke_copyy'; close matches: smoke_copy",

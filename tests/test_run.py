@@ -296,3 +296,16 @@ def test_request_stream_mode_reports_latency_and_occupancy(compose, tmp_path):
     dense, sel = rows.iloc[0], rows.iloc[1]
     assert dense["kept_mean"] == dense["union_mean"] and sel["kept_mean"] <= 2 < sel["union_mean"]
     assert dense["output_tokens"] == sel["output_tokens"]  # the same stream, EOS ignored
+
+
+def test_a_stream_replays_a_tasks_own_lengths(compose, tmp_path):
+    """An evaluate run records every request's prompt and new tokens; stream.lengths_from replays them."""
+    _, ev = _run_here(compose, tmp_path, "method=dense", "batch_size=4")
+    samples = pd.read_json(ev / "samples.jsonl", lines=True)
+    assert (samples["prompt_tokens"] > 0).all() and (samples["new_tokens"] >= 1).all()
+    _, out = _run_here(compose, tmp_path, "stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[2]",
+                       "throughput.methods=[dense]", "stream.requests_per_slot=3",
+                       f"stream.lengths_from={ev / 'samples.jsonl'}")
+    row = pd.read_csv(out / "stream.csv").iloc[0]
+    pairs = samples[samples["new_tokens"] >= 2]
+    assert row["requests"] == 6 and row["output_tokens"] <= 6 * pairs["new_tokens"].max()

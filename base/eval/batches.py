@@ -79,6 +79,7 @@ class DecodeBatches:
         self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
         self.fidelity_rows: list[dict[str, float]] = []  # eval.fidelity: one row per (decode batch, step)
         self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch (admission round)
+        self.lengths: dict[tuple[str, int], tuple[int, int]] = {}  # (task, doc id) -> (prompt, new) tokens
         self.serve_stats: ServeStats | None = None  # continuous batching: occupancy and step times
 
     def order(self, requests: list[Request]) -> list[int]:
@@ -98,11 +99,12 @@ class DecodeBatches:
         bs = self.batch_size
         for start in tqdm(range(0, len(order), bs), desc="generate", disable=disable_tqdm):
             ids = order[start:start + bs]
-            texts, row_steps = self._decode([requests[i] for i in ids])
-            for i, text, n in zip(ids, texts, row_steps):
+            texts, row_steps, prompt_tokens = self._decode([requests[i] for i in ids])
+            for i, text, n, p in zip(ids, texts, row_steps, prompt_tokens):
                 r = requests[i]
                 results[i] = text
                 self.batch_of[(r.task, r.doc_id)] = self.decode_batches - 1
+                self.lengths[(r.task, r.doc_id)] = (p, n + 1)
                 self.decode_steps_by_task[r.task] = self.decode_steps_by_task.get(r.task, 0) + n
         return results  # type: ignore[return-value]
 
@@ -133,10 +135,11 @@ class DecodeBatches:
         finally:
             engine.release()
         results: list[str | None] = [None] * len(requests)
-        for i, d in zip(order, done):
+        for i, job, d in zip(order, jobs, done):
             r = requests[i]
             results[i] = _truncate(self.codec.tok_decode(d.tokens[:r.max_new], skip_special_tokens=True), r.until)
             self.batch_of[(r.task, r.doc_id)] = d.round
+            self.lengths[(r.task, r.doc_id)] = (len(job.ids), len(d.tokens))
             self.decode_steps_by_task[r.task] = self.decode_steps_by_task.get(r.task, 0) + d.decode_steps
         self.decode_batches = self.serve_stats.rounds
         self.decode_steps = self.serve_stats.steps
@@ -152,8 +155,8 @@ class DecodeBatches:
         predicted = [prompt_experts(self.model, self.budget, j.ids, per_layer) for j in jobs]
         return UnionAdmission(lambda i: predicted[i], self.cfg.max_wait_rounds)
 
-    def _decode(self, batch: list[Request]) -> tuple[list[str], list[int]]:
-        """One decode batch: texts, and each row's decode steps until it finished."""
+    def _decode(self, batch: list[Request]) -> tuple[list[str], list[int], list[int]]:
+        """One decode batch: texts, each row's decode steps until it finished, its prompt tokens."""
         untils, max_new = [r.until for r in batch], [r.max_new for r in batch]
         enc, mask = self.codec.tok_batch_encode([r.context for r in batch],
                                                 left_truncate_len=self.max_length - max(max_new))
@@ -177,7 +180,7 @@ class DecodeBatches:
         row_steps = [max(0, stops.lengths.get(i, new.shape[1]) - 1) for i in range(len(batch))]
         texts = [_truncate(self.codec.tok_decode(row[:n], skip_special_tokens=True), until)
                  for row, until, n in zip(new.tolist(), untils, max_new)]
-        return texts, row_steps
+        return texts, row_steps, mask.sum(-1).tolist()
 
     def _sampling(self) -> dict[str, Any]:
         c = self.cfg

@@ -43,7 +43,8 @@ LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}, 
                  ("eval", "admission"): "fifo", ("eval", "max_wait_rounds"): 4,
                  ("throughput", "mode"): "steps",
                  ("stream",): {"requests_per_slot": 8, "prompt_len": [128, 512], "output_len": [32, 256], "rate": None,
-                               "admission": "fifo", "max_wait_rounds": 4, "stats_requests_per_slot": 2}}
+                               "admission": "fifo", "max_wait_rounds": 4, "stats_requests_per_slot": 2,
+                               "lengths_from": None}}
 
 
 def config_hash(resolved_config: str) -> str:

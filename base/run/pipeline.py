@@ -201,7 +201,8 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         if cfg.throughput.mode == "stream":
             from base.runtime.stream import measure_stream
 
-            rows = measure_stream(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream, cfg.seed)
+            rows = measure_stream(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream, cfg.seed,
+                                  cfg.stream.task_lengths(cfg.root))
             outputs.write_table(out / "stream.csv", rows)
             logger.table("stream", rows)
             report["stream"] = rows
@@ -249,7 +250,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     logger.lm_eval(result.raw)
     continuous = cfg.eval.batching == "continuous"
     report["eval"] = {"order": cfg.eval.order, "batch_seed": cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
-                      "batching": cfg.eval.batching,
+                      "batching": cfg.eval.batching, "admission": cfg.eval.admission,
                       # continuous batching has no fixed batch to teacher-force the dense continuation in:
                       # its fidelity is the per-layer error and retained energy, no KL / dll
                       "fidelity": ("layer metrics only" if continuous else True) if cfg.eval.fidelity else False,

@@ -32,6 +32,8 @@ def preflight(cfg: RunConfig) -> None:
         _check_calibration_files(cfg)
     if cfg.stage == "evaluate":
         check_tasks(cfg)
+    if cfg.stage == "throughput" and cfg.throughput.mode == "stream":
+        cfg.stream.task_lengths(cfg.root)  # a lengths_from file that is missing or holds no lengths fails here
     if cfg.model.device_map is not None:
         _check_placement(cfg, hf)
 

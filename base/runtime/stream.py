@@ -4,7 +4,8 @@
 
 `throughput.mode=stream`. For each slot count (`throughput.batch_sizes`) one stream of
 slots x `stream.requests_per_slot` requests, random prompt tokens, prompt and output lengths drawn
-uniformly from `stream.prompt_len` and `stream.output_len` (EOS ignored), arriving all at once or
+uniformly from `stream.prompt_len` and `stream.output_len`, or from a task's own requests
+(`stream.lengths_from`: an evaluate run's samples.jsonl) (EOS ignored), arriving all at once or
 at a Poisson `stream.rate`; every (method, budget) variant serves the same stream
 (base/runtime/scheduler.py; admission by `stream.admission`, base/runtime/admission.py). Per variant:
 
@@ -38,12 +39,18 @@ def _quantile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else None
 
 
-def make_stream(n: int, vocab: int, cfg: StreamConfig, seed: int) -> list[Request]:
-    """n requests: random prompt tokens, uniform lengths, Poisson arrivals (or all at time 0)."""
+def make_stream(n: int, vocab: int, cfg: StreamConfig, seed: int,
+                lengths: list[tuple[int, int]] | None = None) -> list[Request]:
+    """n requests: random prompt tokens, uniform lengths (or pairs drawn from `lengths`, a task's
+    own), Poisson arrivals (or all at time 0)."""
     g = torch.Generator().manual_seed(seed)
-    lo, hi = cfg.prompt_len
-    plen = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-    olen = torch.randint(cfg.output_len[0], cfg.output_len[1] + 1, (n,), generator=g).tolist()
+    if lengths:
+        pick = torch.randint(0, len(lengths), (n,), generator=g).tolist()
+        plen, olen = [lengths[i][0] for i in pick], [lengths[i][1] for i in pick]
+    else:
+        lo, hi = cfg.prompt_len
+        plen = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+        olen = torch.randint(cfg.output_len[0], cfg.output_len[1] + 1, (n,), generator=g).tolist()
     gaps = torch.empty(n).exponential_(generator=g) / cfg.rate if cfg.rate else torch.zeros(n)
     arrival = gaps.cumsum(0).tolist() if cfg.rate else [0.0] * n
     return [Request(torch.randint(3, vocab, (p,), generator=g).tolist(), o, None, a)
@@ -79,14 +86,17 @@ def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, 
 
 
 def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
-                   variants: list[Variant], tp: ThroughputConfig, cfg: StreamConfig, seed: int) -> list[dict]:
-    """One row per (slots, variant); see the module doc for the columns."""
+                   variants: list[Variant], tp: ThroughputConfig, cfg: StreamConfig, seed: int,
+                   lengths: list[tuple[int, int]] | None = None) -> list[dict]:
+    """One row per (slots, variant); see the module doc for the columns. `lengths`: a task's own
+    (prompt, output) token lengths to draw from (stream.lengths_from)."""
     vocab = model.config.vocab_size
-    length = -(-(cfg.prompt_len[1] + cfg.output_len[1]) // 256) * 256
+    longest = max(p + o for p, o in lengths) if lengths else cfg.prompt_len[1] + cfg.output_len[1]
+    length = -(-longest // 256) * 256
     rows = []
     for slots in tp.batch_sizes:
-        stream = make_stream(slots * cfg.requests_per_slot, vocab, cfg, seed + slots)
-        short = make_stream(slots * cfg.stats_requests_per_slot, vocab, cfg, seed + slots + 1)
+        stream = make_stream(slots * cfg.requests_per_slot, vocab, cfg, seed + slots, lengths)
+        short = make_stream(slots * cfg.stats_requests_per_slot, vocab, cfg, seed + slots + 1, lengths)
         for v in variants:
             budget = make_budget(v, False)
             try:
