@@ -104,7 +104,7 @@ def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=N
     out: dict[int, Finished] = {}
     stats = ServeStats()
     t0 = time.perf_counter()
-    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    clock = lambda: time.perf_counter() - t0
 
     eos = set(engine.eos_D.tolist()) - {-1} if stop_at_eos else set()  # the engine ends these rows itself
 

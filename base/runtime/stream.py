@@ -21,6 +21,7 @@ On a CPU the same code runs eagerly: a check of the bookkeeping, not a speed fig
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -70,8 +71,6 @@ def _pick(cfg: StreamConfig, model: nn.Module, budget: MoeBudget | None, request
 def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, tp: ThroughputConfig,
            cfg: StreamConfig, requests: list[Request]) -> tuple[list[Finished], ServeStats, float]:
     """The stream through a fresh engine after a warm-up round; (finished, stats, s to predict experts)."""
-    import time
-
     engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False)
     try:
         warm = [Request(r.ids, 3) for r in requests[:slots]]
