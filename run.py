@@ -21,9 +21,12 @@ from datetime import datetime
 from pathlib import Path
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from dataclasses import dataclass, field
 
 from base.config import (
     CalibConfig,
@@ -62,6 +65,36 @@ def run_name(overrides: str) -> str:
     return f"{overrides[: MAX_RUN_NAME - 12].rstrip(',')}-{digest}"
 
 
+@dataclass
+class RunSchema:
+    """conf/config.yaml's shape, registered with Hydra's ConfigStore (conf/config.yaml's defaults list
+    starts with it): every key has a type, so a value of the wrong type (`force=maybe`, `budget=abc`)
+    or an unknown key fails when Hydra composes the configuration, naming the key, and on/off
+    switches are booleans (`no` is false). Ranges and cross-field rules are checked after
+    composition, in the dataclasses' __post_init__ (base/config.py)."""
+
+    model: ModelConfig = MISSING
+    method: MethodConfig = MISSING
+    task: TaskConfig = MISSING
+    logger: LoggerConfig = MISSING
+    budget: int | None = 8
+    batch_size: int = 16
+    seed: int = 0
+    stage: str = "evaluate"
+    force: bool = False
+    exp_name: str = "default"
+    outputs_dir: str = "outputs"
+    artifacts_dir: str = "outputs/artifacts"
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    calibration: CalibConfig = MISSING
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    describe: DescribeConfig = field(default_factory=DescribeConfig)
+
+
+ConfigStore.instance().store(name="run_schema", node=RunSchema)
 OmegaConf.register_new_resolver("run_name", run_name, replace=True)
 # hydra/launcher=local_gpus: one joblib worker per GPU (resolved in the launching process)
 OmegaConf.register_new_resolver("gpu_count", lambda: max(1, len(visible_gpus())), replace=True)

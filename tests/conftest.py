@@ -29,6 +29,8 @@ def compose():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    import run  # noqa: F401 - registers the typed schema (RunSchema) conf/config.yaml starts from
+
     def _compose(overrides: list[str] | None = None):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -67,16 +67,14 @@ CASES = [
     (["predictor.path=/nonexistent/pred.safetensors", "method=base", "budget=2"], "does not exist"),
     (["eval.max_gen_toks=0"], "eval.max_gen_toks=0 is out of range: must be >= 1 or null"),
     (["eval.seed=-1"], "eval.seed=-1 is out of range: must be >= 0 or null"),
-    (["eval.seed=abc"], "eval.seed='abc' must be an integer >= 0 or null"),
-    (["eval.fidelity=maybe"], "eval.fidelity='maybe' must be true or false"),
     (["eval.batching=dynamic"], "eval.batching='dynamic' is not valid; choose one of: continuous, static"),
     (["eval.admission=union", "eval.batching=static"], "eval.admission=union chooses who takes a free slot: it needs"),
     (["stage=throughput", "throughput.mode=stream", "stream.prompt_len=[10,5]"], "stream.prompt_len=[10, 5]: low 10 is above high 5"),
-    (["stage=throughput", "throughput.mode=stream", "stream.rate=0"], "stream.rate=0 is out of range: must be a number > 0.0"),
+    (["stage=throughput", "throughput.mode=stream", "stream.rate=0"], "stream.rate=0.0 is out of range: must be a number > 0.0"),
     (["stage=throughput", "throughput.mode=stream", "stream.lengths_from=nowhere/samples.jsonl"],
      "stream.lengths_from=nowhere/samples.jsonl: no such file"),
     (["eval.engine=off"], "eval.engine=off decodes through transformers' generate, which batches statically"),
-    (["eval.temperature=-1"], "eval.temperature=-1 is out of range: must be a number > 0.0"),
+    (["eval.temperature=-1"], "eval.temperature=-1.0 is out of range: must be a number > 0.0"),
     pytest.param(["task.tasks=[smoke_copyy]"], "unknown lm-eval task 'smoke_copyy'; close matches: smoke_copy",
                  marks=pytest.mark.slow),  # the close matches come from lm-eval's whole task index (~15 s)
     ("empty_task", "could not be built (its data is empty)"),
@@ -84,13 +82,12 @@ CASES = [
     (["method=oea", "method.k0=99", "budget=null"], "method.k0=99 exceeds the model's top-k (4 for tiny_qwen3)"),
     (["method=base_anchor", "method.k0=null"], "method=base_anchor needs method.k0"),
     (["method=base", "method.coverage=0"], "method.coverage must be in (0, 1] or null, got 0.0"),
-    (["method=base", "method.coverage=abc"], "method.coverage must be a number in (0, 1] or null"),
     (["method=count", "method.coverage=0.9"], "method.coverage needs an additive-cost selector: base, calib_energy"),
     (["method=base", "method.coverage=0.9", "method.backend=triton"], "method.coverage runs on the PyTorch backend"),
     (["method=base", "method.budget_split=even"], "method.budget_split='even' is not valid; choose one of: uniform, sensitivity"),
     (["method=oea", "method.k0=1", "budget=null", "method.budget_split=sensitivity"],
      "method.budget_split=sensitivity splits a budget across layers: it needs a budgeted selector"),
-    (["predictor.ridge=-1"], "predictor.ridge=-1 is out of range: must be a number >= 0.0"),
+    (["predictor.ridge=-1"], "predictor.ridge=-1.0 is out of range: must be a number >= 0.0"),
     (["calibration.seq_len=100000"], "calibration.seq_len=100000 is out of range: must be [2, 8192]"),
     (["stage=throughput", "method=base", "budget=null"], "throughput of base needs budgets: set budget= or"),
     ("loglikelihood", "score by log-likelihood and never decode: method=base changes decode steps only"),
@@ -164,3 +161,29 @@ def test_task_paper_sets_the_papers_decoding(compose, tmp_path):
     assert (e.do_sample, e.temperature, e.top_p, e.top_k, e.gen_toks) == (True, 0.7, 0.8, 20, 384)
     assert rc.task.tasks[0] == "gsm8k" and "humaneval" in rc.task.tasks
     assert run.build_config(compose(["task=paper", "eval.gen_toks=64"]), tmp_path).eval.gen_toks == 64
+
+
+# A value of the wrong type, or a key the schema does not have, fails when Hydra composes the
+# configuration (run.py's RunSchema), naming the key: before anything runs or is written.
+@pytest.mark.parametrize("override, key", [
+    ("budget=abc", "budget"), ("eval.seed=abc", "eval.seed"), ("eval.fidelity=maybe", "eval.fidelity"),
+    ("method.coverage=abc", "method.coverage"), ("force=maybe", "force"),
+    ("model.trust_remote_code=maybe", "model.trust_remote_code"), ("eval.confirm_unsafe_code=sure", "eval.confirm_unsafe_code"),
+    ("bogus=1", "bogus"), ("method.bogus=1", "method.bogus"),
+])
+def test_a_value_of_the_wrong_type_fails_at_composition_naming_the_key(compose, override, key):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    with pytest.raises((HydraException, OmegaConfBaseException)) as err:
+        compose([*FAST, override])
+    assert key.split(".")[-1] in str(err.value)
+
+
+@pytest.mark.parametrize("text, value", [("no", False), ("false", False), ("off", False), ("yes", True),
+                                         ("true", True), ("on", True)])
+def test_switches_are_booleans_that_mean_what_they_say(compose, tmp_path, text, value):
+    cfg = compose([*FAST, f"force={text}", f"model.trust_remote_code={text}", f"eval.confirm_unsafe_code={text}",
+                   f"eval.do_sample={text}"])
+    rc = run.build_config(cfg, tmp_path)
+    assert (rc.force, rc.model.trust_remote_code, rc.eval.confirm_unsafe_code, rc.eval.do_sample) == (value,) * 4

@@ -33,7 +33,6 @@ def test_experiments_compose(compose, tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("budget=abc", "budget='abc' must be an integer >= 1 or null"),
         ("budget=0", "budget=0 is out of range: must be >= 1 or null"),
         ("batch_size=0", "batch_size=0 is out of range"),
         ("stage=train", "stage='train' is not valid; choose one of: calibrate, fit, evaluate, throughput, describe"),

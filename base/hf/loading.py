@@ -30,8 +30,16 @@ def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
     family = FAMILIES.get(cfg.family)
     if cfg.init == "random":
         return AutoConfig.for_model(family.model_type, **cfg.arch)
+    if not isinstance(cfg.trust_remote_code, bool):  # only the boolean true lets a checkpoint's code run
+        raise ConfigError(f"model.trust_remote_code={cfg.trust_remote_code!r} must be true or false")
     try:
         return AutoConfig.from_pretrained(resolve_path(cfg.path, root), trust_remote_code=cfg.trust_remote_code)
+    except ValueError as err:
+        if "trust_remote_code" not in str(err):
+            raise
+        raise ConfigError(f"model {cfg.name}: the checkpoint at {cfg.path!r} asks to run its own Python code "
+                          f"(its config names custom classes); set model.trust_remote_code=true only if you trust "
+                          f"it") from None
     except OSError as err:
         raise ConfigError(
             f"model {cfg.name}: cannot load {cfg.path!r} ({type(err).__name__}); point model.path at a local "
