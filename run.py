@@ -56,9 +56,11 @@ MAX_RUN_NAME = 120  # file systems allow 255 bytes per name; leave room for Hydr
 
 def run_name(overrides: str) -> str:
     """A run folder's name: its sorted overrides, "default" for none; a long one keeps a readable
-    prefix and a hash of the whole (every override is in config.yaml and report.json)."""
+    prefix and a hash of the whole (every override is in config.yaml and report.json). A path in an
+    override value (model.path=/data/m) cannot lead the folder elsewhere: separators become '_'."""
     if not overrides:
         return "default"
+    overrides = overrides.replace("/", "_").replace("\\", "_")
     if len(overrides) <= MAX_RUN_NAME:
         return overrides
     digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
@@ -95,7 +97,17 @@ class RunSchema:
 
 
 ConfigStore.instance().store(name="run_schema", node=RunSchema)
+def folder_name(name: str) -> str:
+    """exp_name as the folder it names under outputs_dir: a plain name, nothing that leaves it."""
+    name = str(name)
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"exp_name={name!r} must be a plain folder name (no '/', '\\', '..'): runs go to "
+                          f"<outputs_dir>/<exp_name>/")
+    return name
+
+
 OmegaConf.register_new_resolver("run_name", run_name, replace=True)
+OmegaConf.register_new_resolver("folder", folder_name, replace=True)
 # hydra/launcher=local_gpus: one joblib worker per GPU (resolved in the launching process)
 OmegaConf.register_new_resolver("gpu_count", lambda: max(1, len(visible_gpus())), replace=True)
 # hydra/launcher=ray_jobs: a GPU per task where there are GPUs (num_gpus=1 on a CPU host never schedules)
@@ -224,9 +236,20 @@ def main(cfg: DictConfig) -> dict | None:
     return report
 
 
+def check_command_line(argv: list[str]) -> None:
+    """What must be refused before Hydra makes the run folder: an exp_name that would leave
+    outputs_dir (Hydra creates the folder before any of the project's code runs)."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "exp_name":
+            for name in value.split(","):  # a sweep over names
+                folder_name(name)
+
+
 if __name__ == "__main__":
     try:
         check_launcher_env()
+        check_command_line(sys.argv[1:])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -269,21 +269,22 @@ def test_each_layers_cache_and_write_position_sit_on_its_device():
 def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compose):
     """model.device_map, describe.gpu_gb, eval.batching / admission / max_wait_rounds,
     throughput.mode and stream.* at the values every earlier run had leave the hash as it was before
-    they existed: finished runs are still skipped."""
+    they existed, and a run hashed before artifacts_dir, outputs_dir and exp_name were left out is
+    still the same config: finished runs are still skipped."""
     import hashlib
 
     import yaml
     from omegaconf import OmegaConf
 
-    from base.run.outputs import config_hash
+    from base.run.outputs import same_config
 
     text = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum", "eval.batching=static"]), resolve=True)
     old = yaml.safe_load(text)
     del old["describe"], old["model"]["device_map"], old["force"], old["logger"], old["eval"]["batching"]
     del old["eval"]["admission"], old["eval"]["max_wait_rounds"], old["throughput"]["mode"], old["stream"]
     old_hash = hashlib.sha1(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    assert config_hash(text) == old_hash
+    assert same_config(text, old_hash)
     changed = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum", "describe.gpu_gb=80"]), resolve=True)
-    assert config_hash(changed) != old_hash
+    assert not same_config(changed, old_hash)
     continuous = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
-    assert config_hash(continuous) != old_hash  # the new default batching is a new run
+    assert not same_config(continuous, old_hash)  # the new default batching is a new run

@@ -6,6 +6,8 @@ report is written last, so an interrupted run leaves no report and is not taken 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pandas as pd
 from base.files import atomic_write_text
 
 REPORT = "report.json"
+PENDING_REPORT = ".report.json.pending"  # a complete run's report until publish makes it the folder's
 
 
 def write_table(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -26,8 +29,8 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
-def write_report(out_dir: Path, report: dict[str, Any]) -> None:
-    atomic_write_text(out_dir / REPORT, json.dumps(report, indent=2, default=str))
+def write_report(out_dir: Path, report: dict[str, Any], name: str = REPORT) -> None:
+    atomic_write_text(out_dir / name, json.dumps(report, indent=2, default=str))
 
 
 def is_finished(out_dir: Path) -> bool:
@@ -35,7 +38,8 @@ def is_finished(out_dir: Path) -> bool:
 
 
 # Keys that do not change what a run computes: changing them never makes a finished run stale.
-NON_SEMANTIC_KEYS = ("force", "logger")
+NON_SEMANTIC_KEYS = ("force", "logger", "artifacts_dir", "outputs_dir", "exp_name")
+LEGACY_NON_SEMANTIC_KEYS = ("force", "logger")  # what runs finished before issue 21 left out of their hash
 # Options added after runs were recorded, with the value every earlier run had: at that value they
 # are left out of the hash, so a run finished before they existed keeps its hash (and is still
 # skipped). eval.batching: every earlier run batched statically (continuous became the default).
@@ -47,14 +51,14 @@ LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}, 
                                "lengths_from": None}}
 
 
-def config_hash(resolved_config: str) -> str:
-    """Hash of the resolved configuration (YAML) without NON_SEMANTIC_KEYS and LATER_OPTIONS at
+def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEYS) -> str:
+    """Hash of the resolved configuration (YAML) without the `ignore` keys and LATER_OPTIONS at
     their defaults."""
     import hashlib
 
     import yaml
 
-    cfg = {k: v for k, v in (yaml.safe_load(resolved_config) or {}).items() if k not in NON_SEMANTIC_KEYS}
+    cfg = {k: v for k, v in (yaml.safe_load(resolved_config) or {}).items() if k not in ignore}
     for path, default in LATER_OPTIONS.items():
         *parents, key = path
         node = cfg
@@ -63,6 +67,58 @@ def config_hash(resolved_config: str) -> str:
         if isinstance(node, dict) and key in node and node[key] == default:
             del node[key]
     return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def same_config(resolved_config: str, recorded: str | None) -> bool:
+    """Is a finished run's recorded hash this configuration's (also as hashed before issue 21)?"""
+    return recorded in (config_hash(resolved_config), config_hash(resolved_config, LEGACY_NON_SEMANTIC_KEYS))
+
+
+# A rerun writes its folder beside the finished one and swaps it in when complete (publish): a
+# kill at any point leaves the previous result whole. Hydra's own files of the run (.hydra, the
+# job log) are written into the run folder by Hydra itself and move with the result.
+HYDRA_FILES = (".hydra", "run.log")
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """A fresh folder for the run's results, beside out_dir; leftovers of killed reruns go."""
+    recover(out_dir)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    stage.mkdir(parents=True)
+    return stage
+
+
+def recover(out_dir: Path) -> None:
+    """A rerun killed between publish's two renames left the finished result as .<name>.old-*: put it back."""
+    for old in sorted(out_dir.parent.glob(f".{out_dir.name}.old-*")):
+        if not is_finished(out_dir) and is_finished(old):
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            old.rename(out_dir)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def publish(stage: Path, out_dir: Path) -> None:
+    """The complete new result replaces out_dir's: Hydra's files move into it, two renames swap the
+    folders, and the pending report becomes report.json last (until then recover() prefers the old
+    result, and no reader ever sees a report.json beside half a run)."""
+    if out_dir.exists():
+        for name in HYDRA_FILES:
+            if (out_dir / name).exists():
+                if (stage / name).exists():
+                    shutil.rmtree(stage / name) if (stage / name).is_dir() else (stage / name).unlink()
+                (out_dir / name).rename(stage / name)
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        out_dir.rename(old)
+        stage.rename(out_dir)
+        (out_dir / PENDING_REPORT).rename(out_dir / REPORT)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        stage.rename(out_dir)
+        (out_dir / PENDING_REPORT).rename(out_dir / REPORT)
 
 
 def finished_hash(out_dir: Path) -> str | None:

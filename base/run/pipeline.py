@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -119,18 +120,28 @@ def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
 
 
 def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
+    """The run into cfg.out_dir. Its files are written beside it and swapped in when complete, so a
+    finished result there stays whole until its replacement is (base/run/outputs.py: publish)."""
     out = cfg.out_dir
+    outputs.recover(out)
     chash = outputs.config_hash(resolved_config)
     done = outputs.finished_hash(out)
-    if done == chash and not cfg.force:
+    if outputs.same_config(resolved_config, done) and not cfg.force:
         print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it.")
         return None
-    if done is not None and done != chash:
+    if done is not None and not outputs.same_config(resolved_config, done):
         print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
     preflight(cfg)  # every bad input fails here, before anything is written or loaded
+    stage = outputs.staging_dir(out)
+    report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash, out.name)
+    outputs.publish(stage, out)
+    return report
+
+
+def _run_into(cfg: RunConfig, resolved_config: str, chash: str, name: str) -> dict[str, Any]:
+    out = cfg.out_dir
     atomic_write_text(out / "config.yaml", resolved_config)
-    (out / outputs.REPORT).unlink(missing_ok=True)
-    logger = Logger(cfg.logger, out, out.name, yaml.safe_load(resolved_config))
+    logger = Logger(cfg.logger, out, name, yaml.safe_load(resolved_config))
     ok = False
     try:
         t0 = time.perf_counter()
@@ -150,7 +161,7 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
             _run_stage(cfg, model, layers, report, logger)
         report["wall_s"] = time.perf_counter() - t0
         logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
-        outputs.write_report(out, report)  # last: its presence marks the run finished
+        outputs.write_report(out, report, outputs.PENDING_REPORT)  # last: publish makes it report.json
         ok = True
     finally:
         logger.finish(ok)  # a failed run is marked failed in wandb, not finished
