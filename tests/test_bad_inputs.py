@@ -46,17 +46,47 @@ def _shaped_task(tmp: Path, kind: str) -> list[str]:
 
 
 def _predictor_file(tmp: Path, kind: str) -> list[str]:
+    """A predictor file that claims one thing and holds another (garbage, another model's, NaN
+    weights, wrong shapes, no r2); the tiny model has 2 MoE layers, hidden 64, 16 experts."""
+    import torch
+
+    from base.method.predictor import Predictor
+
     path = tmp / "pred.safetensors"
+    ours = {"name": "tiny_qwen3", "num_layers": 2, "num_experts": 16, "hidden": 64}
+    w, b, meta = torch.zeros(2, 64, 16), torch.zeros(2, 16), {"model": ours, "r2": [0.5, 0.5]}
     if kind == "garbage":
         path.write_bytes(b"\x00\x01 not a safetensors file")
-    else:  # a real predictor file, fitted for another model
-        import torch
-
-        from base.method.predictor import Predictor
-
-        meta = {"model": {"name": "olmoe", "num_layers": 16, "num_experts": 64, "hidden": 2048}}
-        Predictor(torch.zeros(1, 2, 2), torch.zeros(1, 2), meta).save(path)
+        return [f"predictor.path={path}", "method=base", "budget=2"]
+    if kind == "other":  # a whole, consistent predictor of another model
+        w, b, meta = torch.zeros(2, 8, 4), torch.zeros(2, 4), {
+            "model": {"name": "olmoe", "num_layers": 2, "num_experts": 4, "hidden": 8}, "r2": [0.5, 0.5]}
+    elif kind == "nan":
+        w = torch.full_like(w, float("nan"))
+    elif kind == "shape":
+        w = torch.zeros(2, 64, 8)
+    elif kind == "no_r2":
+        meta = {"model": ours}
+    Predictor(w, b, meta).save(path)
     return [f"predictor.path={path}", "method=base", "budget=2"]
+
+
+def _calibration_file(tmp: Path, kind: str) -> list[str]:
+    path = tmp / ("calib.jsonl" if kind == "malformed" else "calib.txt")
+    path.write_text('{"text": "a line"}\n{"text": unquoted}\n' if kind == "malformed" else "too short")
+    return [f"calibration.files=[{path}]", "method=calib_energy", "budget=2"]
+
+
+def _damaged_checkpoint(tmp: Path) -> list[str]:
+    """A real local checkpoint of the tiny model whose weights file is cut in half."""
+    from base.hf.loading import load_model
+    from tests.helpers import tiny_model_config
+
+    folder = tmp / "ckpt"
+    load_model(tiny_model_config("qwen3"), ROOT, seed=0).save_pretrained(folder)
+    (w,) = folder.glob("*.safetensors")
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    return ["model.init=pretrained", f"model.path={folder}", "model.tokenizer=bytes", "method=dense"]
 
 
 CASES = [
@@ -68,6 +98,16 @@ CASES = [
     (["eval.max_gen_toks=0"], "eval.max_gen_toks=0 is out of range: must be >= 1 or null"),
     (["eval.seed=-1"], "eval.seed=-1 is out of range: must be >= 0 or null"),
     (["eval.batching=dynamic"], "eval.batching='dynamic' is not valid; choose one of: continuous, static"),
+    # files are checked by what they hold, not by what they claim
+    ("nan_predictor", "holds non-finite weights (NaN or inf)"),
+    ("shape_predictor", "do not match its model (2 MoE layers, hidden 64, 16 experts)"),
+    ("no_r2_predictor", "lacks r2 in its metadata"),
+    ("malformed_calibration", "does not parse (JSONDecodeError"),
+    ("short_calibration", "tokens, fewer than calibration.seq_len=128"),
+    ("damaged_checkpoint", "is not a readable safetensors file"),
+    # what a downstream library would reject, refused at start
+    (["model=mini", "task=paper_standin", "method=dense", "eval.confirm_unsafe_code=true"],
+     "would generate 384 new tokens, but mini has 256 positions in all"),
     (["eval.admission=union", "eval.batching=static"], "eval.admission=union chooses who takes a free slot: it needs"),
     (["stage=throughput", "throughput.mode=stream", "stream.prompt_len=[10,5]"], "stream.prompt_len=[10, 5]: low 10 is above high 5"),
     (["stage=throughput", "throughput.mode=stream", "stream.rate=0"], "stream.rate=0.0 is out of range: must be a number > 0.0"),
@@ -101,6 +141,12 @@ CASES = [
 def test_bad_input_fails_at_start_with_a_clear_message(compose, tmp_path, case, message):
     builders = {"garbage": lambda: _predictor_file(tmp_path, "garbage"),
                 "other_model": lambda: _predictor_file(tmp_path, "other"),
+                "nan_predictor": lambda: _predictor_file(tmp_path, "nan"),
+                "shape_predictor": lambda: _predictor_file(tmp_path, "shape"),
+                "no_r2_predictor": lambda: _predictor_file(tmp_path, "no_r2"),
+                "malformed_calibration": lambda: _calibration_file(tmp_path, "malformed"),
+                "short_calibration": lambda: _calibration_file(tmp_path, "short"),
+                "damaged_checkpoint": lambda: _damaged_checkpoint(tmp_path),
                 "empty_task": lambda: _empty_task(tmp_path),
                 "loglikelihood": lambda: [*_shaped_task(tmp_path, "loglikelihood"), "method=base", "budget=2"],
                 "unsafe": lambda: _shaped_task(tmp_path, "unsafe")}
@@ -140,7 +186,7 @@ def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):
     rc = run.build_config(compose([*FAST, f"predictor.path={path}", "method=base", "budget=2"]), tmp_path / "o")
     H = hf_config(rc.model, ROOT).hidden_size
     E = hf_config(rc.model, ROOT).num_experts
-    meta = {"model": {"name": "tiny_qwen3", "num_layers": 2, "num_experts": E, "hidden": H}}
+    meta = {"model": {"name": "tiny_qwen3", "num_layers": 2, "num_experts": E, "hidden": H}, "r2": [0.5, 0.5]}
     Predictor(torch.zeros(2, H, E), torch.zeros(2, E), meta).save(path)
     preflight(rc)
 
@@ -187,3 +233,11 @@ def test_switches_are_booleans_that_mean_what_they_say(compose, tmp_path, text, 
                    f"eval.do_sample={text}"])
     rc = run.build_config(cfg, tmp_path)
     assert (rc.force, rc.model.trust_remote_code, rc.eval.confirm_unsafe_code, rc.eval.do_sample) == (value,) * 4
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_the_machine_lacks_is_refused_at_start(compose, tmp_path):
+    with pytest.raises(ConfigError, match="model.device=cuda but this machine has no CUDA GPU"):
+        cfg = compose([*FAST, "model.device=cuda"])
+        run_pipeline(run.build_config(cfg, tmp_path / "out"), OmegaConf.to_yaml(cfg))
+    assert not (tmp_path / "out").exists()

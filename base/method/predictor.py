@@ -52,7 +52,25 @@ class Predictor:
         with safe_open(str(path), "pt") as f:
             meta = json.loads(f.metadata()["meta"])
         t = load_file(str(path))
-        return cls(t["w_LHE"], t["b_LE"], meta)
+        pred = cls(t["w_LHE"], t["b_LE"], meta)
+        pred.check_content(path)
+        return pred
+
+    def check_content(self, source: Path) -> None:
+        """What the file holds, not only what it claims: the fields a run reads, tensor shapes that
+        agree with its model fields, and finite values."""
+        model = self.meta.get("model")
+        missing = [k for k in ("num_layers", "num_experts", "hidden") if not isinstance((model or {}).get(k), int)]
+        if missing or not isinstance(self.meta.get("r2"), list):
+            raise ConfigError(f"predictor {source} lacks {', '.join(missing) or 'r2'} in its metadata: not a file "
+                              f"this project wrote; refit with predictor.path=null force=true")
+        L, E, H = model["num_layers"], model["num_experts"], model["hidden"]
+        if tuple(self.w_LHE.shape) != (L, H, E) or tuple(self.b_LE.shape) != (L, E):
+            raise ConfigError(f"predictor {source}: weights {tuple(self.w_LHE.shape)} and bias {tuple(self.b_LE.shape)} "
+                              f"do not match its model ({L} MoE layers, hidden {H}, {E} experts)")
+        if not (torch.isfinite(self.w_LHE).all() and torch.isfinite(self.b_LE).all()):
+            raise ConfigError(f"predictor {source} holds non-finite weights (NaN or inf); refit with "
+                              f"predictor.path=null force=true")
 
     def check_model(self, identity: dict, source: Path) -> None:
         """Fail clearly when the predictor was fitted for another model."""

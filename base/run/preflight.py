@@ -18,9 +18,14 @@ from base.hf.families import FAMILIES
 from base.hf.loading import hf_config
 from base.method.selectors import SELECTORS
 
+HFLM_MAX_GEN_TOKS = 256  # lm-eval's HFLM: new tokens of a task that names no max_gen_toks
+
 
 def preflight(cfg: RunConfig) -> None:
+    _check_device(cfg)
     hf = hf_config(cfg.model, cfg.root)
+    if cfg.model.init == "pretrained":
+        _check_checkpoint(cfg)
     family = FAMILIES.get(cfg.model.family)
     cfg.check_model_shape(int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     methods = _methods(cfg)
@@ -31,7 +36,7 @@ def preflight(cfg: RunConfig) -> None:
     elif needs_calib or needs_pred:
         _check_calibration_files(cfg)
     if cfg.stage == "evaluate":
-        check_tasks(cfg)
+        check_tasks(cfg, getattr(hf, "max_position_embeddings", None))
     if cfg.stage == "throughput" and cfg.throughput.mode == "stream":
         cfg.stream.task_lengths(cfg.root)  # a lengths_from file that is missing or holds no lengths fails here
     if cfg.model.device_map is not None:
@@ -58,7 +63,49 @@ def _methods(cfg: RunConfig) -> list[str]:
     return [n for n in names if n != "dense"]
 
 
+def _check_device(cfg: RunConfig) -> None:
+    import torch
+
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device=cuda but this machine has no CUDA GPU; use model.device=auto (the CPU "
+                          "here) or cpu")
+
+
+def _check_checkpoint(cfg: RunConfig) -> None:
+    """A local checkpoint folder holds readable weights and a tokenizer (its config was read already)."""
+    from pathlib import Path
+
+    from base.hf.loading import load_tokenizer, resolve_path
+
+    folder = Path(resolve_path(cfg.model.path, cfg.root))
+    if not folder.is_dir():
+        return  # a hub id: transformers' own messages (offline: not reachable)
+    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    if not weights:
+        raise ConfigError(f"model.path={cfg.model.path}: no weights (*.safetensors or *.bin) in {folder}")
+    for w in weights:
+        if w.suffix != ".safetensors":
+            continue
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(w), "pt") as f:
+                f.keys()
+        except Exception as err:  # noqa: BLE001 - truncated or foreign files raise many kinds
+            raise ConfigError(f"model.path={cfg.model.path}: {w.name} is not a readable safetensors file "
+                              f"({type(err).__name__}: {err}); the checkpoint is damaged or incomplete") from None
+    try:
+        load_tokenizer(cfg.model, cfg.root)
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"model {cfg.model.name}: no tokenizer loads from {cfg.model.tokenizer or cfg.model.path} "
+                          f"({type(err).__name__}); set model.tokenizer to a tokenizer folder") from None
+
+
 def _check_calibration_files(cfg: RunConfig) -> None:
+    """Every file exists, parses, and together they hold the tokens calibration cuts into windows."""
+    from base.hf.calibrate import read_texts
+    from base.hf.loading import load_tokenizer
+
     for f in cfg.calibration.files:
         path = cfg.resolve(f)
         if not path.is_file():
@@ -66,6 +113,16 @@ def _check_calibration_files(cfg: RunConfig) -> None:
                               f".jsonl files, relative to the repo root or absolute")
         if path.stat().st_size == 0:
             raise ConfigError(f"calibration.files: {f} is empty")
+        try:
+            read_texts([path])
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            raise ConfigError(f"calibration.files: {f} does not parse ({type(err).__name__}: {err}); .jsonl files "
+                              f"hold one JSON object per line with a \"text\" field, .txt files UTF-8 text") from None
+    text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
+    tokens = len(load_tokenizer(cfg.model, cfg.root)(text, add_special_tokens=False)["input_ids"])
+    if tokens < cfg.calibration.seq_len:
+        raise ConfigError(f"calibration.files hold {tokens} tokens, fewer than calibration.seq_len="
+                          f"{cfg.calibration.seq_len}: give more text or a shorter seq_len")
 
 
 def _check_predictor_file(cfg: RunConfig, hf) -> None:
@@ -77,20 +134,34 @@ def _check_predictor_file(cfg: RunConfig, hf) -> None:
                           f"null to fit (and cache) a predictor for this model")
     try:
         pred = Predictor.load(path)
+    except ConfigError as err:  # it reads, but does not hold what a predictor must
+        raise ConfigError(f"predictor.path={cfg.predictor.path}: {err}") from None
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise ConfigError(f"predictor.path={cfg.predictor.path} is not a readable predictor file "
                           f"({type(err).__name__}); refit with predictor.path=null force=true") from None
     family = FAMILIES.get(cfg.model.family)
     want = {"name": cfg.model.name, "num_experts": int(getattr(hf, family.experts_key)),
-            "hidden": int(hf.hidden_size)}
+            "hidden": int(hf.hidden_size), "num_layers": _moe_layers(hf)}
     have = {k: pred.meta.get("model", {}).get(k) for k in want}
     if have != want:
         raise ConfigError(f"predictor.path={cfg.predictor.path} was fitted for another model ({have}); this run "
                           f"uses {want}")
 
 
-def check_tasks(cfg: RunConfig) -> None:
-    """Every task name is known to lm-eval and every task builds (its data exists and is not empty)."""
+def _moe_layers(hf) -> int:
+    """The model's MoE layers, counted on the model built without memory (meta device)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from base.hf.families import find_moe_layers
+
+    with torch.device("meta"):
+        return len(find_moe_layers(AutoModelForCausalLM.from_config(hf)))
+
+
+def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
+    """Every task name is known to lm-eval and every task builds (its data exists and is not empty),
+    and its new tokens fit the model's context (`context` positions)."""
     from base.eval.lmeval_logging import quiet_expected_warnings
     from base.eval.tasks import task_manager
 
@@ -118,4 +189,12 @@ def check_tasks(cfg: RunConfig) -> None:
         raise ConfigError(f"task {cfg.task.name}: {', '.join(unsafe)} execute model-written code; to run them, "
                           f"set eval.confirm_unsafe_code=true (passes lm-eval's confirm_run_unsafe_code and sets "
                           f"HF_ALLOW_CODE_EVAL=1)")
+    for name, task in sorted(leaves.items()) if context else ():
+        if task.OUTPUT_TYPE != "generate_until":
+            continue
+        asked = int((task.config.generation_kwargs or {}).get("max_gen_toks", HFLM_MAX_GEN_TOKS))
+        new = cfg.eval.gen_toks if cfg.eval.gen_toks is not None else min(asked, cfg.eval.max_gen_toks or asked)
+        if new >= context:
+            raise ConfigError(f"task {cfg.task.name}: {name} would generate {new} new tokens, but {cfg.model.name} "
+                              f"has {context} positions in all: set eval.gen_toks or eval.max_gen_toks below {context}")
 
