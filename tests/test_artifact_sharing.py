@@ -40,18 +40,17 @@ def test_jobs_started_at_once_compute_each_artifact_once(tmp_path):
 
 
 KILLED_WRITER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
-import safetensors.torch
 import torch
+import base.files
 from base.files import atomic_save_tensors, file_lock
 
-def half_then_hang(tensors, filename, metadata=None):  # a writer that dies halfway through
-    Path(filename).write_bytes(b"\\0" * 4096)
+def hang(path, mode):  # a writer killed after its temporary file is written, before the rename
     print("writing", flush=True)
     time.sleep(600)
 
-safetensors.torch.save_file = half_then_hang
+base.files.os.chmod = hang
 directory = Path(sys.argv[1])
 with file_lock(directory):
     atomic_save_tensors({"x": torch.zeros(4)}, directory / "calib.safetensors")
@@ -84,3 +83,33 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(compose, tmp_path
     calib, where = ensure_calibration(rc, model, load_tokenizer(rc.model, ROOT), layers)
     assert where == directory and not list(directory.glob(".*.tmp*"))
     assert Calibration.load(directory).meta["num_layers"] == 2 == calib.meta["num_layers"]
+
+
+def test_leftovers_of_killed_saves_are_removed_and_cache_files_share_one_mode(compose, tmp_path):
+    """A rerun that finds its artifacts complete still removes temporary files a killed save left
+    beside them: ours (.<name>.tmp<pid>) and a library's (safetensors' save_file: .tmp<random>).
+    Tensors and JSON get the same mode (0666 less the umask)."""
+    import run
+    from base.hf.families import find_moe_layers
+    from base.hf.loading import load_model, load_tokenizer
+    from base.run.artifacts import ensure_predictor
+
+    old_mask = os.umask(0o022)
+    try:
+        rc = run.build_config(compose(["model=tiny_qwen3", "task=smoke", f"artifacts_dir={tmp_path}/art",
+                                       "calibration.num_tokens=1024"]), tmp_path / "out")
+        model = load_model(rc.model, ROOT, seed=0)
+        layers = find_moe_layers(model)
+        tok = load_tokenizer(rc.model, ROOT)
+        _, path = ensure_predictor(rc, model, tok, layers)
+        directory = path.parent
+        modes = {p.name: p.stat().st_mode & 0o777 for p in directory.iterdir() if p.name != ".lock"}
+        assert any(n.endswith(".safetensors") for n in modes) and any(n.endswith(".json") for n in modes)
+        assert set(modes.values()) == {0o644}, modes
+        leaked = [directory / ".tmpk3j9x2", directory / f".{path.name}.tmp99999"]
+        for f in leaked:
+            f.write_bytes(b"\0" * 1024)
+        ensure_predictor(rc, model, tok, layers)  # everything cached: the fast path
+        assert not any(f.exists() for f in leaked)
+    finally:
+        os.umask(old_mask)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from base.config import RunConfig
-from base.files import file_lock
+from base.files import clear_temp, clear_temp_if_idle, file_lock
 from base.hf.calibrate import calibrate, read_texts, token_batches
 from base.hf.families import MoeLayer
 from base.hf.loading import resolve_path
@@ -105,13 +105,6 @@ def _made_since(path: Path, t0: float) -> bool:
     return path.exists() and path.stat().st_mtime >= t0
 
 
-def _clear_temp(directory: Path) -> None:
-    """Temporary files of a writer killed mid-write (every writer here holds the directory's lock,
-    so under it no temporary file is live)."""
-    for tmp in directory.glob(".*.tmp*"):
-        tmp.unlink(missing_ok=True)
-
-
 def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[MoeLayer],
                        recompute: bool = False) -> tuple[Calibration, Path]:
     """The cached calibration, or a new one. Jobs of a sweep that need the same one queue on its
@@ -123,6 +116,7 @@ def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list
     if marker.exists() and not recompute:
         calib = _load_cached(Calibration.load, directory)
         if calib is not None:
+            clear_temp_if_idle(directory)
             return calib, directory
     with file_lock(directory):
         if marker.exists() and (not recompute or _made_since(marker, cfg.started)):
@@ -130,7 +124,7 @@ def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list
             if calib is not None:  # another job made it while this one waited
                 print(f"[base] calibration reused: {directory}", flush=True)
                 return calib, directory
-        _clear_temp(directory)
+        clear_temp(directory)
         text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
         batches = token_batches(tokenizer, text, cfg.calibration)
         meta = {"model": identity, "calibration": calibration_settings(cfg)}
@@ -157,6 +151,8 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
         pred = _load_cached(Predictor.load, path)
         if pred is not None:
             pred.check_model(identity, path)
+            if not cfg.predictor.path:  # a user's own folder is theirs to tidy
+                clear_temp_if_idle(path.parent)
             return pred, path
     if cfg.predictor.path:
         raise FileNotFoundError(f"predictor.path={cfg.predictor.path} does not exist or is unreadable")
@@ -167,7 +163,7 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
             if pred is not None:  # another job fitted it while this one waited
                 print(f"[base] predictor reused: {path}", flush=True)
                 return pred, path
-        _clear_temp(path.parent)
+        clear_temp(path.parent)
         pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed)
         pred.save(path)
         print(f"[base] predictor fitted: {path}", flush=True)
