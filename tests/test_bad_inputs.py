@@ -105,6 +105,8 @@ CASES = [
     ("malformed_calibration", "does not parse (JSONDecodeError"),
     ("short_calibration", "tokens, fewer than calibration.seq_len=128"),
     ("damaged_checkpoint", "is not a readable safetensors file"),
+    (["method=base", "budget=2", "calibration.num_tokens=32", "calibration.seq_len=16"],
+     "gives the predictor fit about 6.4 tokens per expert (16 experts, top-4, holdout 0.2); a meaningful fit needs at least 8"),
     # what a downstream library would reject, refused at start
     (["model=mini", "task=paper_standin", "method=dense", "eval.confirm_unsafe_code=true"],
      "would generate 384 new tokens, but mini has 256 positions in all"),

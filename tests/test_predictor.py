@@ -155,3 +155,17 @@ def test_calibration_freq_and_energy_by_hand(tmp_path):
     assert back.meta == calib.meta and back.layers[0].norms_NE is None
     for key in ("z_NH", "idx_NK", "w_NK", "norms_NK"):
         assert torch.equal(getattr(back.layers[0], key), getattr(lc, key))
+
+
+def test_a_fit_on_too_few_tokens_says_so_in_its_metadata():
+    """Enough tokens: no warning. Few tokens (fewer per expert than its H weights) and an expert no
+    token routes to (a constant): both named in meta['warnings'], which the report carries."""
+    W, b, g, noise = planted()
+    assert "warnings" not in fit_predictor(synthetic_calibration(W, b, g, noise), PredictorConfig()).meta
+    thin = synthetic_calibration(W, b, g, noise, n=12)
+    for lc in thin.layers:
+        lc.idx_NK[lc.idx_NK == 3] = (lc.idx_NK[lc.idx_NK == 3] + 1) % 3  # expert 3 never routed
+        lc.idx_NK = torch.sort(lc.idx_NK, dim=-1).values
+    warnings = fit_predictor(thin, PredictorConfig()).meta["warnings"]
+    assert any(f"{L} of {L * E} (layer, expert) fits had fewer than 2" in w for w in warnings)
+    assert any(f"than its {H} weights" in w for w in warnings)

@@ -111,7 +111,7 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Pr
         raise ValueError("predictor.fit_on=all needs calibration.all_experts=true")
     w_LHE = torch.zeros(L, H, E)
     b_LE = torch.zeros(L, E)
-    r2, r2_within = [], []
+    r2, r2_within, constant, pairs_min = [], [], [], []
     for li, layer in enumerate(calib.layers):
         N = layer.z_NH.shape[0]
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed + li))
@@ -119,6 +119,9 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Pr
         hold, train = perm[:n_hold], perm[n_hold:]
         z = layer.z_NH.double()
         t_rows, t_exp, t_y = _pairs(layer, train, cfg.fit_on)
+        counts_E = torch.bincount(t_exp, minlength=E)
+        constant.append(int((counts_E < 2).sum()))
+        pairs_min.append(int(counts_E.min()))
         for u in range(E):
             sel = t_exp == u
             if sel.sum() < 2:
@@ -140,5 +143,25 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Pr
         "fit": {"ridge": cfg.ridge, "holdout": cfg.holdout, "fit_on": cfg.fit_on, "seed": seed},
         "r2": r2,
         "r2_within": r2_within,
+        "train_pairs_min": pairs_min,
     }
+    warnings = fit_warnings(constant, pairs_min, E, H)
+    if warnings:
+        meta["warnings"] = warnings
+        for w in warnings:
+            print(f"[base] WARNING predictor fit: {w}", flush=True)
     return Predictor(w_LHE, b_LE, meta)
+
+
+def fit_warnings(constant_L: list[int], pairs_min_L: list[int], E: int, H: int) -> list[str]:
+    """What makes a fit less than it looks: experts predicted by a constant (fewer than 2 training
+    pairs) and experts with fewer pairs than weights, whose fit the ridge penalty decides."""
+    out = []
+    if sum(constant_L):
+        out.append(f"{sum(constant_L)} of {E * len(constant_L)} (layer, expert) fits had fewer than 2 calibration "
+                   f"tokens and predict a constant; raise calibration.num_tokens")
+    thin = sum(1 for n in pairs_min_L if n < H)
+    if thin:
+        out.append(f"in {thin} of {len(pairs_min_L)} layers some expert has fewer training tokens "
+                   f"({min(pairs_min_L)} at least) than its {H} weights; its fit rests on predictor.ridge")
+    return out

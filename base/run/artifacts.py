@@ -191,4 +191,6 @@ def selector_artifacts(cfg: RunConfig, selector_cls: type[Selector], model: nn.M
         arts.pred_w_LHE, arts.pred_b_LE = pred.w_LHE, pred.b_LE
         info["predictor"] = str(path)
         info["predictor_r2"] = pred.meta["r2"]
+        if pred.meta.get("warnings"):
+            info["predictor_warnings"] = pred.meta["warnings"]
     return arts, info

@@ -5,8 +5,8 @@ names the valid range or choice, never as a traceback halfway through a run.
 
 What needs the model reads only its config (no weights): the budget and k0 against its shape, and
 with model.device_map=auto whether it fits the visible GPUs (planned on the model built empty). Then
-the calibration files (when this run may calibrate), an explicit predictor file (readable, fitted
-for this model), and the evaluation tasks, which are looked up and built once (unknown names,
+the calibration files (when this run may calibrate) and whether num_tokens gives a fit enough tokens
+per expert, an explicit predictor file (readable, fitted for this model), and the evaluation tasks, which are looked up and built once (unknown names,
 missing or empty data).
 """
 from __future__ import annotations
@@ -35,6 +35,8 @@ def preflight(cfg: RunConfig) -> None:
         _check_predictor_file(cfg, hf)
     elif needs_calib or needs_pred:
         _check_calibration_files(cfg)
+        if needs_pred or cfg.stage == "fit":
+            _check_fit_size(cfg, int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     if cfg.stage == "evaluate":
         check_tasks(cfg, getattr(hf, "max_position_embeddings", None))
     if cfg.stage == "throughput" and cfg.throughput.mode == "stream":
@@ -123,6 +125,21 @@ def _check_calibration_files(cfg: RunConfig) -> None:
     if tokens < cfg.calibration.seq_len:
         raise ConfigError(f"calibration.files hold {tokens} tokens, fewer than calibration.seq_len="
                           f"{cfg.calibration.seq_len}: give more text or a shorter seq_len")
+
+
+MIN_PAIRS_PER_EXPERT = 8  # below this a per-expert linear fit is mostly constants and noise
+
+
+def _check_fit_size(cfg: RunConfig, num_experts: int, top_k: int) -> None:
+    """A predictor fit gets, per expert, about num_tokens * (1 - holdout) * k / E routed tokens;
+    too few and the fit is meaningless (fewer than the weights: fit_predictor warns in the report)."""
+    per_expert = cfg.calibration.num_tokens * (1 - cfg.predictor.holdout) * top_k / num_experts
+    if cfg.predictor.fit_on == "routed" and per_expert < MIN_PAIRS_PER_EXPERT:
+        need = int(MIN_PAIRS_PER_EXPERT * num_experts / (top_k * (1 - cfg.predictor.holdout))) + 1
+        raise ConfigError(f"calibration.num_tokens={cfg.calibration.num_tokens} gives the predictor fit about "
+                          f"{per_expert:.1f} tokens per expert ({num_experts} experts, top-{top_k}, holdout "
+                          f"{cfg.predictor.holdout}); a meaningful fit needs at least {MIN_PAIRS_PER_EXPERT}: set "
+                          f"calibration.num_tokens >= {need}")
 
 
 def _check_predictor_file(cfg: RunConfig, hf) -> None:

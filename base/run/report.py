@@ -30,5 +30,7 @@ def print_report(report: dict[str, Any], out_dir: Path) -> None:
         print(pd.DataFrame(report["throughput"]).round(2).to_string(index=False))
     if "predictor" in report:
         print(f"  held-out R^2 per layer: {[round(r, 3) for r in report['predictor']['r2']]}")
+    for w in report.get("predictor", {}).get("warnings", []) + report.get("artifacts", {}).get("predictor_warnings", []):
+        print(f"  WARNING predictor fit: {w}")
     if "summary" in report:
         print("  summary: " + ", ".join(f"{k}={v:.4g}" for k, v in report["summary"].items()))
