@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -25,8 +26,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
-
-from dataclasses import dataclass, field
 
 from base.config import (
     CalibConfig,

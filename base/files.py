@@ -15,7 +15,6 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-
 TEMP_PATTERNS = (".*.tmp*", ".tmp*")  # ours, and the temporary names of libraries that write beside a file
 
 
