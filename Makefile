@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv if missing and install the project (torch pinned to the CPU build)
 
+$(PY):  # a first install, for targets that need the environment but not the latest install of it
+	$(MAKE) install
+
 # Tests run in TEST_JOBS worker processes (pytest-xdist), one thread each: on 2 cores, two workers
 # with torch's default threads would oversubscribe them.
 TEST_JOBS ?= 2
@@ -108,7 +111,8 @@ rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and
 # EXP=name: only that sweep's quality figures.
 REPORT_ARGS := $(if $(REFRESH),--results-only --out results/figures,--out outputs/report) \
 	$(if $(LOG),--log $(LOG)) $(if $(EXP),--exp $(EXP))
-report: $(STAMP)  ## figures + report.md -> outputs/report/ (REFRESH=1: results/ only -> results/figures/; LOG=wandb; EXP=sweep)
+# Analysis reads files only: an existing .venv is enough (no reinstall when pyproject.toml changed).
+report: | $(PY)  ## figures + report.md -> outputs/report/ (REFRESH=1: results/ only -> results/figures/; LOG=wandb; EXP=sweep)
 	OMP_NUM_THREADS=1 WANDB_SILENT=true $(PY) -m analysis.report $(REPORT_ARGS)
 
 bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/

@@ -42,7 +42,7 @@ from base.config import (
     TaskConfig,
     ThroughputConfig,
 )
-from base.run.gpu_pool import job_gpu, lock_dir, visible_gpus
+from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
 from base.run.sweep import error_line, record_job
 
 ROOT = Path(__file__).resolve().parent
@@ -108,7 +108,7 @@ def folder_name(name: str) -> str:
 OmegaConf.register_new_resolver("run_name", run_name, replace=True)
 OmegaConf.register_new_resolver("folder", folder_name, replace=True)
 # hydra/launcher=local_gpus: one joblib worker per GPU (resolved in the launching process)
-OmegaConf.register_new_resolver("gpu_count", lambda: max(1, len(visible_gpus())), replace=True)
+OmegaConf.register_new_resolver("gpu_count", launcher_jobs, replace=True)
 # hydra/launcher=ray_jobs: a GPU per task where there are GPUs (num_gpus=1 on a CPU host never schedules)
 OmegaConf.register_new_resolver("one_gpu_if_any", lambda: min(1, len(visible_gpus())), replace=True)
 

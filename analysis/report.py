@@ -157,12 +157,15 @@ def write(plots: list[tuple[F.Plot, str]], out: Path, header: str) -> Path:
     return path
 
 
-def log_wandb(plots: list[tuple[F.Plot, str]], out: Path, name: str) -> None:
-    """One wandb run holding the figures and their tables (offline unless WANDB_MODE says otherwise)."""
+def log_wandb(plots: list[tuple[F.Plot, str]], out: Path, name: str, wandb_dir: Path | None = None) -> None:
+    """One wandb run holding the figures and their tables (offline unless WANDB_MODE says otherwise),
+    its files in wandb_dir (the runs' own sync folder, outputs/wandb, by default of main)."""
     import wandb
 
+    wandb_dir = wandb_dir or out
+    wandb_dir.mkdir(parents=True, exist_ok=True)
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "base-moe"), name=name, job_type="report",
-                     dir=str(out), mode=os.environ.get("WANDB_MODE", "offline"), reinit="finish_previous")
+                     dir=str(wandb_dir), mode=os.environ.get("WANDB_MODE", "offline"), reinit="finish_previous")
     for plot, _ in plots:
         if plot.empty:
             continue
@@ -195,7 +198,8 @@ def main(argv: list[str] | None = None) -> Path:
     for p, _ in plots:
         print(f"  {p.name}: " + (f"no data ({p.empty})" if p.empty else "written"))
     if args.log == "wandb":
-        log_wandb(plots, Path(args.out), "report" + (f"-{'-'.join(args.exp)}" if args.exp else ""))
+        log_wandb(plots, Path(args.out), "report" + (f"-{'-'.join(args.exp)}" if args.exp else ""),
+                  Path(args.outputs) / "wandb")
     return path
 
 

@@ -72,3 +72,15 @@ def test_no_gpus_changes_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "gpu-None.job").exists()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
     assert visible_gpus() == ["3", "5"]
+
+
+def test_local_gpus_without_a_gpu_says_it_runs_one_job_at_a_time(monkeypatch, capsys):
+    from base.run import gpu_pool
+
+    monkeypatch.setattr(gpu_pool, "_told_no_gpus", False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "g0,g1")
+    assert gpu_pool.launcher_jobs() == 2 and capsys.readouterr().err == ""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_pool.launcher_jobs() == 1 and gpu_pool.launcher_jobs() == 1
+    err = capsys.readouterr().err
+    assert err.count("hydra/launcher=local_gpus: no GPU visible") == 1 and "hydra/launcher=joblib hydra.launcher.n_jobs=N" in err

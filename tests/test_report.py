@@ -251,9 +251,9 @@ def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch
 
 def test_a_run_logger_logs_the_selection_table_and_its_charts(tmp_path, monkeypatch):
     from base.config import LoggerConfig
-    from base.run.logger import Logger
+    from base.run.logger import Logger, run_identity
 
-    log = Logger(LoggerConfig(name="wandb", mode="disabled"), tmp_path, "run", {})
+    log = Logger(LoggerConfig(name="wandb", mode="disabled", dir=str(tmp_path)), run_identity("e", "m", "base", 2, "evaluate"), {})
     logged = []
     monkeypatch.setattr(log.run, "log", lambda d, *a, **k: logged.append(d))
     log.table("selection", [{"layer": 0, "union_mean": 7.0, "kept_mean": 4.0, "weight_retained": 0.8}])

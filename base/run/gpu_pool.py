@@ -29,6 +29,7 @@ from pathlib import Path
 
 _bound: str | None = None  # the GPU this process was given (CUDA fixed it at first use)
 _owner_fd: int | None = None  # held until the process exits (the kernel then releases it)
+_told_no_gpus = False
 
 
 def visible_gpus() -> list[str]:
@@ -43,6 +44,21 @@ def visible_gpus() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def launcher_jobs() -> int:
+    """hydra/launcher=local_gpus' worker count: one per visible GPU. Without any, one worker runs
+    the jobs one at a time; said once, since a user who picked this launcher expects parallel jobs."""
+    global _told_no_gpus
+    gpus = visible_gpus()
+    if not gpus and not _told_no_gpus:
+        _told_no_gpus = True
+        import sys
+
+        print("[base] hydra/launcher=local_gpus: no GPU visible (CUDA_VISIBLE_DEVICES, nvidia-smi), so the jobs run "
+              "one at a time; for parallel CPU jobs use hydra/launcher=joblib hydra.launcher.n_jobs=N "
+              "(with OMP_NUM_THREADS set so that N jobs share the cores)", file=sys.stderr, flush=True)
+    return max(1, len(gpus))
 
 
 def lock_dir() -> Path:

@@ -1,9 +1,18 @@
-"""Experiment logging: wandb (offline by default, no account needed; `wandb sync` uploads later),
-or nothing with logger=none. One wandb run per run folder, finished at its end. The per-layer
-selection statistics (evaluate) and the timings (throughput) go in as tables and as line charts.
-wandb is imported only when a run logs to it."""
+"""Experiment logging: wandb (offline by default, no account needed), or nothing with logger=none.
+One wandb run per run folder, finished at its end, grouped by experiment (exp_name), tagged with
+its axes (model, method, budget, stage) and named by them. Offline runs of every experiment collect
+in one folder, logger.dir (outputs/wandb by default), so one command uploads them all:
+
+    wandb sync --sync-all outputs/wandb        # or: wandb sync outputs/wandb/wandb/offline-run-*
+
+A run that finished without wandb (logger=none, or before an account existed) is logged afterwards
+from its folder, without running it again: `python -m base.run.log_run outputs/<exp>/<run> ...`.
+The per-layer selection statistics (evaluate) and the timings (throughput) go in as tables and as
+line charts. wandb is imported only when a run logs to it.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +20,54 @@ import pandas as pd
 
 from base.config import LoggerConfig
 
+AXES = ("model", "method", "budget", "exp_name")  # in a run's name and tags already
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """How a run shows in wandb."""
+    name: str  # e.g. "qwen3_30b base M=16 [batch_size=32]"
+    group: str  # the experiment: every run of a sweep in one group
+    tags: tuple[str, ...]  # model:<m>, method:<m>, budget:<M|dense>, stage:<s>
+
+
+def run_identity(experiment: str, model: str, method: str, budget: int | None, stage: str,
+                 overrides: str = "") -> RunIdentity:
+    """Readable and distinct within a sweep: the axes, then the other overrides that tell its runs apart."""
+    rest = [o for o in split_overrides(overrides) if o.split("=", 1)[0].lstrip("+~") not in AXES]
+    name = " ".join([model, method, *([f"M={budget}"] if budget is not None else []),
+                     *([stage] if stage != "evaluate" else []), *([f"[{','.join(rest)}]"] if rest else [])])
+    tags = (f"model:{model}", f"method:{method}", f"budget:{'dense' if budget is None else budget}", f"stage:{stage}")
+    return RunIdentity(name=name, group=experiment, tags=tags)
+
+
+def split_overrides(overrides: str) -> list[str]:
+    """Hydra's comma-joined overrides, split at the commas outside brackets (list values stay whole)."""
+    out, depth, cur = [], 0, ""
+    for ch in overrides:
+        if ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [o for o in [*out, cur] if o]
+
 
 class Logger:
-    def __init__(self, cfg: LoggerConfig, out_dir: Path, run_name: str, config: dict[str, Any]) -> None:
+    def __init__(self, cfg: LoggerConfig, identity: RunIdentity, config: dict[str, Any]) -> None:
         self.run = None
         if cfg.name == "none":
             return
         import wandb
 
-        self.run = wandb.init(project=cfg.project, name=run_name, dir=str(out_dir), mode=cfg.mode,
-                              config=config, reinit="finish_previous")
+        directory = Path(cfg.dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=cfg.project, name=identity.name, group=identity.group, tags=list(identity.tags),
+                              dir=str(directory), mode=cfg.mode, config=config, reinit="finish_previous")
 
     def metrics(self, values: dict[str, float]) -> None:
         if self.run is not None:

@@ -24,7 +24,7 @@ from base.hf.placement import model_devices
 from base.method.selectors import SELECTORS, build_selector
 from base.run import outputs
 from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
-from base.run.logger import Logger
+from base.run.logger import Logger, run_identity
 from base.run.preflight import preflight
 from base.run.sweep import host_info
 from base.runtime.throughput import Variant
@@ -127,21 +127,23 @@ def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
     chash = outputs.config_hash(resolved_config)
     done = outputs.finished_hash(out)
     if outputs.same_config(resolved_config, done) and not cfg.force:
-        print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it.")
+        print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
+              f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
         return None
     if done is not None and not outputs.same_config(resolved_config, done):
         print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
     preflight(cfg)  # every bad input fails here, before anything is written or loaded
     stage = outputs.staging_dir(out)
-    report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash, out.name)
+    report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash)
     outputs.publish(stage, out)
     return report
 
 
-def _run_into(cfg: RunConfig, resolved_config: str, chash: str, name: str) -> dict[str, Any]:
+def _run_into(cfg: RunConfig, resolved_config: str, chash: str) -> dict[str, Any]:
     out = cfg.out_dir
     atomic_write_text(out / "config.yaml", resolved_config)
-    logger = Logger(cfg.logger, out, name, yaml.safe_load(resolved_config))
+    identity = run_identity(cfg.experiment, cfg.model.name, cfg.method.name, cfg.budget, cfg.stage, cfg.overrides)
+    logger = Logger(cfg.logger, identity, yaml.safe_load(resolved_config))
     ok = False
     try:
         t0 = time.perf_counter()

@@ -1,0 +1,74 @@
+"""How runs reach wandb (base/run/logger.py, base/run/log_run.py): grouped by experiment, tagged by
+model/method/budget/stage, named readably and distinctly within a sweep; offline files of every run
+in one folder (logger.dir) for one `wandb sync`; a finished run logged afterwards from its folder."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from base.run.logger import run_identity, split_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_runs_of_a_sweep_get_distinct_readable_names_one_group_and_their_axes_as_tags():
+    a = run_identity("sweep1", "mini", "base", 16, "evaluate", "budget=16,method=base,seed=1")
+    b = run_identity("sweep1", "mini", "base", 16, "evaluate", "budget=16,method=base,seed=2")
+    d = run_identity("sweep1", "mini", "dense", None, "throughput", "calibration.files=[a.txt,b.txt],method=dense")
+    assert a.name == "mini base M=16 [seed=1]" and a.name != b.name and a.group == b.group == "sweep1"
+    assert a.tags == ("model:mini", "method:base", "budget:16", "stage:evaluate")
+    assert d.name == "mini dense throughput [calibration.files=[a.txt,b.txt]]" and "budget:dense" in d.tags
+    assert split_overrides("a=1,b=[x,y],c={p:1,q:2}") == ["a=1", "b=[x,y]", "c={p:1,q:2}"]
+
+
+def _offline_runs(directory: Path) -> list[Path]:
+    return sorted((directory / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.slow
+def test_a_run_logs_to_one_sync_folder_with_group_tags_and_name(compose, tmp_path, monkeypatch):
+    import wandb
+
+    import run
+    from base.run.pipeline import run as run_pipeline
+
+    seen = []
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(real_init(**kw)) or seen[-1])
+    cfg = compose(["model=tiny_qwen3", "task=smoke", "task.limit=2", "method=router_sum", "budget=2",
+                   "logger=wandb", f"outputs_dir={tmp_path}/outputs", "exp_name=sweep7"])
+    out = tmp_path / "outputs" / "sweep7" / "run1"
+    run_pipeline(run.build_config(cfg, out, "budget=2,method=router_sum"), OmegaConf.to_yaml(cfg, resolve=True))
+    logged = seen[0]
+    assert (logged.name, logged.group) == ("tiny_qwen3 router_sum M=2", "sweep7")
+    assert set(logged.tags) == {"model:tiny_qwen3", "method:router_sum", "budget:2", "stage:evaluate"}
+    assert len(_offline_runs(tmp_path / "outputs" / "wandb")) == 1  # the one place `wandb sync` reads
+    assert not list(out.rglob("offline-run-*"))
+
+
+def test_a_finished_run_is_logged_afterwards_from_its_folder(compose, tmp_path):
+    import run
+    from base.run.log_run import log_folder
+    from base.run.pipeline import run as run_pipeline
+
+    cfg = compose(["model=tiny_qwen3", "task=smoke", "task.limit=2", "method=router_sum", "budget=2",
+                   "logger=none", "exp_name=late"])
+    out = tmp_path / "late" / "run"
+    run_pipeline(run.build_config(cfg, out, "budget=2,method=router_sum"), OmegaConf.to_yaml(cfg, resolve=True))
+    done = log_folder(out, "offline", str(tmp_path / "wb"))
+    assert done["group"] == "late" and done["name"] == "tiny_qwen3 router_sum M=2"
+    assert done["tables"] == ["metrics", "selection"]
+    assert len(_offline_runs(tmp_path / "wb")) == 1
+
+
+def test_log_run_refuses_a_folder_that_holds_no_finished_run(tmp_path):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.yaml").write_text("model: {}\n")
+    proc = subprocess.run([sys.executable, "-m", "base.run.log_run", str(tmp_path / "half"), "--dir", str(tmp_path / "wb")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "is not a finished run folder (it needs report.json" in proc.stderr
+    assert not (tmp_path / "wb").exists()
