@@ -157,6 +157,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
 # The launcher settings conf/hydra/launcher/*.yaml read from the environment, with their minimum:
 # checked before Hydra resolves them (its message for a bad one is a traceback).
 LAUNCHER_ENV = {"BASE_SLURM_GPUS": 0, "BASE_SLURM_TIME_MIN": 1, "BASE_SLURM_MEM_GB": 1, "BASE_SLURM_CPUS": 1,
+                "BASE_SLURM_REQUEUE": 0,
                 "BASE_RAY_GPUS": 0, "BASE_RAY_CPUS": 0}
 
 

@@ -108,6 +108,7 @@ def test_slurm_config_through_stand_in_commands(tmp_path):
     for line in ("--partition=h200", "--account=moe-lab", "--time=30", "--gpus-per-node=2", "--mem=100GB",
                  "--cpus-per-task=8", "--array=0-2%3"):
         assert f"#SBATCH {line}\n" in script, line
+    assert "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1\n" in script  # nodes without the hub
     reps, _ = check_all_finished(tmp_path, "SlurmLauncher")
     assert {r["host"]["slurm_job_id"] for r in reps.values()} != {None}
 

@@ -54,6 +54,7 @@ def _run_dir(root: Path, *parts: str) -> Path:
 def test_evaluate_then_resume_skips(tmp_path):
     proc = _run(tmp_path, "method=base", "budget=4", "batch_size=8")
     assert proc.returncode == 0
+    assert "Passed an already-initialized model" not in proc.stdout + proc.stderr  # lm-eval's, expected here
     out = tmp_path / "default" / "batch_size=8,budget=4,method=base,model=tiny_qwen3,task=smoke"  # sorted keys
     report = json.loads((out / "report.json").read_text())
     assert report["eval"]["order"] == "mixed"

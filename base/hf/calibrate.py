@@ -36,7 +36,9 @@ def read_texts(files: list[Path]) -> str:
 
 def token_batches(tokenizer, text: str, cfg: CalibConfig) -> list[Tensor]:
     """Fixed-length windows of the token stream (no padding), `batch_size` windows per batch."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # verbose=False: the whole stream is longer than the model's context on purpose (it is cut into
+    # seq_len windows below); transformers would warn "Token indices sequence length is longer".
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     n_seq = max(1, min(cfg.num_tokens, len(ids)) // cfg.seq_len)
     if len(ids) < cfg.seq_len:
         raise ValueError(f"calibration text has {len(ids)} tokens, fewer than seq_len={cfg.seq_len}")

@@ -121,7 +121,7 @@ def _check_calibration_files(cfg: RunConfig) -> None:
             raise ConfigError(f"calibration.files: {f} does not parse ({type(err).__name__}: {err}); .jsonl files "
                               f"hold one JSON object per line with a \"text\" field, .txt files UTF-8 text") from None
     text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
-    tokens = len(load_tokenizer(cfg.model, cfg.root)(text, add_special_tokens=False)["input_ids"])
+    tokens = len(load_tokenizer(cfg.model, cfg.root)(text, add_special_tokens=False, verbose=False)["input_ids"])
     if tokens < cfg.calibration.seq_len:
         raise ConfigError(f"calibration.files hold {tokens} tokens, fewer than calibration.seq_len="
                           f"{cfg.calibration.seq_len}: give more text or a shorter seq_len")
