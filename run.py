@@ -27,6 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from base.checks import check_folder
 from base.config import (
     CalibConfig,
     ConfigError,
@@ -96,6 +97,8 @@ class RunSchema:
 
 
 ConfigStore.instance().store(name="run_schema", node=RunSchema)
+
+
 def folder_name(name: str) -> str:
     """exp_name as the folder it names under outputs_dir: a plain name, nothing that leaves it."""
     name = str(name)
@@ -237,13 +240,17 @@ def main(cfg: DictConfig) -> dict | None:
 
 
 def check_command_line(argv: list[str]) -> None:
-    """What must be refused before Hydra makes the run folder: an exp_name that would leave
-    outputs_dir (Hydra creates the folder before any of the project's code runs)."""
+    """What must be refused before Hydra makes the run folder (it creates it before any of the
+    project's code runs): an exp_name that would leave outputs_dir, an outputs_dir blocked by a file."""
+    outputs_dir = "outputs"  # conf/config.yaml's default, relative to where run.py is started
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
         if key == "exp_name":
             for name in value.split(","):  # a sweep over names
                 folder_name(name)
+        if key == "outputs_dir":
+            outputs_dir = value
+    check_folder("outputs_dir", Path(outputs_dir))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 
@@ -43,3 +44,21 @@ def check_float(what: str, value: Any, low: float | None = None, high: float | N
         hi = "" if high is None else f"<= {high}"
         raise ConfigError(f"{what}={value!r} is out of range: must be a number {' and '.join(x for x in (lo, hi) if x)}")
     return v
+
+
+def check_folder(what: str, path: Path) -> None:
+    """A folder the run will create or write into: whatever of the path exists already is a folder
+    (a file in the way would fail the first write, after the run started)."""
+    p = Path(path)
+    for part in (p, *p.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"{what}={path}: {part} is a file, not a folder; give a folder path")
+            return
+
+
+def check_file(what: str, path: Path, shown: str) -> None:
+    """An input file: present and a file (not a folder)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what}={shown} is a folder (looked for {p}); give a file")

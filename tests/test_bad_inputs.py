@@ -77,6 +77,11 @@ def _calibration_file(tmp: Path, kind: str) -> list[str]:
     return [f"calibration.files=[{path}]", "method=calib_energy", "budget=2"]
 
 
+def _a_file(tmp: Path) -> Path:
+    (tmp / "a_file").write_text("")
+    return tmp / "a_file"
+
+
 def _damaged_checkpoint(tmp: Path) -> list[str]:
     """A real local checkpoint of the tiny model whose weights file is cut in half."""
     from base.hf.loading import load_model
@@ -105,6 +110,13 @@ CASES = [
     ("malformed_calibration", "does not parse (JSONDecodeError"),
     ("short_calibration", "tokens, fewer than calibration.seq_len=128"),
     ("damaged_checkpoint", "is not a readable safetensors file"),
+    # model shapes changed by overrides
+    (["model.arch.num_experts_per_tok=20"], "model.arch.num_experts_per_tok=20 is out of range: each token picks 1..16"),
+    (["model.arch.num_attention_heads=3"], "model.arch.num_attention_heads=3 is not a multiple of model.arch.num_key_value_heads=2"),
+    (["model.arch.hidden_size=-4"], "model.arch.hidden_size=-4 is out of range: must be >= 1"),
+    # paths of the wrong kind
+    ("folder_as_predictor", "is a folder (looked for"),
+    ("file_as_artifacts_dir", "is a file, not a folder; give a folder path"),
     (["method=base", "budget=2", "calibration.num_tokens=32", "calibration.seq_len=16"],
      "gives the predictor fit about 6.4 tokens per expert (16 experts, top-4, holdout 0.2); a meaningful fit needs at least 8"),
     # what a downstream library would reject, refused at start
@@ -149,6 +161,8 @@ def test_bad_input_fails_at_start_with_a_clear_message(compose, tmp_path, case, 
                 "malformed_calibration": lambda: _calibration_file(tmp_path, "malformed"),
                 "short_calibration": lambda: _calibration_file(tmp_path, "short"),
                 "damaged_checkpoint": lambda: _damaged_checkpoint(tmp_path),
+                "folder_as_predictor": lambda: [f"predictor.path={tmp_path}", "method=base", "budget=2"],
+                "file_as_artifacts_dir": lambda: [f"artifacts_dir={_a_file(tmp_path)}", "method=base", "budget=2"],
                 "empty_task": lambda: _empty_task(tmp_path),
                 "loglikelihood": lambda: [*_shaped_task(tmp_path, "loglikelihood"), "method=base", "budget=2"],
                 "unsafe": lambda: _shaped_task(tmp_path, "unsafe")}
@@ -174,6 +188,31 @@ def test_run_py_prints_the_message_without_a_traceback(tmp_path):
     assert "Traceback" not in proc.stderr + proc.stdout
     written = [p for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"]
     assert written == []  # Hydra's own .hydra/ and log aside, the run wrote nothing
+
+
+@pytest.mark.parametrize("override, message", [
+    ("exp_name=../../escaped", "exp_name='../../escaped' must be a plain folder name"),
+    ("exp_name=ok,/tmp/escaped", "exp_name='/tmp/escaped' must be a plain folder name"),  # one of a sweep's names
+    ("outputs_dir={tmp}/a_file/runs", "is a file, not a folder; give a folder path"),
+])
+def test_outputs_stay_in_outputs_dir(tmp_path, override, message):
+    """Refused on the command line, before Hydra makes a folder: nothing appears anywhere."""
+    import subprocess
+    import sys
+
+    _a_file(tmp_path)
+    work = tmp_path / "work" / "deep"
+    work.mkdir(parents=True)
+    sweep = ["-m"] if "," in override else []
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *sweep, *FAST, "stage=describe",
+                           override.format(tmp=tmp_path)], cwd=work, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a_file", "deep", "work"]
+
+
+def test_run_folder_names_hold_no_path_separators():
+    assert run.run_name("model.path=/data/ckpt,calibration.files=[..\\x.txt]") == "model.path=_data_ckpt,calibration.files=[.._x.txt]"
 
 
 def test_a_predictor_fitted_for_this_model_passes_preflight(compose, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 
+from base.checks import check_file, check_folder
 from base.config import ConfigError, RunConfig
 from base.hf.families import FAMILIES
 from base.hf.loading import hf_config
@@ -23,10 +24,13 @@ HFLM_MAX_GEN_TOKS = 256  # lm-eval's HFLM: new tokens of a task that names no ma
 
 def preflight(cfg: RunConfig) -> None:
     _check_device(cfg)
+    check_folder("artifacts_dir", cfg.artifacts_dir)
+    check_folder("outputs_dir", cfg.out_dir.parent)
     hf = hf_config(cfg.model, cfg.root)
     if cfg.model.init == "pretrained":
         _check_checkpoint(cfg)
     family = FAMILIES.get(cfg.model.family)
+    _check_arch(cfg, hf, family.experts_key, family.topk_key)
     cfg.check_model_shape(int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     methods = _methods(cfg)
     needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
@@ -43,6 +47,40 @@ def preflight(cfg: RunConfig) -> None:
         cfg.stream.task_lengths(cfg.root)  # a lengths_from file that is missing or holds no lengths fails here
     if cfg.model.device_map is not None:
         _check_placement(cfg, hf)
+
+
+# Sizes the model is built from: each at least 1 where the config has it (other integers, such as
+# n_shared_experts or first_k_dense_replace, may be 0).
+POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def _check_arch(cfg: RunConfig, hf, experts_key: str, topk_key: str) -> None:
+    """The architecture numbers (model.arch, or a checkpoint's config.json) describe a model that
+    can be built and run: positive sizes, 1 <= top-k <= experts, heads that divide as attention needs."""
+    def where(key: str) -> str:
+        return f"model.arch.{key}" if key in cfg.model.arch else f"{key} (model {cfg.model.name}'s config)"
+
+    def value(key: str):
+        return getattr(hf, key, None)
+
+    for key in (*POSITIVE_SIZES, experts_key):
+        v = value(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise ConfigError(f"{where(key)}={v} is out of range: must be >= 1")
+    E, k = value(experts_key), value(topk_key)
+    if isinstance(k, int) and isinstance(E, int) and not 1 <= k <= E:
+        raise ConfigError(f"{where(topk_key)}={k} is out of range: each token picks 1..{E} of the {E} experts "
+                          f"({where(experts_key)})")
+    heads, kv = value("num_attention_heads"), value("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise ConfigError(f"{where('num_attention_heads')}={heads} is not a multiple of "
+                          f"{where('num_key_value_heads')}={kv}: grouped-query attention shares each key-value "
+                          f"head among a whole number of query heads")
+    hidden = value("hidden_size")
+    if value("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+        raise ConfigError(f"{where('hidden_size')}={hidden} is not a multiple of {where('num_attention_heads')}="
+                          f"{heads}, and no head_dim is set")
 
 
 def _check_placement(cfg: RunConfig, hf) -> None:
@@ -110,6 +148,7 @@ def _check_calibration_files(cfg: RunConfig) -> None:
 
     for f in cfg.calibration.files:
         path = cfg.resolve(f)
+        check_file("calibration.files", path, f)
         if not path.is_file():
             raise ConfigError(f"calibration.files: {f} does not exist (looked for {path}); give local .txt or "
                               f".jsonl files, relative to the repo root or absolute")
@@ -146,6 +185,7 @@ def _check_predictor_file(cfg: RunConfig, hf) -> None:
     from base.method.predictor import Predictor
 
     path = cfg.resolve(cfg.predictor.path)
+    check_file("predictor.path", path, cfg.predictor.path)
     if not path.is_file():
         raise ConfigError(f"predictor.path={cfg.predictor.path} does not exist (looked for {path}); leave it "
                           f"null to fit (and cache) a predictor for this model")
