@@ -110,6 +110,9 @@ CASES = [
     ("malformed_calibration", "does not parse (JSONDecodeError"),
     ("short_calibration", "tokens, fewer than calibration.seq_len=128"),
     ("damaged_checkpoint", "is not a readable safetensors file"),
+    # a hub id with no local tokenizer (offline here; a 404 online), met by a stage that tokenises
+    (["stage=calibrate", "model.path=no-such-org/no-such-model", "model.init=random", "model.tokenizer=null"],
+     "no tokenizer loads from no-such-org/no-such-model (OSError); set model.tokenizer to a tokenizer folder"),
     # model shapes changed by overrides
     (["model.arch.num_experts_per_tok=20"], "model.arch.num_experts_per_tok=20 is out of range: each token picks 1..16"),
     (["model.arch.num_attention_heads=3"], "model.arch.num_attention_heads=3 is not a multiple of model.arch.num_key_value_heads=2"),
@@ -209,6 +212,14 @@ def test_outputs_stay_in_outputs_dir(tmp_path, override, message):
                           check=False)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a_file", "deep", "work"]
+
+
+def test_describe_reads_no_calibration(compose, tmp_path):
+    """stage=describe plans memory only: calibration files it will never read are not checked."""
+    from base.run.preflight import preflight
+
+    cfg = compose([*FAST, "stage=describe", "method=base", "budget=2", "calibration.files=[missing.txt]"])
+    preflight(run.build_config(cfg, tmp_path / "out"))
 
 
 def test_run_folder_names_hold_no_path_separators():

@@ -81,7 +81,7 @@ def test_failed_jobs_are_listed_with_their_error_lines(tmp_path):
     status = {r["overrides"].rsplit("throughput.methods=", 1)[1].split(",throughput")[0]: r for r in rows}
     assert {k: r["status"] for k, r in status.items()} == {"[dense]": "finished", "[dense,router_sum]": "finished",
                                                            "[dense,base]": "failed"}
-    assert status["[dense,base]"]["error"].startswith("ValueError: calibration text has ")
+    assert status["[dense,base]"]["error"].startswith("ConfigError: calibration.files hold ")
     assert not (tmp_path / "default" / status["[dense,base]"]["run"] / "report.json").exists()
 
 

@@ -95,7 +95,9 @@ def _check_placement(cfg: RunConfig, hf) -> None:
 
 
 def _methods(cfg: RunConfig) -> list[str]:
-    """The selectors this run may build (throughput runs several)."""
+    """The selectors this run may build (throughput runs several; describe builds none)."""
+    if cfg.stage == "describe":
+        return []
     if cfg.stage == "throughput" and cfg.throughput is not None and cfg.throughput.specs:
         names = [s["method"] for s in cfg.throughput.specs]
     else:
@@ -115,7 +117,7 @@ def _check_checkpoint(cfg: RunConfig) -> None:
     """A local checkpoint folder holds readable weights and a tokenizer (its config was read already)."""
     from pathlib import Path
 
-    from base.hf.loading import load_tokenizer, resolve_path
+    from base.hf.loading import resolve_path
 
     folder = Path(resolve_path(cfg.model.path, cfg.root))
     if not folder.is_dir():
@@ -134,17 +136,25 @@ def _check_checkpoint(cfg: RunConfig) -> None:
         except Exception as err:  # noqa: BLE001 - truncated or foreign files raise many kinds
             raise ConfigError(f"model.path={cfg.model.path}: {w.name} is not a readable safetensors file "
                               f"({type(err).__name__}: {err}); the checkpoint is damaged or incomplete") from None
+    _tokenizer(cfg)
+
+
+def _tokenizer(cfg: RunConfig):
+    """The run's tokenizer, or a ConfigError naming where it was looked for (a hub id with no local
+    copy fails here offline, not as a traceback inside calibration)."""
+    from base.hf.loading import load_tokenizer
+
     try:
-        load_tokenizer(cfg.model, cfg.root)
-    except Exception as err:  # noqa: BLE001
+        return load_tokenizer(cfg.model, cfg.root)
+    except Exception as err:  # noqa: BLE001 - hub, file and parse errors all mean "no tokenizer here"
         raise ConfigError(f"model {cfg.model.name}: no tokenizer loads from {cfg.model.tokenizer or cfg.model.path} "
-                          f"({type(err).__name__}); set model.tokenizer to a tokenizer folder") from None
+                          f"({type(err).__name__}); set model.tokenizer to a tokenizer folder, or "
+                          f"model.tokenizer=bytes for a random-weight model") from None
 
 
 def _check_calibration_files(cfg: RunConfig) -> None:
     """Every file exists, parses, and together they hold the tokens calibration cuts into windows."""
     from base.hf.calibrate import read_texts
-    from base.hf.loading import load_tokenizer
 
     for f in cfg.calibration.files:
         path = cfg.resolve(f)
@@ -160,7 +170,7 @@ def _check_calibration_files(cfg: RunConfig) -> None:
             raise ConfigError(f"calibration.files: {f} does not parse ({type(err).__name__}: {err}); .jsonl files "
                               f"hold one JSON object per line with a \"text\" field, .txt files UTF-8 text") from None
     text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
-    tokens = len(load_tokenizer(cfg.model, cfg.root)(text, add_special_tokens=False, verbose=False)["input_ids"])
+    tokens = len(_tokenizer(cfg)(text, add_special_tokens=False, verbose=False)["input_ids"])
     if tokens < cfg.calibration.seq_len:
         raise ConfigError(f"calibration.files hold {tokens} tokens, fewer than calibration.seq_len="
                           f"{cfg.calibration.seq_len}: give more text or a shorter seq_len")
