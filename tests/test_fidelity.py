@@ -48,6 +48,8 @@ def test_dense_is_exact_and_a_budget_loses_something(compose, tmp_path):
     assert (steps["out_err"] == 0).all() and (steps["out_dense"] > 0).all()  # per layer and step
     fid = pd.read_csv(dense_dir / "fidelity_steps.csv")
     assert set(fid["decode_batch"]) == {0, 1} and (fid["kl_sum"] == 0).all()
+    req = pd.read_json(dense_dir / "samples.jsonl", lines=True)
+    assert (req["fidelity_tokens"] == req["new_tokens"] - 1).all()  # dense scores its own decode steps, no other
 
     budget, budget_dir = _evaluate(compose, tmp_path, "method=router_sum", "budget=2", "eval.fidelity=true",
                                    "batch_size=4")
@@ -58,6 +60,11 @@ def test_dense_is_exact_and_a_budget_loses_something(compose, tmp_path):
     # the same decode batches: the dense continuation decides which rows are scored, so both runs
     # score the same tokens
     assert b["fidelity_tokens"] == s["fidelity_tokens"]
+    # per request: its own sums, which add up to the steps' (a paired analysis resamples prompts)
+    req = pd.read_json(budget_dir / "samples.jsonl", lines=True)
+    for col in ("kl_sum", "dll_sum", "agree_sum"):
+        assert req[col].sum() == pytest.approx(fid[col].sum(), rel=1e-9, abs=1e-12)
+    assert req["kl_sum"].gt(0).any() and req["agree_sum"].le(req["fidelity_tokens"]).all()
     sel = pd.read_csv(budget_dir / "selection.csv")
     assert ((sel["out_error"] > 0) & (sel["energy_retained"] <= 1.0)).all()
 

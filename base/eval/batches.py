@@ -78,6 +78,7 @@ class DecodeBatches:
         self.decode_steps = 0  # decode forwards over all batches
         self.decode_steps_by_task: dict[str, int] = {}  # row decode steps per task (the budget applies to these)
         self.fidelity_rows: list[dict[str, float]] = []  # eval.fidelity: one row per (decode batch, step)
+        self.fidelity_of: dict[tuple[str, int], dict[str, float]] = {}  # eval.fidelity: (task, doc id) -> its sums
         self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch (admission round)
         self.lengths: dict[tuple[str, int], tuple[int, int]] = {}  # (task, doc id) -> (prompt, new) tokens
         self.serve_stats: ServeStats | None = None  # continuous batching: occupancy and step times
@@ -172,9 +173,10 @@ class DecodeBatches:
             new = out[:, enc.shape[1]:]
         if self.cfg.fidelity and self.budget is not None:
             dense_stops = RowStops(self.tok, enc.shape[1], untils, max_new, eos)
-            for row in teacher_forced(self.model, self.budget, enc, mask, dense_stops, max(max_new),
-                                      self.tok.pad_token_id, self.ended):
-                self.fidelity_rows.append({"decode_batch": self.decode_batches, **row})
+            steps, per_row = teacher_forced(self.model, self.budget, enc, mask, dense_stops, max(max_new),
+                                            self.tok.pad_token_id, self.ended)
+            self.fidelity_rows += [{"decode_batch": self.decode_batches, **row} for row in steps]
+            self.fidelity_of.update({(r.task, r.doc_id): sums for r, sums in zip(batch, per_row)})
         self.decode_batches += 1
         self.decode_steps += max(0, new.shape[1] - 1)  # the first new token comes from the prefill
         row_steps = [max(0, stops.lengths.get(i, new.shape[1]) - 1) for i in range(len(batch))]

@@ -80,14 +80,15 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
                              "n": (out.get("n-samples", {}).get(name) or {}).get("effective")})
     raw = {k: v for k, v in out.items() if k != "samples"}
     b = lm.batches
-    samples = sample_rows(out.get("samples") or {}, b.batch_of, b.lengths)
+    samples = sample_rows(out.get("samples") or {}, b.batch_of, b.lengths, b.fidelity_of)
     return EvalResult(rows, raw, b.decode_batches, b.decode_steps, b.decode_steps_by_task,
                       b.use_engine or eval_cfg.batching == "continuous", samples, b.fidelity_rows,
                       b.serve_stats.summary() if b.serve_stats is not None else None)
 
 
 def sample_rows(samples: dict[str, list[dict]], batch_of: dict[tuple[str, int], int],
-                lengths: dict[tuple[str, int], tuple[int, int]] | None = None) -> list[dict[str, Any]]:
+                lengths: dict[tuple[str, int], tuple[int, int]] | None = None,
+                fidelity_of: dict[tuple[str, int], dict[str, float]] | None = None) -> list[dict[str, Any]]:
     """One row per request: what a paired comparison of two runs over the same prompts needs."""
     rows = []
     for task, items in samples.items():
@@ -103,5 +104,7 @@ def sample_rows(samples: dict[str, list[dict]], batch_of: dict[tuple[str, int], 
                 "decode_batch": batch_of.get((task, s["doc_id"])),
                 # token counts of the request (throughput.mode=stream can replay them: stream.lengths_from)
                 **dict(zip(("prompt_tokens", "new_tokens"), (lengths or {}).get((task, s["doc_id"]), (None, None)))),
+                # eval.fidelity: the request's token count and kl, dll, agree sums (base/eval/fidelity.py)
+                **(fidelity_of or {}).get((task, s["doc_id"]), {}),
             })
     return rows

@@ -10,7 +10,8 @@ Per decode step, over the rows still running:
     agree  the budgeted model's greedy token equals x
 
 The first new token comes from the prefill, which a budget leaves dense (apply_to=decode), so only
-decode steps are measured, as in generation. Both passes run the same budgeted model, each
+decode steps are measured, as in generation. The same sums are kept per row, so each request
+carries its own kl, dll and agree totals (a paired comparison resamples prompts, not batches). Both passes run the same budgeted model, each
 forward with its own inputs (base/hf/budget.py): the dense one as the reference (the model's own
 routing), the budgeted one recording nothing (the selection statistics come from the
 evaluation's own generation). Method `dense` gives KL and dll exactly 0.
@@ -42,8 +43,9 @@ def _step(model: nn.Module, ids_BS: Tensor, mask_BS: Tensor, cache: Any) -> tupl
 
 @torch.no_grad()
 def teacher_forced(model: nn.Module, budget: MoeBudget, enc_BS: Tensor, mask_BS: Tensor, stops: RowStops,
-                   max_new: int, pad_id: int, ended: tuple[int, ...]) -> list[dict[str, float]]:
-    """One row per decode step: tokens scored and the sums of kl, dll and agree over them."""
+                   max_new: int, pad_id: int, ended: tuple[int, ...]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """(one row per decode step, one row per batch row): tokens scored and the sums of kl, dll and
+    agree over them."""
     B = enc_BS.shape[0]
     ended_D = torch.tensor(ended, dtype=torch.long, device=enc_BS.device)
     prompt_T = mask_BS.reshape(-1).bool()
@@ -56,6 +58,7 @@ def teacher_forced(model: nn.Module, budget: MoeBudget, enc_BS: Tensor, mask_BS:
     done_B = stops.done_rows(torch.stack(new, 1))
     mask = mask_BS
     rows = []
+    sums_4B = torch.zeros(4, B, dtype=torch.float64, device=enc_BS.device)  # tokens, kl, dll, agree per row
     for step in range(1, max_new):
         if bool(done_B.all()):
             break
@@ -74,11 +77,16 @@ def teacher_forced(model: nn.Module, budget: MoeBudget, enc_BS: Tensor, mask_BS:
         dll_B = (logp_b_BV - logp_d_BV).gather(1, tok_B[:, None])[:, 0]
         agree_B = (logits_b_BV.argmax(-1) == tok_B).double()
         live_B = (~done_dev_B).double()
+        sums_4B += torch.stack([live_B, kl_B * live_B, dll_B * live_B, agree_B * live_B])
         rows.append({"step": step, "tokens": float(live_B.sum()), "kl_sum": float((kl_B * live_B).sum()),
                      "dll_sum": float((dll_B * live_B).sum()), "agree_sum": float((agree_B * live_B).sum())})
         new.append(tok_B.cpu())
         done_B = stops.done_rows(torch.stack(new, 1))
-    return rows
+    per_row = [dict(zip(REQUEST_FIELDS, map(float, col))) for col in sums_4B.T.tolist()]
+    return rows, per_row
+
+
+REQUEST_FIELDS = ("fidelity_tokens", "kl_sum", "dll_sum", "agree_sum")  # per request, in samples.jsonl
 
 
 def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
