@@ -1,29 +1,24 @@
-"""The selection-rule ablation: per budget (equal kept experts), each selector's retained energy,
-MoE-output error, next-token KL, teacher-forced log-likelihood change and accuracy, with 95 %
-intervals over batching seeds, and paired differences against base. Reads outputs/ only.
+"""A quality grid: per budget (equal kept experts), each selector's retained energy, MoE-output
+error, next-token KL, teacher-forced log-likelihood change and accuracy, with 95 % intervals, and
+paired comparisons against base with one call each. Reads outputs/ only.
 
     python -m analysis.ablation outputs/ablation_mini results/ablation_mini
 
-Input: the evaluate runs of one experiment folder made with eval.fidelity=true and several
-eval.seed values (`make ablation`). Each run gives one value per metric (its summary); the runs of
-one (method, budget) differ only in their batching seed.
+Input: the evaluate runs of one experiment folder made with eval.fidelity=true: one model, one
+prompt pool (task and task.limit), one or several batching seeds (eval.seed). Runs that differ in
+model, task or limit are refused: pooling them would average different prompts as replicates.
 
 Written:
-  <dest>.csv        one row per (method, budget, metric): mean over seeds, 95 % t-interval, seeds
+  <dest>.csv        one row per (method, budget, metric): value over the run(s), 95 % interval
   <dest>_paired.csv one row per (method, budget, metric): method minus base, paired, with its
-                    95 % interval and call (a difference only when the interval excludes zero)
+                    interval, p, TOST p, Holm-adjusted both, call and minimal detectable difference
   <dest>.md         both as tables
 
-Intervals:
-  - a metric's interval is the t-interval of its per-seed values (n seeds, t with n - 1 degrees of
-    freedom): the spread over batchings;
-  - accuracy minus base: paired bootstrap over prompts (10 000 resamples) of each prompt's
-    difference averaged over the seeds both runs share, plus the exact McNemar p-value over all
-    (seed, prompt) pairs (pairs of one prompt under several seeds are not independent: read p as
-    descriptive);
-  - KL and log-likelihood change minus base: paired bootstrap over decode batches (seed, batch
-    index): the same prompts share a decode batch in both runs of one seed;
-  - retained energy and output error minus base: t-interval of the per-seed differences.
+Tests and calls: analysis/stats.py (its docstring). In short: accuracy by the exact McNemar test
+(several seeds: a permutation test over prompts, seeds nested in the prompt); KL and dll by a
+cluster bootstrap over prompts, tokens weighted; energy and output error by a cluster bootstrap over
+decode batches (their unit: the whole batch's MoE output); Holm over all calls of the grid; "tie"
+only where the equivalence test against stats.MARGINS passes, else "inconclusive".
 """
 from __future__ import annotations
 
@@ -33,19 +28,22 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from analysis import stats as S
 from analysis.load import variant_label
-from analysis.paired import mcnemar_exact
 
 METRICS = ("union_mean", "occupancy_mean", "kept_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree",
            "accuracy")
+PAIRED = ("accuracy", "kl", "dll", "out_error", "energy_retained")
 REF = "base"
 ORDER = ("top1_union", "router_sum", "router_sq", "calib_energy", "base", "oracle", "dense")
+POOL = ("model", "tasks", "limit")  # what makes two runs score the same prompts
+PROMPT = ["task", "doc_id"]
 
 
 def runs(root: str | Path) -> pd.DataFrame:
-    """One row per finished evaluate run: method, budget, batching seed, its folder and summary."""
+    """One row per finished evaluate run: method, budget, batching seed, model and prompt pool,
+    its folder and summary. Refuses a folder mixing models or prompt pools."""
     rows = []
     for path in sorted(Path(root).rglob("report.json")):
         rep = json.loads(path.read_text())
@@ -53,109 +51,109 @@ def runs(root: str | Path) -> pd.DataFrame:
             continue
         ev = rep.get("eval", {})
         rows.append({"method": variant_label(rep["method"], rep.get("method_config", {})), "budget": rep["budget"],
-                     "seed": ev.get("batch_seed", rep.get("seed")), "dir": str(path.parent),
+                     "seed": ev.get("batch_seed", rep.get("seed")), "model": rep.get("model"),
+                     "tasks": ",".join(ev.get("tasks") or []), "limit": ev.get("limit"),
+                     "batching": ev.get("batching", "static"), "dir": str(path.parent),
                      **{m: rep.get("summary", {}).get(m) for m in METRICS}})
     if not rows:
         raise SystemExit(f"no finished evaluate runs under {root}")
     df = pd.DataFrame(rows)
     df["budget"] = df["budget"].astype("Int64")
+    pools = df[list(POOL)].astype(str).drop_duplicates()
+    if len(pools) > 1:
+        listing = "; ".join(", ".join(f"{k}={v}" for k, v in r.items()) for r in pools.to_dict("records"))
+        raise SystemExit(f"{root} holds runs of {len(pools)} prompt pools or models ({listing}): one grid is one "
+                         f"model on one prompt pool; analyse each in its own folder")
     return df
-
-
-def t_interval(values: np.ndarray) -> tuple[float, float, float]:
-    """(mean, low, high): 95 % t-interval of the mean; a single value gives a zero-width interval."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    if len(v) == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(v.mean())
-    if len(v) == 1:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    return mean, mean - half, mean + half
-
-
-def bootstrap(diff: np.ndarray, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): percentile bootstrap 95 % interval of the mean of paired differences."""
-    d = np.asarray(diff, dtype=float)
-    rng = np.random.default_rng(seed)
-    boot = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return float(d.mean()), float(low), float(high)
-
-
-def call(low: float, high: float, diff: float) -> str:
-    if np.isnan(low) or low <= 0 <= high:
-        return "tie"
-    return "higher" if diff > 0 else "lower"
-
-
-def per_seed_table(df: pd.DataFrame) -> pd.DataFrame:
-    out = []
-    for (method, budget), g in df.groupby(["method", "budget"], dropna=False):
-        for m in METRICS:
-            mean, low, high = t_interval(g[m].to_numpy(dtype=float))
-            out.append({"method": method, "budget": budget, "metric": m, "mean": mean, "low": low, "high": high,
-                        "seeds": int(g[m].notna().sum())})
-    return pd.DataFrame(out)
 
 
 def _samples(run_dir: str) -> pd.DataFrame:
     return pd.read_json(Path(run_dir) / "samples.jsonl", lines=True)
 
 
-def _batch_means(run_dir: str) -> pd.DataFrame:
-    """Per decode batch: per-token KL and log-likelihood change (fidelity_steps.csv; continuous
-    batching has none: no fixed batch to teacher-force the dense continuation in)."""
-    path = Path(run_dir) / "fidelity_steps.csv"
-    if not path.exists():
-        return pd.DataFrame(columns=["decode_batch", "kl", "dll"])
-    f = pd.read_csv(path)
-    g = f.groupby("decode_batch")[["tokens", "kl_sum", "dll_sum"]].sum()
-    return pd.DataFrame({"kl": g["kl_sum"] / g["tokens"], "dll": g["dll_sum"] / g["tokens"]}).reset_index()
+def _prompts(g: pd.DataFrame) -> pd.DataFrame:
+    """Per prompt over the runs (seeds) of one point: correct averaged, fidelity sums added."""
+    frames = [_samples(d).assign(seed=s) for s, d in zip(g["seed"], g["dir"])]
+    df = pd.concat(frames, ignore_index=True)
+    sums = [c for c in ("fidelity_tokens", "kl_sum", "dll_sum", "agree_sum") if c in df]
+    agg = {"correct": "mean", "prompt_hash": "first", **{c: "sum" for c in sums}}
+    return df.groupby(PROMPT).agg(agg)
+
+
+def _batches(g: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per (seed, decode batch) and layer: the sums behind energy_retained and out_error, (P, L).
+    A static batch is one prefill step followed by its decode steps (selection_steps.csv)."""
+    out: dict[str, list] = {k: [] for k in ("energy_kept", "energy_total", "out_err", "out_dense")}
+    keys = []
+    for s, d in zip(g["seed"], g["dir"]):
+        path = Path(d) / "selection_steps.csv"
+        if not path.exists():
+            return {}
+        st = pd.read_csv(path).sort_values(["layer", "step"])
+        st["batch"] = (~st["decode"].astype(bool)).groupby(st["layer"]).cumsum() - 1
+        dec = st[st["decode"].astype(bool)]
+        if not set(out) <= set(dec.columns):
+            return {}
+        sums = dec.groupby(["batch", "layer"])[list(out)].sum().unstack("layer").fillna(0.0)
+        keys += [(s, b) for b in sums.index]
+        for k in out:
+            out[k].append(sums[k].to_numpy())
+    return {"keys": np.array(keys), **{k: np.concatenate(v) for k, v in out.items()}}
+
+
+def run_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, budget, metric): the value over the point's runs and its 95 % interval."""
+    out = []
+    for (method, budget), g in df.groupby(["method", "budget"], dropna=False):
+        row = {"method": method, "budget": budget, "seeds": len(g)}
+        p = _prompts(g)
+        values = {"accuracy": (*S.accuracy_interval(p["correct"].to_numpy()), "prompts")}
+        if "kl_sum" in p and p["fidelity_tokens"].sum() > 0:
+            for m, col in (("kl", "kl_sum"), ("dll", "dll_sum"), ("top1_agree", "agree_sum")):
+                values[m] = (*S.ratio_interval(p[col].to_numpy(), p["fidelity_tokens"].to_numpy()), "prompts")
+        b = _batches(g)
+        for m, num, den in (("energy_retained", "energy_kept", "energy_total"), ("out_error", "out_err", "out_dense")):
+            if b and len(b[num]) > 1 and b[den].sum() > 0:
+                values[m] = (*S.layer_ratio_interval(b[num], b[den]), "decode batches")
+        for m in METRICS:
+            mean, low, high, unit = values.get(m, (g[m].astype(float).mean(), np.nan, np.nan, "runs"))
+            out.append({**row, "metric": m, "mean": mean, "low": low, "high": high, "unit": unit})
+    return pd.DataFrame(out)
 
 
 def paired_table(df: pd.DataFrame, ref: str = REF) -> pd.DataFrame:
-    """Each method minus `ref` at the same budget, paired over the seeds (and prompts, batches) both have."""
-    out = []
+    """Each method minus `ref` at the same budget over the seeds both ran (prompts, decode batches
+    paired), then the grid's calls (stats.grid_calls: one Holm family for all of them)."""
+    rows = []
     for budget in sorted(df["budget"].dropna().unique()):
         at = df[df["budget"] == budget]
-        base = at[at["method"] == ref].set_index("seed")
+        base = at[at["method"] == ref]
         for method, g in at[at["method"] != ref].groupby("method"):
-            g = g.set_index("seed")
-            seeds = sorted(set(g.index) & set(base.index))
+            seeds = sorted(set(g["seed"]) & set(base["seed"]))
             if not seeds:
                 continue
-            # accuracy: per prompt, the difference averaged over the shared seeds
-            diffs, a_only, b_only = [], 0, 0
-            for s in seeds:
-                j = _samples(g.loc[s, "dir"]).merge(_samples(base.loc[s, "dir"]), on=["task", "doc_id"],
-                                                    suffixes=("_m", "_b"))
-                if (j["prompt_hash_m"] != j["prompt_hash_b"]).any():
-                    raise ValueError(f"{method} and {ref} at M={budget}, seed {s}: different prompts")
-                cm, cb = j["correct_m"].to_numpy(float), j["correct_b"].to_numpy(float)
-                a_only += int(((cm > 0.5) & (cb <= 0.5)).sum())
-                b_only += int(((cb > 0.5) & (cm <= 0.5)).sum())
-                diffs.append(j.set_index(["task", "doc_id"])["correct_m"] - j.set_index(["task", "doc_id"])["correct_b"])
-            per_prompt = pd.concat(diffs, axis=1).mean(axis=1).to_numpy()
-            d, lo, hi = bootstrap(per_prompt)
-            out.append({"method": method, "budget": budget, "metric": "accuracy", "diff": d, "low": lo, "high": hi,
-                        "call": call(lo, hi, d), "unit": f"prompts ({len(per_prompt)})", "a_only": a_only,
-                        "base_only": b_only, "mcnemar_p": mcnemar_exact(a_only, b_only)})
-            # KL, dll: paired over (seed, decode batch)
-            pairs = pd.concat([_batch_means(g.loc[s, "dir"]).merge(_batch_means(base.loc[s, "dir"]), on="decode_batch",
-                                                                   suffixes=("_m", "_b")) for s in seeds])
-            for m in ("kl", "dll") if len(pairs) else ():
-                d, lo, hi = bootstrap((pairs[f"{m}_m"] - pairs[f"{m}_b"]).to_numpy())
-                out.append({"method": method, "budget": budget, "metric": m, "diff": d, "low": lo, "high": hi,
-                            "call": call(lo, hi, d), "unit": f"decode batches ({len(pairs)})"})
-            # run-level ratios: over seeds
-            for m in ("energy_retained", "out_error"):
-                dm = (g.loc[seeds, m].astype(float) - base.loc[seeds, m].astype(float)).to_numpy()
-                d, lo, hi = t_interval(dm)
-                out.append({"method": method, "budget": budget, "metric": m, "diff": d, "low": lo, "high": hi,
-                            "call": call(lo, hi, d), "unit": f"seeds ({len(seeds)})"})
-    return pd.DataFrame(out)
+            gm, gb = g[g["seed"].isin(seeds)], base[base["seed"].isin(seeds)]
+            pm, pb = _prompts(gm), _prompts(gb)
+            j = pm.add_suffix("_m").join(pb.add_suffix("_b"), how="inner")
+            if len(j) != len(pm) or len(j) != len(pb) or (j["prompt_hash_m"] != j["prompt_hash_b"]).any():
+                raise ValueError(f"{method} and {ref} at M={budget}: different prompts; not a paired comparison")
+            at_point = {"method": method, "budget": budget}
+            rows.append({**at_point, "metric": "accuracy", "unit": f"prompts ({len(j)})",
+                         **S.paired_accuracy(j["correct_m"].to_numpy(), j["correct_b"].to_numpy()).row()})
+            if "kl_sum_m" in j and j["fidelity_tokens_m"].sum() > 0:
+                for m in ("kl", "dll"):
+                    c = S.paired_ratio(j[f"{m}_sum_m"].to_numpy(), j[f"{m}_sum_b"].to_numpy(),
+                                       j["fidelity_tokens_m"].to_numpy(), m)
+                    rows.append({**at_point, "metric": m, "unit": f"prompts ({len(j)})", **c.row()})
+            bm, bb = _batches(gm), _batches(gb)
+            if bm and bb and np.array_equal(bm["keys"], bb["keys"]):
+                for m, num, den in (("out_error", "out_err", "out_dense"), ("energy_retained", "energy_kept",
+                                                                             "energy_total")):
+                    c = S.paired_ratio(bm[num], bb[num], bm[den], m, den_b_P=bb[den])
+                    rows.append({**at_point, "metric": m, "unit": f"decode batches ({len(bm['keys'])})", **c.row()})
+    if not rows:
+        return pd.DataFrame()
+    return S.grid_calls(pd.DataFrame(rows))
 
 
 def _fmt(mean: float, low: float, high: float, digits: int) -> str:
@@ -170,6 +168,23 @@ DIGITS = {"union_mean": 2, "occupancy_mean": 2, "kept_mean": 2, "energy_retained
           "dll": 3, "top1_agree": 3, "accuracy": 3}
 
 
+def _call_cell(r) -> str:
+    return f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}"
+
+
+def calls_summary(paired: pd.DataFrame) -> str:
+    """How many calls the grid's readings rest on, the correction, margins and detectable sizes."""
+    n = int(paired["p"].notna().sum())
+    counts = paired["call"].value_counts().reindex(["higher", "lower", "tie", "inconclusive"], fill_value=0)
+    mdd = paired.groupby("metric")["mdd"].median()
+    margins = ", ".join(f"{m} {S.MARGINS[m]:g}" for m in PAIRED if m in mdd.index)
+    sizes = ", ".join(f"{m} {mdd[m]:.3g}" for m in PAIRED if m in mdd.index)
+    return (f"{n} calls, Holm-corrected together at {S.ALPHA:g} (differences one family, equivalence tests "
+            f"another): {counts['higher']} higher, {counts['lower']} lower, {counts['tie']} tie, "
+            f"{counts['inconclusive']} inconclusive. Equivalence margins: {margins}. Median minimal detectable "
+            f"difference (80 % power at the strictest Holm level): {sizes}.")
+
+
 def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     order = {m: i for i, m in enumerate(ORDER)}
     t = table.assign(cell=[_fmt(r["mean"], r["low"], r["high"], DIGITS[r["metric"]]) for _, r in table.iterrows()])
@@ -181,28 +196,29 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     wide = wide.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99)) if c.name == "method"
                             else c.map(lambda v: {"none": 1e8, "dense": 1e9}.get(v) or int(v))).reset_index(drop=True)
     seeds = int(table["seeds"].max())
-    text = [f"Mean over {seeds} batching seeds [95 % t-interval over seeds]; union_mean: distinct experts the "
-            "active tokens route to per layer and decode step, before selection; occupancy_mean: requests decoding "
-            "per step; kept_mean: experts kept per layer "
-            "and step; energy_retained: sum w^2||E||^2 kept / routed; out_error: ||y_budget - y_dense||^2 / "
-            "||y_dense||^2 of the MoE output; kl: KL(dense || budget) per token; dll: log-likelihood change per "
-            "token of the dense continuation (teacher forcing); top1_agree: greedy tokens equal.\n",
-            wide.to_markdown(index=False)]
+    text = [f"Value over {seeds} batching seed(s) [95 % interval: accuracy Wilson (one seed) or prompt bootstrap; "
+            "kl, dll, top1_agree prompt bootstrap, tokens weighted; energy_retained, out_error decode-batch "
+            "bootstrap]; union_mean: distinct experts the active tokens route to per layer and decode step, before "
+            "selection; occupancy_mean: requests decoding per step; kept_mean: experts kept per layer and step; "
+            "energy_retained: sum w^2||E||^2 kept / routed; out_error: ||y_budget - y_dense||^2 / ||y_dense||^2 of "
+            "the MoE output; kl: KL(dense || budget) per token; dll: log-likelihood change per token of the dense "
+            "continuation (teacher forcing); top1_agree: greedy tokens equal.\n", wide.to_markdown(index=False)]
     if not paired.empty:
-        p = paired.assign(cell=[f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}"
-                                for _, r in paired.iterrows()])
-        pw = p.pivot_table(index=["budget", "method"], columns="metric", values="cell", aggfunc="first").reset_index()
-        pw = pw[["budget", "method", *[m for m in ("energy_retained", "out_error", "kl", "dll", "accuracy")
-                                       if m in pw.columns]]]
+        pw = paired.assign(cell=[_call_cell(r) for _, r in paired.iterrows()]).pivot_table(
+            index=["budget", "method"], columns="metric", values="cell", aggfunc="first").reset_index()
+        pw = pw[["budget", "method", *[m for m in PAIRED if m in pw.columns]]]
         pw = pw.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99))
                             if c.name == "method" else c).reset_index(drop=True)
-        acc = paired[paired["metric"] == "accuracy"][["budget", "method", "a_only", "base_only", "mcnemar_p"]]
-        acc = acc.assign(mcnemar_p=acc["mcnemar_p"].map(lambda v: f"{v:.2g}"))
-        text += [f"\nEach method minus {REF}, paired, [95 % interval] and call (tie unless the interval excludes "
-                 "zero): accuracy by prompt bootstrap (per-prompt difference averaged over seeds), KL and dll by "
-                 "decode-batch bootstrap, energy and error by t-interval over seeds.\n", pw.to_markdown(index=False),
-                 f"\nAccuracy, discordant (seed, prompt) pairs: method right and {REF} wrong (a_only), the reverse "
-                 "(base_only), exact McNemar p (pairs of one prompt under several seeds are not independent).\n",
+        acc = paired[paired["metric"] == "accuracy"][["budget", "method", "a_only", "b_only", "p", "p_holm",
+                                                      "p_tost_holm", "mdd"]]
+        acc = acc.rename(columns={"b_only": f"{REF}_only"}).assign(
+            **{c: acc[c].map(lambda v: f"{v:.2g}") for c in ("p", "p_holm", "p_tost_holm", "mdd")})
+        text += [f"\nEach method minus {REF}, paired, [95 % interval] and call (analysis/stats.py): higher/lower "
+                 "where the Holm-corrected test of no difference rejects; tie where it does not and the "
+                 "Holm-corrected equivalence test (TOST) against the margin passes; else inconclusive. "
+                 + calls_summary(paired) + "\n", pw.to_markdown(index=False),
+                 f"\nAccuracy, discordant prompts: method right and {REF} wrong (a_only), the reverse "
+                 f"({REF}_only); exact McNemar p, Holm-adjusted, TOST p Holm-adjusted, minimal detectable difference.\n",
                  acc.to_markdown(index=False)]
     return "\n".join(text) + "\n"
 
@@ -227,14 +243,17 @@ def made_by(root: str | Path, dest: str | Path, df: pd.DataFrame) -> str:
 
 def main(root: str, dest: str) -> None:
     df = runs(root)
-    table = per_seed_table(df)
+    table = run_table(df)
     paired = paired_table(df)
     out = Path(dest)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
     paired.to_csv(out.parent / f"{out.name}_paired.csv", index=False)
     text = markdown(table, paired)
-    out.with_suffix(".md").write_text(made_by(root, dest, df) + text)
+    pool = df.iloc[0]
+    where = (f"Model {pool['model']}, prompt pool: task {pool['tasks']}, task.limit={pool['limit']} per task, "
+             f"{len(df)} runs.\n\n")
+    out.with_suffix(".md").write_text(made_by(root, dest, df) + where + text)
     print(text)
 
 

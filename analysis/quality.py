@@ -5,7 +5,7 @@
 Writes <dest>.csv (one row per run: variant, budget, batching seed, accuracy, union, kept, weight
 retained and per-task accuracy) and <dest>.md (accuracy pivot: variants x budgets), and prints the
 pivot. With several batching seeds per point (`make quality SEEDS=0,1,2`) a cell is the mean over
-seeds with its 95 % t-interval over seeds, `mean [low, high]`.
+seeds with its range over the seeds, `mean [min, max]` (a spread, not an interval: the seeds share their prompts).
 """
 from __future__ import annotations
 
@@ -44,15 +44,15 @@ def seeds_per_point(table: pd.DataFrame) -> int:
 
 
 def interval_cell(values: pd.Series) -> str:
-    """mean [95 % t-interval over seeds] of one point's runs."""
-    from analysis.ablation import t_interval
+    """mean [min, max over batching seeds] of one point's runs (stats.seed_range)."""
+    from analysis.stats import seed_range
 
-    mean, low, high = t_interval(values.to_numpy(dtype=float))
+    mean, low, high = seed_range(values.to_numpy(dtype=float))
     return f"{mean:.3f}" if pd.isna(low) else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def pivot_seeds(table: pd.DataFrame) -> pd.DataFrame:
-    """Like `pivot`, each cell the mean over batching seeds with its 95 % interval."""
+    """Like `pivot`, each cell the mean over batching seeds with their range."""
     budgeted = table[table["budget"].notna()]
     piv = budgeted.pivot_table(index="variant", columns="budget", values="accuracy", aggfunc=interval_cell)
     piv.columns = [f"M={int(c)}" for c in piv.columns]

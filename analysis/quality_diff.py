@@ -5,8 +5,10 @@
 The committed quality runs keep no per-prompt records, so no paired test is possible from them:
 the interval here is the unpaired normal one, diff +- 1.96 * sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n)
 over the n prompts of each run. For runs over the same prompts whose outcomes are positively
-correlated it is wider than the paired interval, so "excludes zero" is a conservative call; a
-difference whose interval includes zero is reported as a tie (`call`).
+correlated it is wider than the paired interval, so its test of "no difference" is conservative.
+Calls as everywhere (analysis/stats.py): Holm over the table's comparisons, higher/lower where the
+corrected z-test rejects, tie where the corrected equivalence test (1-point margin) passes, else
+inconclusive.
 """
 from __future__ import annotations
 
@@ -16,14 +18,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import stats as S
+
 Z95 = 1.959964
 
 
 def diff_row(p_ref: float, p_other: float, n: int) -> dict[str, float | str]:
+    """One comparison alone (its own family); quality_diffs corrects a table of them together."""
     d = p_ref - p_other
-    half = Z95 * math.sqrt(p_ref * (1 - p_ref) / n + p_other * (1 - p_other) / n)
-    call = "tie" if d - half <= 0 <= d + half else ("higher" if d > 0 else "lower")
-    return {"diff": d, "low": d - half, "high": d + half, "call": call}
+    se = math.sqrt(p_ref * (1 - p_ref) / n + p_other * (1 - p_other) / n)
+    p, p_tost = S.p_normal(d, se), S.tost_normal(d, se, S.MARGINS["accuracy"])
+    return {"diff": d, "low": d - Z95 * se, "high": d + Z95 * se, "se": se, "p": p, "p_tost": p_tost,
+            "call": S.call(d, p, p_tost)}
 
 
 def quality_diffs(df: pd.DataFrame, ref: str = "base", n: int = 1600) -> pd.DataFrame:
@@ -36,7 +42,8 @@ def quality_diffs(df: pd.DataFrame, ref: str = "base", n: int = 1600) -> pd.Data
             continue
         rows.append({"variant": variant, "budget": int(budget), f"{ref}": ref_acc[budget], "other": acc,
                      **diff_row(float(ref_acc[budget]), float(acc), n)})
-    return pd.DataFrame(rows).sort_values(["variant", "budget"]).reset_index(drop=True)
+    table = pd.DataFrame(rows).sort_values(["variant", "budget"]).reset_index(drop=True)
+    return S.grid_calls(table.drop(columns="call"))
 
 
 def main(src: str, dest: str, n: int = 1600) -> None:
@@ -45,7 +52,9 @@ def main(src: str, dest: str, n: int = 1600) -> None:
     table.round(4).to_csv(out.with_suffix(".csv"), index=False)
     calls = table.pivot(index="variant", columns="budget", values="call")
     diffs = table.assign(cell=table.apply(lambda r: f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]", axis=1))
-    text = (f"base minus each variant, accuracy, 95 % unpaired interval (n = {n} prompts per run)\n\n"
+    text = (f"base minus each variant, accuracy, 95 % unpaired interval (n = {n} prompts per run); calls Holm-"
+            f"corrected over {len(table)} comparisons, tie only where the equivalence test (margin "
+            f"{S.MARGINS['accuracy']:g}) passes\n\n"
             + diffs.pivot(index="variant", columns="budget", values="cell").to_markdown() + "\n\n"
             + calls.to_markdown() + "\n")
     out.with_suffix(".md").write_text(text)

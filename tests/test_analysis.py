@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -10,10 +11,11 @@ from analysis.quality_diff import diff_row, quality_diffs
 from analysis.throughput import collect, headline_table, overhead_table
 
 
-def test_diff_interval_calls_a_tie_only_when_it_includes_zero():
-    tie = diff_row(0.90, 0.89, n=1600)  # half-width ~0.021
-    assert tie["call"] == "tie" and tie["low"] < 0 < tie["high"]
-    assert tie["high"] - tie["low"] == pytest.approx(2 * 1.959964 * (0.09 / 1600 + 0.0979 / 1600) ** 0.5)
+def test_unpaired_diff_calls_a_tie_only_when_the_equivalence_test_passes():
+    wide = diff_row(0.90, 0.89, n=1600)  # half-width ~0.021: includes zero, but also +-1 point
+    assert wide["call"] == "inconclusive" and wide["low"] < 0 < wide["high"]
+    assert wide["high"] - wide["low"] == pytest.approx(2 * 1.959964 * (0.09 / 1600 + 0.0979 / 1600) ** 0.5)
+    assert diff_row(0.900, 0.899, n=200_000)["call"] == "tie"
     assert diff_row(0.90, 0.80, n=1600)["call"] == "higher"
     assert diff_row(0.80, 0.90, n=1600)["call"] == "lower"
 
@@ -119,8 +121,11 @@ def test_paired_comparison_counts_discordant_requests_and_tests_them_exactly():
     assert (res["a_only"], res["b_only"], res["n"]) == (10, 0, 40)
     assert res["mcnemar_p"] == pytest.approx(2 * 0.5**10)
     assert res["diff"] == pytest.approx(0.25) and res["ci_low"] > 0 and res["call"] == "A higher"
-    same = paired(a, a)
-    assert (same["diff"], same["ci_low"], same["ci_high"], same["call"], same["mcnemar_p"]) == (0, 0, 0, "tie", 1.0)
+    same = paired(a, a)  # no discordant request, but 40 cannot bound the difference within 1 point
+    assert (same["diff"], same["call"], same["mcnemar_p"]) == (0, "inconclusive", 1.0)
+    assert same["ci_low"] < -0.01 and same["ci_high"] > 0.01
+    many = _samples([1] * 1500 + [0] * 500)
+    assert paired(many, many)["call"] == "tie"  # 2000 prompts, none discordant: within 1 point
     assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 1) == 1.0
 
 
@@ -132,57 +137,81 @@ def test_paired_comparison_refuses_different_prompts():
 
 
 # ---- the selection-rule ablation (analysis/ablation.py) ---------------------------------------
-def _ablation_run(root, method, budget, seed, correct, kl_per_batch, energy, out_error, hashes=None):
-    """One evaluate run folder as pipeline.run writes it with eval.fidelity=true."""
+def _ablation_run(root, method, budget, seed, correct, kl_per_prompt, energy_per_batch, err_per_batch, hashes=None,
+                  model="mini", limit=25):
+    """One evaluate run folder as pipeline.run writes it with eval.fidelity=true: per-request records
+    with fidelity sums (2 tokens each), and per-layer step statistics of static batches of 4 prompts
+    (one prefill step, then 2 decode steps; 2 layers)."""
     d = root / f"method={method},budget={budget},eval.seed={seed}"
     d.mkdir(parents=True)
     n = len(correct)
-    summary = {"accuracy": sum(correct) / n, "kept_mean": budget or 10.0, "energy_retained": energy,
-               "out_error": out_error, "kl": sum(kl_per_batch) / len(kl_per_batch),
-               "dll": -sum(kl_per_batch) / len(kl_per_batch), "top1_agree": 0.9}
-    (d / "report.json").write_text(json.dumps({"stage": "evaluate", "method": method, "budget": budget, "seed": 0,
-                                               "eval": {"batch_seed": seed}, "summary": summary}))
+    (d / "report.json").write_text(json.dumps({
+        "stage": "evaluate", "method": method, "budget": budget, "seed": 0, "model": model,
+        "eval": {"batch_seed": seed, "tasks": ["mini"], "limit": limit},
+        "summary": {"accuracy": sum(correct) / n, "kept_mean": budget or 10.0}}))
     hashes = hashes or [f"h{i}" for i in range(n)]
-    (d / "samples.jsonl").write_text("".join(json.dumps({"task": "t", "doc_id": i, "prompt_hash": hashes[i],
-                                                         "correct": float(c)}) + "\n" for i, c in enumerate(correct)))
-    rows = [{"decode_batch": b, "step": s, "tokens": 2.0, "kl_sum": 2.0 * kl, "dll_sum": -2.0 * kl, "agree_sum": 2.0}
-            for b, kl in enumerate(kl_per_batch) for s in (1, 2)]
-    pd.DataFrame(rows).to_csv(d / "fidelity_steps.csv", index=False)
+    (d / "samples.jsonl").write_text("".join(json.dumps({
+        "task": "t", "doc_id": i, "prompt_hash": hashes[i], "correct": float(c), "fidelity_tokens": 2.0,
+        "kl_sum": 2.0 * kl, "dll_sum": -2.0 * kl, "agree_sum": 2.0}) + "\n"
+        for i, (c, kl) in enumerate(zip(correct, kl_per_prompt))))
+    rows, step = [], 0
+    for e, err in zip(energy_per_batch, err_per_batch):
+        for decode in (False, True, True):
+            step += 1
+            for layer in (0, 1):
+                rows.append({"layer": layer, "step": step, "decode": decode, "union": 9.0, "kept": budget or 16,
+                             "energy_kept": 10.0 * e, "energy_total": 10.0, "out_err": 10.0 * err, "out_dense": 10.0})
+    pd.DataFrame(rows).to_csv(d / "selection_steps.csv", index=False)
     return d
 
 
-def test_ablation_intervals_over_seeds_and_paired_calls(tmp_path):
-    from analysis.ablation import markdown, paired_table, per_seed_table, runs
+def test_ablation_intervals_paired_calls_and_the_grid_correction(tmp_path):
+    from analysis.ablation import markdown, paired_table, run_table, runs
 
-    n = 40
-    for seed in (0, 1, 2):
-        base_correct = [1] * n
-        other_correct = [1] * (n - 10 - seed) + [0] * (10 + seed)  # clearly worse than base, every seed
-        _ablation_run(tmp_path, "base", 6, seed, base_correct, [0.10, 0.20, 0.30], 0.95 + 0.01 * seed, 0.05)
-        _ablation_run(tmp_path, "router_sum", 6, seed, other_correct, [0.50, 0.60, 0.70], 0.80 + 0.02 * seed,
-                      0.05 + 0.001 * (seed - 1))  # error: the same as base on average over seeds
-        _ablation_run(tmp_path, "dense", None, seed, base_correct, [0.0], 1.0, 0.0)
+    n, rng = 1000, np.random.default_rng(0)
+    base_correct = (rng.random(n) < 0.9).astype(int)
+    worse = base_correct.copy()
+    worse[np.flatnonzero(base_correct)[:40]] = 0  # 40 prompts lost, none gained
+    batches = n // 4
+    base_kl = rng.gamma(2.0, 0.05, n)
+    _ablation_run(tmp_path, "base", 6, 0, base_correct, base_kl, [0.95] * batches, [0.05] * batches)
+    _ablation_run(tmp_path, "router_sum", 6, 0, worse, base_kl + 0.4, [0.80] * batches,
+                  0.05 + rng.normal(0, 1e-4, batches))  # error: the same as base within noise
+    _ablation_run(tmp_path, "oracle", 6, 0, base_correct, base_kl, [0.95] * batches, [0.05] * batches)
+    _ablation_run(tmp_path, "dense", None, 0, base_correct, [0.0] * n, [1.0] * batches, [0.0] * batches)
     df = runs(tmp_path)
-    assert len(df) == 9 and set(df["seed"]) == {0, 1, 2}
+    assert len(df) == 4 and set(df["model"]) == {"mini"}
 
-    table = per_seed_table(df)
-    e = table.query("method == 'router_sum' and budget == 6 and metric == 'energy_retained'").iloc[0]
-    assert e["mean"] == pytest.approx(0.82) and e["low"] < 0.82 < e["high"] and e["seeds"] == 3
-    d = table.query("method == 'dense' and metric == 'kl'").iloc[0]
-    assert d["mean"] == 0 and d["low"] == 0 and d["high"] == 0  # the same value every seed: no spread
+    table = run_table(df).set_index(["method", "metric"])
+    acc = table.loc[("router_sum", "accuracy")]
+    assert acc["mean"] == pytest.approx(worse.mean()) and 0 <= acc["low"] < acc["mean"] < acc["high"] <= 1
+    e = table.loc[("router_sum", "energy_retained")]
+    assert e["mean"] == pytest.approx(0.80) and e["unit"] == "decode batches"
+    assert table.loc[("dense", "kl"), "mean"] == 0
 
     paired = paired_table(df).set_index(["method", "metric"])
-    acc = paired.loc[("router_sum", "accuracy")]
-    assert acc["diff"] == pytest.approx(-33 / (3 * n)) and acc["call"] == "lower" and acc["high"] < 0
-    assert (acc["a_only"], acc["base_only"]) == (0, 33) and acc["mcnemar_p"] < 1e-6
-    assert paired.loc[("router_sum", "kl"), "call"] == "higher"  # +0.4 in every decode batch
+    a = paired.loc[("router_sum", "accuracy")]
+    assert a["diff"] == pytest.approx(-40 / n) and a["call"] == "lower" and a["high"] < 0
+    assert (a["a_only"], a["b_only"]) == (0, 40) and a["p"] == pytest.approx(2 * 0.5**40)
+    assert paired.loc[("router_sum", "kl"), "call"] == "higher"
     assert paired.loc[("router_sum", "kl"), "diff"] == pytest.approx(0.4)
     assert paired.loc[("router_sum", "energy_retained"), "call"] == "lower"
-    assert paired.loc[("router_sum", "out_error"), "call"] == "tie"  # per-seed differences -0.001, 0, +0.001
+    assert paired.loc[("router_sum", "out_error"), "call"] == "tie"  # within the 0.002 margin
+    assert paired.loc[("oracle", "accuracy"), "call"] == "tie"  # identical on 1000 prompts: within 1 point
     assert "dense" not in paired.index.get_level_values("method")  # no budget: not paired with base
+    assert (paired["p_holm"] >= paired["p"]).all()  # one Holm family over the grid
 
-    text = markdown(per_seed_table(df), paired_table(df))
-    assert "router_sum" in text and "tie" in text and "lower" in text
+    text = markdown(run_table(df), paired_table(df))
+    assert "router_sum" in text and "tie" in text and "lower" in text and "calls, Holm-corrected" in text
+
+
+def test_ablation_refuses_to_pool_runs_of_different_prompt_pools(tmp_path):
+    from analysis.ablation import runs
+
+    _ablation_run(tmp_path, "base", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=2)
+    _ablation_run(tmp_path, "router_sum", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=5)
+    with pytest.raises(SystemExit, match="holds runs of 2 prompt pools or models .*limit=2.*limit=5"):
+        runs(tmp_path)
 
 
 def test_ablation_header_names_the_experiment_of_its_folder():
@@ -202,8 +231,8 @@ def test_ablation_header_names_the_experiment_of_its_folder():
 def test_ablation_refuses_to_pair_different_prompts(tmp_path):
     from analysis.ablation import paired_table, runs
 
-    _ablation_run(tmp_path, "base", 6, 0, [1, 1], [0.1], 0.9, 0.1)
-    _ablation_run(tmp_path, "router_sum", 6, 0, [1, 0], [0.2], 0.8, 0.2, hashes=["h0", "other"])
+    _ablation_run(tmp_path, "base", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1])
+    _ablation_run(tmp_path, "router_sum", 6, 0, [1, 0], [0.2, 0.2], [0.8], [0.2], hashes=["h0", "other"])
     with pytest.raises(ValueError, match="different prompts"):
         paired_table(runs(tmp_path))
 
@@ -219,7 +248,7 @@ def test_quality_pivot_gives_intervals_over_seeds():
     piv = pivot_seeds(table)
     mean, interval = piv.loc["base", "M=6"].split(" ", 1)
     low, high = (float(x) for x in interval.strip("[]").split(", "))
-    assert float(mean) == pytest.approx(0.92) and low < 0.92 < high
+    assert float(mean) == pytest.approx(0.92) and (low, high) == (0.90, 0.94)  # the range over seeds
     assert piv.loc["dense", "accuracy (no budget)"] == "0.990 [0.990, 0.990]"  # no spread over seeds
 
 

@@ -66,7 +66,8 @@ def test_evaluate_then_resume_skips(tmp_path):
     assert report["metrics"][0]["stderr"] is not None  # standard errors, not "N/A"
     from analysis.paired import load_samples, paired
 
-    assert paired(load_samples(out), load_samples(out))["call"] == "tie"
+    # a run against itself: no discordant request; 8 prompts cannot show equivalence within 1 point
+    assert paired(load_samples(out), load_samples(out))["call"] == "inconclusive"
     assert report["eval"]["generation"]["do_sample"] is False and report["summary_tasks"][0]["task"] == "smoke_copy"
     assert {r["task"] for r in report["metrics"]} == {"smoke_copy"}
     sel = pd.read_csv(out / "selection.csv")
