@@ -72,7 +72,7 @@ quality: $(STAMP)  ## quality curves on the mini model (SEEDS=0,1,2 for interval
 	cp "outputs/quality_mini/stage=fit/predictor.csv" results/quality_mini_predictor_r2.csv
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
-ABLATION_SEEDS ?= 0,1,2,3,4
+ABLATION_SEEDS ?= 0
 # ABLATION_EXP=ablation_mini_olmoe: the same ablation on the second embedded model (its own budgets).
 ABLATION_EXP ?= ablation_mini
 ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mini_olmoe: the other model) -> results/ablation_mini*.*

@@ -24,7 +24,7 @@ import yaml
 
 # The config axes a run is keyed by. `exp` is the sweep (exp_name), `variant` the method with the
 # options that make it another rule (variant_label), `seed` the batching seed of an evaluation.
-AXES = ("exp", "run", "stage", "model", "method", "variant", "reassign", "k0", "coverage", "budget_split",
+AXES = ("exp", "run", "stage", "model", "pool", "method", "variant", "reassign", "k0", "coverage", "budget_split",
         "budget", "batch_size", "seed", "routing", "hardware")
 # Per-run tables of one evaluate run folder, by the name its frame has on RunSet.
 RUN_TABLES = {"metrics": "metrics.csv", "selection": "selection.csv", "steps": "selection_steps.csv",
@@ -58,11 +58,19 @@ def _exp_name(run_dir: Path, root: Path) -> str:
     return rel[0] if len(rel) > 1 else root.name
 
 
+def prompt_pool(ev: dict) -> str | None:
+    """The prompts an evaluate run scored: its tasks and per-task limit ("mini@25"); runs of two
+    pools are different measurements, never replicates (analysis/tables.py refuses to pool them)."""
+    if not ev.get("tasks"):
+        return None
+    return ",".join(ev["tasks"]) + ("" if ev.get("limit") is None else f"@{ev['limit']}")
+
+
 def run_axes(rep: dict, exp: str, run: str) -> dict:
     """The AXES of one report.json (throughput reports hold many variants: theirs are per row)."""
     mc = rep.get("method_config", {})
     ev = rep.get("eval", {})
-    return {"exp": exp, "run": run, "stage": rep.get("stage"), "model": rep.get("model"),
+    return {"exp": exp, "run": run, "stage": rep.get("stage"), "model": rep.get("model"), "pool": prompt_pool(ev),
             "method": rep.get("method"), "variant": variant_label(rep.get("method", "?"), mc),
             "reassign": mc.get("reassign"), "k0": mc.get("k0"), "coverage": mc.get("coverage"),
             "budget_split": mc.get("budget_split"), "budget": rep.get("budget"), "batch_size": rep.get("batch_size"),

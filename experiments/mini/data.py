@@ -11,6 +11,7 @@ the model is trained to emit the answer, the "\\n" stop and then EOS.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from experiments.mini.domains import DOMAINS
@@ -59,13 +60,17 @@ def held_out_prompts(test_sets: dict[str, list[Sample]]) -> set[str]:
 test_prompts = held_out_prompts
 
 
-def make_train_corpus(n_per_domain: int, exclude: set[str], seed: int = TRAIN_SEED) -> list[Sample]:
+def make_train_corpus(n_per_domain: int, exclude: set[str], seed: int = TRAIN_SEED,
+                      domains: Iterable[str] | None = None) -> list[Sample]:
     """`n_per_domain` samples per domain (repeats allowed), none with a prompt in `exclude`.
 
     Domains are interleaved (sample i is domain i % D) so any prefix of the corpus is balanced.
+    `domains` (default: all) keeps only those domains' streams; each domain has its own random
+    stream, so a domain's samples are the same whichever other domains are drawn.
     """
     per_domain: list[list[Sample]] = []
-    for domain, gen in DOMAINS.items():
+    for domain in DOMAINS if domains is None else domains:
+        gen = DOMAINS[domain]
         rng, samples = _rng(seed, domain, "train"), []
         while len(samples) < n_per_domain:
             prompt, answer = gen(rng)
