@@ -3,7 +3,7 @@
 Every function returns a Plot: the figure, its title and caption (model, batch size, hardware,
 number of runs), the table it shows, and `empty`, the reason when there was nothing to draw (the
 figure then says so instead of failing). Numbering follows issue 11:
-  1 accuracy vs decode speed-up, Pareto front   2 accuracy vs kept experts, bands over seeds
+  1 accuracy and speed-up vs kept share (two)   2 accuracy vs kept experts, bands over seeds
   3 union before selection vs batch size         4 the selection-rule ablation at equal budget
   5 backfill vs drop / re-routing                6 predictor R² per layer; kept-experts heat map
 """
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from analysis import style
-from analysis.tables import REASSIGN, pareto
+from analysis.tables import REASSIGN
 
 ACC = "accuracy (exact match, mean over tasks)"
 KEPT = "experts kept per MoE layer per decode step (mean)"
@@ -59,9 +60,9 @@ def _empty(name: str, title: str, reason: str) -> Plot:
     return Plot(name, title, reason, fig, pd.DataFrame(), empty=reason)
 
 
-def _finish(fig: Figure, name: str, title: str, caption: str, table: pd.DataFrame) -> Plot:
+def _finish(fig: Figure, name: str, title: str, caption: str, table: pd.DataFrame, xlabel: str | None = None) -> Plot:
     fig.suptitle(title, fontsize=11)
-    style.caption(fig, caption)
+    style.caption(fig, caption, xlabel)
     return Plot(name, title, caption, fig, table)
 
 
@@ -88,75 +89,127 @@ def _legend(fig: Figure, axes: list) -> None:
         fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=7.5)
 
 
-# ---- 1: accuracy vs end-to-end speed-up --------------------------------------------------------
+# ---- 1: the trade-off, two measurements against one x ------------------------------------------
+FRACTION = "experts kept per layer (fraction of the pool)"
+MARKERS = ("o", "^", "s", "D", "v", "P", "X", "<", ">", "h")
+
+
 def tradeoff_figure(tr: pd.DataFrame, batch_size: int = 16) -> Plot:
-    name, title = "fig1_tradeoff", f"Accuracy vs end-to-end decode speed-up over dense, batch {batch_size}"
-    if tr.empty:
-        return _empty(name, title, f"no quality or throughput results at batch {batch_size}")
-    models = sorted(tr["model"].unique())
-    notes = []
+    """Two panels sharing x = experts kept per layer / experts in the layer: accuracy of the
+    embedded (trained) models, and decode speed-up over dense of the random-weight real-model
+    shapes. Two measurements on different models: no model has both (tables.tradeoff). Colour:
+    the rule, as in every figure; marker: the model; line style: the router (speed-up)."""
+    name = "fig1_tradeoff"
+    title = f"Accuracy and decode speed-up against the share of experts kept, batch {batch_size}"
+    qual = tr[tr["has_quality"] & tr["kept_frac"].notna()] if len(tr) else tr
+    speed = tr[tr["has_speed"] & tr["kept_frac_timed"].notna()] if len(tr) else tr
+    if qual.empty and speed.empty:
+        return _empty(name, title, f"no quality or throughput results at batch {batch_size} "
+                                   "(with the models' expert counts)")
+    # the rules on both sides where the speed side has any (fixed is left out by tables.tradeoff)
+    timed = set(speed["variant"]) - {"dense"}
+    rules = [v for v in _variants(qual) if v != "dense" and (not timed or v in timed)]
+    markers = dict(zip([*sorted(qual["model"].unique()), *sorted(set(speed["model"]) - set(qual["model"]))], MARKERS))
+    notes: list[str] = []
     with style.context():
-        fig, axes = _grid(len(models), height=3.3)
-        for ax, model in zip(axes, models):
-            m = tr[tr["model"] == model]
-            both = m[m["has_quality"] & m["has_speed"]]
-            if len(both):
-                _tradeoff_joined(ax, both)
-                notes.append(f"{model}: accuracy from {both['exp'].iloc[0]} ({_hw(both['quality_hardware'])}), "
-                             f"speed-up on {_hw(both['speed_hardware'])}")
-            elif m["has_quality"].any():
-                _one_axis(ax, m[m["has_quality"]], "accuracy", "accuracy (exact match)")
-                ax.set_title(f"{model}: accuracy only", fontsize=9)
-                q = m[m["has_quality"]]
-                notes.append(f"{model}: no throughput results at batch {batch_size}, accuracy from {q['exp'].iloc[0]} "
-                             f"({_runs(q['n'])}, hardware {_hw(q['quality_hardware'])})")
-            else:
-                _one_axis(ax, m[m["has_speed"]], "speedup", SPEED)
-                ax.set_title(f"{model}: speed-up only", fontsize=9)
-                notes.append(f"{model}: no quality results, speed-up on {_hw(m['speed_hardware'])}")
-            if len(both):
-                ax.set_title(model, fontsize=9)
-        _legend(fig, axes)
-    joined = bool((tr["has_quality"] & tr["has_speed"]).any())
-    caption = (f"Batch {batch_size}. One curve per selector across budgets; speed-up: tokens/s over dense in the same "
-               "process (CUDA-graph replay, one timed run each); solid uniform, dashed skewed routing"
-               + ("; black rings: Pareto front (no other point has both higher accuracy and higher speed-up). "
-                  if joined else ". No model has both accuracy and speed-up results, so no Pareto front. ")
-               + "; ".join(notes) + ".")
+        fig, (top, bottom) = style.new_figure(2, 1, height=3.4, sharex=True)
+        _accuracy_panel(top, qual, rules, markers, notes)
+        _speed_panel(bottom, speed, markers, notes)
+        bottom.set_xlabel(FRACTION)
+    no_pool = sorted(set(tr.loc[tr["kept_frac"].isna() & tr["has_quality"], "model"])
+                     | set(tr.loc[tr["kept_frac_timed"].isna() & tr["has_speed"], "model"])) if len(tr) else []
+    caption = (f"Two measurements on different models, batch {batch_size}, sharing only the x axis (experts kept per "
+               "MoE layer per decode step / experts in the layer): (a) accuracy of the embedded trained models on "
+               "their tasks, on the CPU; (b) end-to-end decode speed-up over dense of random-weight models of real "
+               "architectures' shapes (tokens/s in the same process, CUDA-graph replay, one timed run each). No model "
+               "has both, so neither panel alone is the trade-off: read (a) and (b) at the same x. Unconnected "
+               "points: rules without a budget (their own kept count). " + "; ".join(notes) + "."
+               + (f" Left out (expert count unknown): {', '.join(no_pool)}." if no_pool else ""))
     return _finish(fig, name, title, caption, tr)
 
 
-def _tradeoff_joined(ax, both: pd.DataFrame) -> None:
-    for (v, routing), g in both.groupby(["variant", "routing"], dropna=False):
-        g = g.sort_values("speedup")
-        ls = style.ROUTING_STYLE.get(routing, "-")
-        yerr = _yerr(g, "accuracy")
-        ax.errorbar(g["speedup"], g["accuracy"], yerr=yerr, color=style.color(v), ls=ls, marker="o", label=v,
-                    capsize=2)
-    front = both[pareto(both["speedup"], both["accuracy"])].sort_values("speedup")
-    ax.plot(front["speedup"], front["accuracy"], "o", mfc="none", mec="black", ms=9, label="Pareto front")
-    ax.set_xlabel(SPEED)
+def _key(color: str = "#555555", marker: str | None = None, ls: str = "none", label: str = "", **kw) -> Line2D:
+    """A legend entry not tied to one drawn line (a colour, a marker or a line style alone)."""
+    return Line2D([], [], color=color, marker=marker, ls=ls, label=label, **kw)
+
+
+def _accuracy_panel(ax, qual: pd.DataFrame, rules: list[str], markers: dict[str, str], notes: list[str]) -> None:
+    ax.set_title("(a) accuracy: embedded trained models (CPU)", fontsize=9)
+    if qual.empty:
+        style.empty_axes(ax, "no quality results with the model's expert count")
+        return
+    models = sorted(qual["model"].unique())
+    for model in models:
+        m = qual[qual["model"] == model]
+        dense = m[m["variant"] == "dense"]
+        if len(dense):
+            ax.axhline(dense["accuracy"].iloc[0], color="black", lw=0.8, ls=":")
+            ax.annotate(f"{model}: dense", (1.0, dense["accuracy"].iloc[0]), xycoords=("axes fraction", "data"),
+                        ha="right", va="bottom", fontsize=7, color="#333333")
+        for v in rules:
+            g = m[m["variant"] == v].sort_values("kept_frac")
+            if len(g):
+                ax.errorbar(g["kept_frac"], g["accuracy"], yerr=_yerr(g, "accuracy"), color=style.color(v),
+                            marker=markers[model], ls="-" if g["budget"].notna().any() else "none", capsize=2)
+        notes.append(f"(a) {model}: {m['exp'].iloc[0]}, {int(m['experts'].iloc[0])} experts per layer, "
+                     f"{_runs(m['n'])}, hardware {_hw(m['quality_hardware'])}")
+    keys = [_key(style.color(v), ls="-", label=v) for v in rules]
+    keys += [_key(marker=markers[m], label=m) for m in models] + [_key("black", ls=":", lw=0.8, label="dense")]
+    ax.legend(handles=keys, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7.5)
     ax.set_ylabel("accuracy (exact match)")
+    ax.tick_params(labelbottom=True)
 
 
-def _one_axis(ax, m: pd.DataFrame, col: str, ylabel: str) -> None:
-    """A model with one of the two axes: that metric against kept experts per selector."""
-    dense = m[m["variant"] == "dense"]
-    if len(dense):  # the speed-up of dense is 1 under every routing: one line
-        ax.axhline(dense[col].iloc[0], color="black", lw=1, label="dense")
-    for (v, routing), g in m[m["variant"] != "dense"].groupby(["variant", "routing"], dropna=False):
-        g = g.sort_values("kept")
+def _speed_panel(ax, speed: pd.DataFrame, markers: dict[str, str], notes: list[str]) -> None:
+    ax.set_title("(b) decode speed-up over dense: random-weight real-model shapes"
+                 + (f" ({_hw(speed['speed_hardware'])})" if len(speed) else ""), fontsize=9)
+    if speed.empty:
+        style.empty_axes(ax, "no throughput results with the model's expert count")
+        return
+    ax.axhline(1.0, color="black", lw=1)
+    models = sorted(speed["model"].unique())
+    for (model, routing), g in speed.groupby(["model", "routing"], dropna=False):
         ls = style.ROUTING_STYLE.get(routing, "-") if isinstance(routing, str) else "-"
-        ax.plot(g["kept"], g[col], color=style.color(v), ls=ls, marker="o" if len(g) > 1 else "s", label=v)
-    ax.set_xlabel("experts kept per layer per step")
-    ax.set_ylabel(ylabel)
+        fill = {} if routing != "skewed" else {"mfc": "white"}
+        base = g[g["variant"] == "base"].sort_values("kept_frac_timed")
+        ax.plot(base["kept_frac_timed"], base["speedup"], color=style.color("base"), ls=ls, marker=markers[model],
+                **fill)
+        for v, o in g[g["budget"].isna() & (g["variant"] != "dense")].groupby("variant"):
+            ax.plot(o["kept_frac_timed"], o["speedup"], color=style.color(v), marker=markers[model], ls="none", ms=6,
+                    **fill)
+    drawn = ["base", *sorted(set(speed.loc[speed["budget"].isna(), "variant"]) - {"dense"})]
+    keys = [_key(style.color(v), ls="-" if v == "base" else "none", marker=None if v == "base" else "o", label=v)
+            for v in drawn]
+    keys += [_key(marker=markers[m], label=m) for m in models]
+    routings = sorted(speed["routing"].dropna().unique())
+    keys += [_key(ls=style.ROUTING_STYLE.get(r, "-"), marker="o", label=f"{r} router",
+                  **({"mfc": "white"} if r == "skewed" else {})) for r in routings]
+    keys.append(_key("black", ls="-", label="dense"))
+    ax.legend(handles=keys, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7.5, ncols=2)
+    pools = speed.groupby("model")["experts"].first()
+    notes.append(f"(b) {', '.join(f'{m} ({int(n)} experts)' for m, n in pools.items())}"
+                 f" on {_hw(speed['speed_hardware'])}, one curve per model and router" + _other_rules(speed))
+    ax.set_ylabel(SPEED)
+
+
+def _other_rules(speed: pd.DataFrame) -> str:
+    """The budgeted rules timed besides base (not drawn): how far their speed-up is from base's."""
+    key = ["model", "routing", "budget"]
+    base = speed[speed["variant"] == "base"].set_index(key)["speedup"]
+    others = speed[speed["budget"].notna() & ~speed["variant"].isin(["base", "dense"])]
+    if others.empty or base.empty:
+        return ""
+    rel = (others.set_index(key)["speedup"] / base.reindex(others.set_index(key).index) - 1).abs().dropna()
+    return (f"; also timed, not drawn: {', '.join(sorted(others['variant'].unique()))}, within "
+            f"{100 * rel.max():.0f} % of base's speed-up at every timed point" if len(rel) else "")
 
 
 def _yerr(g: pd.DataFrame, col: str):
     low, high = g.get(f"{col}_low"), g.get(f"{col}_high")
     if low is None or low.isna().all():
         return None
-    return np.vstack([(g[col] - low).fillna(0).to_numpy(float), (high - g[col]).fillna(0).to_numpy(float)])
+    # clipped at 0: a mean of equal values can round a hair past their min or max
+    return np.vstack([(g[col] - low).fillna(0).to_numpy(float), (high - g[col]).fillna(0).to_numpy(float)]).clip(0)
 
 
 # ---- 2: accuracy vs kept experts, bands over batching seeds ------------------------------------
@@ -184,7 +237,7 @@ def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
         ax.set_ylabel(ACC)
         _legend(fig, [ax])
     seeds = int(w["n"].max())
-    band = ("bands: 95 % t-interval over batching seeds" if seeds > 1 else
+    band = ("bands: range (min to max) over batching seeds" if seeds > 1 else
             "one batching seed per point: no interval (make quality SEEDS=0,1,2 adds them)")
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
                f"({_seeds(seeds)} per point). One curve per selector across budgets M; squares: rules "
@@ -257,14 +310,14 @@ def rules_figure(w: pd.DataFrame, exp: str) -> Plot:
                 ax.axhline(dense["accuracy"].iloc[0], color="black", lw=1, label="dense")
             ax.set_xticks(range(len(budgets)), [f"M={b}" for b in budgets])
             ax.set_title(lab, fontsize=8.5)
-        fig.supxlabel("budget M: distinct experts kept per MoE layer per decode step", fontsize=9)
         _legend(fig, axes)
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
                f"({_seeds(int(w['n'].max()))} per point). Each selector keeps the same number of experts "
-               "at a budget; whiskers: 95 % t-interval over batching seeds. Paired differences against base are "
+               "at a budget; whiskers: range over batching seeds (or, for one seed, the committed 95 % interval over prompts). Paired differences against base are "
                "in the table.")
     cols = ["variant", "budget", "kept_mean", *[c for m, _ in metrics for c in (m, f"{m}_low", f"{m}_high")], "n"]
-    return _finish(fig, name, title, caption, budgeted.reindex(columns=cols))
+    return _finish(fig, name, title, caption, budgeted.reindex(columns=cols),
+                   xlabel="budget M: distinct experts kept per MoE layer per decode step")
 
 
 # ---- 5: backfill vs drop and re-routing --------------------------------------------------------
@@ -291,9 +344,10 @@ def reassign_figure(w: pd.DataFrame, exp: str, paired: pd.DataFrame) -> Plot:
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(modes['n'])}. "
                "backfill: a token that lost experts takes its next-preferred kept ones; drop: the slots stay empty; "
                "similar: the pair moves to the kept expert with the most similar outputs. "
-               + ("Whiskers: 95 % t-interval over batching seeds; " if seeds > 1 else "One run per point; ")
-               + ("the table gives each mode minus backfill, paired, and calls a difference only when its interval "
-                  "excludes zero." if len(paired) else "no paired comparison available (no per-request records)."))
+               + ("Whiskers: range over batching seeds (one seed: the 95 % interval over prompts); " if seeds > 1 else "One run per point; ")
+               + ("the table gives each mode minus backfill, paired, with its call (higher, lower, tie, inconclusive; "
+                  "how each grid's calls were made is stated above the table)." if len(paired)
+                  else "no paired comparison available (no per-request records)."))
     table = modes.reindex(columns=["variant", "budget", *[c for m, _ in metrics for c in (m, f"{m}_low", f"{m}_high")],
                                    "n"])
     return _finish(fig, name, title, caption, table)

@@ -184,8 +184,9 @@ def _models() -> list[str]:
 
 
 def model_of(exp: str) -> str:
-    """The model an experiment name ends with (ablation_mini_olmoe -> mini_olmoe)."""
-    return next((m for m in _models() if exp == m or exp.endswith("_" + m)), exp.split("_", 1)[-1])
+    """The model an experiment name holds as a word (ablation_mini_olmoe -> mini_olmoe,
+    quality_seeds_mini_continuous -> mini), the longest name first."""
+    return next((m for m in _models() if f"_{m}_" in f"_{exp}_"), exp.split("_", 1)[-1])
 
 
 def experiment_setting(exp: str, key: str):

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import figures as F
+from analysis import stats as S
 from analysis import tables as T
 from analysis.load import Data, load
 from analysis.style import save
@@ -46,44 +47,92 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     return out.to_markdown(index=False)
 
 
-def _paired(data: Data, exp: str, source: str, variants: list[str]) -> pd.DataFrame:
-    """Each variant minus base, paired: the committed *_paired.csv for committed data, else over
-    the per-request records of outputs/ (accuracy only)."""
-    if source == "results":
-        p = data.results.paired
-        if p.empty:
-            return p
-        return p[(p["exp"] == exp) & p["variant"].isin(variants)].reindex(
-            columns=["variant", "budget", "metric", "diff", "low", "high", "call", "unit"])
-    runs = data.outputs.runs
-    runs = runs[(runs["exp"] == exp) & (runs["stage"] == "evaluate") & runs["variant"].isin([*variants, "base"])]
-    samples = data.outputs.table("samples", runs)
-    if samples.empty:
-        return pd.DataFrame()
-    out = T.paired_accuracy(samples, variants).drop(columns="exp")
-    return out.assign(metric="accuracy", unit=[f"prompts ({n})" for n in out["prompts"]]).drop(columns="prompts")
+def paired_grids(data: Data, points: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per experiment, every variant minus base, paired, with its calls: the committed
+    *_paired.csv for committed data (its columns as written), else over the per-request records of
+    outputs/ (accuracy only, tables.paired_accuracy: one Holm family per experiment)."""
+    out: dict[str, pd.DataFrame] = {}
+    for exp, source in T.exp_info(points).set_index("exp")["source"].items():
+        if source == "results":
+            p = data.results.paired
+            p = p[p["exp"] == exp].dropna(axis=1, how="all") if len(p) else p
+        else:
+            runs = data.outputs.runs
+            runs = runs[(runs["exp"] == exp) & (runs["stage"] == "evaluate")]
+            samples = data.outputs.table("samples", runs)
+            variants = sorted(v for v in runs["variant"].dropna().unique() if v not in ("base", "dense"))
+            p = T.paired_accuracy(samples, variants) if len(samples) else pd.DataFrame()
+        if len(p):
+            out[exp] = p.reset_index(drop=True)
+    return out
 
 
-def _paired_md(p: pd.DataFrame) -> str:
+def _calls_text(grid: pd.DataFrame) -> str:
+    if not T.corrected(grid):
+        return (f"calls as committed ({T.OLD_TEST}): a difference where the 95 % interval excludes zero, else "
+                "\"tie\", which here means only that the interval holds zero (no equivalence test)")
+    tests = "; ".join(f"{m}: {t}" for m, t in grid.groupby("metric")["test"].first().items())
+    return (f"calls Holm-corrected over the grid's {int(grid['p'].notna().sum())} comparisons (p: the corrected p "
+            f"of no difference); higher/lower where that test rejects at {S.ALPHA:g}, tie where it does not and the "
+            "corrected equivalence test (TOST) against the margin passes, else inconclusive. Tests: " + tests)
+
+
+def _paired_md(grid: pd.DataFrame, variants: list[str] | None = None) -> str:
+    """The grid's paired rows (of `variants`) as one cell per (budget, variant, metric)."""
+    p = grid if variants is None or grid.empty else grid[grid["variant"].isin(variants)]
     if p.empty:
         return ""
-    cells = [f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}" for _, r in p.iterrows()]
-    wide = p.assign(cell=cells).pivot_table(index=["budget", "variant"], columns="metric", values="cell",
-                                            aggfunc="first").reset_index()
-    return ("\nMinus base at the same budget, paired, [95 % interval] and call (tie unless the interval excludes "
-            "zero):\n\n" + wide.to_markdown(index=False) + "\n")
+    new = T.corrected(grid)
+
+    def cell(r) -> str:
+        text = f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}"
+        return text + (f", p {r['p_holm']:.2g}" if new and pd.notna(r["p_holm"]) else "")
+
+    wide = p.assign(cell=[cell(r) for _, r in p.iterrows()]).pivot_table(
+        index=["budget", "variant"], columns="metric", values="cell", aggfunc="first").reset_index()
+    return (f"\nMinus base at the same budget, paired, [95 % interval], {_calls_text(grid)}:\n\n"
+            + wide.to_markdown(index=False) + "\n")
 
 
-def build(data: Data, batch_size: int = 16, exps: list[str] | None = None) -> list[tuple[F.Plot, str]]:
-    """Every figure with the markdown that follows it in report.md (its table, paired calls)."""
+def recommendations_md(grids: dict[str, pd.DataFrame], points: pd.DataFrame) -> str:
+    """The report's Recommendations section (tables.recommendations over every grid)."""
+    paired = pd.concat([g.assign(exp=e) for e, g in grids.items()], ignore_index=True) if grids else pd.DataFrame()
+    rec = T.recommendations(paired, points)
+    margins = ", ".join(f"{m} ±{v:g}" for m, v in S.MARGINS.items())
+    text = ["\n## Recommendations\n",
+            ("Per experiment and budget, from each rule's accuracy minus base's at the same budget, paired over the "
+             "same prompts: where rules are higher than base, the most accurate of them; else base together with "
+             "every rule tied with it. Calls (analysis/stats.py): per grid, every test of no difference is "
+             f"Holm-corrected together at {S.ALPHA:g}, and every equivalence test too; higher/lower where the "
+             "corrected test rejects; **tie means the two one-sided tests (TOST) against the metric's margin passed** "
+             f"after correction (equivalent within ±margin); inconclusive: neither. Margins: {margins}. `also better "
+             "on`: other metrics on which a recommended rule beats base by a call (lower kl and out_error, higher "
+             "energy_retained and dll). Grids whose committed paired file predates these tests "
+             f"({T.OLD_TEST}) keep their higher/lower calls; their \"tie\" (an interval holding zero, no "
+             "equivalence test) is listed as inconclusive.\n")]
+    if rec.empty:
+        return "\n".join(text + ["_(no paired comparisons against base)_\n"])
+    text.append(markdown_table(rec.drop(columns=["test", "correction"]).rename(
+        columns={"also_better_on": "also better on", "also_higher": "also higher than base"})))
+    per_grid = rec.groupby("exp")[["test", "correction"]].first()
+    text.append("\nTest and correction per grid:\n\n" + "\n".join(
+        f"- {e}: {r['test']}; {r['correction']}" for e, r in per_grid.iterrows()) + "\n")
+    return "\n".join(text)
+
+
+def build(data: Data, batch_size: int = 16, exps: list[str] | None = None,
+          grids: dict[str, pd.DataFrame] | None = None) -> list[tuple[F.Plot, str]]:
+    """Every figure with the markdown that follows it in report.md (its table, paired calls);
+    `grids` (paired_grids) is computed here when not given."""
     points = T.quality_points(data)
     if exps:
         points = points[points["exp"].isin(exps)]
+    grids = paired_grids(data, points) if grids is None else grids
     speed = T.throughput_rows(data)
     info = T.exp_info(points).set_index("exp")
     out: list[tuple[F.Plot, str]] = []
 
-    tr = T.tradeoff(points, speed, batch_size)
+    tr = T.tradeoff(points, speed, batch_size, T.pool_sizes(data))
     avail = tr.groupby("model").agg(quality_points=("has_quality", "sum"), speed_points=("has_speed", "sum"),
                                     joined=("has_speed", lambda s: int((s & tr.loc[s.index, "has_quality"]).sum())))
     joined = tr[tr["has_quality"] & tr["has_speed"]]
@@ -109,15 +158,14 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None) -> li
         w = T.wide(points[points["exp"] == exp])
         plot = F.rules_figure(w, exp)
         others = [v for v in w["variant"].unique() if v not in ("base", "dense")]
-        out.append((plot, markdown_table(plot.table) + "\n" + _paired_md(_paired(data, exp, info.loc[exp, "source"],
-                                                                                 others))))
+        out.append((plot, markdown_table(plot.table) + "\n" + _paired_md(grids.get(exp, pd.DataFrame()), others)))
 
     for exp in info.index:
         w = T.wide(points[points["exp"] == exp])
         if w["variant"].isin(T.REASSIGN[1:]).any():
-            paired = _paired(data, exp, info.loc[exp, "source"], list(T.REASSIGN[1:]))
-            plot = F.reassign_figure(w, exp, paired)
-            out.append((plot, markdown_table(plot.table) + "\n" + _paired_md(paired)))
+            grid = grids.get(exp, pd.DataFrame())
+            plot = F.reassign_figure(w, exp, grid[grid["variant"].isin(T.REASSIGN[1:])] if len(grid) else grid)
+            out.append((plot, markdown_table(plot.table) + "\n" + _paired_md(grid, list(T.REASSIGN[1:]))))
     if not any(p.name.startswith("fig5") for p, _ in out):
         out.append((F.reassign_figure(pd.DataFrame(), "", pd.DataFrame()), ""))
 
@@ -186,12 +234,15 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--log", choices=["none", "wandb"], default="none")
     args = ap.parse_args(argv)
     data = load(None if args.results_only else args.outputs, args.results)
-    plots = build(data, args.batch_size, args.exp)
+    points = T.quality_points(data)
+    grids = paired_grids(data, points[points["exp"].isin(args.exp)] if args.exp else points)
+    plots = build(data, args.batch_size, args.exp, grids)
     sources = f"`{args.results}/`" + ("" if args.results_only else f" and `{args.outputs}/` ({len(data.outputs)} runs)")
     cmd = "make report REFRESH=1" if args.results_only else "make report"
     header = (f"# Report\n\nMade by `{cmd}` (`python -m analysis.report {' '.join(argv or [])}`) from {sources}; "
               "no model was run. An experiment found in both is read from the one holding more runs.\n\n"
-              + markdown_table(T.exp_info(T.quality_points(data)).rename(columns={"seeds": "most seeds"})) + "\n")
+              + markdown_table(T.exp_info(points).rename(columns={"seeds": "most seeds"})) + "\n"
+              + recommendations_md(grids, points))
     path = write(plots, Path(args.out), header)
     drawn = sum(not p.empty for p, _ in plots)
     print(f"{path}: {drawn} figures, {len(plots) - drawn} without data")

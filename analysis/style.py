@@ -29,8 +29,8 @@ COLORS = {
     "base": "#1f77b4", "oracle": "#7f7f7f", "router_sum": "#d62728", "router_sq": "#ff7f0e", "calib_energy": "#2ca02c",
     "calib_freq": "#8c564b", "count": "#e377c2", "top1_union": "#9467bd", "dense": "#000000", "fixed": "#bcbd22",
     "base+drop": "#17becf", "base+similar": "#aec7e8", "base+split": "#393b79", "base_anchor(k0=1)": "#6b6ecf",
-    "xshare(k0=1)": "#e7969c", "lynx(k0=1)": "#bd9e39", "oea(k0=1)": "#843c39", "oea(k0=2)": "#ad494a",
-    "oea(k0=3)": "#d6616b",
+    "xshare(k0=1)": "#e7969c", "lynx(k0=1)": "#bd9e39", "oea(k0=1)": "#007360", "oea(k0=2)": "#990066",
+    "oea(k0=3)": "#736000",
 }
 FALLBACK = ("#637939", "#8ca252", "#b5cf6b", "#8c6d31", "#e7ba52", "#7b4173", "#a55194", "#ce6dbd", "#de9ed6",
             "#3182bd", "#6baed6", "#e6550d", "#fd8d3c", "#31a354", "#74c476")
@@ -65,13 +65,19 @@ def new_figure(nrows: int = 1, ncols: int = 1, height: float = 3.2, width: float
     return fig, [ax for row in axes for ax in row]
 
 
-def caption(fig: Figure, text: str) -> None:
-    """The caption under the axes (model, batch size, hardware, runs): the layout leaves room for it."""
+def caption(fig: Figure, text: str, xlabel: str | None = None) -> None:
+    """The caption under the axes (model, batch size, hardware, runs), and `xlabel`, one x label
+    for every panel, between the axes and the caption: the layout leaves room for both.
+
+    (Not fig.supxlabel: constrained layout pins that to the figure's bottom edge, onto the caption.)"""
     lines = textwrap.wrap(text, CAPTION_CHARS)
     height = fig.get_figheight()
     room = (0.16 * len(lines) + 0.12) / height
-    fig.get_layout_engine().set(rect=(0, room, 1, 1 - room))
+    label = 0.3 / height if xlabel else 0.0
+    fig.get_layout_engine().set(rect=(0, room + label, 1, 1 - room - label))
     fig.text(0.01, 0.02 / height, "\n".join(lines), fontsize=7.5, va="bottom", ha="left", color="#333333")
+    if xlabel:
+        fig.text(0.5, room + 0.04 / height, xlabel, fontsize=9, va="bottom", ha="center")
 
 
 def empty_axes(ax, reason: str) -> None:

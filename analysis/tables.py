@@ -9,26 +9,42 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import yaml
 
-from analysis.ablation import bootstrap, call, t_interval
-from analysis.load import Data
+from analysis import stats as S
+from analysis.load import ROOT, Data
 
 METRICS = ("accuracy", "kept_mean", "union_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree")
 POINT = ["exp", "model", "variant", "budget", "batch_size"]
 REASSIGN = ("base", "base+drop", "base+similar")  # backfill (base's default) and the other modes
+# Which way is better, per paired metric (dll: a log-likelihood change, closer to 0 from below is better).
+HIGHER_IS_BETTER = {"accuracy": True, "energy_retained": True, "top1_agree": True, "dll": True, "kl": False,
+                    "out_error": False}
+PAIRED = ["exp", "variant", "budget", "metric", "diff", "low", "high", "p", "p_tost", "margin", "se", "n", "test",
+          "a_only", "b_only", "p_holm", "p_tost_holm", "call", "mdd", "unit"]
+OLD_TEST = "uncorrected, percentile bootstrap; superseded where a grid was re-run"
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     """Per point (exp, model, variant, budget, batch size) and metric: mean over its runs (batching
-    seeds) with the 95 % t-interval, n runs. One run: low and high are NaN (no interval)."""
+    seeds) with their range (stats.seed_range: the seeds re-batch the same prompts, so a spread, not
+    an interval), n runs. One run: low and high are NaN. Refuses an experiment whose runs scored
+    different prompt pools (task or task.limit): they are not replicates of one point."""
     cols = [*POINT, "metric", "mean", "low", "high", "n"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
+    if "pool" in runs:
+        pools = runs.dropna(subset=["pool"]).groupby("exp")["pool"].unique()
+        mixed = {e: sorted(p) for e, p in pools.items() if len(p) > 1}
+        if mixed:
+            raise SystemExit("runs of one experiment scored different prompt pools, so they cannot be averaged: "
+                             + "; ".join(f"{e}: {', '.join(p)}" for e, p in mixed.items())
+                             + ". Give each pool its own exp_name (or folder).")
     rows = []
     for key, g in runs.groupby(POINT, dropna=False):
         for m in METRICS:
             if m in g and g[m].notna().any():
-                mean, low, high = t_interval(g[m].to_numpy(dtype=float))
+                mean, low, high = S.seed_range(g[m].to_numpy(dtype=float))
                 rows.append({**dict(zip(POINT, key)), "metric": m, "mean": mean, "low": low, "high": high,
                              "n": int(g[m].notna().sum())})
     return pd.DataFrame(rows, columns=cols)
@@ -115,10 +131,33 @@ def graph_rows(speed: pd.DataFrame) -> pd.DataFrame:
     return speed[speed["mode"] == "graph"] if len(speed) else speed
 
 
-def tradeoff(points: pd.DataFrame, speed: pd.DataFrame, batch_size: int = 16) -> pd.DataFrame:
-    """Accuracy joined to end-to-end decode speed-up over dense by (model, variant, budget) at one
-    batch size (graph-mode timings; `fixed`, a timing control, left out). A row has accuracy, speed-up
-    or both: has_quality / has_speed say which; each model's quality side is its primary_exp."""
+def pool_sizes(data: Data) -> dict[str, int]:
+    """Experts per MoE layer by model: the runs' reports (outputs/, results/throughput), then the
+    committed routing statistics, then conf/model/<model>.yaml (arch.num_experts)."""
+    sizes: dict[str, int] = {}
+    for conf in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        n = ((yaml.safe_load(conf.read_text()) or {}).get("arch") or {}).get("num_experts")
+        if n:
+            sizes[conf.stem] = int(n)
+    found = [(data.results.routing, "experts")]
+    found += [(f, "num_experts") for f in (data.results.throughput.throughput if data.results.throughput else None,
+                                           data.outputs.throughput, data.outputs.runs)]
+    for frame, col in found:  # later sources win: outputs/ runs last
+        if frame is not None and len(frame) and col in frame:
+            for model, n in frame.dropna(subset=[col]).groupby("model")[col].first().items():
+                sizes[str(model)] = int(n)
+    return sizes
+
+
+def tradeoff(points: pd.DataFrame, speed: pd.DataFrame, batch_size: int = 16,
+             experts: dict[str, int] | None = None) -> pd.DataFrame:
+    """Accuracy and end-to-end decode speed-up over dense by (model, variant, budget) at one batch
+    size (graph-mode timings; `fixed`, a timing control, left out). A row has accuracy, speed-up or
+    both: has_quality / has_speed say which; each model's quality side is its primary_exp.
+
+    `experts` (pool_sizes) gives each model's experts per layer (the timed rows carry theirs):
+    kept_frac = kept_mean / experts on the quality side, kept_frac_timed the same on the timed side,
+    the common x of the two measurements."""
     q = []
     for model in sorted(points["model"].dropna().unique()):
         exp = primary_exp(points, model, batch_size)
@@ -130,15 +169,19 @@ def tradeoff(points: pd.DataFrame, speed: pd.DataFrame, batch_size: int = 16) ->
     s = graph_rows(speed)
     s = s[(s["batch_size"] == batch_size) & (s["variant"] != "fixed")]
     s = s.reindex(columns=["model", "variant", "budget", "routing", "speedup_vs_dense", "tokens_per_s", "kept_mean",
-                           "hardware"]).rename(columns={"kept_mean": "kept_timed", "hardware": "speed_hardware",
-                                                        "speedup_vs_dense": "speedup"})
+                           "hardware", "num_experts"]).rename(
+        columns={"kept_mean": "kept_timed", "hardware": "speed_hardware", "speedup_vs_dense": "speedup"})
     for df in (qual, s):
         df["budget"] = pd.to_numeric(df["budget"], errors="coerce").astype("Int64")
     out = qual.merge(s, on=["model", "variant", "budget"], how="outer")
     out["has_quality"] = out["accuracy"].notna()
     out["has_speed"] = out["speedup"].notna()
     out["kept"] = out["kept_mean"].fillna(out["kept_timed"])
-    return out.sort_values(["model", "variant", "budget"]).reset_index(drop=True)
+    pool = {**s.dropna(subset=["num_experts"]).groupby("model")["num_experts"].first().to_dict(), **(experts or {})}
+    out["experts"] = pd.to_numeric(out["model"].map(pool), errors="coerce").astype(float)
+    out["kept_frac"] = pd.to_numeric(out["kept_mean"], errors="coerce") / out["experts"]
+    out["kept_frac_timed"] = pd.to_numeric(out["kept_timed"], errors="coerce") / out["experts"]
+    return out.drop(columns="num_experts").sort_values(["model", "variant", "budget"]).reset_index(drop=True)
 
 
 def pareto(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -198,22 +241,85 @@ def adaptive_kept(data: Data) -> pd.DataFrame:
 
 
 def paired_accuracy(samples: pd.DataFrame, variants: list[str], ref: str = "base") -> pd.DataFrame:
-    """Accuracy of each variant minus `ref` at the same budget, paired over prompts: per prompt the
-    difference averaged over the batching seeds both ran, bootstrap 95 % interval, call."""
+    """Accuracy of each variant minus `ref` at the same budget over the prompts both ran, per
+    (exp, variant, budget) by stats.paired_accuracy (each prompt's outcome averaged over the batching
+    seeds both ran), then one Holm family per experiment (stats.grid_calls): columns PAIRED."""
+    grids = []
+    budgeted = samples[samples["budget"].notna()] if len(samples) else samples
+    for exp, e in budgeted.groupby("exp") if len(budgeted) else ():
+        rows = []
+        for budget, at in e.groupby("budget"):
+            base = at[at["variant"] == ref]
+            for v in variants:
+                j = at[at["variant"] == v].merge(base, on=["seed", "task", "doc_id"], suffixes=("_m", "_b"))
+                if v == ref or j.empty:
+                    continue
+                if (j["prompt_hash_m"] != j["prompt_hash_b"]).any():
+                    raise ValueError(f"{exp}: {v} and {ref} at M={budget} hold different prompts for the same doc_id")
+                per_prompt = j.groupby(["task", "doc_id"])[["correct_m", "correct_b"]].mean()
+                c = S.paired_accuracy(per_prompt["correct_m"].to_numpy(), per_prompt["correct_b"].to_numpy())
+                rows.append({"exp": exp, "variant": v, "budget": budget, "metric": "accuracy",
+                             "unit": f"prompts ({len(per_prompt)})", **c.row()})
+        if rows:
+            grids.append(S.grid_calls(pd.DataFrame(rows)))
+    return pd.concat(grids, ignore_index=True).reindex(columns=PAIRED) if grids else pd.DataFrame(columns=PAIRED)
+
+
+def corrected(grid: pd.DataFrame) -> bool:
+    """Whether a grid's paired rows carry the corrected calls (stats.grid_calls); older committed
+    *_paired.csv files have uncorrected percentile-bootstrap calls (tie = the interval holds zero)."""
+    return "p_holm" in grid and bool(grid["p_holm"].notna().any())
+
+
+def _better(metric: str, call: str) -> bool:
+    return call == ("higher" if HIGHER_IS_BETTER.get(metric, True) else "lower")
+
+
+def recommendations(paired: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """Per (exp, budget), from the accuracy comparisons against base: the rule(s) to use.
+
+    One or more rules higher than base (corrected call): the highest-accuracy one(s) among them;
+    else base with every rule whose call is "tie" (TOST passed: equivalent within the margin).
+    Rules called lower and inconclusive ones are listed apart; `also_better_on` names the other
+    metrics on which a recommended rule beats base by a call. Grids of the older files (no
+    correction) keep their higher/lower calls; their "tie" (an interval holding zero, no
+    equivalence test) counts as inconclusive here."""
+    cols = ["exp", "model", "budget", "recommend", "accuracy", "why", "also_better_on", "also_higher", "lower",
+            "inconclusive", "test", "correction"]
+    if paired.empty or "call" not in paired:
+        return pd.DataFrame(columns=cols)
+    acc = points[points["metric"] == "accuracy"].set_index(["exp", "variant", "budget"])["mean"]
+    acc = acc[~acc.index.duplicated()].to_dict()
+    model = points.groupby("exp")["model"].first() if len(points) else pd.Series(dtype=object)
     rows = []
-    if samples.empty:
-        return pd.DataFrame(columns=["exp", "variant", "budget", "diff", "low", "high", "call", "prompts"])
-    for (exp, budget), at in samples[samples["budget"].notna()].groupby(["exp", "budget"]):
-        base = at[at["variant"] == ref]
-        for v in variants:
-            other = at[at["variant"] == v]
-            j = other.merge(base, on=["seed", "task", "doc_id"], suffixes=("_m", "_b"))
-            if v == ref or j.empty:
-                continue
-            if (j["prompt_hash_m"] != j["prompt_hash_b"]).any():
-                raise ValueError(f"{exp}: {v} and {ref} at M={budget} hold different prompts for the same doc_id")
-            per_prompt = (j["correct_m"] - j["correct_b"]).groupby([j["task"], j["doc_id"]]).mean().to_numpy()
-            d, lo, hi = bootstrap(per_prompt)
-            rows.append({"exp": exp, "variant": v, "budget": budget, "diff": d, "low": lo, "high": hi,
-                         "call": call(lo, hi, d), "prompts": len(per_prompt)})
-    return pd.DataFrame(rows, columns=["exp", "variant", "budget", "diff", "low", "high", "call", "prompts"])
+    for exp, grid in paired.groupby("exp"):
+        new = corrected(grid)
+        correction = f"Holm over {int(grid['p'].notna().sum())} calls" if new else f"no correction ({len(grid)} calls)"
+        for budget, at in grid[grid["metric"] == "accuracy"].groupby("budget"):
+            calls = {v: c if new or c != "tie" else "inconclusive" for v, c in zip(at["variant"], at["call"])}
+            diff = dict(zip(at["variant"], at["diff"]))
+            base_acc = acc.get((exp, "base", budget), np.nan)
+            value = {v: acc.get((exp, v, budget), base_acc + diff[v]) for v in calls}  # base + diff if no point
+            higher = [v for v, c in calls.items() if c == "higher"]
+            if higher:
+                best = max(value[v] for v in higher)
+                pick = [v for v in higher if value[v] == best]
+                why = "higher than base" + ("" if new else " (uncorrected)")
+            else:
+                pick = ["base", *sorted(v for v, c in calls.items() if c == "tie")]
+                why = "none higher than base: base" + (" and its ties (TOST)" if len(pick) > 1 else "")
+            better = []
+            for v in pick:
+                other = grid[(grid["variant"] == v) & (grid["budget"] == budget) & (grid["metric"] != "accuracy")]
+                ms = [m for m, c in zip(other["metric"], other["call"]) if _better(m, c)]
+                if ms:
+                    better.append(f"{v}: {', '.join(ms)}")
+            rows.append({"exp": exp, "model": model.get(exp, grid["model"].iloc[0] if "model" in grid else None),
+                         "budget": budget, "recommend": ", ".join(pick),
+                         "accuracy": value.get(pick[0], base_acc), "why": why, "also_better_on": "; ".join(better),
+                         "also_higher": ", ".join(sorted(set(higher) - set(pick))),
+                         "lower": ", ".join(sorted(v for v, c in calls.items() if c == "lower")),
+                         "inconclusive": ", ".join(sorted(v for v, c in calls.items() if c == "inconclusive")),
+                         "test": "; ".join(at["test"].dropna().unique()) if new and "test" in at else OLD_TEST,
+                         "correction": correction})
+    return pd.DataFrame(rows, columns=cols)

@@ -111,29 +111,105 @@ def test_tradeoff_joins_quality_and_speed_by_model_variant_and_budget(outputs):
     only_quality = tr[tr["has_quality"] & ~tr["has_speed"]]["variant"]
     assert set(only_quality) == {"base+drop", "base@cov0.9"}  # never timed: quality axis only
     plot = F.tradeoff_figure(tr)
-    assert plot.empty is None and "mini: accuracy from qs_fixture" in plot.caption and "Fake GPU" in plot.caption
+    assert plot.empty is None and "(a) mini: qs_fixture" in plot.caption and "Fake GPU" in plot.caption
 
 
-def test_a_model_with_one_side_only_gets_that_axis_and_a_note(outputs):
+def test_tradeoff_figure_is_two_measurements_sharing_the_kept_fraction(outputs):
+    data = load(outputs, None)
+    tr = T.tradeoff(T.quality_points(data), T.throughput_rows(data), 16, T.pool_sizes(data))
+    assert (tr["experts"] == 8).all()  # mini's expert count, from its reports
+    base4 = tr[(tr["variant"] == "base") & (tr["budget"] == 4)].iloc[0]
+    assert base4["kept_frac"] == pytest.approx(3.8 / 8) and base4["kept_frac_timed"] == pytest.approx(4 / 8)
+    plot = F.tradeoff_figure(tr)
+    top, bottom = plot.fig.axes[:2]
+    assert top.get_shared_x_axes().joined(top, bottom)
+    assert bottom.get_xlabel() == "experts kept per layer (fraction of the pool)"
+    assert "accuracy" in top.get_ylabel() and "speed-up" in bottom.get_ylabel()
+    assert "Two measurements on different models" in plot.caption
+
+
+def test_a_side_without_data_says_so_in_its_panel(outputs):
     data = load(outputs, None)
     pts = T.quality_points(data)
-    quality_only = F.tradeoff_figure(T.tradeoff(pts, T.throughput_rows(data).iloc[0:0]))
-    assert "mini: no throughput results at batch 16" in quality_only.caption
+
+    def texts(plot):
+        return " ".join(t.get_text() for ax in plot.fig.axes for t in ax.texts)
+
+    quality_only = F.tradeoff_figure(T.tradeoff(pts, T.throughput_rows(data).iloc[0:0], experts={"mini": 8}))
+    assert quality_only.empty is None and "no throughput results" in texts(quality_only)
     speed_only = F.tradeoff_figure(T.tradeoff(pts.iloc[0:0], T.throughput_rows(data)))
-    assert "mini: no quality results" in speed_only.caption
+    assert speed_only.empty is None and "no quality results" in texts(speed_only)
 
 
-def test_paired_accuracy_calls_a_difference_only_when_the_interval_excludes_zero():
+def test_paired_accuracy_uses_the_corrected_calls():
     def rows(variant, correct):
         return [{"exp": "e", "variant": variant, "budget": 6, "seed": s, "task": "t", "doc_id": i,
                  "prompt_hash": f"h{i}", "correct": float(c)} for s in (0, 1) for i, c in enumerate(correct)]
 
-    n = 60
-    samples = pd.DataFrame(rows("base", [1] * n) + rows("base+drop", [1] * (n - 20) + [0] * 20)
-                           + rows("base+similar", [1] * (n - 1) + [0]))
-    out = T.paired_accuracy(samples, ["base+drop", "base+similar"]).set_index("variant")
-    assert out.loc["base+drop", "diff"] == pytest.approx(-20 / n) and out.loc["base+drop", "call"] == "lower"
-    assert out.loc["base+similar", "call"] == "tie" and out.loc["base+similar", "prompts"] == n
+    n = 1000
+    base = np.r_[np.ones(n - 22), np.zeros(22)]
+    drop = base.copy()
+    drop[:100] = 0  # 100 prompts worse
+    mixed = np.ones(n)
+    mixed[:30] = 0  # 30 prompts worse, the 22 base gets wrong right
+    samples = pd.DataFrame(rows("base", base) + rows("base+drop", drop) + rows("base+similar", base)
+                           + rows("router_sum", mixed))
+    out = T.paired_accuracy(samples, ["base+drop", "base+similar", "router_sum"]).set_index("variant")
+    assert set(T.PAIRED) <= set(out.columns) | {"variant"}
+    assert out.loc["base+drop", "diff"] == pytest.approx(-0.1) and out.loc["base+drop", "call"] == "lower"
+    assert out.loc["base+similar", "call"] == "tie"  # no discordant prompt of 1000: within the 1-point margin
+    assert out.loc["router_sum", "call"] == "inconclusive"  # 30 worse, 22 better: neither a difference nor a tie
+    assert (out["p_holm"] >= out["p"]).all() and out.loc["base+drop", "n"] == n
+
+
+def _grid(calls: dict[str, str], other: dict | None = None, budget=6, exp="g"):
+    """Corrected paired rows of one grid: accuracy calls per rule, plus (rule, metric) -> call."""
+    rows = [{"exp": exp, "variant": v, "budget": budget, "metric": "accuracy", "diff": d, "call": c, "p": 0.01,
+             "p_holm": 0.02, "test": "exact McNemar; Tango score interval"}
+            for (v, c), d in zip(calls.items(), np.linspace(0.01, 0.05, len(calls)))]
+    rows += [{"exp": exp, "variant": v, "budget": budget, "metric": m, "diff": -0.01, "call": c, "p": 0.01,
+              "p_holm": 0.02, "test": "cluster bootstrap over prompts"} for (v, m), c in (other or {}).items()]
+    return pd.DataFrame(rows)
+
+
+def _acc_points(values: dict[str, float], budget=6, exp="g"):
+    return pd.DataFrame([{"exp": exp, "model": "mini", "variant": v, "budget": budget, "metric": "accuracy",
+                          "mean": a} for v, a in values.items()])
+
+
+def test_recommendations_pick_the_most_accurate_rule_above_base():
+    paired = _grid({"a": "higher", "b": "higher", "c": "tie", "d": "lower", "e": "inconclusive"},
+                   {("b", "kl"): "lower", ("b", "out_error"): "higher"})
+    rec = T.recommendations(paired, _acc_points({"base": 0.80, "a": 0.85, "b": 0.90, "c": 0.80, "d": 0.7,
+                                                 "e": 0.81})).iloc[0]
+    assert rec["recommend"] == "b" and rec["accuracy"] == 0.90 and rec["also_higher"] == "a"
+    assert rec["lower"] == "d" and rec["inconclusive"] == "e"
+    assert rec["also_better_on"] == "b: kl"  # lower KL is better; a higher output error is not
+    assert rec["correction"] == "Holm over 7 calls" and "McNemar" in rec["test"] and rec["model"] == "mini"
+
+
+def test_recommendations_without_a_better_rule_are_base_and_its_ties_only():
+    paired = _grid({"a": "tie", "b": "inconclusive", "c": "lower", "d": "tie"})
+    rec = T.recommendations(paired, _acc_points({"base": 0.8})).iloc[0]
+    assert rec["recommend"] == "base, a, d" and rec["accuracy"] == 0.8
+    assert rec["inconclusive"] == "b" and "b" not in rec["recommend"].split(", ") and rec["lower"] == "c"
+
+
+def test_old_paired_files_never_make_a_tie_an_equivalence():
+    old = pd.DataFrame([{"exp": "g", "variant": v, "budget": 6, "metric": "accuracy", "diff": d, "low": d - 0.02,
+                         "high": d + 0.02, "call": c, "unit": "prompts (200)"}
+                        for v, d, c in (("a", 0.0, "tie"), ("b", -0.1, "lower"))])
+    rec = T.recommendations(old, _acc_points({"base": 0.8})).iloc[0]
+    assert rec["recommend"] == "base" and rec["inconclusive"] == "a" and rec["lower"] == "b"
+    assert rec["test"] == T.OLD_TEST and rec["correction"].startswith("no correction")
+
+
+def test_the_three_oea_colours_stand_apart():
+    from analysis.style import COLORS
+
+    rgb = {k: np.array([int(v[i:i + 2], 16) for i in (1, 3, 5)]) for k, v in COLORS.items()}
+    for k in ("oea(k0=1)", "oea(k0=2)", "oea(k0=3)"):
+        assert min(np.linalg.norm(rgb[k] - c) for o, c in rgb.items() if o != k) > 60
 
 
 def test_union_table_reads_throughput_dense_rows_and_routing_stats(tmp_path, outputs):
@@ -180,6 +256,26 @@ def test_make_report_writes_figures_and_a_markdown_that_embeds_them(tmp_path, ou
         assert f"]({png})" in text and (out / png.replace(".png", ".svg")).exists()
     assert "lower" in text  # the committed paired call of ablation_mini is in its table
     assert "Fake GPU" in text and "cpu" in text  # captions name the hardware
+
+
+def test_report_recommends_and_shows_old_and_new_paired_files(tmp_path):
+    from analysis.report import main
+
+    results = _results(tmp_path / "results")  # ablation_mini: an old-format paired file
+    _results(results, exp="rules_mini")
+    new = pd.DataFrame([{"method": "router_sum", "budget": 6, "metric": m, "unit": "prompts (200)", "diff": -0.07,
+                         "low": -0.1, "high": -0.04, "p": 1e-4, "p_tost": 0.9, "margin": 0.01, "se": 0.01, "n": 200,
+                         "test": "exact McNemar; Tango score interval", "a_only": 2, "b_only": 16, "p_holm": 2e-4,
+                         "p_tost_holm": 0.9, "call": "lower", "mdd": 0.03} for m in ("accuracy", "kl")])
+    new.to_csv(results / "rules_mini_paired.csv", index=False)
+    out = tmp_path / "report"
+    main(["--results", str(results), "--out", str(out), "--results-only"])
+    text = (out / "report.md").read_text()
+    recs = text[text.index("## Recommendations"):text.index("## Figure 1")]
+    assert "TOST" in recs and "Holm over 2 calls" in recs and T.OLD_TEST in recs
+    assert "(no paired comparisons" not in recs and "router_sum" in recs
+    assert "calls as committed (" + T.OLD_TEST in text  # the old file's table says what its calls are
+    assert "calls Holm-corrected over the grid's 2 comparisons" in text and "lower, p 0.0002" in text
 
 
 def test_a_redrawn_figure_is_byte_identical(tmp_path, outputs):
@@ -260,3 +356,14 @@ def test_a_run_logger_logs_the_selection_table_and_its_charts(tmp_path, monkeypa
     log.table("metrics", [{"task": "t", "value": 1.0}])  # a table without charts
     log.finish()
     assert [sorted(d) for d in logged] == [["selection"], ["selection/experts", "selection/retained"], ["metrics"]]
+
+
+def test_runs_of_different_prompt_pools_are_never_averaged_as_seeds():
+    """The pooling bug: task=mini_smoke and task=mini task.limit=2 in one sweep folder were averaged
+    as two seeds of one point; now the figure tables refuse, naming the pools."""
+    runs = pd.DataFrame([{"exp": "sweep", "model": "mini", "variant": "base", "budget": 6, "batch_size": 16,
+                          "pool": pool, "accuracy": acc} for pool, acc in (("mini_smoke", 1.0), ("mini@2", 0.75))])
+    with pytest.raises(SystemExit, match="sweep: mini@2, mini_smoke"):
+        T.aggregate(runs)
+    same = T.aggregate(runs.assign(pool="mini@2")).set_index("metric").loc["accuracy"]
+    assert (same["mean"], same["low"], same["high"], same["n"]) == (0.875, 0.75, 1.0, 2)  # range, inside [0, 1]
