@@ -82,19 +82,28 @@ def _prompts(g: pd.DataFrame) -> pd.DataFrame:
 
 def _batches(g: pd.DataFrame) -> dict[str, np.ndarray]:
     """Per (seed, decode batch) and layer: the sums behind energy_retained and out_error, (P, L).
-    A static batch is one prefill step followed by its decode steps (selection_steps.csv)."""
+
+    selection_steps.csv numbers decode steps across the run; a static batch takes as many steps as
+    its longest request (samples.jsonl: new_tokens - 1, the first token coming from the prefill),
+    so the batches' step ranges follow from the requests. Empty when they do not add up (continuous
+    batching has no fixed batches)."""
     out: dict[str, list] = {k: [] for k in ("energy_kept", "energy_total", "out_err", "out_dense")}
     keys = []
     for s, d in zip(g["seed"], g["dir"]):
-        path = Path(d) / "selection_steps.csv"
-        if not path.exists():
+        path, samples = Path(d) / "selection_steps.csv", _samples(d)
+        if not path.exists() or not {"decode_batch", "new_tokens"} <= set(samples.columns):
             return {}
-        st = pd.read_csv(path).sort_values(["layer", "step"])
-        st["batch"] = (~st["decode"].astype(bool)).groupby(st["layer"]).cumsum() - 1
-        dec = st[st["decode"].astype(bool)]
-        if not set(out) <= set(dec.columns):
+        st = pd.read_csv(path)
+        st = st[st["decode"].astype(bool)]
+        if not set(out) <= set(st.columns):
             return {}
-        sums = dec.groupby(["batch", "layer"])[list(out)].sum().unstack("layer").fillna(0.0)
+        per_batch = (samples.groupby("decode_batch")["new_tokens"].max() - 1).clip(lower=0).sort_index()
+        steps = np.sort(st["step"].unique())
+        if per_batch.sum() != len(steps):
+            return {}
+        batch_of_step = pd.Series(np.repeat(per_batch.index.to_numpy(), per_batch.to_numpy()), index=steps)
+        sums = st.assign(batch=st["step"].map(batch_of_step)).groupby(["batch", "layer"])[list(out)].sum()
+        sums = sums.unstack("layer").fillna(0.0)
         keys += [(s, b) for b in sums.index]
         for k in out:
             out[k].append(sums[k].to_numpy())

@@ -141,7 +141,7 @@ def _ablation_run(root, method, budget, seed, correct, kl_per_prompt, energy_per
                   model="mini", limit=25):
     """One evaluate run folder as pipeline.run writes it with eval.fidelity=true: per-request records
     with fidelity sums (2 tokens each), and per-layer step statistics of static batches of 4 prompts
-    (one prefill step, then 2 decode steps; 2 layers)."""
+    (one prefill step, then 2 decode steps: as many as the batch's longest request; 2 layers)."""
     d = root / f"method={method},budget={budget},eval.seed={seed}"
     d.mkdir(parents=True)
     n = len(correct)
@@ -152,7 +152,8 @@ def _ablation_run(root, method, budget, seed, correct, kl_per_prompt, energy_per
     hashes = hashes or [f"h{i}" for i in range(n)]
     (d / "samples.jsonl").write_text("".join(json.dumps({
         "task": "t", "doc_id": i, "prompt_hash": hashes[i], "correct": float(c), "fidelity_tokens": 2.0,
-        "kl_sum": 2.0 * kl, "dll_sum": -2.0 * kl, "agree_sum": 2.0}) + "\n"
+        "kl_sum": 2.0 * kl, "dll_sum": -2.0 * kl, "agree_sum": 2.0, "decode_batch": i // 4,
+        "new_tokens": 3 if i % 4 == 0 else 2}) + "\n"
         for i, (c, kl) in enumerate(zip(correct, kl_per_prompt))))
     rows, step = [], 0
     for e, err in zip(energy_per_batch, err_per_batch):
