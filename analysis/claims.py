@@ -1,7 +1,7 @@
 """The README's headline numbers, recomputed from the committed files they cite (issue 20 item 7).
 
     python -m analysis.claims            # print every disagreement between README.md and the files (exit 1 if any)
-    python -m analysis.claims --write    # first rewrite the generated blocks of README.md, then check
+    python -m analysis.claims --write    # first rewrite the generated blocks (README.md, results/README.md), then check
 
 `CHECKS` holds one entry per README phrase: the exact text as README.md has it (compared with runs
 of white space collapsed, so re-wrapping a paragraph changes nothing) and a function that rebuilds
@@ -12,7 +12,11 @@ README no longer has, and a phrase whose numbers (or beats/ties wording) the fil
 `<!-- /claims:NAME -->` that is written by a function (`--write`) instead of by hand; `check` also
 asserts each registered block's content equals its rendering.
 
-Reads results/ and benchmarks/ only (no model, no torch); standard library only, so it is fast.
+`RESULT_BLOCKS` does the same for results/README.md: the reading of each quality grid re-run
+under issue 20's tests, written from its `<grid>_paired.csv` (analysis/readings.py).
+
+Reads results/ and benchmarks/ only (no model, no torch); the checks use the standard library,
+the generated readings pandas.
 """
 from __future__ import annotations
 
@@ -421,13 +425,35 @@ CHECKS: list[Check] = [
 
 # Generated README blocks: name -> function returning the block's text. README.md holds it between
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
-BLOCKS: dict[str, Callable[[], str]] = {}
+# The quality readings come from the re-run grids' paired tables (analysis/readings.py, pandas).
+QUALITY_GRIDS = ("results/ablation_mini", "results/ablation_mini_olmoe")
+RULES_GRIDS: tuple[str, ...] = ()  # filled when the rules grids are re-run under issue 20's tests
 
 
-def generated_blocks() -> dict[str, str]:
+def _reading(grid: str) -> Callable[[], str]:
+    def render() -> str:
+        from analysis.readings import grid_reading
+
+        return grid_reading(ROOT / grid)
+    return render
+
+
+def _headline() -> str:
+    from analysis.readings import headline
+
+    return headline([ROOT / g for g in QUALITY_GRIDS])
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"quality": _headline}
+# The same for results/README.md: one reading per re-run grid.
+RESULTS_README = ROOT / "results" / "README.md"
+RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g) for g in (*QUALITY_GRIDS, *RULES_GRIDS)}
+
+
+def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:
     """Every registered block, rendered (text ending in one newline, or empty)."""
     out = {}
-    for name, fn in BLOCKS.items():
+    for name, fn in (BLOCKS if blocks is None else blocks).items():
         text = fn().strip("\n")
         out[name] = text + "\n" if text else ""
     return out
@@ -437,9 +463,9 @@ def _block_re(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- claims:{re.escape(name)}\b[^\n]*-->\n)(.*?)(<!-- /claims:{re.escape(name)} -->)", re.DOTALL)
 
 
-def write_blocks(readme_text: str) -> str:
+def write_blocks(readme_text: str, blocks: dict[str, Callable[[], str]] | None = None) -> str:
     """readme_text with each registered block's content replaced by its rendering."""
-    for name, text in generated_blocks().items():
+    for name, text in generated_blocks(blocks).items():
         pat = _block_re(name)
         if not pat.search(readme_text):
             raise ValueError(f"README has no <!-- claims:{name} --> ... <!-- /claims:{name} --> markers")
@@ -468,12 +494,18 @@ def check(readme_text: str) -> list[str]:
             continue
         if _flat(expected) != _flat(c.phrase):
             failures.append(f"[{c.name}] {c.source} gives: {expected!r}\n    README.md says: {c.phrase!r}")
-    for name, text in generated_blocks().items():
-        m = _block_re(name).search(readme_text)
+    return failures + check_blocks(readme_text, BLOCKS, "README.md")
+
+
+def check_blocks(text: str, blocks: dict[str, Callable[[], str]], where: str) -> list[str]:
+    """Each registered block of `where` present and equal to its rendering."""
+    failures = []
+    for name, rendered in generated_blocks(blocks).items():
+        m = _block_re(name).search(text)
         if not m:
-            failures.append(f"[block {name}] README.md has no <!-- claims:{name} --> markers")
-        elif m.group(2) != text:
-            failures.append(f"[block {name}] out of date: run `python -m analysis.claims --write`")
+            failures.append(f"[block {name}] {where} has no <!-- claims:{name} --> markers")
+        elif m.group(2) != rendered:
+            failures.append(f"[block {name}] {where} out of date: run `python -m analysis.claims --write`")
     return failures
 
 
@@ -490,10 +522,17 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(new)
             print(f"rewrote {', '.join(BLOCKS)} in {path}")
         text = new
-    failures = check(text)
+    results_text = RESULTS_README.read_text()
+    if args.write and RESULT_BLOCKS:
+        new = write_blocks(results_text, RESULT_BLOCKS)
+        if new != results_text:
+            RESULTS_README.write_text(new)
+            print(f"rewrote {', '.join(RESULT_BLOCKS)} in {RESULTS_README}")
+        results_text = new
+    failures = check(text) + check_blocks(results_text, RESULT_BLOCKS, "results/README.md")
     for f in failures:
         print(f)
-    print(f"{len(CHECKS)} phrases, {len(BLOCKS)} generated blocks: "
+    print(f"{len(CHECKS)} phrases, {len(BLOCKS) + len(RESULT_BLOCKS)} generated blocks: "
           f"{len(failures)} disagreement{'s' if len(failures) != 1 else ''}")
     return 1 if failures else 0
 

@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_readme_numbers_match_the_committed_files():
     failures = claims.check((ROOT / "README.md").read_text())
-    assert not failures, "README.md disagrees with the committed files:\n" + "\n".join(failures)
+    failures += claims.check_blocks((ROOT / "results/README.md").read_text(), claims.RESULT_BLOCKS, "results/README.md")
+    assert not failures, "the READMEs disagree with the committed files:\n" + "\n".join(failures)
 
 
 def test_an_altered_number_is_reported():
@@ -25,6 +26,7 @@ def test_a_phrase_the_file_no_longer_gives_is_reported(monkeypatch):
     check = claims.CHECKS[0]
     monkeypatch.setattr(claims, "CHECKS", [claims.Check(check.name, check.source, check.phrase,
                                                         lambda: check.render().replace("2.27×", "2.30×"))])
+    monkeypatch.setattr(claims, "BLOCKS", {})
     failures = claims.check((ROOT / "README.md").read_text())
     assert len(failures) == 1 and "gives" in failures[0] and "2.30×" in failures[0]
 
@@ -38,3 +40,34 @@ def test_generated_blocks_are_checked_and_written(monkeypatch):
     assert written == "intro\n<!-- claims:demo (generated) -->\n- generated line\n<!-- /claims:demo -->\nrest\n"
     assert claims.check(written) == []
     assert any("no <!-- claims:demo" in f for f in claims.check("no markers\n"))
+
+
+def _grid(tmp_path: Path) -> Path:
+    """A committed grid as analysis/ablation.py writes it: <grid>.csv, _paired.csv, .md."""
+    import pandas as pd
+
+    grid = tmp_path / "ablation_demo"
+    pd.DataFrame([{"method": "dense", "budget": None, "metric": "accuracy", "mean": 0.97}]).to_csv(
+        grid.with_suffix(".csv"), index=False)
+    rows = [("router_sum", 6, "accuracy", -0.05, "lower", 1e-6), ("oracle", 6, "accuracy", 0.001, "tie", 0.9),
+            ("top1_union", 6, "accuracy", -0.004, "inconclusive", 0.4), ("router_sum", 6, "kl", 0.1, "higher", 1e-9),
+            ("oracle", 6, "kl", -0.02, "lower", 1e-4)]
+    pd.DataFrame([{"method": m, "budget": b, "metric": k, "diff": d, "low": d - 0.01, "high": d + 0.01, "p": p,
+                   "call": c, "mdd": 0.03, "n": 1050} for m, b, k, d, c, p in rows]).to_csv(
+        tmp_path / "ablation_demo_paired.csv", index=False)
+    grid.with_suffix(".md").write_text("Made by ...\n\nModel mini, prompt pool: task pool_ablation, task.limit=150.\n")
+    return grid
+
+
+def test_a_reading_states_each_call_in_the_metrics_own_sense(tmp_path):
+    from analysis.readings import grid_reading, headline
+
+    text = grid_reading(_grid(tmp_path))
+    acc = next(line for line in text.splitlines() if line.startswith("- **accuracy**"))
+    kl = next(line for line in text.splitlines() if line.startswith("- **KL**"))
+    assert "worse than base: router_sum at M=6 (-0.050" in acc and "tie: oracle at M=6" in acc
+    assert "inconclusive: top1_union at M=6" in acc and "better than base" not in acc
+    # lower KL is better: the oracle's "lower" reads as better, router_sum's "higher" as worse
+    assert "better than base: oracle at M=6" in kl and "worse than base: router_sum at M=6" in kl
+    assert "5 calls, Holm-corrected" in text and "Dense accuracy 0.970" in text
+    assert "`mini`" in headline([_grid(tmp_path)]) and "pool of 1,050 held-out prompts" in headline([_grid(tmp_path)])
