@@ -427,7 +427,7 @@ CHECKS: list[Check] = [
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
 # The quality readings come from the re-run grids' paired tables (analysis/readings.py, pandas).
 QUALITY_GRIDS = ("results/ablation_mini", "results/ablation_mini_olmoe")
-RULES_GRIDS: tuple[str, ...] = ()  # filled when the rules grids are re-run under issue 20's tests
+RULES_GRIDS = ("results/rules_mini", "results/rules_mini_olmoe")
 
 
 def _reading(grid: str) -> Callable[[], str]:
