@@ -22,6 +22,7 @@ from tests.helpers import tiny_model_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a subprocess building gpt-oss-120b on the meta device (~10 s); the planning tests below stay fast
 def test_describe_a_model_larger_than_one_gpu(tmp_path):
     """gpt-oss-120b in bf16 on the meta device: 234 GB of weights, two H200s (141 GB) at batch 16."""
     cmd = [sys.executable, str(ROOT / "run.py"), f"outputs_dir={tmp_path}", "logger=none", "model=gpt_oss_120b",

@@ -241,6 +241,7 @@ def test_figures_with_some_data_missing_still_draw(outputs):
     assert F.kept_figure(w, "qs_fixture").empty is None
 
 
+@pytest.mark.slow  # every figure from outputs/ and results/ (~10 s); the results-only report below stays fast
 def test_make_report_writes_figures_and_a_markdown_that_embeds_them(tmp_path, outputs):
     from analysis.report import main
 
