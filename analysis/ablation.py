@@ -105,8 +105,8 @@ def _batches(g: pd.DataFrame) -> dict[str, np.ndarray]:
         sums = st.assign(batch=st["step"].map(batch_of_step)).groupby(["batch", "layer"])[list(out)].sum()
         sums = sums.unstack("layer").fillna(0.0)
         keys += [(s, b) for b in sums.index]
-        for k in out:
-            out[k].append(sums[k].to_numpy())
+        for k, parts in out.items():
+            parts.append(sums[k].to_numpy())
     return {"keys": np.array(keys), **{k: np.concatenate(v) for k, v in out.items()}}
 
 
@@ -205,13 +205,13 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
     wide = wide.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99)) if c.name == "method"
                             else c.map(lambda v: {"none": 1e8, "dense": 1e9}.get(v) or int(v))).reset_index(drop=True)
     seeds = int(table["seeds"].max())
-    text = [f"Value over {seeds} batching seed(s) [95 % interval: accuracy Wilson (one seed) or prompt bootstrap; "
+    text = [(f"Value over {seeds} batching seed(s) [95 % interval: accuracy Wilson (one seed) or prompt bootstrap; "
             "kl, dll, top1_agree prompt bootstrap, tokens weighted; energy_retained, out_error decode-batch "
             "bootstrap]; union_mean: distinct experts the active tokens route to per layer and decode step, before "
             "selection; occupancy_mean: requests decoding per step; kept_mean: experts kept per layer and step; "
             "energy_retained: sum w^2||E||^2 kept / routed; out_error: ||y_budget - y_dense||^2 / ||y_dense||^2 of "
             "the MoE output; kl: KL(dense || budget) per token; dll: log-likelihood change per token of the dense "
-            "continuation (teacher forcing); top1_agree: greedy tokens equal.\n", wide.to_markdown(index=False)]
+            "continuation (teacher forcing); top1_agree: greedy tokens equal.\n"), wide.to_markdown(index=False)]
     if not paired.empty:
         pw = paired.assign(cell=[_call_cell(r) for _, r in paired.iterrows()]).pivot_table(
             index=["budget", "method"], columns="metric", values="cell", aggfunc="first").reset_index()
@@ -226,8 +226,8 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
                  "where the Holm-corrected test of no difference rejects; tie where it does not and the "
                  "Holm-corrected equivalence test (TOST) against the margin passes; else inconclusive. "
                  + calls_summary(paired) + "\n", pw.to_markdown(index=False),
-                 f"\nAccuracy, discordant prompts: method right and {REF} wrong (a_only), the reverse "
-                 f"({REF}_only); exact McNemar p, Holm-adjusted, TOST p Holm-adjusted, minimal detectable difference.\n",
+                 (f"\nAccuracy, discordant prompts: method right and {REF} wrong (a_only), the reverse "
+                  f"({REF}_only); exact McNemar p, Holm-adjusted, TOST p Holm-adjusted, minimal detectable difference.\n"),
                  acc.to_markdown(index=False)]
     return "\n".join(text) + "\n"
 

@@ -91,7 +91,7 @@ def headline(grids: list[str | Path]) -> str:
         rows.append(f"  - `{model}` (`results/{Path(grid).name}.md`, {method_line(p).split(' (')[0]}): "
                     f"accuracy: {_verdicts(p, 'accuracy')}. KL: {_verdicts(p, 'kl')}.")
     n = " and ".join(f"{s:,}" for s in sorted(sizes))
-    return (f"- **Quality on the embedded models** (issue 20's grids: each model on its own pool of {n} "
+    return (f"- **Quality on the embedded models** (issue 20's ablation grids: both models on the ablation's own pool of {n} "
             "held-out prompts, one batching seed, batch 16; every rule minus `base` at the same budget, "
             "accuracy by the exact McNemar test, KL by a cluster bootstrap over prompts; Holm over each "
             "grid; `make ablation`, `make ablation ABLATION_EXP=ablation_mini_olmoe`):\n" + "\n".join(rows))

@@ -102,7 +102,7 @@ def tango_interval(a_only: int, b_only: int, n: int, level: float = 1 - ALPHA) -
 
     def edge(sign: int) -> float:
         end = sign * (1 - eps)
-        f = lambda d: tango_z(a_only, b_only, n, d) - sign * -z  # noqa: E731 - root of Z(delta) = -+z
+        f = lambda d: tango_z(a_only, b_only, n, d) - sign * -z
         if f(end) * sign > 0:  # not reached before the boundary: the interval runs to it
             return float(end)
         return float(optimize.brentq(f, est, end, xtol=1e-10))
@@ -156,7 +156,7 @@ def paired_ratio(num_a_P: np.ndarray, num_b_P: np.ndarray, den_P: np.ndarray, me
             return num[i].sum(-1) / np.clip(den[i].sum(-1), 1e-30, None)
         return (num[i].sum(-2) / np.clip(den[i].sum(-2), 1e-30, None)).mean(-1)
 
-    stat = lambda i: ratio(na, da, i) - ratio(nb, db, i)  # noqa: E731
+    stat = lambda i: ratio(na, da, i) - ratio(nb, db, i)
     diff = float(stat(np.arange(n)))
     low, high, se = _bootstrap(stat, n, seed)
     margin = MARGINS[metric]
@@ -212,7 +212,7 @@ def layer_ratio_interval(num_PL: np.ndarray, den_PL: np.ndarray, seed: int = 0) 
     """The mean over layers of sum(num) / sum(den), clusters (rows) resampled: one run's
     out_error or energy_retained with its 95 % interval."""
     num, den = np.asarray(num_PL, float), np.asarray(den_PL, float)
-    stat = lambda i: (num[i].sum(-2) / np.clip(den[i].sum(-2), 1e-30, None)).mean(-1)  # noqa: E731
+    stat = lambda i: (num[i].sum(-2) / np.clip(den[i].sum(-2), 1e-30, None)).mean(-1)
     low, high, _ = _bootstrap(stat, len(num), seed)
     return float(stat(np.arange(len(num)))), low, high
 
