@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.paired import load_samples, mcnemar_exact
+from analysis.paired import load_samples
+from analysis.stats import mcnemar_exact
 
 METRICS = ("union_mean", "kept_mean", "occupancy_mean", "accuracy")
 

@@ -18,8 +18,6 @@ import pandas as pd
 
 from analysis import stats as S
 
-mcnemar_exact = S.mcnemar_exact  # analysis/admission.py's counts over seeds use it directly
-
 
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
     path = Path(run_dir) / "samples.jsonl"

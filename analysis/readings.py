@@ -17,8 +17,6 @@ import pandas as pd
 from analysis import stats as S
 
 CALLS = ("higher", "lower", "tie", "inconclusive")
-# What a call means for the rule against base, per metric (higher accuracy is better, higher KL worse).
-BETTER = {"accuracy": "higher", "energy_retained": "higher", "kl": "lower", "dll": "higher", "out_error": "lower"}
 NAMES = {"accuracy": "accuracy", "kl": "KL", "dll": "log-likelihood change", "out_error": "MoE-output error",
          "energy_retained": "retained energy"}
 
@@ -38,7 +36,7 @@ def _cell(r: pd.Series, digits: int = 3) -> str:
 def _by_call(p: pd.DataFrame, metric: str) -> dict[str, list[str]]:
     """Rules per verdict against base, in the metric's own sense: better, worse, tie, inconclusive."""
     m = p[p["metric"] == metric].sort_values(["budget", "method"])
-    better = BETTER[metric]
+    better = "higher" if S.HIGHER_IS_BETTER[metric] else "lower"
     out: dict[str, list[str]] = {"better": [], "worse": [], "tie": [], "inconclusive": []}
     for _, r in m.iterrows():
         if r["call"] in ("higher", "lower"):
@@ -58,7 +56,7 @@ def _verdicts(p: pd.DataFrame, metric: str) -> str:
 def method_line(p: pd.DataFrame) -> str:
     n = int(p["p"].notna().sum())
     counts = p["call"].value_counts().reindex(list(CALLS), fill_value=0)
-    margins = ", ".join(f"{NAMES[m]} ±{S.MARGINS[m]:g}" for m in BETTER if m in set(p["metric"]))
+    margins = ", ".join(f"{NAMES[m]} ±{S.MARGINS[m]:g}" for m in S.HIGHER_IS_BETTER if m in set(p["metric"]))
     return (f"{n} calls, Holm-corrected at {S.ALPHA:g} ({counts['higher']} higher, {counts['lower']} lower, "
             f"{counts['tie']} tie, {counts['inconclusive']} inconclusive); tie means the equivalence test "
             f"passed against the margin ({margins})")
@@ -74,7 +72,7 @@ def grid_reading(grid: str | Path) -> str:
     lines = [f"`results/{name}_paired.csv` ({pool.rstrip('.')}; {method_line(p)}). "
              + (f"Dense accuracy {dense.iloc[0]:.3f}. " if len(dense) else "")
              + "Median minimal detectable difference (80 % power at the strictest Holm level): "
-             + ", ".join(f"{NAMES[m]} {mdd[m]:.3f}" for m in BETTER if m in mdd.index) + "."]
+             + ", ".join(f"{NAMES[m]} {mdd[m]:.3f}" for m in S.HIGHER_IS_BETTER if m in mdd.index) + "."]
     for metric in ("accuracy", "kl", "out_error", "energy_retained"):
         if metric in set(p["metric"]):
             lines.append(f"- **{NAMES[metric]}**: {_verdicts(p, metric)}.")

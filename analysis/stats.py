@@ -48,6 +48,9 @@ N_BOOT = 4000
 # Equivalence margins (the "tie" of each metric), in the metric's own units: 1 point of accuracy;
 # nats per token for KL and the log-likelihood change; the relative MoE-output error and the
 # retained energy in absolute fractions. About a tenth of what base loses at the grids' budgets.
+# Which way is better, per metric (dll: a log-likelihood change, closer to 0 from below is better).
+HIGHER_IS_BETTER = {"accuracy": True, "energy_retained": True, "kl": False, "dll": True, "out_error": False,
+                    "top1_agree": True}
 MARGINS = {"accuracy": 0.01, "kl": 0.005, "dll": 0.005, "out_error": 0.002, "energy_retained": 0.002}
 
 

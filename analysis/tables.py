@@ -17,9 +17,6 @@ from analysis.load import ROOT, Data
 METRICS = ("accuracy", "kept_mean", "union_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree")
 POINT = ["exp", "model", "variant", "budget", "batch_size"]
 REASSIGN = ("base", "base+drop", "base+similar")  # backfill (base's default) and the other modes
-# Which way is better, per paired metric (dll: a log-likelihood change, closer to 0 from below is better).
-HIGHER_IS_BETTER = {"accuracy": True, "energy_retained": True, "top1_agree": True, "dll": True, "kl": False,
-                    "out_error": False}
 PAIRED = ["exp", "variant", "budget", "metric", "diff", "low", "high", "p", "p_tost", "margin", "se", "n", "test",
           "a_only", "b_only", "p_holm", "p_tost_holm", "call", "mdd", "unit"]
 OLD_TEST = "uncorrected, percentile bootstrap; superseded where a grid was re-run"
@@ -272,7 +269,7 @@ def corrected(grid: pd.DataFrame) -> bool:
 
 
 def _better(metric: str, call: str) -> bool:
-    return call == ("higher" if HIGHER_IS_BETTER.get(metric, True) else "lower")
+    return call == ("higher" if S.HIGHER_IS_BETTER.get(metric, True) else "lower")
 
 
 def recommendations(paired: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:

@@ -113,7 +113,8 @@ def _samples(correct: list[int], prompt: str = "p") -> pd.DataFrame:
 
 
 def test_paired_comparison_counts_discordant_requests_and_tests_them_exactly():
-    from analysis.paired import mcnemar_exact, paired
+    from analysis.paired import paired
+    from analysis.stats import mcnemar_exact
 
     a = _samples([1] * 10 + [0] * 5 + [1] * 25)
     b = _samples([0] * 10 + [0] * 5 + [1] * 25)  # A alone right on 10 requests, B alone on none

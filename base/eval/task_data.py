@@ -20,3 +20,12 @@ def jsonl_split(path: Path, split: str = "test") -> datasets.DatasetDict:
     if not rows:
         raise ValueError(f"task data {path} holds no examples")
     return datasets.DatasetDict({split: datasets.Dataset.from_list(rows)})
+
+
+def domain_split(folder: Path, domain: str, remake: str) -> datasets.DatasetDict:
+    """The test split of one domain task: <domain>.jsonl in `folder` (the task's own), or a
+    FileNotFoundError naming the command `remake` that writes it."""
+    path = folder / f"{domain}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; run `{remake}`")
+    return jsonl_split(path)
