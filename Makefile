@@ -80,10 +80,11 @@ ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mi
 	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) eval.seed=$(ABLATION_SEEDS)
 	$(PY) -m analysis.ablation outputs/$(ABLATION_EXP) results/$(ABLATION_EXP)
 
-# Every selector at every budget over batching seeds with the fidelity metrics (200 prompts per run):
-# QS_EXP=quality_seeds_mini_olmoe for the second embedded model.
+# Every selector at every budget with the fidelity metrics on the quality pool (1,050 prompts per run):
+# QS_EXP=quality_seeds_mini_olmoe for the second embedded model, *_continuous for continuous batching.
+# On a many-core host, python -m experiments.run_points --jobs N runs the same points in parallel.
 QS_EXP ?= quality_seeds_mini
-quality-seeds: $(STAMP)  ## all selectors x budgets x 3 batching seeds, intervals and paired tests (QS_EXP=quality_seeds_mini_olmoe) -> results/$(QS_EXP).*
+quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired tests (QS_EXP=quality_seeds_mini_olmoe) -> results/$(QS_EXP).*
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=dense budget=null
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP)

@@ -71,7 +71,7 @@ def _samples(run_dir: str) -> pd.DataFrame:
     return pd.read_json(Path(run_dir) / "samples.jsonl", lines=True)
 
 
-def _prompts(g: pd.DataFrame) -> pd.DataFrame:
+def prompts_of(g: pd.DataFrame) -> pd.DataFrame:
     """Per prompt over the runs (seeds) of one point: correct averaged, fidelity sums added."""
     frames = [_samples(d).assign(seed=s) for s, d in zip(g["seed"], g["dir"])]
     df = pd.concat(frames, ignore_index=True)
@@ -115,7 +115,7 @@ def run_table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (method, budget), g in df.groupby(["method", "budget"], dropna=False):
         row = {"method": method, "budget": budget, "seeds": len(g)}
-        p = _prompts(g)
+        p = prompts_of(g)
         values = {"accuracy": (*S.accuracy_interval(p["correct"].to_numpy()), "prompts")}
         if "kl_sum" in p and p["fidelity_tokens"].sum() > 0:
             for m, col in (("kl", "kl_sum"), ("dll", "dll_sum"), ("top1_agree", "agree_sum")):
@@ -142,7 +142,7 @@ def paired_table(df: pd.DataFrame, ref: str = REF) -> pd.DataFrame:
             if not seeds:
                 continue
             gm, gb = g[g["seed"].isin(seeds)], base[base["seed"].isin(seeds)]
-            pm, pb = _prompts(gm), _prompts(gb)
+            pm, pb = prompts_of(gm), prompts_of(gb)
             j = pm.add_suffix("_m").join(pb.add_suffix("_b"), how="inner")
             if len(j) != len(pm) or len(j) != len(pb) or (j["prompt_hash_m"] != j["prompt_hash_b"]).any():
                 raise ValueError(f"{method} and {ref} at M={budget}: different prompts; not a paired comparison")

@@ -235,16 +235,12 @@ def _grid(rel: str) -> dict[tuple[str, str, str], float]:
     return {(r["method"], r["budget"], r["metric"]): float(r["mean"]) for r in _rows(rel) if r["mean"] != ""}
 
 
-def _active_16() -> dict[str, float]:
-    return {r["model"]: float(r["active_16"]) for r in _rows(ROUTING) if r["layer"] == "mean"}
-
-
 def continuous_batches() -> str:
     occ = {m: _grid(f"results/quality_seeds_{m}_continuous.csv")[("dense", "", "occupancy_mean")]
            for m in ("mini", "mini_olmoe")}
-    static = _active_16()
+    static = [_grid(f"results/quality_seeds_{m}.csv")[("dense", "", "occupancy_mean")] for m in ("mini", "mini_olmoe")]
     cont = _rng(occ.values(), ".1f", " and ")
-    stat = _rng([static["mini"], static["mini_olmoe"]], ".1f", " and ")
+    stat = _rng(static, ".1f", " and ")
     un = {m: (_grid(f"results/quality_seeds_{m}.csv")[("dense", "", "kept_mean")],  # static dense keeps the union
               _grid(f"results/quality_seeds_{m}_continuous.csv")[("dense", "", "union_mean")])
           for m in ("mini", "mini_olmoe")}
@@ -253,44 +249,22 @@ def continuous_batches() -> str:
             f"{un['mini_olmoe'][1]:.1f})")
 
 
-BUDGETED = ("base", "router_sum", "router_sq", "calib_energy", "calib_freq", "count", "oracle", "top1_union")
-
-
-def _falls_up_to(model: str) -> int | None:
-    """The largest budget B such that every budgeted selector's accuracy is lower under continuous
-    batching than under static at every budget <= B (None if not even at the smallest)."""
-    s, c = _grid(f"results/quality_seeds_{model}.csv"), _grid(f"results/quality_seeds_{model}_continuous.csv")
-    budgets = sorted({k[1] for k in c if k[1] and k[0] in BUDGETED}, key=float)
-    best = None
-    for b in budgets:
-        keys = [(m, b, "accuracy") for m in BUDGETED if (m, b, "accuracy") in c]
-        if not (keys and all(c[k] < s[k] for k in keys)):
-            break
-        best = int(float(b))
-    return best
+def _shift(model: str) -> list[dict[str, str]]:
+    """Continuous minus static accuracy per point (analysis/batching.py)."""
+    return _rows(f"results/quality_seeds_{model}_batching.csv")
 
 
 def continuous_accuracy() -> str:
-    s, c = _grid("results/quality_seeds_mini.csv"), _grid("results/quality_seeds_mini_continuous.csv")
-    b8 = lambda g, m: next(v for (m_, b, k), v in g.items() if m_ == m and b and float(b) == 8 and k == "accuracy")
-    return (f"accuracy falls for every budgeted selector at M ≤ {_falls_up_to('mini')} on `mini` and M ≤ "
-            f"{_falls_up_to('mini_olmoe')} on `mini_olmoe` (base at M=8: {b8(s, 'base'):.3f} to {b8(c, 'base'):.3f}; "
-            f"router_sum {b8(s, 'router_sum'):.3f} to {b8(c, 'router_sum'):.3f})")
-
-
-def _call(rel: str, method: str, budget: int, metric: str = "accuracy") -> str:
-    return next(r["call"] for r in _rows(rel)
-                if r["method"] == method and float(r["budget"]) == budget and r["metric"] == metric)
-
-
-def continuous_calls() -> str:
-    def change(model: str, budget: int) -> str:
-        before = _call(f"results/quality_seeds_{model}_paired.csv", "router_sum", budget) != "tie"
-        after = _call(f"results/quality_seeds_{model}_continuous_paired.csv", "router_sum", budget) != "tie"
-        return {(True, False): "is no longer a difference", (False, True): "now is",
-                (True, True): "is still a difference", (False, False): "is still not one"}[(before, after)]
-    return (f"on `mini` router_sum − base at M=10 {change('mini', 10)} and on `mini_olmoe` at M=9 it "
-            f"{change('mini_olmoe', 9)}")
+    budgeted = {m: [r for r in _shift(m) if r["budget"]] for m in ("mini", "mini_olmoe")}  # dense, oea: none
+    lower = {m: f"{sum(r['call'] == 'lower' for r in rows)} of {len(rows)}" for m, rows in budgeted.items()}
+    higher = sum(r["call"] == "higher" for rows in budgeted.values() for r in rows)
+    dense = [_one(_shift(m), "batching shift", method="dense") for m in budgeted]
+    same = all(d["a_only"] == d["b_only"] == "0" for d in dense)
+    base8 = _one(_shift("mini"), "batching shift", method="base", budget="8")
+    return (f"accuracy is lower under continuous batching at {lower['mini']} selector-budget points on `mini` and "
+            f"{lower['mini_olmoe']} on `mini_olmoe` and higher at {higher or 'none'} (exact McNemar, Holm over each "
+            f"grid; base at M=8 on `mini`: {float(base8['static']):.3f} to {float(base8['continuous']):.3f}), while "
+            f"dense {'gives the same answer to every prompt under both' if same else 'changes answers between them'}")
 
 
 # ------------------------------------------------------------------------------------ request streams
@@ -400,15 +374,11 @@ CHECKS: list[Check] = [
           "(86.5–90.4 %) and the dense union at T=8–64 (81.3–92.5 %); the other 17 stay below: every M at T=1 "
           "(56.2–57.5 %), M=8 and M=16 at T=8–64 (44.5–71.6 %), M=32 at T=16–64 (70.0–79.5 %) and M=64 at T=64 "
           "(76.9 %)", kernel_bandwidth),
-    Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}{,_continuous}.csv, " + ROUTING,
-          "the mini evaluations decode 14.1 requests per step instead of 6.2, the dense union to cut grows from 11.6 "
-          "to 21.5 experts (`mini_olmoe`: 18.1 to 27.8)", continuous_batches),
     Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}{,_continuous}.csv",
-          "accuracy falls for every budgeted selector at M ≤ 10 on `mini` and M ≤ 9 on `mini_olmoe` (base at M=8: "
-          "0.980 to 0.950; router_sum 0.948 to 0.908)", continuous_accuracy),
-    Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}{,_continuous}_paired.csv",
-          "on `mini` router_sum − base at M=10 is no longer a difference and on `mini_olmoe` at M=9 it now is",
-          continuous_calls),
+          "the mini evaluations decode 15.8 requests per step instead of 6.0, the dense union to cut grows from 11.8 "
+          "to 23.6 experts (`mini_olmoe`: 18.4 to 30.0)", continuous_batches),
+    Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}_batching.csv",
+          "accuracy is lower under continuous batching at 18 of 32 selector-budget points on `mini` and 11 of 24 on `mini_olmoe` and higher at none (exact McNemar, Holm over each grid; base at M=8 on `mini`: 0.970 to 0.938), while dense gives the same answer to every prompt under both", continuous_accuracy),
     Check("Request streams on an H200", STREAM + ", results/stream/runs/*/report.json",
           "(Qwen3-30B-A3B shape, 16 and 64 slots, prompts 128–512 tokens)", stream_setup),
     Check("Request streams on an H200", STREAM,
@@ -428,6 +398,8 @@ CHECKS: list[Check] = [
 # The quality readings come from the re-run grids' paired tables (analysis/readings.py, pandas).
 QUALITY_GRIDS = ("results/ablation_mini", "results/ablation_mini_olmoe")
 RULES_GRIDS = ("results/rules_mini", "results/rules_mini_olmoe")
+SEEDS_GRIDS = tuple(f"results/quality_seeds_{m}{b}" for m in ("mini", "mini_olmoe") for b in ("", "_continuous"))
+SERVING_GRIDS = ("results/quality_seeds_mini_continuous", "results/quality_seeds_mini_olmoe_continuous")
 
 
 def _reading(grid: str) -> Callable[[], str]:
@@ -439,15 +411,32 @@ def _reading(grid: str) -> Callable[[], str]:
 
 
 def _headline() -> str:
-    from analysis.readings import headline
+    from analysis.readings import headline, prompts_per_run
 
-    return headline([ROOT / g for g in QUALITY_GRIDS])
+    grids = [ROOT / g for g in QUALITY_GRIDS]
+    return headline(grids, f"- **Quality on the embedded models** (issue 20's ablation grids: both models on the "
+                    f"ablation's own pool of {prompts_per_run(grids)} held-out prompts, one batching seed, batch 16, "
+                    "static batches; every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL "
+                    "by a cluster bootstrap over prompts; Holm over each grid; `make ablation`, `make ablation "
+                    "ABLATION_EXP=ablation_mini_olmoe`):")
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"quality": _headline}
+def _serving() -> str:
+    from analysis.readings import headline, prompts_per_run
+
+    grids = [ROOT / g for g in SERVING_GRIDS]
+    return headline(grids, f"- **Quality at full batches** (the quality grids under continuous batching, as a server "
+                    f"batches: both models on the quality pool's {prompts_per_run(grids)} held-out prompts, 16 slots "
+                    "refilled as requests finish; every rule minus `base` at the same budget by the exact McNemar "
+                    "test, Holm over each grid; `make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
+                    "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",))
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"quality": _headline, "serving": _serving}
 # The same for results/README.md: one reading per re-run grid.
 RESULTS_README = ROOT / "results" / "README.md"
-RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g) for g in (*QUALITY_GRIDS, *RULES_GRIDS)}
+RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
+                                               for g in (*QUALITY_GRIDS, *RULES_GRIDS, *SEEDS_GRIDS)}
 
 
 def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:

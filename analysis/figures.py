@@ -212,7 +212,7 @@ def _yerr(g: pd.DataFrame, col: str):
     return np.vstack([(g[col] - low).fillna(0).to_numpy(float), (high - g[col]).fillna(0).to_numpy(float)]).clip(0)
 
 
-# ---- 2: accuracy vs kept experts, bands over batching seeds ------------------------------------
+# ---- 2: accuracy vs kept experts, bands over seeds or prompts -----------------------------------
 def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
     name, title = f"fig2_accuracy_kept_{exp}", f"Accuracy vs experts kept: {exp}"
     if w.empty or "accuracy" not in w or "kept_mean" not in w:
@@ -238,6 +238,7 @@ def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
         _legend(fig, [ax])
     seeds = int(w["n"].max())
     band = ("bands: range (min to max) over batching seeds" if seeds > 1 else
+            "bands: the committed 95 % interval over prompts (Wilson)" if w["accuracy_low"].notna().any() else
             "one batching seed per point: no interval (make quality SEEDS=0,1,2 adds them)")
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
                f"({_seeds(seeds)} per point). One curve per selector across budgets M; squares: rules "

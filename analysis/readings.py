@@ -2,7 +2,7 @@
 cannot drift from the data (analysis/claims.py registers them as generated blocks).
 
     text = grid_reading("results/ablation_mini")       # one grid: every call against base, by metric
-    text = headline(["results/ablation_mini", ...])    # the README's headline bullet
+    text = headline(["results/ablation_mini", ...], intro)  # a README headline bullet
 
 Each reading says which test made the calls, how many calls the grid has and the correction, the
 equivalence margins, and lists the rules per call; it states numbers only as they are in the
@@ -79,17 +79,19 @@ def grid_reading(grid: str | Path) -> str:
     return "\n".join(lines)
 
 
-def headline(grids: list[str | Path]) -> str:
-    """The README's quality bullet: accuracy and KL calls of each grid, one line per model."""
-    rows, sizes = [], set()
+def headline(grids: list[str | Path], intro: str, metrics: tuple[str, ...] = ("accuracy", "kl")) -> str:
+    """A README headline bullet: `intro`, then the calls of each grid in `metrics`, one line per model."""
+    rows = []
     for grid in grids:
         _, p, pool = load(grid)
         model = pool.split(",")[0].replace("Model ", "")
-        sizes.add(int(p.loc[p["metric"] == "accuracy", "n"].iloc[0]))
-        rows.append(f"  - `{model}` (`results/{Path(grid).name}.md`, {method_line(p).split(' (')[0]}): "
-                    f"accuracy: {_verdicts(p, 'accuracy')}. KL: {_verdicts(p, 'kl')}.")
-    n = " and ".join(f"{s:,}" for s in sorted(sizes))
-    return (f"- **Quality on the embedded models** (issue 20's ablation grids: both models on the ablation's own pool of {n} "
-            "held-out prompts, one batching seed, batch 16; every rule minus `base` at the same budget, "
-            "accuracy by the exact McNemar test, KL by a cluster bootstrap over prompts; Holm over each "
-            "grid; `make ablation`, `make ablation ABLATION_EXP=ablation_mini_olmoe`):\n" + "\n".join(rows))
+        calls = " ".join(f"{NAMES[m][0].upper() + NAMES[m][1:] if i else NAMES[m]}: {_verdicts(p, m)}."
+                         for i, m in enumerate(metrics))
+        rows.append(f"  - `{model}` (`results/{Path(grid).name}.md`, {method_line(p).split(' (')[0]}): {calls}")
+    return intro + "\n" + "\n".join(rows)
+
+
+def prompts_per_run(grids: list[str | Path]) -> str:
+    """'1,050' (or '1,050 and 700'): prompts behind each accuracy call of the grids."""
+    sizes = {int(load(g)[1].query("metric == 'accuracy'")["n"].iloc[0]) for g in grids}
+    return " and ".join(f"{s:,}" for s in sorted(sizes))

@@ -20,6 +20,7 @@ Shapes: B rows, S prompt positions, V vocabulary.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -35,10 +36,17 @@ def _positions(mask_BS: Tensor) -> Tensor:
     return (mask_BS.long().cumsum(-1) - 1).clamp_min(0)
 
 
+def _cache_kwarg(model: nn.Module) -> str:
+    """transformers renamed `past_key_values` to `cache` within the supported range (>=5.17): an
+    unknown keyword would be swallowed by **kwargs and every step would run without its cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _step(model: nn.Module, ids_BS: Tensor, mask_BS: Tensor, cache: Any) -> tuple[Tensor, Any]:
     pos_BS = _positions(mask_BS)[:, -ids_BS.shape[1]:]
-    out = model(input_ids=ids_BS, attention_mask=mask_BS, position_ids=pos_BS, cache=cache, use_cache=True)
-    return out.logits[:, -1].to(torch.float64), out.cache  # (B, V)
+    key = _cache_kwarg(model)
+    out = model(input_ids=ids_BS, attention_mask=mask_BS, position_ids=pos_BS, use_cache=True, **{key: cache})
+    return out.logits[:, -1].to(torch.float64), getattr(out, key)  # (B, V)
 
 
 @torch.no_grad()

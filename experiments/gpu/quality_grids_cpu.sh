@@ -18,17 +18,18 @@ t0=$(date +%s)
 source experiments/gpu/env.sh
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= HF_DATASETS_OFFLINE=1
 OUT=${OUT:-outputs/packed}; mkdir -p "$OUT"
-EXPS="quality_seeds_mini quality_seeds_mini_olmoe quality_seeds_mini_continuous quality_seeds_mini_olmoe_continuous"
+EXPS=${EXPS:-"quality_seeds_mini quality_seeds_mini_olmoe quality_seeds_mini_continuous quality_seeds_mini_olmoe_continuous"}
 
+if [ "${RESTART:-0}" = 1 ]; then pkill -f "m experiments[.]run_points"; sleep 1; fi
 if ! pgrep -f "experiments.run_points" >/dev/null; then
-  nproc; lscpu | grep -E "^Model name" ; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
+  nproc --all; lscpu | grep -E "^Model name" ; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
   # each model's calibration and predictor fit once, with all cores, before 16 points wait on its lock
   OMP_NUM_THREADS=8 python3 run.py experiment=quality_seeds_mini exp_name=prefit stage=fit logger=none > outputs/prefit_mini.log 2>&1 &
   OMP_NUM_THREADS=8 python3 run.py experiment=quality_seeds_mini_olmoe exp_name=prefit stage=fit logger=none > outputs/prefit_olmoe.log 2>&1 &
   wait
   tail -n 2 outputs/prefit_*.log
   echo "prefit done after $(( $(date +%s) - t0 )) s"
-  setsid nohup python3 -m experiments.run_points --jobs "$(nproc)" $EXPS \
+  setsid nohup python3 -m experiments.run_points --jobs "$(nproc --all)" $EXPS \
     --extra "method=dense budget=null" --extra "method=oea method.k0=1,2 budget=null" \
     > outputs/run_points.log 2>&1 < /dev/null &
   sleep 5

@@ -1,0 +1,74 @@
+"""What continuous batching does to accuracy: each point of a grid run under both batchings,
+continuous minus static over the same prompts (issue 18's comparison, under issue 20's tests).
+
+    python -m analysis.batching outputs/quality_seeds_mini outputs/quality_seeds_mini_continuous \
+        results/quality_seeds_mini_batching
+
+Points are matched by (method, budget) and must score the same prompts (prompt hashes compared).
+Accuracy by the exact McNemar test with Tango's score interval (analysis/stats.py), every point of
+the pair of grids one Holm family; the call is "lower" where continuous batching scores lower,
+"tie" where the equivalence test against the 1-point margin passes. Writes <dest>.csv and <dest>.md.
+Reads outputs/ and writes results/ only.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import stats as S
+from analysis.ablation import prompts_of, runs
+
+
+def shift_table(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
+    """Continuous minus static per (method, budget) both grids ran, with the grid's calls."""
+    if set(static["batching"]) != {"static"} or set(continuous["batching"]) != {"continuous"}:
+        raise SystemExit("the first folder must hold static runs and the second continuous ones "
+                         f"(got {sorted(set(static['batching']))} and {sorted(set(continuous['batching']))})")
+    rows = []
+    key = lambda df: df["method"] + "@" + df["budget"].astype("string").fillna("none")  # dense, oea: no budget
+    for _, gc in continuous.groupby(key(continuous)):
+        method, budget = gc["method"].iloc[0], gc["budget"].iloc[0]
+        gs = static[key(static) == key(gc).iloc[0]]
+        if gs.empty:
+            continue
+        pc, ps = prompts_of(gc), prompts_of(gs)
+        j = pc.add_suffix("_c").join(ps.add_suffix("_s"), how="inner")
+        if len(j) != len(pc) or len(j) != len(ps) or (j["prompt_hash_c"] != j["prompt_hash_s"]).any():
+            raise SystemExit(f"{method} at budget {budget}: the two batchings scored different prompts")
+        c = S.paired_accuracy(j["correct_c"].to_numpy(), j["correct_s"].to_numpy())
+        rows.append({"method": method, "budget": budget, "metric": "accuracy", "static": ps["correct"].mean(),
+                     "continuous": pc["correct"].mean(), "unit": f"prompts ({len(j)})", **c.row()})
+    if not rows:
+        raise SystemExit("no (method, budget) point was run under both batchings")
+    return S.grid_calls(pd.DataFrame(rows))
+
+
+def markdown(t: pd.DataFrame, static_dir: str, continuous_dir: str, dest: str) -> str:
+    counts = t["call"].value_counts().reindex(["higher", "lower", "tie", "inconclusive"], fill_value=0)
+    show = t.assign(budget=t["budget"].astype("string").fillna("none"),
+                    difference=[f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in zip(t["diff"], t["low"], t["high"])],
+                    discordant=[f"{a} / {b}" for a, b in zip(t["a_only"], t["b_only"])])
+    cols = ["budget", "method", "static", "continuous", "difference", "discordant", "p_holm", "call"]
+    return (f"Made by `python -m analysis.batching {static_dir} {continuous_dir} {dest}`.\n\n"
+            "Accuracy under continuous batching minus static batching, the same prompts and selector "
+            "(discordant: prompts only continuous / only static got right); exact McNemar, Tango's "
+            f"score interval, Holm over the {len(t)} points at {S.ALPHA:g}; tie: TOST within "
+            f"±{S.MARGINS['accuracy']:g}. Calls: {counts['higher']} higher, {counts['lower']} lower, "
+            f"{counts['tie']} tie, {counts['inconclusive']} inconclusive.\n\n"
+            + show[cols].to_markdown(index=False, floatfmt=".3f") + "\n")
+
+
+def main(static_dir: str, continuous_dir: str, dest: str) -> None:
+    t = shift_table(runs(static_dir), runs(continuous_dir))
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(f"{dest}.csv", index=False)
+    Path(f"{dest}.md").write_text(markdown(t, static_dir, continuous_dir, dest))
+    print(Path(f"{dest}.md").read_text())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        raise SystemExit("usage: python -m analysis.batching <static grid folder> <continuous grid folder> <dest>")
+    main(*sys.argv[1:])
