@@ -6,9 +6,10 @@ Reads the evaluate runs of one experiment folder (`conf/experiment/admission_*.y
 batching, eval.admission=fifo,union, several eval.seed) and pairs each union run with the FIFO run
 of the same method, budget and seed. Per (method, budget): each admission's mean over seeds of the
 union before selection, kept experts, occupancy and accuracy; union minus FIFO per seed (every
-seed's sign is listed, no interval over so few seeds); and for accuracy the discordant (seed,
-prompt) pairs with the exact McNemar p (pairs of one prompt under several seeds are not
-independent: read p as descriptive). Writes <dest>.csv and <dest>.md.
+seed's sign is listed, no interval over so few seeds); and accuracy union minus FIFO over prompts
+(analysis/stats.py: the exact McNemar test for one seed; for several, each prompt's accuracy
+averaged over its seeds and a sign-flip permutation test over prompts, so a prompt counts once),
+Holm-corrected over the table's comparisons, with its call. Writes <dest>.csv and <dest>.md.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import stats as S
 from analysis.paired import load_samples
-from analysis.stats import mcnemar_exact
 
 METRICS = ("union_mean", "kept_mean", "occupancy_mean", "accuracy")
 
@@ -50,15 +51,22 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_fifo"] = fifo.loc[seeds, m].mean()
             row[f"{m}_union"] = union.loc[seeds, m].mean()
             row[f"{m}_diff_by_seed"] = " ".join(f"{union.loc[s, m] - fifo.loc[s, m]:+.3f}" for s in seeds)
-        union_only = fifo_only = 0
+        per_seed = []
         for s in seeds:
             j = load_samples(union.loc[s, "dir"]).merge(load_samples(fifo.loc[s, "dir"]), on=["task", "doc_id"],
                                                        suffixes=("_u", "_f"))
-            union_only += int(((j["correct_u"] > 0.5) & (j["correct_f"] <= 0.5)).sum())
-            fifo_only += int(((j["correct_f"] > 0.5) & (j["correct_u"] <= 0.5)).sum())
-        row.update(union_only=union_only, fifo_only=fifo_only, mcnemar_p=mcnemar_exact(union_only, fifo_only))
+            if (j["prompt_hash_u"] != j["prompt_hash_f"]).any():
+                raise SystemExit(f"{method} seed {s}: the two admissions scored different prompts")
+            per_seed.append(j.set_index(["task", "doc_id"])[["correct_u", "correct_f"]])
+        by_prompt = pd.concat(per_seed).groupby(level=[0, 1]).mean()  # a prompt counts once, seeds nested
+        c = S.paired_accuracy(by_prompt["correct_u"].to_numpy(), by_prompt["correct_f"].to_numpy())
+        row.update(accuracy_diff=c.diff, accuracy_low=c.low, accuracy_high=c.high, prompts=c.n, test=c.test,
+                   p=c.p, p_tost=c.p_tost)
         out.append(row)
-    return pd.DataFrame(out)
+    t = pd.DataFrame(out)
+    t["p_holm"], t["p_tost_holm"] = S.holm(t["p"].to_numpy()), S.holm(t["p_tost"].to_numpy())
+    t["call"] = [S.call(d, p, q) for d, p, q in zip(t["accuracy_diff"], t["p_holm"], t["p_tost_holm"])]
+    return t
 
 
 def main(src: str, dest: str) -> None:
@@ -67,8 +75,9 @@ def main(src: str, dest: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
     text = (f"Union-aware admission against FIFO, from {src} (`python -m analysis.admission {src} {dest}`): "
-            "means over the seeds both have, union minus FIFO per seed, and accuracy's discordant (seed, prompt) "
-            "pairs with the exact McNemar p.\n\n" + table.round(4).to_markdown(index=False) + "\n")
+            "means over the seeds both have, union minus FIFO per seed, and accuracy union minus FIFO over "
+            f"prompts (each prompt's accuracy averaged over its seeds; test named per row), Holm over the {len(table)} "
+            f"rows, tie by the equivalence test within ±{S.MARGINS['accuracy']:g}.\n\n" + table.round(4).to_markdown(index=False) + "\n")
     out.with_suffix(".md").write_text(text)
     print(text)
 

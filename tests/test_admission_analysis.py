@@ -1,5 +1,6 @@
 """analysis/admission.py on hand-made run folders: FIFO and union runs paired by method, budget and
-seed; the union difference per seed and accuracy's discordant pairs with the exact McNemar p."""
+seed; the union difference per seed, and accuracy over prompts with a prompt counted once however
+many seeds score it (issue 20: (seed, prompt) pairs are not independent units)."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,15 @@ def test_union_runs_pair_with_fifo_runs_of_the_same_seed(tmp_path):
     _run(tmp_path, "u1", "union", 1, 21.5, [1, 1, 1, 1])
     row = compare(runs(tmp_path)).iloc[0]
     assert row["seeds"] == 2 and row["union_mean_diff_by_seed"] == "-1.000 -0.500"
-    assert (row["union_only"], row["fifo_only"]) == (3, 1)  # seed 0: docs 2, 3 vs doc 1; seed 1: doc 3
-    assert row["mcnemar_p"] == 0.625  # 4 discordant, 1 of them one way: 2 * 5/16
+    # per prompt over the two seeds, union - fifo: doc0 0, doc1 -0.5, doc2 +0.5, doc3 +1
+    assert row["prompts"] == 4 and row["accuracy_diff"] == 0.25
+    assert "permutation" in row["test"] and row["call"] == "inconclusive"  # four prompts decide nothing
     assert pd.isna(row["budget"]) is False and row["accuracy_union"] == (0.75 + 1.0) / 2
+
+
+def test_one_seed_uses_the_exact_test_on_prompts(tmp_path):
+    _run(tmp_path, "f0", "fifo", 0, 21.0, [0, 0, 0, 0, 0, 1])
+    _run(tmp_path, "u0", "union", 0, 20.0, [1, 1, 1, 1, 1, 1])
+    row = compare(runs(tmp_path)).iloc[0]
+    assert row["prompts"] == 6 and row["test"].startswith("exact McNemar")
+    assert row["p"] == 0.0625  # 5 discordant, all one way: 2 * (1/2)^5

@@ -113,3 +113,30 @@ def test_eval_seed_changes_the_batching_only(compose, tmp_path):
     same = pd.read_json(again / "samples.jsonl", lines=True).sort_values("doc_id")
     assert list(same["decode_batch"]) == list(s1["decode_batch"])
     assert json.loads((again / "report.json").read_text())["eval"]["batch_seed"] == 1
+
+
+def test_the_cache_goes_in_under_the_keyword_the_model_takes():
+    """transformers >= 5.17 (the supported range) renamed past_key_values to cache; a model's
+    **kwargs would swallow the wrong name and every teacher-forced step would run without a cache."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from base.eval.fidelity import _step
+
+    class Old(nn.Module):  # transformers 5.17's keyword
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=None, **kwargs):
+            assert not kwargs, f"unexpected keywords {sorted(kwargs)}"
+            return SimpleNamespace(logits=torch.zeros(1, 1, 3), past_key_values=("grown", past_key_values))
+
+    class New(nn.Module):  # the later one
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                    **kwargs):
+            assert not kwargs, f"unexpected keywords {sorted(kwargs)}"
+            return SimpleNamespace(logits=torch.zeros(1, 1, 3), cache=("grown", cache))
+
+    ids, mask = torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long)
+    for model in (Old(), New()):
+        _, cache = _step(model, ids, mask, "previous")
+        assert cache == ("grown", "previous")
