@@ -328,6 +328,16 @@ def routing_first_choices() -> str:
             f"keeps {' / '.join(sorted(k))} experts")
 
 
+def routing_full_batches() -> str:
+    kept = {m: _grid(f"results/quality_seeds_{m}_continuous.csv")[("oea(k0=1)", "", "kept_mean")]
+            for m in ("mini", "mini_olmoe")}
+    active = _rng([_grid(f"results/quality_seeds_{m}.csv")[("dense", "", "occupancy_mean")]
+                   for m in ("mini", "mini_olmoe")], ".0f", " and ")
+    return (f"in static batches, where about {active} requests are still decoding per step; at full batches "
+            f"(continuous batching) `oea` k0=1 keeps {kept['mini']:.1f} experts on `mini` and "
+            f"{kept['mini_olmoe']:.1f} on `mini_olmoe`")
+
+
 def routing_oea_cost() -> str:
     mini = _paired_md("results/routing/paired_oea_mini.md", "outputs/routing_check_mini/budget=null,method=dense",
                       "outputs/routing_check_mini/budget=null,method.k0=1,method=oea")
@@ -388,6 +398,9 @@ CHECKS: list[Check] = [
     Check("Routing realism", ROUTING + ", results/quality_mini{,_olmoe}.csv",
           "both embedded models have about 4 distinct first choices per decode step, so `oea` k0=1 keeps about 4 "
           "experts", routing_first_choices),
+    Check("Routing realism", "results/quality_seeds_mini{,_olmoe}{,_continuous}.csv",
+          "in static batches, where about 6 requests are still decoding per step; at full batches (continuous "
+          "batching) `oea` k0=1 keeps 9.5 experts on `mini` and 9.7 on `mini_olmoe`", routing_full_batches),
     Check("Routing realism", "results/routing/paired_oea_mini.md, results/quality_mini_olmoe_paired.md",
           "costs dense − oea +0.009 [+0.004, +0.014] on `mini` and +0.019 [+0.011, +0.028] on `mini_olmoe`, a "
           "difference on both", routing_oea_cost),

@@ -46,10 +46,14 @@ def _by_call(p: pd.DataFrame, metric: str) -> dict[str, list[str]]:
     return out
 
 
-def _verdicts(p: pd.DataFrame, metric: str) -> str:
+def _verdicts(p: pd.DataFrame, metric: str, list_inconclusive: bool = True) -> str:
     v = _by_call(p, metric)
     parts = [f"{k} than base: {', '.join(v[k])}" for k in ("better", "worse") if v[k]]
-    parts += [f"{k}: {', '.join(v[k])}" for k in ("tie", "inconclusive") if v[k]]
+    if v["tie"]:
+        parts.append(f"tie: {', '.join(v['tie'])}")
+    if v["inconclusive"]:
+        parts.append(f"inconclusive: {', '.join(v['inconclusive'])}" if list_inconclusive else
+                     f"{len(v['inconclusive'])} inconclusive")
     return "; ".join(parts) if parts else "no comparison"
 
 
@@ -85,7 +89,7 @@ def headline(grids: list[str | Path], intro: str, metrics: tuple[str, ...] = ("a
     for grid in grids:
         _, p, pool = load(grid)
         model = pool.split(",")[0].replace("Model ", "")
-        calls = " ".join(f"{NAMES[m][0].upper() + NAMES[m][1:] if i else NAMES[m]}: {_verdicts(p, m)}."
+        calls = " ".join(f"{NAMES[m][0].upper() + NAMES[m][1:] if i else NAMES[m]}: {_verdicts(p, m, False)}."
                          for i, m in enumerate(metrics))
         rows.append(f"  - `{model}` (`results/{Path(grid).name}.md`, {method_line(p).split(' (')[0]}): {calls}")
     return intro + "\n" + "\n".join(rows)
