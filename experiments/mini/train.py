@@ -8,7 +8,7 @@ CPU smoke (a minute):
 GPU (the shipped checkpoint; stops on the wall-clock budget, then saves and evaluates):
     python -m experiments.mini.train --device cuda --time-budget-s 400 --out models/mini
 The OLMoE-shaped model (CPU, one thread; the command in models/mini_olmoe/metrics.json is exact):
-    OMP_NUM_THREADS=1 python -m experiments.mini.train --device cpu --family olmoe --num-experts 64 \
+    OMP_NUM_THREADS=1 python -m experiments.mini.train --device cpu --family olmoe --num-experts 32 \
         --top-k 8 --expert-width 48 --aux-coef 0.05 --time-budget-s 2100 --out models/mini_olmoe
 
 Writes to --out: config.json, generation_config.json, model.safetensors (bf16), tokenizer files,
