@@ -267,6 +267,24 @@ def continuous_accuracy() -> str:
             f"dense {'gives the same answer to every prompt under both' if same else 'changes answers between them'}")
 
 
+def heldout() -> str:
+    def rules(rel: str, call: str, metric: str = "accuracy", budget: str | None = None) -> list[str]:
+        return sorted({r["method"] for r in _rows(rel) if r["metric"] == metric and r["call"] == call
+                       and (budget is None or float(r["budget"]) == float(budget))})
+
+    def join(names: list[str]) -> str:
+        names = [f"`{n}`" for n in names]
+        return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else (names[0] if names else "none")
+
+    static, cont = "results/heldout_mini128_paired.csv", "results/heldout_mini128_continuous_paired.csv"
+    above = rules(static, "higher") + rules(cont, "higher")
+    worse8 = sorted(set(rules(static, "lower", budget="8")) & set(rules(cont, "lower", budget="8")))
+    smaller = [m for m in rules(static, "lower", "out_error", "8") if m != "oracle"]
+    lead = "no rule is" if not above else f"{join(sorted(set(above)))} are"
+    return (f"{lead} above `base` in accuracy under either batching, {join(worse8)} are "
+            f"below it at M=8 under both, but at M=8 {join(smaller)} have a smaller MoE-output error than `base`")
+
+
 # ------------------------------------------------------------------------------------ request streams
 
 def _stream() -> list[dict]:
@@ -389,6 +407,7 @@ CHECKS: list[Check] = [
           "to 23.6 experts (`mini_olmoe`: 18.4 to 30.0)", continuous_batches),
     Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}_batching.csv",
           "accuracy is lower under continuous batching at 18 of 32 selector-budget points on `mini` and 11 of 24 on `mini_olmoe` and higher at none (exact McNemar, Holm over each grid; base at M=8 on `mini`: 0.970 to 0.938), while dense gives the same answer to every prompt under both", continuous_accuracy),
+    Check("Held-out model", "results/heldout_mini128{,_continuous}_paired.csv", "no rule is above `base` in accuracy under either batching, `calib_energy`, `router_sq` and `router_sum` are below it at M=8 under both, but at M=8 `router_sq` and `top1_union` have a smaller MoE-output error than `base`", heldout),
     Check("Request streams on an H200", STREAM + ", results/stream/runs/*/report.json",
           "(Qwen3-30B-A3B shape, 16 and 64 slots, prompts 128–512 tokens)", stream_setup),
     Check("Request streams on an H200", STREAM,
