@@ -60,7 +60,7 @@ def _grid(tmp_path: Path) -> Path:
 
 
 def test_a_reading_states_each_call_in_the_metrics_own_sense(tmp_path):
-    from analysis.readings import grid_reading, headline
+    from analysis.readings import grid_reading, headline, prompts_per_run
 
     text = grid_reading(_grid(tmp_path))
     acc = next(line for line in text.splitlines() if line.startswith("- **accuracy**"))
@@ -70,4 +70,7 @@ def test_a_reading_states_each_call_in_the_metrics_own_sense(tmp_path):
     # lower KL is better: the oracle's "lower" reads as better, router_sum's "higher" as worse
     assert "better than base: oracle at M=6" in kl and "worse than base: router_sum at M=6" in kl
     assert "5 calls, Holm-corrected" in text and "Dense accuracy 0.970" in text
-    assert "`mini`" in headline([_grid(tmp_path)]) and "pool of 1,050 held-out prompts" in headline([_grid(tmp_path)])
+    head = headline([_grid(tmp_path)], "- intro:")
+    assert head.startswith("- intro:\n  - `mini`") and prompts_per_run([_grid(tmp_path)]) == "1,050"
+    # the headline counts the inconclusive calls instead of listing them
+    assert "1 inconclusive" in head and "inconclusive: top1_union" not in head
