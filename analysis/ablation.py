@@ -237,7 +237,8 @@ def made_by(root: str | Path, dest: str | Path, df: pd.DataFrame) -> str:
     exp_name, e.g. outputs/ablation_mini_olmoe) and this table."""
     exp = Path(root).name
     if exp.startswith("rules_"):  # issue 10's rules: several sweeps (conf/experiment/rules_*.yaml)
-        return (f"Made by `make rules` (the sweeps listed in conf/experiment/{exp}.yaml, under {root}), then "
+        make = "make rules" + ("" if exp == "rules_mini" else f" RULES_EXP={exp}")
+        return (f"Made by `{make}` (the Makefile's `rules` sweeps of experiment={exp}, under {root}), then "
                 f"`python -m analysis.ablation {root} {dest}`.\n\n")
     if exp.startswith("quality_seeds_"):  # every selector x budget (conf/experiment/quality_seeds_*.yaml)
         make = "make quality-seeds" + ("" if exp == "quality_seeds_mini" else f" QS_EXP={exp}")

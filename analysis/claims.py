@@ -433,6 +433,7 @@ RULES_GRIDS = ("results/rules_mini", "results/rules_mini_olmoe")
 SEEDS_GRIDS = tuple(f"results/quality_seeds_{m}{b}" for m in ("mini", "mini_olmoe") for b in ("", "_continuous"))
 SERVING_GRIDS = ("results/quality_seeds_mini_continuous", "results/quality_seeds_mini_olmoe_continuous")
 HELDOUT_GRIDS = ("results/heldout_mini128", "results/heldout_mini128_continuous")
+RULES_CONTINUOUS = ("results/rules_mini_continuous", "results/rules_mini_olmoe_continuous")
 
 
 def _reading(grid: str) -> Callable[[], str]:
@@ -469,7 +470,8 @@ BLOCKS: dict[str, Callable[[], str]] = {"quality": _headline, "serving": _servin
 # The same for results/README.md: one reading per re-run grid.
 RESULTS_README = ROOT / "results" / "README.md"
 RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
-                                               for g in (*QUALITY_GRIDS, *RULES_GRIDS, *SEEDS_GRIDS, *HELDOUT_GRIDS)}
+                                               for g in (*QUALITY_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
+                                                         *HELDOUT_GRIDS)}
 
 
 def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:
