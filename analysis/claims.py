@@ -428,10 +428,10 @@ CHECKS: list[Check] = [
 # Generated README blocks: name -> function returning the block's text. README.md holds it between
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
 # The quality readings come from the re-run grids' paired tables (analysis/readings.py, pandas).
-QUALITY_GRIDS = ("results/ablation_mini", "results/ablation_mini_olmoe")
+ABLATION_GRIDS = ("results/ablation_mini", "results/ablation_mini_olmoe")
 RULES_GRIDS = ("results/rules_mini", "results/rules_mini_olmoe")
 SEEDS_GRIDS = tuple(f"results/quality_seeds_{m}{b}" for m in ("mini", "mini_olmoe") for b in ("", "_continuous"))
-SERVING_GRIDS = ("results/quality_seeds_mini_continuous", "results/quality_seeds_mini_olmoe_continuous")
+SERVING_GRIDS = tuple(g for g in SEEDS_GRIDS if g.endswith("_continuous"))
 HELDOUT_GRIDS = ("results/heldout_mini128", "results/heldout_mini128_continuous")
 RULES_CONTINUOUS = ("results/rules_mini_continuous", "results/rules_mini_olmoe_continuous")
 
@@ -444,33 +444,32 @@ def _reading(grid: str) -> Callable[[], str]:
     return render
 
 
-def _headline() -> str:
-    from analysis.readings import headline, prompts_per_run
+def _headline(grids: tuple[str, ...], intro: str, metrics: tuple[str, ...] = ("accuracy", "kl")) -> Callable[[], str]:
+    """A README headline bullet over `grids`; `{n}` in `intro` becomes the prompts behind each call."""
+    def render() -> str:
+        from analysis.readings import headline, prompts_per_run
 
-    grids = [ROOT / g for g in QUALITY_GRIDS]
-    return headline(grids, f"- **Quality on the embedded models** (issue 20's ablation grids: both models on the "
-                    f"ablation's own pool of {prompts_per_run(grids)} held-out prompts, one batching seed, batch 16, "
-                    "static batches; every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL "
-                    "by a cluster bootstrap over prompts; Holm over each grid; `make ablation`, `make ablation "
-                    "ABLATION_EXP=ablation_mini_olmoe`):")
-
-
-def _serving() -> str:
-    from analysis.readings import headline, prompts_per_run
-
-    grids = [ROOT / g for g in SERVING_GRIDS]
-    return headline(grids, f"- **Quality at full batches** (the quality grids under continuous batching, as a server "
-                    f"batches: both models on the quality pool's {prompts_per_run(grids)} held-out prompts, 16 slots "
-                    "refilled as requests finish; every rule minus `base` at the same budget by the exact McNemar "
-                    "test, Holm over each grid; `make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
-                    "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",))
+        paths = [ROOT / g for g in grids]
+        return headline(paths, intro.format(n=prompts_per_run(paths)), metrics)
+    return render
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"quality": _headline, "serving": _serving}
+BLOCKS: dict[str, Callable[[], str]] = {
+    "quality": _headline(ABLATION_GRIDS, "- **Quality on the embedded models** (issue 20's ablation grids: both models on "
+                         "the ablation's own pool of {n} held-out prompts, one batching seed, batch 16, static batches; "
+                         "every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL by a "
+                         "cluster bootstrap over prompts; Holm over each grid; `make ablation`, `make ablation "
+                         "ABLATION_EXP=ablation_mini_olmoe`):"),
+    "serving": _headline(SERVING_GRIDS, "- **Quality at full batches** (the quality grids under continuous batching, as a "
+                         "server batches: both models on the quality pool's {n} held-out prompts, 16 slots refilled as "
+                         "requests finish; every rule minus `base` at the same budget by the exact McNemar test, Holm "
+                         "over each grid; `make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
+                         "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",)),
+}
 # The same for results/README.md: one reading per re-run grid.
 RESULTS_README = ROOT / "results" / "README.md"
 RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
-                                               for g in (*QUALITY_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
+                                               for g in (*ABLATION_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
                                                          *HELDOUT_GRIDS)}
 
 

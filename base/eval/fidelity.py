@@ -20,6 +20,7 @@ Shapes: B rows, S prompt positions, V vocabulary.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -36,15 +37,17 @@ def _positions(mask_BS: Tensor) -> Tensor:
     return (mask_BS.long().cumsum(-1) - 1).clamp_min(0)
 
 
-def _cache_kwarg(model: nn.Module) -> str:
+@functools.cache
+def _cache_kwarg(model_cls: type) -> str:
     """transformers renamed `past_key_values` to `cache` within the supported range (>=5.17): an
-    unknown keyword would be swallowed by **kwargs and every step would run without its cache."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    unknown keyword would be swallowed by **kwargs and every step would run without its cache.
+    Read once per model class, not at every teacher-forced step."""
+    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else "past_key_values"
 
 
 def _step(model: nn.Module, ids_BS: Tensor, mask_BS: Tensor, cache: Any) -> tuple[Tensor, Any]:
     pos_BS = _positions(mask_BS)[:, -ids_BS.shape[1]:]
-    key = _cache_kwarg(model)
+    key = _cache_kwarg(type(model))
     out = model(input_ids=ids_BS, attention_mask=mask_BS, position_ids=pos_BS, use_cache=True, **{key: cache})
     return out.logits[:, -1].to(torch.float64), getattr(out, key)  # (B, V)
 
