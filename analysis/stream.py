@@ -7,6 +7,9 @@ Reads every stream.csv under the folder (each run folder of `python run.py exper
 output tokens/s and its ratio to dense at the same slots, time per output token and time to first
 token (p50 / p90), mean occupancy, union before selection and kept experts, the median decode step
 and the seconds spent in admission prefills (and, for union admission, in predicting experts).
+`position` is a row's place in its run's order (1 = first) among the variants of its slot count: the
+variants ran one after the other, dense first, and the first paid the most prefill time, so
+`speedup_vs_dense` is inflated (analysis/stream_order.py separates the two).
 """
 from __future__ import annotations
 
@@ -16,16 +19,18 @@ from pathlib import Path
 
 import pandas as pd
 
-COLUMNS = ["model", "routing", "slots", "variant", "budget", "admission", "tokens_per_s", "speedup_vs_dense",
+COLUMNS = ["model", "routing", "slots", "position", "variant", "budget", "admission", "tokens_per_s", "speedup_vs_dense",
            "tpot_ms_p50", "tpot_ms_p90", "ttft_ms_p50", "ttft_ms_p90", "occupancy_mean", "union_mean", "kept_mean",
-           "step_ms_median", "seconds", "prefill_s", "predict_s", "requests", "rounds"]
+           "step_ms_median", "seconds", "prefill_s", "predict_s", "requests", "rounds", "steps", "output_tokens"]
 
 
 def load(root: Path) -> pd.DataFrame:
     frames = []
     for csv in sorted(root.rglob("stream.csv")):
         rep = json.loads((csv.parent / "report.json").read_text())
-        frames.append(pd.read_csv(csv).assign(model=rep["model"], routing=rep.get("routing")))
+        runs = pd.read_csv(csv)  # rows in run order
+        runs["position"] = runs.groupby("slots").cumcount() + 1
+        frames.append(runs.assign(model=rep["model"], routing=rep.get("routing")))
     if not frames:
         raise SystemExit(f"no stream.csv under {root}")
     df = pd.concat(frames, ignore_index=True)
@@ -39,7 +44,8 @@ def main(src: str, dest: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
     text = (f"Request streams through continuous batching, from {src} (`python -m analysis.stream {src} {dest}`); "
-            "one run per row.\n\n" + table.round(3).to_markdown(index=False) + "\n")
+            "one run per row; `position`: the variant's place in its run order, dense first (the first paid the most "
+            "prefill time: `speedup_vs_dense` carries that; analysis/stream_order.py).\n\n" + table.round(3).to_markdown(index=False) + "\n")
     out.with_suffix(".md").write_text(text)
     print(text)
 
