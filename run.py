@@ -38,6 +38,7 @@ from base.config import (
     ModelConfig,
     PredictorConfig,
     RunConfig,
+    ServeConfig,
     StatsConfig,
     StreamConfig,
     TaskConfig,
@@ -92,6 +93,7 @@ class RunSchema:
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     describe: DescribeConfig = field(default_factory=DescribeConfig)
 
@@ -153,6 +155,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
         logger=LoggerConfig(**c["logger"]),
         describe=DescribeConfig(**c["describe"]),
         stream=StreamConfig(**c["stream"]),
+        serve=ServeConfig(**c["serve"]),
         started=float(os.environ.get(STARTED_ENV, time.time())),
     )
 

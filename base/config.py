@@ -22,6 +22,7 @@ EVAL_ORDERS = ("mixed", "lm_eval")
 BATCHINGS = ("continuous", "static")
 ADMISSIONS = ("fifo", "union")
 ROUTINGS = ("uniform", "skewed")
+THROUGHPUT_MODES = ("steps", "stream", "serve")
 
 
 @dataclass
@@ -218,7 +219,9 @@ class ThroughputConfig:
     profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
-    # through continuous batching with latency (base/runtime/stream.py; `stream.*`), batch_sizes = slots
+    # through continuous batching with latency (base/runtime/stream.py; `stream.*`), batch_sizes = slots |
+    # serve: a serving benchmark after `vllm bench serve` (base/runtime/serving.py; `serve.*`, requests
+    # shaped by `stream.*`)
 
     @property
     def specs(self) -> list[dict[str, Any]] | None:
@@ -237,7 +240,7 @@ class ThroughputConfig:
         self.stats_steps = check_int("throughput.stats_steps", self.stats_steps, 1)
         self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
-        check_choice("throughput.mode", self.mode, ("steps", "stream"))
+        check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
 
 
 
@@ -297,6 +300,32 @@ class StreamConfig:
 
 
 @dataclass
+class ServeConfig:
+    """throughput.mode=serve: Poisson arrivals at several rates, repeats with the variants' order
+    rotated, per-request latency and goodput (base/runtime/serving.py). The requests' lengths and
+    admission come from `stream.*`."""
+
+    rates: list[float | None] = field(default_factory=lambda: [None, 4.0, 16.0])  # requests/s of
+    # each stream's Poisson arrivals; null: the closed burst (every request at once)
+    requests: int = 12  # requests per stream: the same prompts and lengths at every rate
+    repeats: int = 3  # each repeat serves every (rate, variant), the variants' order rotated
+    slo_ttft_ms: float = 500.0  # goodput counts the requests with TTFT and TPOT within these
+    slo_tpot_ms: float = 25.0
+
+    def __post_init__(self) -> None:
+        if not self.rates:
+            raise ConfigError("serve.rates is empty: give request rates (requests/s) and/or null for the burst")
+        self.rates = [None if r is None else check_float("serve.rates[]", r, low=0.0, low_open=True)
+                      for r in self.rates]
+        if len(set(self.rates)) != len(self.rates):
+            raise ConfigError(f"serve.rates={self.rates} repeats a rate; give each once")
+        self.requests = check_int("serve.requests", self.requests, 1)
+        self.repeats = check_int("serve.repeats", self.repeats, 1)
+        self.slo_ttft_ms = check_float("serve.slo_ttft_ms", self.slo_ttft_ms, low=0.0, low_open=True)
+        self.slo_tpot_ms = check_float("serve.slo_tpot_ms", self.slo_tpot_ms, low=0.0, low_open=True)
+
+
+@dataclass
 class DescribeConfig:
     gpu_gb: float = 141.0  # stage=describe: GPUs of this size (GB) for the count it reports (H200 141, H100 80)
 
@@ -345,6 +374,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     describe: DescribeConfig = field(default_factory=DescribeConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     started: float = 0.0  # when the command (a sweep's launching process) started: with force, an
     # artifact made since then was recomputed by another job of this sweep and is reused
 
@@ -356,6 +386,18 @@ class RunConfig:
         self.batch_size = check_int("batch_size", self.batch_size, 1)
         self.seed = check_int("seed", self.seed, 0)
         self._check_method_budget()
+        self._check_serve()
+
+    def _check_serve(self) -> None:
+        """throughput.mode=serve takes its arrivals from serve.rates and admits FIFO."""
+        if self.stage != "throughput" or self.throughput is None or self.throughput.mode != "serve":
+            return
+        if self.stream.rate is not None:
+            raise ConfigError(f"stream.rate={self.stream.rate} is for throughput.mode=stream; throughput.mode=serve "
+                              f"takes its request rates from serve.rates (null: the burst)")
+        if self.stream.admission != "fifo":
+            raise ConfigError(f"stream.admission={self.stream.admission}: throughput.mode=serve admits fifo only "
+                              f"(union admission predicts each request's experts with a dense forward first)")
 
     def _check_method_budget(self) -> None:
         """A budgeted selector evaluated with no budget would run dense under its name."""

@@ -48,7 +48,9 @@ LATER_OPTIONS = {("model", "device_map"): None, ("describe",): {"gpu_gb": 141}, 
                  ("throughput", "mode"): "steps",
                  ("stream",): {"requests_per_slot": 8, "prompt_len": [128, 512], "output_len": [32, 256], "rate": None,
                                "admission": "fifo", "max_wait_rounds": 4, "stats_requests_per_slot": 2,
-                               "lengths_from": None}}
+                               "lengths_from": None},
+                 ("serve",): {"rates": [None, 4.0, 16.0], "requests": 12, "repeats": 3, "slo_ttft_ms": 500.0,
+                              "slo_tpot_ms": 25.0}}
 
 
 def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEYS) -> str:

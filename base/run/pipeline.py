@@ -170,6 +170,27 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str) -> dict[str, Any
     return report
 
 
+def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], logger: Logger) -> None:
+    """throughput.mode=serve: requests.jsonl (one record per request) and serve.csv (one row per
+    stream), rewritten after every stream so that a run stopped midway keeps what it served."""
+    from base.runtime.serving import measure_serving
+
+    out = cfg.out_dir
+    tag = {"model": cfg.model.name, "routing": cfg.model.routing}
+
+    def emit(requests: list[dict], streams: list[dict]) -> None:
+        outputs.write_jsonl(out / "requests.jsonl", [{**tag, **r} for r in requests])
+        outputs.write_table(out / "serve.csv", [{**tag, **r} for r in streams])
+
+    _, streams, info = measure_serving(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream,
+                                       cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit)
+    logger.table("serve", streams)
+    report["serve"] = streams
+    report["serve_info"] = info
+    report["serve_config"] = vars(cfg.serve)
+    report["stream_config"] = vars(cfg.stream)
+
+
 def _record_hardware(model, report: dict[str, Any]) -> None:
     report["device"] = str(next(model.parameters()).device)
     report["devices"] = [str(d) for d in model_devices(model)]  # several: model.device_map=auto
@@ -220,6 +241,10 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
             logger.table("stream", rows)
             report["stream"] = rows
             report["stream_config"] = vars(cfg.stream)
+            _record_hardware(model, report)
+            return
+        if cfg.throughput.mode == "serve":
+            _serve_stage(cfg, model, make_variant, report, logger)
             _record_hardware(model, report)
             return
         rows, profile = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)

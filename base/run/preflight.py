@@ -43,7 +43,7 @@ def preflight(cfg: RunConfig) -> None:
             _check_fit_size(cfg, int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     if cfg.stage == "evaluate":
         check_tasks(cfg, getattr(hf, "max_position_embeddings", None))
-    if cfg.stage == "throughput" and cfg.throughput.mode == "stream":
+    if cfg.stage == "throughput" and cfg.throughput.mode in ("stream", "serve"):
         cfg.stream.task_lengths(cfg.root)  # a lengths_from file that is missing or holds no lengths fails here
     if cfg.model.device_map is not None:
         _check_placement(cfg, hf)

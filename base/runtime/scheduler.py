@@ -42,6 +42,8 @@ class Finished:
     first_token_s: float  # when its first token was on the host
     finished_s: float
     decode_steps: int = 0  # steps it was decoded in (new tokens after the prefill's)
+    token_s: list[float] = field(default_factory=list)  # when each new token was on the host (the
+    # first is first_token_s): inter-token latencies for a serving benchmark (base/runtime/serving.py)
 
     @property
     def ttft_s(self) -> float:
@@ -134,10 +136,11 @@ def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=N
             ids, mask = left_pad([requests[i].ids for i in chosen], pad_id)
             admitted = clock()
             first = engine.admit(slots, ids, mask, stop_at_eos=stop_at_eos).tolist()  # syncs
-            stats.prefill_s += clock() - admitted
+            seen = clock()  # the round's first tokens are on the host together
+            stats.prefill_s += seen - admitted
             for slot, i, tok in zip(slots, chosen, first):
                 slot_of[slot], tokens[i] = i, [tok]
-                out[i] = Finished([], stats.rounds, slot, requests[i].arrival_s, admitted, clock(), 0.0)
+                out[i] = Finished([], stats.rounds, slot, requests[i].arrival_s, admitted, seen, 0.0, token_s=[seen])
                 if ended(i):
                     finish(slot)
             stats.rounds += 1
@@ -149,13 +152,15 @@ def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=N
         t = time.perf_counter()
         _, eager = engine.decode(1)
         new = engine.tok_B1[:, 0].tolist()  # syncs
-        stats.step_s.append(time.perf_counter() - t)
+        seen = time.perf_counter()
+        stats.step_s.append(seen - t)
         stats.eager.append(eager > 0)
         stats.steps += 1
         stats.occupied.append(len(occupied))
         for slot in occupied:
             i = slot_of[slot]
             tokens[i].append(new[slot])
+            out[i].token_s.append(seen - t0)
             out[i].decode_steps += 1
             if ended(i):
                 finish(slot)

@@ -1,0 +1,170 @@
+"""A serving benchmark after `vllm bench serve`: Poisson arrivals at several rates, repeats with the
+variants' order rotated, per-request latency and goodput.
+
+    requests, streams, info = measure_serving(model, make_budget, variants, tp, stream_cfg, serve_cfg, seed)
+
+`throughput.mode=serve` (conf/experiment/serve.yaml; `serve.*`). For each slot count
+(`throughput.batch_sizes`):
+
+  requests  `serve.requests` requests with random prompt tokens, prompt and output lengths drawn as
+            in stream mode (`stream.prompt_len`, `stream.output_len` or `stream.lengths_from`),
+            EOS ignored: the same requests at every rate, in every repeat and for every variant
+  arrivals  per rate of `serve.rates`, the seeded Poisson schedule of base/runtime/arrivals.py
+            (one draw, scaled to each rate); a null rate is the closed burst (all at time 0)
+  warm-up   before anything is timed, once per slot count: every prompt of the stream is prefilled
+            once, in admission rounds whose sizes cycle over the slot count and the powers of two
+            below it (the round shapes of a burst and of sparse arrivals), so no variant meets a
+            prefill shape first in its timed streams (the variants prefill alike: the budget binds
+            decode steps, `method.apply_to=decode`); then per engine one round, which captures its
+            decode graph
+  order     repeat r serves the variants in the list's order started at variant (r x V) // R
+            (V variants, R = serve.repeats), so the first place rotates; each variant serves every
+            rate in the listed order through one engine, reset before each stream
+  records   per request: TTFT, TPOT, E2EL, its inter-token latencies (base/runtime/serve_metrics.py),
+            arrival, admission round; per stream: mean / p50 / p99 of each, achieved tokens/s and
+            requests/s, goodput under serve.slo_ttft_ms / slo_tpot_ms, occupancy, rounds, seconds
+            in admission prefills, the median replayed decode step and the steps run eagerly
+            (captures: on a CPU every step, where the figures check the bookkeeping, not speed)
+
+Statistics are not recorded (the recorder adds kernels to the step): union and kept experts per
+variant are what stream mode measures.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from torch import nn
+
+from base.config import ServeConfig, StreamConfig, ThroughputConfig
+from base.hf.budget import MoeBudget
+from base.runtime.arrivals import arrival_times
+from base.runtime.continuous import ContinuousEngine
+from base.runtime.scheduler import Finished, Request, ServeStats, serve
+from base.runtime.serve_metrics import Slo, request_metrics, stream_metrics
+from base.runtime.stream import make_stream
+from base.runtime.throughput import Variant
+
+Emit = Callable[[list[dict], list[dict]], None]
+
+
+def rotated(items: list, repeat: int, repeats: int) -> list:
+    """Repeat `repeat`'s order of `items`: the list started at item (repeat x len) // repeats."""
+    start = (repeat * len(items)) // repeats % len(items)
+    return items[start:] + items[:start]
+
+
+def round_sizes(slots: int) -> list[int]:
+    """The warm-up's admission round sizes: the slot count, then the powers of two below it."""
+    return [slots] + [1 << k for k in range(slots.bit_length()) if (1 << k) < slots]
+
+
+def _sized_rounds(slots: int):
+    """An admission policy (scheduler.serve's `pick`) whose round sizes cycle over round_sizes."""
+    sizes = itertools.cycle(round_sizes(slots))
+    return lambda waiting, free, running: waiting[:min(free, next(sizes))]
+
+
+class _Engine:
+    """A variant's budget installed and a fresh continuous engine over it (released on exit)."""
+
+    def __init__(self, model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant,
+                 slots: int, length: int, tp: ThroughputConfig) -> None:
+        self.budget = make_budget(v, False)
+        try:
+            self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
+                                           compile=None if tp.compile else False)
+        except BaseException:
+            self._remove()
+            raise
+
+    def __enter__(self) -> ContinuousEngine:
+        return self.engine
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.engine.release()
+        finally:
+            self._remove()
+
+    def _remove(self) -> None:
+        if self.budget is not None:
+            self.budget.remove()
+
+
+def warm_prefill(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant,
+                 slots: int, length: int, tp: ThroughputConfig, requests: list[Request]) -> float:
+    """Prefill every prompt once in rounds of round_sizes(slots) through variant v; seconds taken."""
+    t0 = time.perf_counter()
+    with _Engine(model, make_budget, v, slots, length, tp) as engine:
+        serve(engine, [Request(r.ids, 2) for r in requests], pad_id=0, pick=_sized_rounds(slots), stop_at_eos=False)
+    return time.perf_counter() - t0
+
+
+def _records(done: list[Finished], requests: list[Request], keys: dict[str, Any]) -> list[dict]:
+    return [{**keys, "request": i, "round": d.round, "arrival_s": d.arrival_s, "first_token_s": d.token_s[0],
+             "last_token_s": d.token_s[-1], "decode_steps": d.decode_steps,
+             **request_metrics(d.arrival_s, d.token_s, len(r.ids))}
+            for i, (d, r) in enumerate(zip(done, requests))]
+
+
+def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo) -> dict:
+    replayed = [s for s, e in zip(stats.step_s, stats.eager) if not e] or stats.step_s
+    occupancy = stats.summary()["occupancy_mean"]
+    return {**keys, "requests": len(rows),
+            **stream_metrics(rows, max(r["last_token_s"] for r in rows), slo),
+            "occupancy_mean": occupancy, "steps": stats.steps, "rounds": stats.rounds, "prefill_s": stats.prefill_s,
+            "step_ms_median": 1e3 * statistics.median(replayed) if replayed else None,
+            "eager_steps": sum(stats.eager)}
+
+
+def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
+                    variants: list[Variant], tp: ThroughputConfig, stream_cfg: StreamConfig, cfg: ServeConfig,
+                    seed: int, lengths: list[tuple[int, int]] | None = None,
+                    emit: Emit | None = None) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """(request rows, stream rows, info) as the module doc says; `emit(requests, streams)` gets the
+    rows so far after every stream (a run folder can hold them before the run ends)."""
+    vocab = model.config.vocab_size
+    longest = max(p + o for p, o in lengths) if lengths else stream_cfg.prompt_len[1] + stream_cfg.output_len[1]
+    length = -(-longest // 256) * 256
+    slo = Slo(cfg.slo_ttft_ms, cfg.slo_tpot_ms)
+    request_rows: list[dict] = []
+    stream_rows: list[dict] = []
+    info: dict[str, Any] = {"warmup_s": {}, "orders": []}
+    for slots in tp.batch_sizes:
+        requests = make_stream(cfg.requests, vocab, stream_cfg, seed + slots, lengths)  # stream.rate: null
+        schedules = {rate: arrival_times(len(requests), rate, seed + slots) for rate in cfg.rates}
+        if not info["warmup_s"]:  # calibration and predictor fits, before anything is timed
+            for v in variants:
+                budget = make_budget(v, False)
+                if budget is not None:
+                    budget.remove()
+        info["warmup_s"][slots] = warm_prefill(model, make_budget, variants[0], slots, length, tp, requests)
+        for repeat in range(cfg.repeats):
+            order = rotated(variants, repeat, cfg.repeats)
+            info["orders"].append({"slots": slots, "repeat": repeat, "order": [v.label for v in order]})
+            for position, v in enumerate(order, 1):
+                with _Engine(model, make_budget, v, slots, length, tp) as engine:
+                    serve(engine, [Request(r.ids, 3) for r in requests[:slots]], pad_id=0, stop_at_eos=False)
+                    for rate in cfg.rates:
+                        stream = [replace(r, arrival_s=a) for r, a in zip(requests, schedules[rate])]
+                        done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False)
+                        keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
+                                "method": v.method, "budget": v.budget, "k0": v.k0, "rate": rate,
+                                "arrivals": "burst" if rate is None else "poisson"}
+                        rows = _records(done, stream, keys)
+                        summary = _summary(rows, stats, keys, slo)
+                        request_rows += rows
+                        stream_rows.append(summary)
+                        if emit is not None:
+                            emit(request_rows, stream_rows)
+                        print(f"[serve] {slots} slots, repeat {repeat}, {v.label} budget={v.budget}, "
+                              f"{'burst' if rate is None else f'{rate:g} req/s'}: "
+                              f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
+                              f"TPOT p50 {summary['tpot_ms_p50'] or float('nan'):.2f} ms, "
+                              f"goodput {summary['goodput']:.2f} req/s", flush=True)
+    return request_rows, stream_rows, info

@@ -1,0 +1,145 @@
+"""The serving benchmark (base/runtime/{arrivals,serve_metrics,serving}.py): the arrival schedule's
+statistics and determinism, the metric formulas against hand computation, the rotation of the
+variants' order, and a tiny end-to-end run through run.py's pipeline that fills every column."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from base.runtime.arrivals import arrival_times
+from base.runtime.serve_metrics import Slo, request_metrics, stream_metrics
+from base.runtime.serving import rotated, round_sizes
+
+# ------------------------------------------------------------------------------------ arrivals
+
+
+def test_poisson_arrivals_have_exponential_gaps_of_the_rate():
+    n, rate = 20_000, 8.0
+    t = np.asarray(arrival_times(n, rate, seed=3))
+    gaps = np.diff(np.concatenate([[0.0], t]))
+    assert (gaps >= 0).all() and t[-1] == pytest.approx(n / rate)  # the n-th arrival at n / rate
+    assert gaps.mean() == pytest.approx(1 / rate)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.03)  # exponential: CV 1
+    # the gaps are exponential of mean 1/rate: Kolmogorov-Smirnov does not reject (a fixed seed, so no flake)
+    assert stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue > 0.01
+    # arrivals in windows of 1 s are Poisson: index of dispersion (variance / mean) near 1
+    counts = np.bincount(t.astype(int))[: int(n / rate)]
+    assert counts.mean() == pytest.approx(rate, rel=0.02) and counts.var() / counts.mean() == pytest.approx(1, abs=0.1)
+
+
+def test_a_schedule_is_fixed_by_its_seed_and_scaled_across_rates():
+    a = arrival_times(50, 4.0, seed=7)
+    assert a == arrival_times(50, 4.0, seed=7)
+    assert a != arrival_times(50, 4.0, seed=8)
+    assert np.allclose(np.asarray(arrival_times(50, 16.0, seed=7)) * 4, a)  # one draw, scaled
+    assert arrival_times(5, None, seed=7) == [0.0] * 5  # the closed burst
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        arrival_times(5, 0.0, seed=0)
+
+
+# ------------------------------------------------------------------------------------- metrics
+
+
+def test_request_metrics_by_hand():
+    # arrives at 1.0 s; tokens on the host at 1.3, 1.32, 1.36, 1.42 s
+    r = request_metrics(1.0, [1.3, 1.32, 1.36, 1.42], prompt_tokens=100)
+    assert r["output_tokens"] == 4 and r["prompt_tokens"] == 100
+    assert r["ttft_ms"] == pytest.approx(300) and r["e2el_ms"] == pytest.approx(420)
+    assert r["tpot_ms"] == pytest.approx((420 - 300) / 3)  # (latency - TTFT) / (output tokens - 1)
+    assert r["itl_ms"] == pytest.approx([20, 40, 60])
+    assert np.mean(r["itl_ms"]) == pytest.approx(r["tpot_ms"])
+    one = request_metrics(0.0, [0.2], prompt_tokens=5)
+    assert one["tpot_ms"] is None and one["itl_ms"] == []
+
+
+def test_stream_metrics_by_hand():
+    rows = [request_metrics(0.0, [0.1, 0.11, 0.12], 10),       # TTFT 100, TPOT 10: good
+            request_metrics(0.0, [0.6, 0.61], 20),             # TTFT 600: misses the TTFT SLO
+            request_metrics(0.5, [0.7, 0.75, 0.8, 0.85], 30),  # TTFT 200, TPOT 50: misses the TPOT SLO
+            request_metrics(0.5, [0.9], 40)]                   # TTFT 400, one token: TPOT counts as 0, good
+    s = stream_metrics(rows, duration_s=2.0, slo=Slo(ttft_ms=500, tpot_ms=25))
+    assert s["completed"] == 4 and s["output_tokens"] == 10 and s["input_tokens"] == 100
+    assert s["output_throughput"] == 5.0 and s["request_throughput"] == 2.0 and s["total_token_throughput"] == 55.0
+    assert s["goodput"] == 1.0 and s["good_fraction"] == 0.5
+    ttft = [100, 600, 200, 400]
+    assert s["ttft_ms_mean"] == pytest.approx(325) and s["ttft_ms_p50"] == pytest.approx(300)
+    # p99 by linear interpolation between the two largest of 4 sorted values: 400 + 0.97 * (600 - 400)
+    assert s["ttft_ms_p99"] == pytest.approx(400 + (0.99 * 3 - 2) * 200) == pytest.approx(np.percentile(ttft, 99))
+    assert s["tpot_ms_mean"] == pytest.approx((10 + 10 + 50) / 3)  # the one-token request has no TPOT
+    assert s["tpot_ms_p50"] == pytest.approx(10)
+    itl = [10, 10, 10, 50, 50, 50]  # every gap of every request, pooled
+    assert s["itl_ms_mean"] == pytest.approx(np.mean(itl)) and s["itl_ms_p99"] == pytest.approx(50)
+    assert s["e2el_ms_p50"] == pytest.approx(np.median([120, 610, 350, 400]))
+
+
+# --------------------------------------------------------------------------------------- order
+
+
+def test_the_order_rotates_so_no_variant_is_always_first():
+    variants = ["dense", "b16", "b10", "a16", "a10"]
+    orders = [rotated(variants, r, 3) for r in range(3)]
+    assert all(sorted(o) == sorted(variants) for o in orders)
+    assert [o[0] for o in orders] == ["dense", "b16", "a16"]  # starts at (r x 5) // 3 = 0, 1, 3
+    assert [o.index("dense") + 1 for o in orders] == [1, 5, 3]  # dense's place moves through the order
+    # as many repeats as variants: each variant leads exactly once, in its list's cyclic order
+    assert [rotated(variants, r, 5)[0] for r in range(5)] == variants
+
+
+def test_the_warm_up_rounds_cover_a_burst_and_sparse_arrivals():
+    assert round_sizes(16) == [16, 1, 2, 4, 8] and round_sizes(3) == [3, 1, 2] and round_sizes(1) == [1]
+
+
+# ----------------------------------------------------------------------------------- end to end
+
+
+def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
+    """run.py's pipeline on the CPU: every (repeat, variant, rate) serves the same requests on the
+    same seeded schedule; the records hold each metric and agree with the formulas."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run.pipeline import run as run_pipeline
+
+    overrides = ["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
+                 "stage=throughput", "throughput.mode=serve", "throughput.batch_sizes=[2]",
+                 "throughput.methods=[dense,base]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
+                 "stream.output_len=[2,5]", "serve.requests=4", "serve.rates=[null,400]", "serve.repeats=2", "seed=5"]
+    cfg = compose(overrides)
+    out = tmp_path / "run"
+    report = run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True))
+    streams = pd.read_csv(out / "serve.csv")
+    requests = pd.read_json(out / "requests.jsonl", lines=True)
+    assert len(streams) == 2 * 2 * 2 and len(requests) == 4 * len(streams)  # repeats x variants x rates
+    for col in ("output_throughput", "request_throughput", "goodput", "good_fraction", "duration_s",
+                *(f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "p50", "p99"))):
+        assert streams[col].notna().all() and (streams[col] >= 0).all(), col
+    assert set(streams["arrivals"]) == {"burst", "poisson"} and set(streams["routing"]) == {"uniform"}
+    # the order rotates: dense first in repeat 0, second in repeat 1
+    dense = streams[streams["variant"] == "dense"].drop_duplicates("repeat").set_index("repeat")["position"]
+    assert dense.to_dict() == {0: 1, 1: 2}
+    assert [o["order"] for o in report["serve_info"]["orders"]] == [["dense", "base"], ["base", "dense"]]
+    # every stream serves the same requests: prompt and output lengths (EOS ignored)
+    shape = requests.groupby(["repeat", "variant", "arrivals"])[["prompt_tokens", "output_tokens"]].agg(tuple)
+    assert shape["prompt_tokens"].nunique() == 1 and shape["output_tokens"].nunique() == 1
+    assert requests["output_tokens"].between(2, 5).all()
+    # ... on the seeded schedule of its rate
+    poisson = requests[requests["arrivals"] == "poisson"]
+    for _, g in poisson.groupby(["repeat", "variant"]):
+        assert g.sort_values("request")["arrival_s"].tolist() == pytest.approx(arrival_times(4, 400.0, seed=5 + 2))
+    assert (requests.loc[requests["arrivals"] == "burst", "arrival_s"] == 0).all()
+    # each record agrees with the formulas, and each stream's summary with its records
+    assert np.allclose(requests["ttft_ms"], 1e3 * (requests["first_token_s"] - requests["arrival_s"]))
+    assert np.allclose(requests["tpot_ms"], (requests["e2el_ms"] - requests["ttft_ms"]) / (requests["output_tokens"] - 1))
+    assert (requests["itl_ms"].map(len) == requests["output_tokens"] - 1).all()
+    for _, s in streams.iterrows():
+        g = requests[(requests["repeat"] == s["repeat"]) & (requests["variant"] == s["variant"])
+                     & (requests["arrivals"] == s["arrivals"])]
+        assert s["output_tokens"] == g["output_tokens"].sum()
+        assert s["duration_s"] == pytest.approx(g["last_token_s"].max())
+        assert s["tpot_ms_p50"] == pytest.approx(np.percentile(g["tpot_ms"], 50))
+        assert s["output_throughput"] == pytest.approx(s["output_tokens"] / s["duration_s"])
+        assert math.isclose(s["goodput"], ((g["ttft_ms"] <= 500) & (g["tpot_ms"] <= 25)).sum() / s["duration_s"])
