@@ -1,22 +1,45 @@
-"""Select + backfill: top-M experts of a decode batch, then every token rerouted to kept experts.
+"""Route + select + reassign: one MoE layer's whole selection step in ONE launch.
 
-One launch per MoE layer. Reference: `base.method.routing.select_top_m` and `base.method.routing.reassign`
-(tests/test_kernels.py compares against them). Optionally the kernel also computes score_E itself
-from the routing (and, for `base`, from g_TE = z_TH @ W_HE produced by the router's matmul on
-concatenated [router; predictor] weights, see kernels/score.py), so selection costs one launch.
+    routing, sel = route_select_gemv(z_TH, wcat_CH, E, K, active_T, budget, norm_topk=True, kind="base", ...)
+    out_TH = fused_experts(z_TH, gate_up, down, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M)
 
-Shapes: T tokens, E experts, K top-k, M budget (kept experts).
+Three entry points share one kernel (`_route_select_kernel`):
+  route_select_gemv  the router's GEMM (and, for `base`, the predictor's, on [router; predictor]
+                     rows), softmax, top-k (+ renormalise, scale), the batch score, the kept set
+                     and the reassignment. Grid cdiv(C, CB): every program computes CB output
+                     columns of the GEMM for all tokens and writes them to a workspace; the LAST
+                     program to arrive (an atomic counter, reset by that program) does the rest.
+  route_select       the same after the router's GEMM (logits given): one program.
+  select_reassign    the selection after the model's own router (probs, top-k given): one program.
+
+References: `base.method.routing.select_top_m` / `reassign`, the selectors' `keep` and `score`
+(base/method/selectors.py) and `coverage_count`; tests/test_kernels.py compares against them.
+
+Shapes: T tokens, H hidden, C GEMM outputs (E, or 2E with the predictor), E experts, K top-k,
+M budget (kept experts).
     probs_TE     fp32 router probabilities (order of preference for backfill)
     topk_idx_TK  the model's experts; topk_w_TK their weights (model dtype)
-    active_T     bool; inactive tokens neither score nor count in the union
-    score_E      fp32 batch score (input, or output when computed in the kernel)
-    keep_E       bool kept set; keep_M int64 kept ids by descending score, padded with -1
+    active_T     bool; inactive tokens neither score, nor anchor, nor count in the union
+    score_E      fp32 batch score (input for a static score, else written by the kernel)
+    keep_E       bool kept set; keep_M int64 kept ids by rank, padded with -1 (the experts
+                 kernel's work list: kernels/experts.py)
 
-Semantics match the reference exactly except where the reference leaves the order unspecified:
-ties in score go to the lower expert id (as `select_top_m`); ties in router probability among
-backfill candidates also go to the lower id (torch.topk does not specify its tie order).
+What a selector is, for the kernel:
+    KIND   the per-pair score term (kernels/terms.py) or a static score_E
+    TIER   none | anchor: every active token's top-k0 experts first (Anchored selectors:
+           base_anchor, xshare, lynx) | top1_union: first choices first, ranked by their summed
+           weight | oea: the union of the top-k0, no budget
+    COVERAGE  keep the fewest top-scored experts that cover `coverage` of the union's score (at
+           most the budget)
+    REASSIGN  backfill | drop | similar (each dropped pair moves to the kept expert most similar
+           to it, sim_EE)
+Semantics match the references exactly except where they leave the order unspecified: ties in
+score go to the lower expert id (as `select_top_m`); ties in router probability (top-k, backfill,
+anchors) go to the lower expert id / slot.
 
 No host synchronisation; all output shapes depend on (T, K, E, M) only: safe in a CUDA graph.
+The arrival counter of the GEMV form is allocated by the caller once (`arrival_counter`) and
+returns to 0 after every launch, so a captured launch can be replayed.
 """
 from __future__ import annotations
 
@@ -32,277 +55,429 @@ from kernels.terms import (
     TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
 )
 
-REASSIGN_MODES = ("backfill", "drop")
+REASSIGN_MODES = ("backfill", "drop", "similar")
+TIERS = {"none": 0, "anchor": 1, "top1_union": 2, "oea": 3}
 
 
 @dual_jit
-def _select_reassign_kernel(
-    # Pointers
-    score_ptr,  # (E,) fp32; read, or written by program 0 when SCORE_IN_KERNEL
+def _route_select_kernel(
+    # Pointers: the router GEMV (GEMV)
+    x_ptr,  # (T, H) router input
+    wr_ptr,  # (C, H) router rows, then predictor rows (C = 2E with HAS_G)
+    ws_ptr,  # (T, C) fp32 workspace: the GEMV's outputs, rounded to the weight dtype
+    arrive_ptr,  # (1,) int32 arrival counter, 0 between launches
+    # Pointers: routing (read; written with ROUTE)
+    logits_ptr,  # (T, E) router logits (ROUTE without GEMV)
+    lbias_ptr,  # (E,) logit bias (HAS_LBIAS: a skewed router, base/hf/skew.py)
     probs_ptr,  # (T, E) fp32
     idx_ptr,  # (T, K) int
     w_ptr,  # (T, K) model dtype
     active_ptr,  # (T,) bool
-    g_ptr,  # (T, E) z @ W_HE (KIND base with SCORE_IN_KERNEL), else unused
-    bias_ptr,  # (E,) predictor bias (KIND base), else unused
-    energy_ptr,  # (E,) calibration energy (KIND calib_energy), else unused
-    keep_e_ptr,  # (E,) bool out
-    keep_m_ptr,  # (M,) int64 out
-    new_idx_ptr,  # (T, K) out, dtype of idx
-    new_w_ptr,  # (T, K) out, dtype of w
-    logits_ptr,  # (T, E) router logits (ROUTE), else unused
+    # Pointers: score inputs
+    score_ptr,  # (E,) fp32; read (static score), or written
+    g_ptr,  # (T, E) z @ W_HE (KIND base), stride_gt
+    bias_ptr,  # (E,) predictor bias (KIND base)
+    energy_ptr,  # (E,) calibration energy (KIND calib_energy)
+    sim_ptr,  # (E, E) expert similarity (REASSIGN similar)
+    # Pointers: outputs
+    keep_e_ptr,  # (E,) bool
+    keep_m_ptr,  # (M_OUT,) int64
+    new_idx_ptr,  # (T, K), dtype of idx
+    new_w_ptr,  # (T, K), dtype of w
     # Dimensions
     T,
     E,
-    M,
+    H,
+    C,
+    M,  # kept experts at most (the budget; E when unbounded)
+    M_OUT,  # length of keep_m
+    K0,  # anchors per token (TIER anchor / top1_union / oea)
     route_scale,  # ROUTE: factor on the top-k weights (DeepSeek's routed_scaling_factor)
+    coverage,  # COVERAGE: the share of the union's score to keep
     # Strides (the last dimension of every 2-D tensor is contiguous)
+    stride_xt,
+    stride_wc,
     stride_lt,
     stride_pt,
     stride_it,
     stride_wt,
     stride_gt,
+    stride_se,
     stride_nit,
     stride_nwt,
     # Meta-parameters
     K: tl.constexpr,
     K_BLOCK: tl.constexpr,
     E_BLOCK: tl.constexpr,
-    TB: tl.constexpr,  # tokens per program (reassignment) and per step of the score loop
-    SCORE_IN_KERNEL: tl.constexpr,
-    KIND: tl.constexpr,
-    BACKFILL: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
+    TB: tl.constexpr,  # tokens per step of the routing/score and reassignment loops
+    GEMV: tl.constexpr,
+    CB: tl.constexpr,  # GEMV output columns per program
+    BK: tl.constexpr,  # GEMV reduction step
+    TBG: tl.constexpr,  # GEMV tokens per tile
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 weights (no silent tf32), else "tf32" (unused)
     ROUTE: tl.constexpr,  # also route: probs = softmax(logits), top-K, renormalise (NORM), scale
     NORM: tl.constexpr,
+    HAS_LBIAS: tl.constexpr,
+    SCORE_IN_KERNEL: tl.constexpr,
+    KIND: tl.constexpr,
+    TIER: tl.constexpr,
+    COVERAGE: tl.constexpr,
+    REASSIGN: tl.constexpr,  # 0 backfill, 1 drop, 2 similar
+    RENORMALIZE: tl.constexpr,
 ):
-    """Grid (cdiv(T, TB),), or (1,) with ROUTE. Every program computes the same union, score and
-    kept set (cheap, and it avoids a second launch or a grid-wide barrier); program 0 writes
-    them; the programs then reassign TB-token blocks in turn. With ROUTE the one program also
-    routes: it writes the model's routing (probs_TE, topk idx/w), scores from it in registers, and
-    reads it back for the reassignment after a CTA barrier."""
-    pid = tl.program_id(0)
-    offs_e = tl.arange(0, E_BLOCK)
-    e_ok = offs_e < E
-    offs_k = tl.arange(0, K_BLOCK)
-
-    # --- one pass over the tokens: with ROUTE, the router's softmax and top-k (as the model
-    # computes them after its GEMM), kept in registers; then the union (pair counts) and,
-    # optionally, the score ---
-    cnt_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
-    acc_E = tl.zeros((E_BLOCK,), dtype=tl.float32)  # score, or router_sum for COUNT
-    if KIND == 4:
-        b_E = tl.load(bias_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
-    if KIND == 3:
-        energy_E = tl.load(energy_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
-    for t0 in range(0, T, TB):
-        offs_t = t0 + tl.arange(0, TB)
-        t_ok = offs_t < T
-        act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
-        if SCORE_IN_KERNEL and KIND == 4:
-            # the whole tile, issued first so its latency overlaps the rest (a load masked by
-            # `routed` would wait for the routing); unrouted entries are discarded below
-            g_TE = tl.load(
-                g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0
-            ).to(tl.float32)
-        if ROUTE:
-            lg_TE = tl.load(
-                logits_ptr + offs_t[:, None] * stride_lt + offs_e[None, :],
-                mask=t_ok[:, None] & e_ok[None, :],
-                other=float("-inf"),
-            ).to(tl.float32)
-            mx_T = tl.where(t_ok, tl.max(lg_TE, axis=1), 0.0)
-            ex_TE = tl.exp(lg_TE - mx_T[:, None])
-            den_T = tl.where(t_ok, tl.sum(ex_TE, axis=1), 1.0)  # rows past T: no 0/0
-            p_TE = ex_TE / den_T[:, None]
-            tl.store(probs_ptr + offs_t[:, None] * stride_pt + offs_e[None, :], p_TE, mask=t_ok[:, None] & e_ok[None, :])
-            r_TE = tl.where(e_ok[None, :], p_TE, -1.0)
-            ri_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
-            rw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
-            for k in tl.static_range(K):  # top-K, ties to the lower id
-                v_T, j_T = tl.max(r_TE, axis=1, return_indices=True, return_indices_tie_break_left=True)
-                ri_TK = tl.where(offs_k[None, :] == k, j_T[:, None], ri_TK)
-                rw_TK = tl.where(offs_k[None, :] == k, v_T[:, None], rw_TK)
-                r_TE = tl.where(offs_e[None, :] == j_T[:, None], -2.0, r_TE)
-            if NORM:
-                rw_TK = rw_TK / tl.sum(rw_TK, axis=1)[:, None]
-            rw_TK = (rw_TK * route_scale).to(w_ptr.dtype.element_ty)  # the weights as stored
-            tk_ok = t_ok[:, None] & (offs_k[None, :] < K)
-            tl.store(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], ri_TK, mask=tk_ok)
-            tl.store(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], rw_TK, mask=tk_ok)
-            rw_TK = rw_TK.to(tl.float32)
-        hits_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-        wsum_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-        wsq_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-        for k in tl.static_range(K):
-            if ROUTE:  # column k of the routing in registers
-                i_T = tl.sum(tl.where(offs_k[None, :] == k, ri_TK, 0), axis=1)
-                w_T = tl.sum(tl.where(offs_k[None, :] == k, rw_TK, 0.0), axis=1)
-            else:
-                i_T = tl.load(idx_ptr + offs_t * stride_it + k, mask=t_ok, other=-1)
-                w_T = tl.load(w_ptr + offs_t * stride_wt + k, mask=t_ok, other=0.0).to(tl.float32)
-            hit = (i_T[:, None] == offs_e[None, :]) & act_T[:, None]
-            hits_TE += hit.to(tl.float32)
-            wsum_TE += tl.where(hit, w_T[:, None], 0.0)
-            wsq_TE += tl.where(hit, (w_T * w_T)[:, None], 0.0)
-        cnt_E += tl.sum(hits_TE, axis=0)
-        if SCORE_IN_KERNEL:
-            if KIND == 1:
-                term_TE = wsq_TE
-            elif KIND == 3:
-                term_TE = wsq_TE * energy_E[None, :]
-            elif KIND == 4:
-                routed = hits_TE > 0
-                term_TE = tl.where(routed, wsq_TE * tl.exp(2.0 * tl.where(routed, g_TE + b_E[None, :], 0.0)), 0.0)
-            else:  # router_sum, and count's tie-breaker
-                term_TE = wsum_TE
-            acc_E += tl.sum(term_TE, axis=0)
-    if ROUTE:
-        tl.debug_barrier()  # the routing this CTA wrote is visible to its reassignment below
-    if SCORE_IN_KERNEL:
-        if KIND == 2:
-            # as base/selectors.Count: one more token outranks any router_sum difference
-            score_E = cnt_E * (tl.sum(acc_E, axis=0) + 1.0) + acc_E
-        else:
-            score_E = acc_E
-        if pid == 0:
-            tl.store(score_ptr + offs_e, score_E, mask=e_ok)
+    """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
+    # ---------------------------------------------------------------- the router GEMV (GEMV)
+    if GEMV:
+        offs_c = tl.program_id(0) * CB + tl.arange(0, CB)
+        c_ok = offs_c < C
+        for t0 in range(0, T, TBG):
+            offs_tg = t0 + tl.arange(0, TBG)
+            tg_ok = offs_tg < T
+            acc_TC = tl.zeros((TBG, CB), dtype=tl.float32)
+            for h0 in range(0, H, BK):
+                offs_h = h0 + tl.arange(0, BK)
+                h_ok = offs_h < H
+                x_TH = tl.load(x_ptr + offs_tg[:, None] * stride_xt + offs_h[None, :],
+                               mask=tg_ok[:, None] & h_ok[None, :], other=0.0)
+                w_HC = tl.load(wr_ptr + offs_c[None, :] * stride_wc + offs_h[:, None],
+                               mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+                acc_TC = tl.dot(x_TH, w_HC, acc_TC, input_precision=DOT_PRECISION)
+            acc_TC = acc_TC.to(wr_ptr.dtype.element_ty).to(tl.float32)  # as F.linear rounds its output
+            tl.store(ws_ptr + offs_tg[:, None] * C + offs_c[None, :], acc_TC, mask=tg_ok[:, None] & c_ok[None, :])
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(arrive_ptr, 1, sem="acq_rel", scope="gpu")
+        last = arrived == tl.num_programs(0) - 1
     else:
-        score_E = tl.load(score_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
-    union_E = cnt_E > 0
+        last = True
+    if last:
+        offs_e = tl.arange(0, E_BLOCK)
+        e_ok = offs_e < E
+        offs_k = tl.arange(0, K_BLOCK)
+        k_ok = offs_k < K
 
-    # --- top-M of the union: rank = union experts ahead (higher score, or equal and lower id) ---
-    s_E = tl.where(union_E, score_E, float("-inf"))
-    s_U = s_E[:, None]  # the ranked expert u along axis 0, every other expert v along axis 1
-    s_V = s_E[None, :]
-    ahead_UV = (s_V > s_U) | ((s_V == s_U) & (offs_e[None, :] < offs_e[:, None]))
-    rank_E = tl.sum((ahead_UV & union_E[None, :]).to(tl.int32), axis=1)
-    keep_E = union_E & (rank_E < M)
-    n_keep = tl.sum(keep_E.to(tl.int32), axis=0)
-    if pid == 0:
-        # kept ids by rank (unique positions < n_keep), then -1 up to M: two disjoint stores
+        # --- pass 1 over the tokens: with ROUTE, the router's softmax and top-k (kept in
+        # registers and written out); then the union, anchors and score, in registers ---
+        cnt_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
+        acc_E = tl.zeros((E_BLOCK,), dtype=tl.float32)  # score, or router_sum for COUNT
+        anchor_E = tl.zeros((E_BLOCK,), dtype=tl.float32)  # active anchor pairs per expert
+        first_w_E = tl.zeros((E_BLOCK,), dtype=tl.float32)  # TIER top1_union: first-choice weight
+        if KIND == 4:
+            b_E = tl.load(bias_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
+        if KIND == 3:
+            energy_E = tl.load(energy_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
+        if HAS_LBIAS:
+            lb_E = tl.load(lbias_ptr + offs_e, mask=e_ok, other=0.0)
+        for t0 in range(0, T, TB):
+            offs_t = t0 + tl.arange(0, TB)
+            t_ok = offs_t < T
+            te_ok = t_ok[:, None] & e_ok[None, :]
+            tk_ok = t_ok[:, None] & k_ok[None, :]
+            act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
+            if SCORE_IN_KERNEL and KIND == 4:
+                # the whole tile, issued first so its latency overlaps the routing
+                g_TE = tl.load(g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=te_ok, other=0.0,
+                               cache_modifier=".cg").to(tl.float32)
+            if ROUTE:
+                lg_TE = tl.load(logits_ptr + offs_t[:, None] * stride_lt + offs_e[None, :], mask=te_ok,
+                                other=float("-inf"), cache_modifier=".cg")
+                if HAS_LBIAS:  # the skewed router adds its bias in the weight dtype
+                    lg_TE = (lg_TE.to(lb_E.dtype) + lb_E[None, :]).to(lb_E.dtype)
+                lg_TE = tl.where(te_ok, lg_TE.to(tl.float32), float("-inf"))
+                mx_T = tl.where(t_ok, tl.max(lg_TE, axis=1), 0.0)
+                ex_TE = tl.exp(lg_TE - mx_T[:, None])
+                den_T = tl.where(t_ok, tl.sum(ex_TE, axis=1), 1.0)  # rows past T: no 0/0
+                p_TE = ex_TE / den_T[:, None]
+                tl.store(probs_ptr + offs_t[:, None] * stride_pt + offs_e[None, :], p_TE, mask=te_ok)
+                r_TE = tl.where(e_ok[None, :], p_TE, -1.0)
+                idx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
+                p_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
+                for k in tl.static_range(K):  # top-K, ties to the lower id
+                    v_T, j_T = tl.max(r_TE, axis=1, return_indices=True, return_indices_tie_break_left=True)
+                    idx_TK = tl.where(offs_k[None, :] == k, j_T[:, None], idx_TK)
+                    p_TK = tl.where(offs_k[None, :] == k, v_T[:, None], p_TK)
+                    r_TE = tl.where(offs_e[None, :] == j_T[:, None], -2.0, r_TE)
+                w_TK = p_TK
+                if NORM:
+                    w_TK = w_TK / tl.sum(tl.where(k_ok[None, :], w_TK, 0.0), axis=1)[:, None]
+                w_TK = (w_TK * route_scale).to(w_ptr.dtype.element_ty)  # the weights as stored
+                tl.store(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], idx_TK, mask=tk_ok)
+                tl.store(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], w_TK, mask=tk_ok)
+                w_TK = w_TK.to(tl.float32)
+            else:
+                idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=-1)
+                w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok,
+                               other=0.0).to(tl.float32)
+                if TIER != 0:  # the probabilities of the routed pairs rank a token's choices
+                    p_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0),
+                                   mask=tk_ok, other=-1.0)
+            hits_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
+            wsum_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
+            wsq_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
+            anch_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
+            first_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
+            for k in tl.static_range(K):
+                sel_k = offs_k[None, :] == k
+                i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                w_T = tl.sum(tl.where(sel_k, w_TK, 0.0), axis=1)
+                hit = (i_T[:, None] == offs_e[None, :]) & act_T[:, None]
+                hits_TE += hit.to(tl.float32)
+                wsum_TE += tl.where(hit, w_T[:, None], 0.0)
+                wsq_TE += tl.where(hit, (w_T * w_T)[:, None], 0.0)
+                if TIER != 0:
+                    # rank of slot k among the token's K choices by probability (ties: lower slot)
+                    pk_T = tl.sum(tl.where(sel_k, p_TK, 0.0), axis=1)
+                    ahead_TK = (p_TK > pk_T[:, None]) | ((p_TK == pk_T[:, None]) & (offs_k[None, :] < k))
+                    rank_T = tl.sum((ahead_TK & k_ok[None, :]).to(tl.int32), axis=1)
+                    anch_TE += (hit & (rank_T < K0)[:, None]).to(tl.float32)
+                    first_TE += tl.where(hit & (rank_T == 0)[:, None], w_T[:, None], 0.0)
+            cnt_E += tl.sum(hits_TE, axis=0)
+            anchor_E += tl.sum(anch_TE, axis=0)
+            first_w_E += tl.sum(first_TE, axis=0)
+            if SCORE_IN_KERNEL:
+                if KIND == 1:
+                    term_TE = wsq_TE
+                elif KIND == 3:
+                    term_TE = wsq_TE * energy_E[None, :]
+                elif KIND == 4:
+                    routed = hits_TE > 0
+                    term_TE = tl.where(routed, wsq_TE * tl.exp(2.0 * tl.where(routed, g_TE + b_E[None, :], 0.0)), 0.0)
+                else:  # router_sum, and count's tie-breaker
+                    term_TE = wsum_TE
+                acc_E += tl.sum(term_TE, axis=0)
+        if ROUTE:
+            tl.debug_barrier()  # the routing this CTA wrote is visible to its reassignment below
+        union_E = cnt_E > 0
+        if SCORE_IN_KERNEL:
+            if KIND == 2:
+                # as base/selectors.Count: one more token outranks any router_sum difference
+                score_E = cnt_E * (tl.sum(acc_E, axis=0) + 1.0) + acc_E
+            else:
+                score_E = acc_E
+            if TIER == 2:  # Top1Union.score: first choices above every router_sum (KIND router_sum)
+                score_E = tl.where(anchor_E > 0, tl.sum(acc_E, axis=0) + 1.0 + first_w_E, acc_E)
+            tl.store(score_ptr + offs_e, score_E, mask=e_ok)
+        else:
+            score_E = tl.load(score_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
+
+        # --- the kept set: rank = candidates ahead (higher score, or equal and lower id) ---
+        rank_score_E = score_E
+        if TIER == 1:  # Anchored.keep: every anchor outranks every other expert
+            rank_score_E = tl.where(anchor_E > 0, score_E + tl.sum(tl.where(e_ok, score_E, 0.0), axis=0) + 1.0,
+                                    score_E)
+        if TIER == 3:  # oea: the anchors, all of them
+            cand_E = (anchor_E > 0) & e_ok
+        else:
+            cand_E = union_E
+        s_E = tl.where(cand_E, rank_score_E, float("-inf"))
+        s_U = s_E[:, None]  # the ranked expert u along axis 0, every other expert v along axis 1
+        s_V = s_E[None, :]
+        ahead_UV = (s_V > s_U) | ((s_V == s_U) & (offs_e[None, :] < offs_e[:, None]))
+        rank_E = tl.sum((ahead_UV & cand_E[None, :]).to(tl.int32), axis=1)
+        m = M
+        if COVERAGE:  # selectors.coverage_count: the top-ranked prefix reaching the share
+            sc_E = tl.where(union_E, tl.maximum(score_E, 0.0), 0.0)
+            upto_UV = (rank_E[None, :] <= rank_E[:, None]) & union_E[None, :]
+            cum_E = tl.sum(tl.where(upto_UV, sc_E[None, :], 0.0), axis=1)
+            thr = coverage * tl.sum(sc_E, axis=0) * (1 - 1e-6)
+            m = tl.sum((union_E & (cum_E < thr)).to(tl.int32), axis=0) + 1
+            m = tl.minimum(m, tl.maximum(tl.sum(union_E.to(tl.int32), axis=0), 1))
+            m = tl.minimum(m, M)
+        keep_E = cand_E & (rank_E < m)
+        n_keep = tl.sum(keep_E.to(tl.int32), axis=0)
+        # kept ids by rank (unique positions < n_keep), then -1 up to M_OUT: two disjoint stores
         tl.store(keep_m_ptr + rank_E, offs_e.to(tl.int64), mask=keep_E)
-        tl.store(keep_m_ptr + offs_e, tl.full((E_BLOCK,), -1, tl.int64), mask=(offs_e >= n_keep) & (offs_e < M))
+        for m0 in range(0, M_OUT, E_BLOCK):
+            offs_m = m0 + offs_e
+            tl.store(keep_m_ptr + offs_m, tl.full((E_BLOCK,), -1, tl.int64), mask=(offs_m >= n_keep) & (offs_m < M_OUT))
         tl.store(keep_e_ptr + offs_e, keep_E, mask=e_ok)
-    # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
-    best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
+        # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
+        best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
 
-    # --- reassign the tokens, TB at a time (base.method.routing.reassign, branch-free) ---
-    for tb0 in range(pid * TB, T, tl.num_programs(0) * TB):
-        offs_t = tb0 + tl.arange(0, TB)
-        t_ok = offs_t < T
-        tk_ok = t_ok[:, None] & (offs_k[None, :] < K)
-        probs_TE = tl.load(
-            probs_ptr + offs_t[:, None] * stride_pt + offs_e[None, :],
-            mask=t_ok[:, None] & e_ok[None, :],
-            other=0.0,
-        )
-        idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
-        w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
-        orig_TE = tl.zeros((TB, E_BLOCK), dtype=tl.int1)
-        origw_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-        wsum_T = tl.zeros((TB,), dtype=tl.float32)
-        psum_T = tl.zeros((TB,), dtype=tl.float32)
-        for k in tl.static_range(K):
-            i_T = tl.load(idx_ptr + offs_t * stride_it + k, mask=t_ok, other=-1)
-            w_T = tl.load(w_ptr + offs_t * stride_wt + k, mask=t_ok, other=0.0).to(tl.float32)
-            hit = i_T[:, None] == offs_e[None, :]
-            orig_TE = orig_TE | hit
-            origw_TE = tl.where(hit, w_T[:, None], origw_TE)
-            wsum_T += w_T
-            psum_T += tl.sum(tl.where(hit, probs_TE, 0.0), axis=1)
-        lost_T = tl.sum((orig_TE & ~keep_E[None, :]).to(tl.int32), axis=1) > 0
-        # kept originals first (probs + 2 > any prob), then kept others by probability, then none
-        rank_TE = tl.where(orig_TE & keep_E[None, :], probs_TE + 2.0, -1.0)
-        if BACKFILL:
-            rank_TE = tl.where(~orig_TE & keep_E[None, :], probs_TE, rank_TE)
-        rank_TE = tl.where(e_ok[None, :], rank_TE, -3.0)
-        scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
+        # --- pass 2: reassign the tokens (base.method.routing.reassign, branch-free) ---
+        for t0 in range(0, T, TB):
+            offs_t = t0 + tl.arange(0, TB)
+            t_ok = offs_t < T
+            tk_ok = t_ok[:, None] & k_ok[None, :]
+            idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
+            w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
+            if REASSIGN == 2:
+                # similar: a dropped pair moves, with its weight, to the kept expert most like it
+                out_idx = idx_TK
+                for k in tl.static_range(K):
+                    sel_k = offs_k[None, :] == k
+                    i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                    kept_T = tl.sum(((i_T[:, None] == offs_e[None, :]) & keep_E[None, :]).to(tl.int32), axis=1) > 0
+                    sim_TE = tl.load(sim_ptr + i_T[:, None] * stride_se + offs_e[None, :],
+                                     mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+                    sub_T = tl.argmax(tl.where(keep_E[None, :], sim_TE, float("-inf")), axis=1, tie_break_left=True)
+                    out_idx = tl.where(sel_k & ~kept_T[:, None], sub_T[:, None].to(idx_TK.dtype), out_idx)
+                tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
+                tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
+            else:
+                probs_TE = tl.load(probs_ptr + offs_t[:, None] * stride_pt + offs_e[None, :],
+                                   mask=t_ok[:, None] & e_ok[None, :], other=0.0)
+                orig_TE = tl.zeros((TB, E_BLOCK), dtype=tl.int1)
+                origw_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
+                wsum_T = tl.zeros((TB,), dtype=tl.float32)
+                psum_T = tl.zeros((TB,), dtype=tl.float32)
+                for k in tl.static_range(K):
+                    sel_k = offs_k[None, :] == k
+                    i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                    w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
+                    hit = i_T[:, None] == offs_e[None, :]
+                    orig_TE = orig_TE | hit
+                    origw_TE = tl.where(hit, w_T[:, None], origw_TE)
+                    wsum_T += w_T
+                    psum_T += tl.sum(tl.where(hit, probs_TE, 0.0), axis=1)
+                lost_T = tl.sum((orig_TE & ~keep_E[None, :]).to(tl.int32), axis=1) > 0
+                # kept originals first (probs + 2 > any prob), then kept others by probability, then none
+                rank_TE = tl.where(orig_TE & keep_E[None, :], probs_TE + 2.0, -1.0)
+                if REASSIGN == 0:
+                    rank_TE = tl.where(~orig_TE & keep_E[None, :], probs_TE, rank_TE)
+                rank_TE = tl.where(e_ok[None, :], rank_TE, -3.0)
+                scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
 
-        nidx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
-        nw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
-        filled_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int1)
-        first_T = tl.zeros((TB,), dtype=tl.int32)
-        for k in tl.static_range(K):  # K rounds of argmax = topk(K), ties to the lower id
-            v_T, j_T = tl.max(rank_TE, axis=1, return_indices=True, return_indices_tie_break_left=True)
-            pick_TE = offs_e[None, :] == j_T[:, None]
-            filled_T = v_T >= 0
-            # rank >= 2 marks a kept original (its own weight); else rank is the probability
-            ow_T = tl.sum(tl.where(pick_TE, origw_TE, 0.0), axis=1)
-            nw_T = tl.where(filled_T, tl.where(v_T >= 1.5, ow_T, v_T * scale_T), 0.0)
-            slot = offs_k[None, :] == k
-            nidx_TK = tl.where(slot, j_T[:, None], nidx_TK)
-            nw_TK = tl.where(slot, nw_T[:, None], nw_TK)
-            filled_TK = tl.where(slot, filled_T[:, None], filled_TK)
-            rank_TE = tl.where(pick_TE, -4.0, rank_TE)
-            if k == 0:
-                first_T = tl.where(filled_T, j_T, best)
-        if RENORMALIZE:
-            total_T = tl.maximum(tl.sum(nw_TK, axis=1), 1e-30)
-            nw_TK = nw_TK * (wsum_T / total_T)[:, None]
-        # empty slots point at a kept expert with weight 0 (no sentinel ids), as reassign does
-        nidx_TK = tl.where(filled_TK, nidx_TK, first_T[:, None])
-        out_idx = tl.where(lost_T[:, None], nidx_TK.to(idx_TK.dtype), idx_TK)
-        out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
-        tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
-        tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
+                nidx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
+                nw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
+                filled_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int1)
+                first_T = tl.zeros((TB,), dtype=tl.int32)
+                for k in tl.static_range(K):  # K rounds of argmax = topk(K), ties to the lower id
+                    v_T, j_T = tl.max(rank_TE, axis=1, return_indices=True, return_indices_tie_break_left=True)
+                    pick_TE = offs_e[None, :] == j_T[:, None]
+                    filled_T = v_T >= 0
+                    # rank >= 2 marks a kept original (its own weight); else rank is the probability
+                    ow_T = tl.sum(tl.where(pick_TE, origw_TE, 0.0), axis=1)
+                    nw_T = tl.where(filled_T, tl.where(v_T >= 1.5, ow_T, v_T * scale_T), 0.0)
+                    slot = offs_k[None, :] == k
+                    nidx_TK = tl.where(slot, j_T[:, None], nidx_TK)
+                    nw_TK = tl.where(slot, nw_T[:, None], nw_TK)
+                    filled_TK = tl.where(slot, filled_T[:, None], filled_TK)
+                    rank_TE = tl.where(pick_TE, -4.0, rank_TE)
+                    if k == 0:
+                        first_T = tl.where(filled_T, j_T, best)
+                if RENORMALIZE:
+                    total_T = tl.maximum(tl.sum(nw_TK, axis=1), 1e-30)
+                    nw_TK = nw_TK * (wsum_T / total_T)[:, None]
+                # empty slots point at a kept expert with weight 0 (no sentinel ids), as reassign does
+                nidx_TK = tl.where(filled_TK, nidx_TK, first_T[:, None])
+                out_idx = tl.where(lost_T[:, None], nidx_TK.to(idx_TK.dtype), idx_TK)
+                out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
+                tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
+                tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
+        if GEMV:
+            tl.atomic_xchg(arrive_ptr, 0)  # ready for the next launch (or graph replay)
 
 
 @dataclass
 class Selection:
     """Fixed-shape result of one layer's selection step."""
 
-    keep_M: Tensor  # (M,) int64 kept ids, highest score first, -1 past the union
+    keep_M: Tensor  # (M,) int64 kept ids by rank, -1 past the kept count
     keep_E: Tensor  # (E,) bool
     score_E: Tensor  # (E,) fp32
     topk_idx_TK: Tensor  # rerouted experts; empty slots point at a kept expert with weight 0
     topk_w_TK: Tensor
 
 
-def _check(kind: str, reassign_mode: str, budget: int | None) -> None:
-    if reassign_mode not in REASSIGN_MODES:
-        raise ValueError(f"reassign must be one of {REASSIGN_MODES}, got {reassign_mode!r}")
+@dataclass
+class Routing:
+    """The model's own routing, as the kernel computed it (for statistics and reference)."""
+
+    probs_TE: Tensor  # fp32 softmax of the logits
+    topk_idx_TK: Tensor  # int64
+    topk_w_TK: Tensor  # top-k probabilities, renormalised if norm_topk, times scale, in w_dtype
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How the kernel keeps experts, beyond the score term (see the module doc)."""
+
+    tier: str = "none"  # none | anchor | top1_union | oea
+    k0: int = 1  # anchors per token (tiers other than none)
+    coverage: float | None = None
+    reassign_mode: str = "backfill"
+    renormalize: bool = True
+
+
+def arrival_counter(device: torch.device) -> Tensor:
+    """The GEMV form's counter: allocate once per layer (outside any graph capture)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _check(kind: str, rule: Rule, budget: int | None, E: int, sim_EE: Tensor | None) -> None:
+    if rule.reassign_mode not in REASSIGN_MODES:
+        raise ValueError(f"reassign must be one of {REASSIGN_MODES}, got {rule.reassign_mode!r}")
+    if rule.reassign_mode == "similar" and sim_EE is None:
+        raise ValueError("reassign 'similar' needs the expert similarity (sim_EE)")
     if kind not in KINDS:
         raise ValueError(f"unknown selector kind {kind!r}; valid: {', '.join(KINDS)}")
+    if rule.tier not in TIERS:
+        raise ValueError(f"unknown tier {rule.tier!r}; valid: {', '.join(TIERS)}")
+    if rule.tier == "top1_union" and kind != "router_sum":
+        raise ValueError("tier 'top1_union' ranks by router_sum (kind='router_sum')")
+    if rule.tier != "none" and rule.k0 < 1:
+        raise ValueError(f"k0 must be >= 1, got {rule.k0}")
+    if rule.coverage is not None and not 0 < rule.coverage <= 1:
+        raise ValueError(f"coverage must be in (0, 1], got {rule.coverage}")
+    if rule.coverage is not None and rule.tier != "none":
+        raise ValueError(f"coverage ranks by the plain score; tier {rule.tier!r} has none")
     if budget is not None and budget < 1:
         raise ValueError(f"budget must be >= 1 or None, got {budget}")
 
 
-def _launch(probs_TE, idx_TK, w_TK, active_T, M, score_E, kind, g_TE, pred_b_E, energy_E, reassign_mode,
-            renormalize, logits_TE=None, norm=False, route_scale=1.0) -> Selection:  # fmt: skip
-    T, K = idx_TK.shape
-    E = probs_TE.shape[-1]
+def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule, probs_TE: Tensor, idx_TK: Tensor,
+            w_TK: Tensor, active_T: Tensor, score_E: Tensor | None, g_TE: Tensor | None, g_stride: int,
+            pred_b_E: Tensor | None, energy_E: Tensor | None, sim_EE: Tensor | None, route: bool,
+            norm: bool = False, route_scale: float = 1.0, logits_TE: Tensor | None = None,
+            logit_bias_E: Tensor | None = None, gemv: tuple | None = None) -> Selection:
     dev = probs_TE.device
     in_kernel = score_E is None
     if in_kernel and kind == "base" and (g_TE is None or pred_b_E is None):
         raise ValueError("kind 'base' computed in the kernel needs g_TE and pred_b_E")
     if in_kernel and kind == "calib_energy" and energy_E is None:
         raise ValueError("kind 'calib_energy' needs energy_E")
+    unbounded = budget is None or rule.tier == "oea"
+    M = E if unbounded else min(int(budget), E)
     score_out = empty(E, device=dev, dtype=torch.float32) if in_kernel else score_E.float().contiguous()
     keep_E = empty(E, device=dev, dtype=torch.bool)
     keep_M = empty(M, device=dev, dtype=torch.int64)
     new_idx = empty(T, K, device=dev, dtype=idx_TK.dtype)
     new_w = empty(T, K, device=dev, dtype=w_TK.dtype)
     dummy = score_out
-    if g_TE is not None and g_TE.stride(-1) != 1:
-        g_TE = g_TE.contiguous()
-    route = logits_TE is not None
-    if route and logits_TE.stride(-1) != 1:
-        logits_TE = logits_TE.contiguous()
-    TB = 16  # one compiled variant for every T; masked rows cost little
     E_BLOCK = next_pow2(E, 16)
-    _select_reassign_kernel.on(dev)[(1 if route else triton.cdiv(T, TB),)](
-        score_out, probs_TE, idx_TK, w_TK, active_T,
+    if gemv is not None:
+        x_TH, weight_CH, ws_TC, counter = gemv
+        C, H = weight_CH.shape
+        CB = 16
+        grid = (triton.cdiv(C, CB),)
+        gemv_args = (x_TH, weight_CH, ws_TC, counter)
+        fp32 = weight_CH.dtype == torch.float32
+        gemv_meta = dict(CB=CB, BK=128 if H >= 128 else next_pow2(H, 16), TBG=min(next_pow2(T, 16), 64),
+                         DOT_PRECISION="ieee" if fp32 else "tf32")
+        sx, sw = x_TH.stride(0), weight_CH.stride(0)
+    else:
+        C = H = 0
+        grid = (1,)
+        gemv_args = (dummy, dummy, dummy, dummy)
+        gemv_meta = dict(CB=16, BK=16, TBG=16, DOT_PRECISION="tf32")
+        sx = sw = 0
+    _route_select_kernel.on(dev)[grid](
+        *gemv_args,
+        logits_TE if logits_TE is not None else dummy,
+        logit_bias_E if logit_bias_E is not None else dummy,
+        probs_TE, idx_TK, w_TK, active_T, score_out,
         g_TE if g_TE is not None else dummy,
         pred_b_E if pred_b_E is not None else dummy,
         energy_E if energy_E is not None else dummy,
-        keep_E, keep_M, new_idx, new_w, logits_TE if route else dummy,
-        T, E, M, float(route_scale),
-        logits_TE.stride(0) if route else 0, probs_TE.stride(0), idx_TK.stride(0), w_TK.stride(0),
-        g_TE.stride(0) if g_TE is not None else 0, new_idx.stride(0), new_w.stride(0),
-        K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=TB,
-        SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind],
-        BACKFILL=reassign_mode == "backfill", RENORMALIZE=bool(renormalize), ROUTE=route, NORM=bool(norm),
+        sim_EE if sim_EE is not None else dummy,
+        keep_E, keep_M, new_idx, new_w,
+        T, E, H, C, M, M, int(rule.k0), float(route_scale), float(rule.coverage or 1.0),
+        sx, sw, logits_TE.stride(0) if logits_TE is not None else 0, probs_TE.stride(0), idx_TK.stride(0),
+        w_TK.stride(0), g_stride, sim_EE.stride(0) if sim_EE is not None else 0, new_idx.stride(0), new_w.stride(0),
+        K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=16, GEMV=gemv is not None, **gemv_meta,
+        ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
+        SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
+        REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
         num_warps=4 if E_BLOCK <= 64 else 8,
     )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
@@ -320,29 +495,34 @@ def select_reassign(
     g_TE: Tensor | None = None,
     pred_b_E: Tensor | None = None,
     energy_E: Tensor | None = None,
+    sim_EE: Tensor | None = None,
     reassign_mode: str = "backfill",
     renormalize: bool = True,
+    rule: Rule | None = None,
 ) -> Selection:
-    """Keep the `budget` union experts with the largest score_E and reroute every token to them.
+    """Keep the `budget` union experts with the largest score_E and reroute every token to them
+    (after the model's own router).
 
     With score_E None the kernel computes it for `kind` (see KINDS): `base` then needs g_TE
     (z @ W_HE for all experts, e.g. from `kernels.score.fused_router_logits`) and pred_b_E;
-    `calib_energy` needs energy_E. budget None keeps the whole union (M = E).
+    `calib_energy` needs energy_E. budget None keeps the whole union. `rule` (tiers, coverage)
+    overrides reassign_mode / renormalize when given.
     """
-    _check(kind, reassign_mode, budget)
+    rule = rule or Rule(reassign_mode=reassign_mode, renormalize=renormalize)
+    T, K = topk_idx_TK.shape
     E = probs_TE.shape[-1]
-    M = E if budget is None else min(int(budget), E)
-    return _launch(probs_TE.float().contiguous(), topk_idx_TK.contiguous(), topk_w_TK.contiguous(), active_T, M,
-                   score_E, kind, g_TE, pred_b_E, energy_E, reassign_mode, renormalize)  # fmt: skip
+    _check(kind, rule, budget, E, sim_EE)
+    if g_TE is not None and g_TE.stride(-1) != 1:
+        g_TE = g_TE.contiguous()
+    return _launch(T=T, K=K, E=E, budget=budget, kind=kind, rule=rule, probs_TE=probs_TE.float().contiguous(),
+                   idx_TK=topk_idx_TK.contiguous(), w_TK=topk_w_TK.contiguous(), active_T=active_T, score_E=score_E,
+                   g_TE=g_TE, g_stride=g_TE.stride(0) if g_TE is not None else 0, pred_b_E=pred_b_E,
+                   energy_E=energy_E, sim_EE=sim_EE, route=False)  # fmt: skip
 
 
-@dataclass
-class Routing:
-    """The model's own routing, as `route_select` computed it (for statistics and reference)."""
-
-    probs_TE: Tensor  # fp32 softmax of the logits
-    topk_idx_TK: Tensor  # int64
-    topk_w_TK: Tensor  # top-k probabilities, renormalised if norm_topk, times scale, in w_dtype
+def _routing_buffers(T: int, E: int, top_k: int, dev: torch.device, w_dtype: torch.dtype) -> Routing:
+    return Routing(empty(T, E, device=dev, dtype=torch.float32), empty(T, top_k, device=dev, dtype=torch.int64),
+                   empty(T, top_k, device=dev, dtype=w_dtype))
 
 
 def route_select(
@@ -359,27 +539,77 @@ def route_select(
     pred_b_E: Tensor | None = None,
     energy_E: Tensor | None = None,
     score_E: Tensor | None = None,
+    sim_EE: Tensor | None = None,
+    logit_bias_E: Tensor | None = None,
     reassign_mode: str = "backfill",
     renormalize: bool = True,
+    rule: Rule | None = None,
 ) -> tuple[Routing, Selection]:
-    """The router's softmax + top-k (+ renormalisation, scaling) and the selection in ONE launch.
+    """The router's softmax + top-k (+ renormalisation, scaling) and the selection in ONE launch,
+    after the router's GEMM (`route_select_gemv` does the GEMM too).
 
     Replaces everything a softmax-then-top-k router (Qwen2/3-MoE, DeepSeek-V2 greedy, Mixtral)
-    does after its GEMM, so the selection adds no launch: logits_TE may be the router half of
-    `fused_router_logits` and g_TE its predictor half. Top-k ties go to the lower expert id
-    (torch.topk leaves them unspecified); probs equal torch's fp32 softmax up to rounding.
-    One program does all T tokens (it reads back its own routing after a CTA barrier). A static
-    score_E (calib_freq, fixed) replaces the in-kernel score; `kind` is then ignored.
+    does after its GEMM. Top-k ties go to the lower expert id (torch.topk leaves them
+    unspecified); probs equal torch's fp32 softmax up to rounding. A static score_E (calib_freq,
+    fixed) replaces the in-kernel score; `kind` is then ignored.
     """
-    _check(kind, reassign_mode, budget)
+    rule = rule or Rule(reassign_mode=reassign_mode, renormalize=renormalize)
     T, E = logits_TE.shape
-    dev = logits_TE.device
-    M = E if budget is None else min(int(budget), E)
-    probs_TE = empty(T, E, device=dev, dtype=torch.float32)
-    idx_TK = empty(T, top_k, device=dev, dtype=torch.int64)
-    w_TK = empty(T, top_k, device=dev, dtype=w_dtype or logits_TE.dtype)
-    if score_E is not None:
-        score_E = score_E.float().contiguous()
-    sel = _launch(probs_TE, idx_TK, w_TK, active_T, M, score_E, kind, g_TE, pred_b_E, energy_E, reassign_mode,
-                  renormalize, logits_TE=logits_TE, norm=norm_topk, route_scale=scale)  # fmt: skip
-    return Routing(probs_TE, idx_TK, w_TK), sel
+    _check(kind, rule, budget, E, sim_EE)
+    routing = _routing_buffers(T, E, top_k, logits_TE.device, w_dtype or logits_TE.dtype)
+    logits_TE = logits_TE if logits_TE.stride(-1) == 1 else logits_TE.contiguous()
+    if g_TE is not None and g_TE.stride(-1) != 1:
+        g_TE = g_TE.contiguous()
+    sel = _launch(T=T, K=top_k, E=E, budget=budget, kind=kind, rule=rule, probs_TE=routing.probs_TE,
+                  idx_TK=routing.topk_idx_TK, w_TK=routing.topk_w_TK, active_T=active_T, score_E=score_E, g_TE=g_TE,
+                  g_stride=g_TE.stride(0) if g_TE is not None else 0, pred_b_E=pred_b_E, energy_E=energy_E,
+                  sim_EE=sim_EE, route=True, norm=norm_topk, route_scale=scale, logits_TE=logits_TE,
+                  logit_bias_E=logit_bias_E)  # fmt: skip
+    return routing, sel
+
+
+def route_select_gemv(
+    x_TH: Tensor,
+    weight_CH: Tensor,
+    num_experts: int,
+    top_k: int,
+    active_T: Tensor,
+    budget: int | None,
+    *,
+    norm_topk: bool,
+    scale: float = 1.0,
+    kind: str = "router_sum",
+    pred_b_E: Tensor | None = None,
+    energy_E: Tensor | None = None,
+    score_E: Tensor | None = None,
+    sim_EE: Tensor | None = None,
+    logit_bias_E: Tensor | None = None,
+    rule: Rule | None = None,
+    counter: Tensor | None = None,
+) -> tuple[Routing, Selection]:
+    """`route_select` with the router's GEMM in the same launch: weight_CH is the router's (E, H)
+    weight, or for `base` [router; predictor] (2E, H) from `kernels.score.fuse_router_predictor`
+    (g = the predictor half). Logits (and g) are rounded to the weight dtype as F.linear rounds
+    them; fp32 weights are multiplied in full fp32 (no tf32). `counter`: from `arrival_counter`,
+    allocated once outside graph capture (a fresh one per call otherwise)."""
+    rule = rule or Rule()
+    E = num_experts
+    C, H = weight_CH.shape
+    T = x_TH.shape[0]
+    _check(kind, rule, budget, E, sim_EE)
+    if C not in (E, 2 * E) or x_TH.shape[1] != H:
+        raise ValueError(f"weight_CH {tuple(weight_CH.shape)} does not fit {E} experts and x_TH {tuple(x_TH.shape)}")
+    if kind == "base" and score_E is None and C != 2 * E:
+        raise ValueError("kind 'base' needs the predictor rows in weight_CH (2E rows)")
+    dev = x_TH.device
+    x_TH = x_TH if x_TH.stride(-1) == 1 else x_TH.contiguous()
+    ws_TC = empty(T, C, device=dev, dtype=torch.float32)
+    counter = arrival_counter(dev) if counter is None else counter
+    routing = _routing_buffers(T, E, top_k, dev, weight_CH.dtype)
+    g_TE = ws_TC[:, E:] if C == 2 * E else None
+    sel = _launch(T=T, K=top_k, E=E, budget=budget, kind=kind, rule=rule, probs_TE=routing.probs_TE,
+                  idx_TK=routing.topk_idx_TK, w_TK=routing.topk_w_TK, active_T=active_T, score_E=score_E, g_TE=g_TE,
+                  g_stride=C, pred_b_E=pred_b_E, energy_E=energy_E, sim_EE=sim_EE, route=True, norm=norm_topk,
+                  route_scale=scale, logits_TE=ws_TC, logit_bias_E=logit_bias_E,
+                  gemv=(x_TH, weight_CH.contiguous(), ws_TC, counter))  # fmt: skip
+    return routing, sel

@@ -62,6 +62,7 @@ class Selector:
     # How the fused kernels can run it (method.backend=triton); neither: PyTorch under every backend.
     kernel_term: ClassVar[str | None] = None  # the per-pair term the kernels score (kernels/terms.py)
     static_score: ClassVar[bool] = False  # the score is a fixed per-layer vector (static_score_E)
+    kernel_tier: ClassVar[str] = "none"  # how the kernels rank beyond the term (kernels/select.py TIERS)
 
     def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None,
                  coverage: float | None = None) -> None:
@@ -270,6 +271,8 @@ class OEA(Selector):
 
     uses_budget = False
     needs_k0 = True
+    kernel_term = "router_sum"
+    kernel_tier = "oea"
 
     def score(self, batch: RoutedBatch) -> Tensor:
         return aggregate_E(_w(batch), batch.topk_idx_TK, batch.active_T, batch.num_experts)
@@ -286,7 +289,7 @@ class Anchored(Selector):
     is the plain score (reassignment's fallback uses it)."""
 
     needs_k0 = True
-    kernel_term = None  # the anchors tier the score: PyTorch only, whatever the base score's kernel
+    kernel_tier = "anchor"  # the kernels tier their own term (the base class's kernel_term)
 
     def keep(self, batch: RoutedBatch, budget: int | None) -> tuple[Tensor, Tensor]:
         score_E = self.score(batch)
@@ -338,6 +341,9 @@ class Top1Union(Selector):
     2. then, if the budget has room left, the other union experts by router_sum.
     Scores: tier 1 is (R + 1) + first-choice weight, tier 2 router_sum <= R, R the batch's total
     router weight, so every first choice outranks every other expert."""
+
+    kernel_term = "router_sum"
+    kernel_tier = "top1_union"
 
     def score(self, batch: RoutedBatch) -> Tensor:
         args = (batch.topk_idx_TK, batch.active_T, batch.num_experts)

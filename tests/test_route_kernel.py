@@ -1,0 +1,172 @@
+"""The one-launch selection kernel (kernels/select.py) for every rule, against the PyTorch references.
+
+The router's GEMM in the same launch (`route_select_gemv`, many programs, the last one selects),
+anchored tiers (base_anchor, xshare, lynx), top1_union, oea, coverage and `similar` re-routing:
+each compared with `Selector.keep` + `reassign` of base/method/ on the same routing. CPU tensors run
+through Triton's interpreter; every buffer the wrappers allocate is poisoned (NaN / -7777).
+Shapes: T tokens, H hidden, E experts, K top-k, M budget.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels._triton as kt
+from base.method.routing import RoutedBatch, pair_counts_E, reassign
+from base.method.selectors import Artifacts, build_selector
+from kernels import fuse_router_predictor
+from kernels.select import Rule, arrival_counter, route_select, route_select_gemv, select_reassign
+
+
+@pytest.fixture(autouse=True)
+def poison():
+    kt.POISON = True
+    yield
+    kt.POISON = False
+
+
+def _artifacts(E: int, H: int, seed: int = 0) -> Artifacts:
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.rand(2, E, E, generator=g)
+    return Artifacts(freq_LE=torch.rand(2, E, generator=g), energy_LE=torch.rand(2, E, generator=g),
+                     pred_w_LHE=torch.randn(2, H, E, generator=g) * 0.1, pred_b_LE=torch.randn(2, E, generator=g) * 0.3,
+                     sim_LEE=(sim + sim.transpose(1, 2)) / 2)  # fmt: skip
+
+
+def _inputs(T: int, E: int, H: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x_TH = torch.randn(T, H, generator=g)
+    w_EH = torch.randn(E, H, generator=g) / H**0.5 * 3
+    active_T = torch.rand(T, generator=g) > 0.2
+    active_T[0] = True
+    return x_TH, w_EH, active_T
+
+
+def _same_routing(idx_TK, w_TK, ref_idx_TK, ref_w_TK, rtol=1e-5):
+    o_idx, o = idx_TK.sort(-1)
+    r_idx, r = ref_idx_TK.sort(-1)
+    assert torch.equal(o_idx, r_idx)
+    torch.testing.assert_close(w_TK.gather(1, o).float(), ref_w_TK.gather(1, r).float(), rtol=rtol, atol=1e-6)
+
+
+@pytest.mark.parametrize("T,E,K,H,kind,norm", [(5, 64, 8, 48, "base", True), (16, 60, 4, 40, "router_sum", False),
+                                               (33, 128, 8, 32, "count", True)])
+def test_gemv_routes_and_selects_as_linear_softmax_topk_and_reference(T, E, K, H, kind, norm):
+    """Router GEMM (+ predictor GEMM) + softmax + top-k + selection in one launch of many programs."""
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=T + E)
+    art = _artifacts(E, H)
+    M = 7
+    weight = fuse_router_predictor(w_EH, art.pred_w_LHE[1]) if kind == "base" else w_EH
+    counter = arrival_counter(x_TH.device)
+    routing, sel = route_select_gemv(x_TH, weight, E, K, active_T, M, norm_topk=norm, kind=kind,
+                                     pred_b_E=art.pred_b_LE[1], counter=counter)  # fmt: skip
+    assert counter.item() == 0  # the last program leaves it ready for the next launch (graph replay)
+    probs_TE = F.linear(x_TH, w_EH).softmax(-1)
+    w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+    if norm:
+        w_TK = w_TK / w_TK.sum(-1, keepdim=True)
+    torch.testing.assert_close(routing.probs_TE, probs_TE, rtol=1e-5, atol=1e-7)
+    assert torch.equal(routing.topk_idx_TK, idx_TK)
+    torch.testing.assert_close(routing.topk_w_TK, w_TK, rtol=1e-5, atol=1e-6)
+    batch = RoutedBatch(x_TH, probs_TE, idx_TK, routing.topk_w_TK, active_T, layer=1)
+    selector = build_selector(kind, art)
+    union_E = pair_counts_E(idx_TK, active_T, E) > 0
+    torch.testing.assert_close(sel.score_E[union_E], selector.score(batch)[union_E], rtol=1e-4, atol=1e-6)
+    keep_E, _ = selector.keep(batch, M)
+    assert torch.equal(sel.keep_E, keep_E)
+    r_idx, r_w = reassign(batch, keep_E, sel.score_E)
+    _same_routing(sel.topk_idx_TK, sel.topk_w_TK, r_idx, r_w)
+    kept = sel.keep_M[sel.keep_M >= 0]
+    assert sorted(kept.tolist()) == keep_E.nonzero().flatten().tolist() and len(kept) == min(M, int(union_E.sum()))
+
+
+RULES = [  # selector, k0, budget
+    ("base_anchor", 1, 6), ("base_anchor", 2, 9), ("xshare", 1, 5), ("lynx", 2, 7), ("top1_union", None, 4),
+    ("top1_union", None, 12), ("oea", 1, None), ("oea", 2, None),
+]
+
+
+def _kernel_rule(name: str, k0: int | None, **kw) -> tuple[str, Rule]:
+    """The kernel's view of a selector (what base/method/backends.py derives from it)."""
+    sel = build_selector(name, _artifacts(8, 8), k0=k0)
+    return sel.kernel_term or "router_sum", Rule(tier=sel.kernel_tier, k0=k0 or 1, **kw)
+
+
+@pytest.mark.parametrize("name,k0,budget", RULES)
+@pytest.mark.parametrize("route", [True, False])
+def test_tiered_rules_keep_and_reassign_as_their_selectors(name, k0, budget, route):
+    T, E, K, H = 16, 32, 4, 24
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=len(name) + (k0 or 0))
+    art = _artifacts(E, H, seed=3)
+    kind, rule = _kernel_rule(name, k0)
+    logits_TE = F.linear(x_TH, w_EH)
+    g_TE = x_TH @ art.pred_w_LHE[1]
+    kw = dict(kind=kind, g_TE=g_TE, pred_b_E=art.pred_b_LE[1], rule=rule)
+    if route:
+        routing, sel = route_select(logits_TE, K, active_T, budget, norm_topk=True, **kw)
+        batch = RoutedBatch(x_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer=1)
+    else:  # after the model's router, its top-k unsorted (as DeepSeek's sorted=False)
+        probs_TE = logits_TE.softmax(-1)
+        w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+        perm = torch.randperm(K, generator=torch.Generator().manual_seed(1))
+        batch = RoutedBatch(x_TH, probs_TE, idx_TK[:, perm], (w_TK / w_TK.sum(-1, keepdim=True))[:, perm], active_T, 1)
+        sel = select_reassign(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, active_T, budget, **kw)
+    selector = build_selector(name, art, k0=k0)
+    keep_E, score_E = selector.keep(batch, budget if selector.uses_budget else None)
+    assert torch.equal(sel.keep_E, keep_E)
+    torch.testing.assert_close(sel.score_E, score_E, rtol=1e-5, atol=1e-6)
+    if budget is not None:
+        assert int(keep_E.sum()) <= budget
+    r_idx, r_w = reassign(batch, keep_E, score_E)
+    _same_routing(sel.topk_idx_TK, sel.topk_w_TK, r_idx, r_w)
+
+
+@pytest.mark.parametrize("name,coverage,budget", [("router_sum", 0.9, None), ("base", 0.8, 6), ("router_sq", 0.5, 40)])
+def test_coverage_keeps_as_coverage_count(name, coverage, budget):
+    T, E, K, H = 12, 48, 6, 16
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=7)
+    art = _artifacts(E, H, seed=5)
+    routing, sel = route_select(F.linear(x_TH, w_EH), K, active_T, budget, norm_topk=True, kind=name,
+                                g_TE=x_TH @ art.pred_w_LHE[1], pred_b_E=art.pred_b_LE[1],
+                                rule=Rule(coverage=coverage))  # fmt: skip
+    batch = RoutedBatch(x_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer=1)
+    keep_E, _ = build_selector(name, art, coverage=coverage).keep(batch, budget)
+    assert torch.equal(sel.keep_E, keep_E)
+    assert 1 <= int(keep_E.sum()) <= (budget or E)
+
+
+def test_similar_reroutes_each_dropped_pair_to_its_most_similar_kept_expert():
+    T, E, K, H, M = 16, 32, 4, 16, 6
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=11)
+    art = _artifacts(E, H, seed=2)
+    routing, sel = route_select(F.linear(x_TH, w_EH), K, active_T, M, norm_topk=True, sim_EE=art.sim_LEE[1],
+                                rule=Rule(reassign_mode="similar"))  # fmt: skip
+    batch = RoutedBatch(x_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer=1)
+    keep_E, score_E = build_selector("router_sum").keep(batch, M)
+    assert torch.equal(sel.keep_E, keep_E)
+    r_idx, r_w = reassign(batch, keep_E, score_E, "similar", sim_EE=art.sim_LEE[1])
+    assert torch.equal(sel.topk_idx_TK, r_idx) and torch.equal(sel.topk_w_TK, r_w)
+
+
+def test_dense_route_keeps_the_union_and_the_model_routing_bit_identical():
+    """budget None, no tier: the kept list is the union and no active token is rerouted (the fused
+    dense path; inactive rows, whose experts are not in the union, move to kept ones as in reassign)."""
+    T, E, K, H = 9, 64, 8, 32
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=4)
+    routing, sel = route_select_gemv(x_TH, w_EH, E, K, active_T, None, norm_topk=False)
+    union_E = pair_counts_E(routing.topk_idx_TK, active_T, E) > 0
+    assert torch.equal(sel.keep_E, union_E)
+    a = active_T
+    assert torch.equal(sel.topk_idx_TK[a], routing.topk_idx_TK[a]) and torch.equal(sel.topk_w_TK[a], routing.topk_w_TK[a])
+    assert sel.keep_M.shape == (E,) and int((sel.keep_M >= 0).sum()) == int(union_E.sum())
+
+
+def test_bad_rules_are_refused():
+    x_TH, w_EH, active_T = _inputs(4, 16, 8, seed=0)
+    with pytest.raises(ValueError, match="top1_union"):
+        route_select_gemv(x_TH, w_EH, 16, 2, active_T, 4, norm_topk=True, kind="base", rule=Rule(tier="top1_union"))
+    with pytest.raises(ValueError, match="similarity"):
+        route_select_gemv(x_TH, w_EH, 16, 2, active_T, 4, norm_topk=True, rule=Rule(reassign_mode="similar"))
+    with pytest.raises(ValueError, match="does not fit"):
+        route_select_gemv(x_TH, w_EH[:, :4], 16, 2, active_T, 4, norm_topk=True)
