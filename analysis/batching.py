@@ -6,9 +6,10 @@ continuous minus static over the same prompts (issue 18's comparison, under issu
 
 Points are matched by (method, budget) and must score the same prompts (prompt hashes compared).
 Accuracy by the exact McNemar test with Tango's score interval (analysis/stats.py), every point of
-the pair of grids one Holm family; the call is "lower" where continuous batching scores lower,
-"tie" where the equivalence test against the 1-point margin passes. Writes <dest>.csv and <dest>.md.
-Reads outputs/ and writes results/ only.
+the pair of grids one Holm family except dense, null by construction (NULL_BY_CONSTRUCTION: its row
+is shown, not called); the call is "lower" where continuous batching scores lower, else
+"inconclusive" (no accuracy tie: stats.TIE_METRICS). Writes <dest>.csv and <dest>.md. Reads
+outputs/ and writes results/ only.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ import pandas as pd
 
 from analysis import stats as S
 from analysis.ablation import prompts_of, runs
+
+# Rows whose difference is zero by construction, shown but left out of the family: a dense greedy
+# decode does not depend on which requests share its step, so it cannot differ between batchings.
+NULL_BY_CONSTRUCTION = {"dense": "null by construction: a dense decode does not depend on its batch mates"}
 
 
 def shift_table(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
@@ -39,7 +44,8 @@ def shift_table(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
             raise SystemExit(f"{method} at budget {budget}: the two batchings scored different prompts")
         c = S.paired_accuracy(j["correct_c"].to_numpy(), j["correct_s"].to_numpy())
         rows.append({"method": method, "budget": budget, "metric": "accuracy", "static": ps["correct"].mean(),
-                     "continuous": pc["correct"].mean(), "unit": f"prompts ({len(j)})", **c.row()})
+                     "continuous": pc["correct"].mean(), "unit": f"prompts ({len(j)})", **c.row(),
+                     "excluded": NULL_BY_CONSTRUCTION.get(method, "")})
     if not rows:
         raise SystemExit("no (method, budget) point was run under both batchings")
     return S.grid_calls(pd.DataFrame(rows))

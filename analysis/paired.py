@@ -5,9 +5,9 @@
 Per-request records are joined on (task, doc_id); the prompts must be the same (prompt hashes are
 compared). Reported: accuracy of each run, the difference A - B with Tango's score 95 % interval,
 the discordant counts (A right and B wrong, and the reverse), the exact McNemar p-value, the
-equivalence (TOST) p against a 1-point margin and the call (analysis/stats.py): "A higher" or
-"B higher" where McNemar rejects, "tie" where it does not and the TOST passes, else "inconclusive".
-One comparison is its own family; a grid of them is corrected together by analysis/ablation.py.
+equivalence (TOST) p against a 1-point margin (reported, not a call: stats.TIE_METRICS) and the call
+(analysis/stats.py): "A higher" or "B higher" where McNemar rejects, else "inconclusive". One
+comparison is its own family; a grid of them is corrected together by analysis/ablation.py.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, float | int | str]:
         raise ValueError("the runs' prompts differ for the same (task, doc_id): not a paired comparison")
     ca, cb = j["correct_a"].to_numpy(float), j["correct_b"].to_numpy(float)
     c = S.paired_accuracy(ca, cb)
-    call = S.call(c.diff, c.p, c.p_tost)
+    call = S.call(c.diff, c.p, c.p_tost, "accuracy")
     call = {"higher": "A higher", "lower": "B higher"}.get(call, call)
     return {"n": c.n, "acc_a": float(ca.mean()), "acc_b": float(cb.mean()), "diff": c.diff, "ci_low": c.low,
             "ci_high": c.high, "a_only": c.a_only, "b_only": c.b_only, "mcnemar_p": c.p, "tost_p": c.p_tost,

@@ -7,8 +7,8 @@ the interval here is the unpaired normal one, diff +- 1.96 * sqrt(p1 (1 - p1) / 
 over the n prompts of each run. For runs over the same prompts whose outcomes are positively
 correlated it is wider than the paired interval, so its test of "no difference" is conservative.
 Calls as everywhere (analysis/stats.py): Holm over the table's comparisons, higher/lower where the
-corrected z-test rejects, tie where the corrected equivalence test (1-point margin) passes, else
-inconclusive.
+corrected z-test rejects, else inconclusive (an accuracy tie is not a call: stats.TIE_METRICS; the
+equivalence p against the 1-point margin is reported).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def diff_row(p_ref: float, p_other: float, n: int) -> dict[str, float | str]:
     se = math.sqrt(p_ref * (1 - p_ref) / n + p_other * (1 - p_other) / n)
     p, p_tost = S.p_normal(d, se), S.tost_normal(d, se, S.MARGINS["accuracy"])
     return {"diff": d, "low": d - Z95 * se, "high": d + Z95 * se, "se": se, "p": p, "p_tost": p_tost,
-            "call": S.call(d, p, p_tost)}
+            "call": S.call(d, p, p_tost, "accuracy")}
 
 
 def quality_diffs(df: pd.DataFrame, ref: str = "base", n: int = 1600) -> pd.DataFrame:
@@ -53,8 +53,8 @@ def main(src: str, dest: str, n: int = 1600) -> None:
     calls = table.pivot(index="variant", columns="budget", values="call")
     diffs = table.assign(cell=table.apply(lambda r: f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]", axis=1))
     text = (f"base minus each variant, accuracy, 95 % unpaired interval (n = {n} prompts per run); calls Holm-"
-            f"corrected over {len(table)} comparisons, tie only where the equivalence test (margin "
-            f"{S.MARGINS['accuracy']:g}) passes\n\n"
+            f"corrected over {len(table)} comparisons (higher, lower or inconclusive: no accuracy tie is called, "
+            f"stats.TIE_METRICS)\n\n"
             + diffs.pivot(index="variant", columns="budget", values="cell").to_markdown() + "\n\n"
             + calls.to_markdown() + "\n")
     out.with_suffix(".md").write_text(text)

@@ -31,6 +31,27 @@ Minimal detectable difference (`mdd`): the difference each test finds with 80 % 
 strictest Holm level ALPHA / m (m comparisons in the grid): (z_{1-a/2m} + z_{0.8}) * standard error,
 the McNemar standard error being sqrt(discordant fraction / prompts), at least one discordant prompt.
 
+What is called (issue 27), `grid_calls`:
+  - a tie is a call only for TIE_METRICS. Accuracy is not among them: at a grid's ~1,050 prompts and
+    Holm's level the equivalence test cannot pass for rules that disagree with base on 2-27 % of the
+    prompts (`equivalence_n`: about 8,800 prompts at 5 % discordance, a 1-point margin and ALPHA/28),
+    so an accuracy comparison that does not reject is inconclusive, stated with its `mdd`;
+  - a row may be excluded from its family (column `excluded`, the reason): a metric that mirrors
+    another (MIRRORS: dll, the log-likelihood change, is near -KL: one secondary metric, not two
+    calls) and rows null by construction (dense under two batchings or admissions: a dense greedy
+    decode does not depend on who shares its step), which the analysis that builds the table marks.
+  Over many grids: `bh` (Benjamini-Hochberg q over every committed comparison) and Holm over a
+  headline family; analysis/families.py applies both and labels the calls that fail "exploratory".
+
+Planning (for a pre-registered grid): `detect_n` (prompts for the primary family to detect a
+difference), `equivalence_power` and `equivalence_n` (prompts for a paired accuracy TOST).
+
+Intervals beside tests: accuracy (one seed) shows Tango's 95 % score interval beside the exact
+McNemar p; the score test it inverts is the asymptotic McNemar test, which the exact test is more
+conservative than (4-5 discordant prompts one way, or ~190 split 107/80: the interval can exclude 0
+at p = 0.053-0.0625). A TOST at ALPHA corresponds to the 90 % interval (`tost_interval`), not the
+95 % one. `crossed` and `sign_flip` return the interval that inverts their own test.
+
 Shapes: P prompts (or decode batches), L MoE layers, R bootstrap resamples.
 """
 from __future__ import annotations
@@ -52,6 +73,11 @@ N_BOOT = 4000
 HIGHER_IS_BETTER = {"accuracy": True, "energy_retained": True, "kl": False, "dll": True, "out_error": False,
                     "top1_agree": True}
 MARGINS = {"accuracy": 0.01, "kl": 0.005, "dll": 0.005, "out_error": 0.002, "energy_retained": 0.002}
+# Metrics whose equivalence test makes a "tie" call (module docstring: why not accuracy).
+TIE_METRICS = ("kl", "out_error", "energy_retained")
+# A metric reported beside the one it mirrors, not called: dll is close to -KL per token.
+MIRRORS = {"dll": "kl"}
+EXCLUDED = "excluded"  # the call of a row left out of its family (its reason in column `excluded`)
 
 
 @dataclass(frozen=True)
@@ -242,10 +268,11 @@ def holm(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def call(diff: float, p_holm: float, p_tost_holm: float) -> str:
+def call(diff: float, p_holm: float, p_tost_holm: float, metric: str | None = None) -> str:
+    """higher / lower / tie / inconclusive; with `metric`, a tie only for a metric in TIE_METRICS."""
     if p_holm < ALPHA:
         return "higher" if diff > 0 else "lower"
-    if p_tost_holm < ALPHA:
+    if p_tost_holm < ALPHA and (metric is None or metric in TIE_METRICS):
         return "tie"
     return "inconclusive"
 
@@ -255,13 +282,153 @@ def mdd(se: float, m: int) -> float:
     return float((stats.norm.isf(ALPHA / (2 * max(m, 1))) + stats.norm.ppf(POWER)) * se)
 
 
-def grid_calls(table):
-    """Adds p_holm, p_tost_holm, call and mdd to a table of Comparison rows (one grid: one family).
+def grid_calls(table, tie_metrics: tuple[str, ...] = TIE_METRICS):
+    """Adds excluded, p_holm, p_tost_holm, call and mdd to a table of Comparison rows (one grid: one family).
 
-    Every difference test of the grid is one Holm family, every TOST another."""
+    Every difference test of the grid's family is one Holm family, every equivalence test of a
+    metric in `tie_metrics` another. Rows whose `excluded` column already names a reason, and rows
+    of a metric in MIRRORS, are left out of both (call EXCLUDED, p_holm nan); mdd is at the family's
+    strictest Holm level. A table without a `metric` column is accuracy."""
     t = table.copy()
-    m = int(t["p"].notna().sum())
-    t["p_holm"], t["p_tost_holm"] = holm(t["p"].to_numpy()), holm(t["p_tost"].to_numpy())
-    t["call"] = [call(d, p, q) for d, p, q in zip(t["diff"], t["p_holm"], t["p_tost_holm"])]
+    metric = t["metric"].astype(str).to_numpy() if "metric" in t else np.full(len(t), "accuracy")
+    given = t["excluded"].fillna("").astype(str).to_numpy() if "excluded" in t else np.full(len(t), "")
+    reason = np.array([r or (f"mirrors {MIRRORS[m]}: reported, not called" if m in MIRRORS else "")
+                       for r, m in zip(given, metric)], dtype=object)
+    family = reason == ""
+    ties = family & np.isin(metric, tie_metrics)
+    p_holm, p_tost_holm = np.full(len(t), np.nan), np.full(len(t), np.nan)
+    p_holm[family] = holm(t["p"].to_numpy(float)[family])
+    p_tost_holm[ties] = holm(t["p_tost"].to_numpy(float)[ties])
+    t["excluded"], t["p_holm"], t["p_tost_holm"] = reason, p_holm, p_tost_holm
+    t["call"] = [call(d, p, q) if f else EXCLUDED for d, p, q, f in zip(t["diff"], p_holm, p_tost_holm, family)]
+    m = int((family & t["p"].notna().to_numpy()).sum())
     t["mdd"] = [mdd(se, m) for se in t["se"]]
     return t
+
+
+# ---- many grids: false discovery rate over every committed comparison ------------------------
+
+def bh(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg q-values (statsmodels' fdr_bh), nan entries left out of the family."""
+    p = np.asarray(p, float)
+    out = np.full_like(p, np.nan)
+    ok = ~np.isnan(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], alpha=ALPHA, method="fdr_bh")[1]
+    return out
+
+
+# ---- planning a grid: prompts for a difference, power of an equivalence test ------------------
+
+def detect_n(discordance: float, diff: float, m: int = 1, power: float = POWER) -> int:
+    """Prompts for the paired accuracy test to find `diff` with `power` at the strictest Holm level
+    ALPHA / m, at a discordant fraction `discordance` (the inverse of `mdd`)."""
+    z = stats.norm.isf(ALPHA / (2 * max(m, 1))) + stats.norm.ppf(power)
+    return int(np.ceil(discordance * (z / diff) ** 2))
+
+
+def equivalence_power(discordance: float, n: int, margin: float = MARGINS["accuracy"], alpha: float = ALPHA,
+                      diff: float = 0.0) -> float:
+    """Power of the paired accuracy TOST at level `alpha` (normal approximation, standard error
+    sqrt((discordance - diff^2) / n)) when the true difference is `diff`."""
+    se = np.sqrt(max(discordance - diff * diff, 1e-12) / n)
+    z = stats.norm.isf(alpha)
+    return float(max(0.0, stats.norm.cdf((margin - diff) / se - z) - stats.norm.cdf((-margin - diff) / se + z)))
+
+
+def equivalence_n(discordance: float, margin: float = MARGINS["accuracy"], alpha: float = ALPHA,
+                  power: float = POWER, diff: float = 0.0) -> int:
+    """The fewest prompts at which equivalence_power reaches `power` (doubling, then bisection)."""
+    if abs(diff) >= margin:
+        raise ValueError(f"a true difference {diff} outside the margin {margin} is never shown equivalent")
+    hi = 1
+    while equivalence_power(discordance, hi, margin, alpha, diff) < power:
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if equivalence_power(discordance, mid, margin, alpha, diff) < power else (lo, mid)
+    return hi
+
+
+def tost_interval(diff: float, se: float, alpha: float = ALPHA) -> tuple[float, float]:
+    """The 1 - 2 alpha interval of a normal TOST: the test passes iff it lies inside +-margin."""
+    z = stats.norm.isf(alpha)
+    return diff - z * se, diff + z * se
+
+
+# ---- prompts and batching seeds both random ------------------------------------------------------
+
+def crossed(diff: float, se_prompt: float, seed_diffs: np.ndarray, prompts: int,
+            margin: float = MARGINS["accuracy"]) -> Comparison:
+    """A difference over P prompts re-batched under S seeds, with both as random factors.
+
+    The prompt bootstrap of per-prompt means (se_prompt) holds the prompts' variation but not that of
+    re-batching, which moves many prompts at once; the spread of the per-seed differences holds
+    the batching's. Their variances add (crossed design: se^2 = se_prompt^2 + var(seed_diffs) / S),
+    with Welch-Satterthwaite degrees of freedom (P - 1 and S - 1); the t test, the TOST against
+    `margin` and the interval all use that t distribution, so the interval inverts the test."""
+    s = np.asarray(seed_diffs, float)
+    if len(s) < 2:
+        raise ValueError("crossed needs the differences of at least two batching seeds")
+    v1, v2 = float(se_prompt) ** 2, float(s.var(ddof=1)) / len(s)
+    se = float(np.sqrt(v1 + v2))
+    if not se > 0:
+        return Comparison(diff, diff, diff, p_normal(diff, se), tost_normal(diff, se, margin), margin, se, prompts,
+                          "prompts and seeds crossed: no variation")
+    den = (v1 ** 2 / max(prompts - 1, 1) if v1 else 0.0) + (v2 ** 2 / (len(s) - 1) if v2 else 0.0)
+    df = (v1 + v2) ** 2 / den
+    t = stats.t(df)
+    half = t.isf(ALPHA / 2) * se
+    p = float(2 * t.sf(abs(diff) / se))
+    p_tost = float(max(t.sf((diff + margin) / se), t.cdf((diff - margin) / se)))
+    return Comparison(diff, diff - half, diff + half, p, p_tost, margin, se, prompts,
+                      f"prompts and {len(s)} seeds crossed: t ({df:.1f} df), se^2 = prompt bootstrap + seed variance / S")
+
+
+def se_from_tost(diff: float, p_tost: float, margin: float) -> float:
+    """The standard error a normal TOST p-value was computed with (tost_normal inverted): recovers
+    a committed prompt-bootstrap se from its table's diff and p_tost."""
+    f = lambda se: tost_normal(diff, se, margin) - p_tost
+    return float(optimize.brentq(f, 1e-9, 10 * margin, xtol=1e-14))
+
+
+# ---- sign-flip permutation test over prompts, and the interval that inverts it -----------------
+
+def sign_flip(d_P: np.ndarray, n_resamples: int = 9999, seed: int = 0,
+              level: float = 1 - ALPHA) -> tuple[float, float, float]:
+    """Two-sided sign-flip permutation test of mean(d) = delta over prompts (each prompt's d - delta
+    symmetric about 0 under H0), p at delta = 0, and the interval of deltas it does not reject at
+    1 - level: (p, low, high). Every sign vector when 2^P <= n_resamples (exact), else n_resamples
+    random ones with the observed one counted ((1 + hits) / (1 + R)); the same vectors serve every
+    delta, so the interval inverts exactly the test that gives p."""
+    d = np.asarray(d_P, float)
+    n = len(d)
+    if n == 0:
+        raise ValueError("sign_flip needs at least one prompt")
+    exact = 2 ** n <= n_resamples
+    if exact:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1).astype(np.int8)
+    else:
+        signs = np.random.default_rng(seed).choice(np.array([-1, 1], np.int8), size=(n_resamples, n))
+    sd, s1 = signs @ d, signs.sum(1).astype(float)
+    total, tol = d.sum(), 1e-9 * max(1.0, np.abs(d).sum())
+
+    def pval(delta: float) -> float:
+        obs = abs(total - n * delta)
+        hits = int((np.abs(sd - delta * s1) >= obs - tol).sum())
+        return hits / len(signs) if exact else (1 + hits) / (1 + len(signs))
+
+    est, a = total / n, 1 - level
+    span = max(float(np.abs(d - est).max()), 1e-12) * 2
+
+    def edge(sign: int) -> float:
+        lo, hi = est, est + sign * span  # p(est) = 1; p at the far end is at its minimum
+        if pval(hi) > a:
+            return float(hi)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if pval(mid) > a else (lo, mid)
+        return float((lo + hi) / 2)
+
+    return pval(0.0), edge(-1), edge(+1)

@@ -75,16 +75,16 @@ def test_few_discordant_prompts_one_way_are_not_a_difference():
     assert t["call"].iloc[0] == "inconclusive"
 
 
-def _table(comparisons):
+def _table(comparisons, metric: str = "accuracy"):
     import pandas as pd
 
-    return pd.DataFrame([c.row() for c in comparisons])
+    return pd.DataFrame([c.row() for c in comparisons]).assign(metric=metric)
 
 
 def test_tie_needs_the_equivalence_test_and_enough_prompts():
     same = S.paired_accuracy(np.ones(800), np.ones(800))
     small = S.paired_accuracy(np.r_[np.ones(40), np.zeros(10)], np.r_[np.ones(40), np.zeros(10)])
-    t = S.grid_calls(_table([same, small]))
+    t = S.grid_calls(_table([same, small]), tie_metrics=("accuracy",))  # a grid planned for accuracy ties
     assert list(t["call"]) == ["tie", "inconclusive"]  # 50 identical prompts cannot bound 1 point
     assert 0 < t["mdd"].iloc[0] < t["mdd"].iloc[1]  # no discordant prompt still bounds what 800 detect
 
@@ -120,7 +120,7 @@ def test_paired_ratio_finds_a_real_difference_and_calls_ties_within_the_margin()
     kl_b = rng.gamma(2.0, 0.02, 600) * tokens
     worse = S.paired_ratio(kl_b * 1.5 + 0.01 * tokens, kl_b, tokens, "kl")
     near = S.paired_ratio(kl_b + rng.normal(0, 1e-4, 600) * tokens, kl_b, tokens, "kl")
-    t = S.grid_calls(_table([worse, near]))
+    t = S.grid_calls(_table([worse, near], "kl"))
     assert list(t["call"]) == ["higher", "tie"]
     assert worse.low <= worse.diff <= worse.high
 
@@ -143,3 +143,142 @@ def test_several_seeds_use_the_permutation_test_over_prompts():
     b = np.array([1.0, 0.5, 0.5, 0.0] * 50)
     c = S.paired_accuracy(a, b)
     assert c.test.startswith("sign-flip permutation") and c.p < 0.01 and c.low < c.diff < c.high
+
+
+# ---- issue 27: families, the cross-grid correction, planning, crossed seeds, sign flips ---------
+
+def _bh_by_hand(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg from its definition: q_(i) = min over j >= i of p_(j) m / j, capped at 1."""
+    order = np.argsort(p)
+    m = len(p)
+    scaled = p[order] * m / np.arange(1, m + 1)
+    q_sorted = np.minimum.accumulate(scaled[::-1])[::-1]
+    q = np.empty(m)
+    q[order] = np.minimum(q_sorted, 1.0)
+    return q
+
+
+def test_bh_matches_its_definition_and_leaves_nan_out():
+    rng = np.random.default_rng(3)
+    for m in (1, 7, 200):
+        p = np.r_[rng.uniform(size=m // 2), rng.uniform(0, 1e-3, size=m - m // 2)]
+        assert np.allclose(S.bh(p), _bh_by_hand(p))
+    p = np.array([0.01, np.nan, 0.04, 0.03])
+    q = S.bh(p)
+    assert np.isnan(q[1]) and np.allclose(q[[0, 2, 3]], _bh_by_hand(p[[0, 2, 3]]))
+    assert (S.bh(p[[0, 2, 3]]) <= S.holm(p[[0, 2, 3]]) + 1e-15).all()  # BH never stricter than Holm
+
+
+def _row(metric: str, p: float, p_tost: float = 1.0, diff: float = 0.0, excluded: str = "") -> dict:
+    return {"metric": metric, "diff": diff, "p": p, "p_tost": p_tost, "se": 0.01, "excluded": excluded}
+
+
+def test_grid_calls_leave_mirrors_and_null_rows_out_of_the_family():
+    import pandas as pd
+
+    rows = [_row("accuracy", 0.01, diff=0.05), _row("kl", 0.02, diff=-0.01), _row("dll", 1e-6, diff=0.01),
+            _row("accuracy", 1.0, 1e-9, excluded="null by construction: dense")]
+    t = S.grid_calls(pd.DataFrame(rows))
+    assert list(t["call"]) == ["higher", "lower", S.EXCLUDED, S.EXCLUDED]
+    assert t["excluded"].iloc[2].startswith("mirrors kl") and t["excluded"].iloc[3] == "null by construction: dense"
+    assert np.allclose(t["p_holm"].iloc[:2], S.holm(np.array([0.01, 0.02])))  # a family of two, not four
+    assert t["p_holm"].iloc[2:].isna().all()
+    assert t["mdd"].iloc[0] == pytest.approx(S.mdd(0.01, 2))
+
+
+def test_accuracy_is_never_a_tie_unless_planned_for():
+    import pandas as pd
+
+    rows = [_row("accuracy", 1.0, 1e-9), _row("kl", 1.0, 1e-9)]
+    assert list(S.grid_calls(pd.DataFrame(rows))["call"]) == ["inconclusive", "tie"]
+    assert list(S.grid_calls(pd.DataFrame(rows), tie_metrics=("accuracy", "kl"))["call"]) == ["tie", "tie"]
+
+
+def _paired_outcomes(rng, n: int, discordance: float, diff: float) -> tuple[np.ndarray, np.ndarray]:
+    """n prompts: A right and B wrong with probability (discordance + diff) / 2, the reverse
+    (discordance - diff) / 2, else both the same."""
+    u = rng.random(n)
+    a_only, b_only = u < (discordance + diff) / 2, (u >= (discordance + diff) / 2) & (u < discordance)
+    a = np.where(a_only, 1.0, np.where(b_only, 0.0, 1.0))
+    b = np.where(b_only, 1.0, np.where(a_only, 0.0, 1.0))
+    return a, b
+
+
+def test_detect_n_gives_the_mdd_power_by_simulation():
+    """At detect_n prompts the exact McNemar test at ALPHA / m finds the difference about 80 % of the
+    time (mdd's formula, checked against the test it plans for)."""
+    rng = np.random.default_rng(4)
+    discordance, diff, m = 0.2, 0.1, 3
+    n = S.detect_n(discordance, diff, m)
+    assert S.mdd(np.sqrt(discordance / n), m) == pytest.approx(diff, rel=0.01)
+    hits = 0
+    for _ in range(600):
+        a, b = _paired_outcomes(rng, n, discordance, diff)
+        hits += S.mcnemar_exact(int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())) < S.ALPHA / m
+    assert 0.72 <= hits / 600 <= 0.86
+
+
+def test_equivalence_n_gives_the_tost_its_power_by_simulation():
+    """At equivalence_n prompts Tango's TOST (the one paired_accuracy computes) passes about 80 % of
+    the time when the rules are the same on average; at a tenth of it, almost never."""
+    rng = np.random.default_rng(5)
+    discordance, margin = 0.1, 0.05
+    n = S.equivalence_n(discordance, margin)
+    assert S.equivalence_power(discordance, n, margin) >= S.POWER > S.equivalence_power(discordance, n - 1, margin)
+    for size, lo, hi in ((n, 0.72, 0.88), (n // 10, 0.0, 0.05)):
+        passed = sum(S.paired_accuracy(*_paired_outcomes(rng, size, discordance, 0.0), margin=margin).p_tost < S.ALPHA
+                     for _ in range(300))
+        assert lo <= passed / 300 <= hi, (size, passed)
+    with pytest.raises(ValueError, match="outside the margin"):
+        S.equivalence_n(0.1, 0.01, diff=0.02)
+
+
+def test_crossed_seed_and_prompt_error_matches_simulation_and_keeps_the_tost_level():
+    """Prompts and batching seeds as crossed random factors (a prompt effect, a seed effect shared
+    by all prompts of a seed, noise): the standard error `crossed` gives matches the spread of the
+    estimate over repeated draws, and its TOST at a true difference on the margin passes at most
+    about ALPHA of the time."""
+    rng = np.random.default_rng(6)
+    prompts, seeds, margin = 300, 3, 0.01
+    estimates, ses, passed = [], [], 0
+    for _ in range(400):
+        d = (margin + rng.normal(0, 0.05, (prompts, 1)) + rng.normal(0, 0.008, (1, seeds))
+             + rng.normal(0, 0.05, (prompts, seeds)))
+        per_prompt, per_seed = d.mean(1), d.mean(0)
+        c = S.crossed(per_prompt.mean(), per_prompt.std(ddof=1) / np.sqrt(prompts), per_seed, prompts, margin)
+        estimates.append(c.diff)
+        ses.append(c.se)
+        passed += c.p_tost < S.ALPHA
+        assert c.low < c.diff < c.high
+    assert np.median(ses) == pytest.approx(np.std(estimates), rel=0.25)
+    assert passed / 400 <= 0.08
+    with pytest.raises(ValueError, match="two batching seeds"):
+        S.crossed(0.0, 0.01, [0.1], prompts)
+
+
+def test_se_from_tost_recovers_the_standard_error():
+    for diff, se in ((0.0, 0.0035), (0.0089, 0.0046), (-0.004, 0.002)):
+        assert S.se_from_tost(diff, S.tost_normal(diff, se, 0.01), 0.01) == pytest.approx(se, rel=1e-6)
+
+
+def _sign_flip_by_brute_force(d: np.ndarray, delta: float) -> float:
+    import itertools
+
+    obs = abs((d - delta).sum())
+    flips = [abs(np.dot(s, d - delta)) >= obs - 1e-9 for s in itertools.product((-1, 1), repeat=len(d))]
+    return float(np.mean(flips))
+
+
+def test_sign_flip_matches_enumeration_and_its_interval_inverts_the_test():
+    d = np.array([1.0, 1.0, 2.0, 0.0, -1.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    p, low, high = S.sign_flip(d)  # 2^10 <= 9999: every sign vector
+    assert p == pytest.approx(_sign_flip_by_brute_force(d, 0.0))
+    for edge, inside in ((low, +1), (high, -1)):  # just inside the interval the test does not reject
+        assert _sign_flip_by_brute_force(d, edge + inside * 1e-6) > S.ALPHA
+        assert _sign_flip_by_brute_force(d, edge - inside * 1e-3) <= S.ALPHA
+    assert low < d.mean() < high
+    d14 = np.r_[d, [1.0, 2.0, -1.0, 1.0]]  # 2^14 > 9999: random sign vectors
+    p_mc, low_mc, high_mc = S.sign_flip(d14)
+    assert p_mc == pytest.approx(_sign_flip_by_brute_force(d14, 0.0), abs=0.015)
+    assert 0 < p_mc and low_mc < d14.mean() < high_mc
+    assert S.sign_flip(np.r_[np.ones(5), np.zeros(1000)])[0] == pytest.approx(1 / 16, abs=0.01)  # 5 one way
