@@ -22,43 +22,28 @@ only where the equivalence test against stats.MARGINS passes, else "inconclusive
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analysis import records as R
 from analysis import stats as S
-from analysis.load import variant_label
+from analysis.load import variant_label  # noqa: F401 - re-exported: tests and notebooks import it from here
 
 METRICS = ("union_mean", "occupancy_mean", "kept_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree",
            "accuracy")
 PAIRED = ("accuracy", "kl", "dll", "out_error", "energy_retained")
 REF = "base"
 ORDER = ("top1_union", "router_sum", "router_sq", "calib_energy", "base", "oracle", "dense")
-POOL = ("model", "tasks", "limit")  # what makes two runs score the same prompts
-PROMPT = ["task", "doc_id"]
+POOL = tuple(R.POOL)  # what makes two runs score the same prompts
 
 
 def runs(root: str | Path) -> pd.DataFrame:
     """One row per finished evaluate run: method, budget, batching seed, model and prompt pool,
-    its folder and summary. Refuses a folder mixing models or prompt pools."""
-    rows = []
-    for path in sorted(Path(root).rglob("report.json")):
-        rep = json.loads(path.read_text())
-        if rep.get("stage") != "evaluate":
-            continue
-        ev = rep.get("eval", {})
-        rows.append({"method": variant_label(rep["method"], rep.get("method_config", {})), "budget": rep["budget"],
-                     "seed": ev.get("batch_seed", rep.get("seed")), "model": rep.get("model"),
-                     "tasks": ",".join(ev.get("tasks") or []), "limit": ev.get("limit"),
-                     "batching": ev.get("batching", "static"), "dir": str(path.parent),
-                     **{m: rep.get("summary", {}).get(m) for m in METRICS}})
-    if not rows:
-        raise SystemExit(f"no finished evaluate runs under {root}")
-    df = pd.DataFrame(rows)
-    df["budget"] = df["budget"].astype("Int64")
+    its folder and summary (analysis.records.runs). Refuses a folder mixing models or prompt pools."""
+    df = R.runs(root, METRICS)
     pools = df[list(POOL)].astype(str).drop_duplicates()
     if len(pools) > 1:
         listing = "; ".join(", ".join(f"{k}={v}" for k, v in r.items()) for r in pools.to_dict("records"))
@@ -67,60 +52,24 @@ def runs(root: str | Path) -> pd.DataFrame:
     return df
 
 
-def _samples(run_dir: str) -> pd.DataFrame:
-    return pd.read_json(Path(run_dir) / "samples.jsonl", lines=True)
-
-
 def prompts_of(g: pd.DataFrame) -> pd.DataFrame:
-    """Per prompt over the runs (seeds) of one point: correct averaged, fidelity sums added."""
-    frames = [_samples(d).assign(seed=s) for s, d in zip(g["seed"], g["dir"])]
-    df = pd.concat(frames, ignore_index=True)
-    sums = [c for c in ("fidelity_tokens", "kl_sum", "dll_sum", "agree_sum") if c in df]
-    agg = {"correct": "mean", "prompt_hash": "first", **{c: "sum" for c in sums}}
-    return df.groupby(PROMPT).agg(agg)
-
-
-def _batches(g: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Per (seed, decode batch) and layer: the sums behind energy_retained and out_error, (P, L).
-
-    selection_steps.csv numbers decode steps across the run; a static batch takes as many steps as
-    its longest request (samples.jsonl: new_tokens - 1, the first token coming from the prefill),
-    so the batches' step ranges follow from the requests. Empty when they do not add up (continuous
-    batching has no fixed batches)."""
-    out: dict[str, list] = {k: [] for k in ("energy_kept", "energy_total", "out_err", "out_dense")}
-    keys = []
-    for s, d in zip(g["seed"], g["dir"]):
-        path, samples = Path(d) / "selection_steps.csv", _samples(d)
-        if not path.exists() or not {"decode_batch", "new_tokens"} <= set(samples.columns):
-            return {}
-        st = pd.read_csv(path)
-        st = st[st["decode"].astype(bool)]
-        if not set(out) <= set(st.columns):
-            return {}
-        per_batch = (samples.groupby("decode_batch")["new_tokens"].max() - 1).clip(lower=0).sort_index()
-        steps = np.sort(st["step"].unique())
-        if per_batch.sum() != len(steps):
-            return {}
-        batch_of_step = pd.Series(np.repeat(per_batch.index.to_numpy(), per_batch.to_numpy()), index=steps)
-        sums = st.assign(batch=st["step"].map(batch_of_step)).groupby(["batch", "layer"])[list(out)].sum()
-        sums = sums.unstack("layer").fillna(0.0)
-        keys += [(s, b) for b in sums.index]
-        for k, parts in out.items():
-            parts.append(sums[k].to_numpy())
-    return {"keys": np.array(keys), **{k: np.concatenate(v) for k, v in out.items()}}
+    """Per prompt over the runs (seeds) of one point (rows of runs()): correct averaged, fidelity sums added."""
+    return R.per_prompt(R.of_runs(g)[0])
 
 
 def run_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (method, budget, metric): the value over the point's runs and its 95 % interval."""
+    prompts, batches = R.of_runs(df)
     out = []
     for (method, budget), g in df.groupby(["method", "budget"], dropna=False):
         row = {"method": method, "budget": budget, "seeds": len(g)}
-        p = prompts_of(g)
+        seeds = list(g["seed"])
+        p = R.per_prompt(R.at_point(prompts, method, budget, seeds))
         values = {"accuracy": (*S.accuracy_interval(p["correct"].to_numpy()), "prompts")}
         if "kl_sum" in p and p["fidelity_tokens"].sum() > 0:
             for m, col in (("kl", "kl_sum"), ("dll", "dll_sum"), ("top1_agree", "agree_sum")):
                 values[m] = (*S.ratio_interval(p[col].to_numpy(), p["fidelity_tokens"].to_numpy()), "prompts")
-        b = _batches(g)
+        b = R.batch_arrays(R.at_point(batches, method, budget, seeds))
         for m, num, den in (("energy_retained", "energy_kept", "energy_total"), ("out_error", "out_err", "out_dense")):
             if b and len(b[num]) > 1 and b[den].sum() > 0:
                 values[m] = (*S.layer_ratio_interval(b[num], b[den]), "decode batches")
@@ -131,30 +80,37 @@ def run_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_table(df: pd.DataFrame, ref: str = REF) -> pd.DataFrame:
+    """Each method minus `ref` at the same budget over the runs of `df` (runs()): paired_from_records
+    over their records."""
+    return paired_from_records(*R.of_runs(df), ref=ref)
+
+
+def paired_from_records(prompts: pd.DataFrame, batches: pd.DataFrame, ref: str = REF) -> pd.DataFrame:
     """Each method minus `ref` at the same budget over the seeds both ran (prompts, decode batches
-    paired), then the grid's calls (stats.grid_calls: one Holm family for all of them)."""
+    paired), then the grid's calls (stats.grid_calls: one Holm family, dll reported, not called).
+    `prompts`, `batches`: a grid's records (analysis/records.py), from its runs or its records file."""
     rows = []
-    for budget in sorted(df["budget"].dropna().unique()):
-        at = df[df["budget"] == budget]
+    for budget in sorted(prompts["budget"].dropna().unique()):
+        at = prompts[prompts["budget"] == budget]
         base = at[at["method"] == ref]
         for method, g in at[at["method"] != ref].groupby("method"):
             seeds = sorted(set(g["seed"]) & set(base["seed"]))
             if not seeds:
                 continue
-            gm, gb = g[g["seed"].isin(seeds)], base[base["seed"].isin(seeds)]
-            pm, pb = prompts_of(gm), prompts_of(gb)
+            pm, pb = R.per_prompt(g[g["seed"].isin(seeds)]), R.per_prompt(base[base["seed"].isin(seeds)])
             j = pm.add_suffix("_m").join(pb.add_suffix("_b"), how="inner")
             if len(j) != len(pm) or len(j) != len(pb) or (j["prompt_hash_m"] != j["prompt_hash_b"]).any():
                 raise ValueError(f"{method} and {ref} at M={budget}: different prompts; not a paired comparison")
             at_point = {"method": method, "budget": budget}
             rows.append({**at_point, "metric": "accuracy", "unit": f"prompts ({len(j)})",
-                         **S.paired_accuracy(j["correct_m"].to_numpy(), j["correct_b"].to_numpy()).row()})
+                         **S.paired_accuracy(j["correct_m"].to_numpy(float), j["correct_b"].to_numpy(float)).row()})
             if "kl_sum_m" in j and j["fidelity_tokens_m"].sum() > 0:
                 for m in ("kl", "dll"):
-                    c = S.paired_ratio(j[f"{m}_sum_m"].to_numpy(), j[f"{m}_sum_b"].to_numpy(),
-                                       j["fidelity_tokens_m"].to_numpy(), m)
+                    c = S.paired_ratio(j[f"{m}_sum_m"].to_numpy(float), j[f"{m}_sum_b"].to_numpy(float),
+                                       j["fidelity_tokens_m"].to_numpy(float), m)
                     rows.append({**at_point, "metric": m, "unit": f"prompts ({len(j)})", **c.row()})
-            bm, bb = _batches(gm), _batches(gb)
+            bm = R.batch_arrays(R.at_point(batches, method, budget, seeds))
+            bb = R.batch_arrays(R.at_point(batches, ref, budget, seeds))
             if bm and bb and np.array_equal(bm["keys"], bb["keys"]):
                 for m, num, den in (("out_error", "out_err", "out_dense"), ("energy_retained", "energy_kept",
                                                                              "energy_total")):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import stats as S
-from analysis.ablation import prompts_of, runs
+from analysis import records as R
+from analysis.ablation import runs
 
 # Rows whose difference is zero by construction, shown but left out of the family: a dense greedy
 # decode does not depend on which requests share its step, so it cannot differ between batchings.
@@ -27,22 +28,25 @@ NULL_BY_CONSTRUCTION = {"dense": "null by construction: a dense decode does not 
 
 
 def shift_table(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
-    """Continuous minus static per (method, budget) both grids ran, with the grid's calls."""
+    """Continuous minus static per (method, budget) both grids ran (runs() of each folder)."""
+    return shift_from_records(R.of_runs(static)[0], R.of_runs(continuous)[0])
+
+
+def shift_from_records(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
+    """Continuous minus static per (method, budget) both grids' prompt records hold, with the grid's calls."""
     if set(static["batching"]) != {"static"} or set(continuous["batching"]) != {"continuous"}:
         raise SystemExit("the first folder must hold static runs and the second continuous ones "
                          f"(got {sorted(set(static['batching']))} and {sorted(set(continuous['batching']))})")
     rows = []
-    key = lambda df: df["method"] + "@" + df["budget"].astype("string").fillna("none")  # dense, oea: no budget
-    for _, gc in continuous.groupby(key(continuous)):
-        method, budget = gc["method"].iloc[0], gc["budget"].iloc[0]
-        gs = static[key(static) == key(gc).iloc[0]]
+    for (method, budget), gc in continuous.groupby(["method", "budget"], dropna=False):
+        gs = R.at_point(static, method, budget, static["seed"].unique())
         if gs.empty:
             continue
-        pc, ps = prompts_of(gc), prompts_of(gs)
+        pc, ps = R.per_prompt(gc), R.per_prompt(gs)
         j = pc.add_suffix("_c").join(ps.add_suffix("_s"), how="inner")
         if len(j) != len(pc) or len(j) != len(ps) or (j["prompt_hash_c"] != j["prompt_hash_s"]).any():
             raise SystemExit(f"{method} at budget {budget}: the two batchings scored different prompts")
-        c = S.paired_accuracy(j["correct_c"].to_numpy(), j["correct_s"].to_numpy())
+        c = S.paired_accuracy(j["correct_c"].to_numpy(float), j["correct_s"].to_numpy(float))
         rows.append({"method": method, "budget": budget, "metric": "accuracy", "static": ps["correct"].mean(),
                      "continuous": pc["correct"].mean(), "unit": f"prompts ({len(j)})", **c.row(),
                      "excluded": NULL_BY_CONSTRUCTION.get(method, "")})

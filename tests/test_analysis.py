@@ -9,6 +9,7 @@ import pytest
 
 from analysis.quality_diff import diff_row, quality_diffs
 from analysis.throughput import collect, headline_table, overhead_table
+from tests.outputs_fixture import fidelity_run as _ablation_run
 
 
 def test_unpaired_diff_calls_no_accuracy_tie_even_where_the_equivalence_test_passes():
@@ -140,35 +141,6 @@ def test_paired_comparison_refuses_different_prompts():
 
 
 # ---- the selection-rule ablation (analysis/ablation.py) ---------------------------------------
-def _ablation_run(root, method, budget, seed, correct, kl_per_prompt, energy_per_batch, err_per_batch, hashes=None,
-                  model="mini", limit=25):
-    """One evaluate run folder as pipeline.run writes it with eval.fidelity=true: per-request records
-    with fidelity sums (2 tokens each), and per-layer step statistics of static batches of 4 prompts
-    (one prefill step, then 2 decode steps: as many as the batch's longest request; 2 layers)."""
-    d = root / f"method={method},budget={budget},eval.seed={seed}"
-    d.mkdir(parents=True)
-    n = len(correct)
-    (d / "report.json").write_text(json.dumps({
-        "stage": "evaluate", "method": method, "budget": budget, "seed": 0, "model": model,
-        "eval": {"batch_seed": seed, "tasks": ["mini"], "limit": limit},
-        "summary": {"accuracy": sum(correct) / n, "kept_mean": budget or 10.0}}))
-    hashes = hashes or [f"h{i}" for i in range(n)]
-    (d / "samples.jsonl").write_text("".join(json.dumps({
-        "task": "t", "doc_id": i, "prompt_hash": hashes[i], "correct": float(c), "fidelity_tokens": 2.0,
-        "kl_sum": 2.0 * kl, "dll_sum": -2.0 * kl, "agree_sum": 2.0, "decode_batch": i // 4,
-        "new_tokens": 3 if i % 4 == 0 else 2}) + "\n"
-        for i, (c, kl) in enumerate(zip(correct, kl_per_prompt))))
-    rows, step = [], 0
-    for e, err in zip(energy_per_batch, err_per_batch):
-        for decode in (False, True, True):
-            step += 1
-            for layer in (0, 1):
-                rows.append({"layer": layer, "step": step, "decode": decode, "union": 9.0, "kept": budget or 16,
-                             "energy_kept": 10.0 * e, "energy_total": 10.0, "out_err": 10.0 * err, "out_dense": 10.0})
-    pd.DataFrame(rows).to_csv(d / "selection_steps.csv", index=False)
-    return d
-
-
 def test_ablation_intervals_paired_calls_and_the_grid_correction(tmp_path):
     from analysis.ablation import markdown, paired_table, run_table, runs
 
