@@ -104,6 +104,7 @@ def _gate_up_kernel(
     TB: tl.constexpr,  # pairs per tile
     BI: tl.constexpr,
     BH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
 ):
     """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
     of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
@@ -141,8 +142,8 @@ def _gate_up_kernel(
                 wmask = h_ok[:, None] & i_ok[None, :]
                 wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
                 wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-                acc_g = tl.dot(x_JH, wg_HI, acc_g)
-                acc_u = tl.dot(x_JH, wu_HI, acc_u)
+                acc_g = tl.dot(x_JH, wg_HI, acc_g, input_precision=DOT_PRECISION)
+                acc_u = tl.dot(x_JH, wu_HI, acc_u, input_precision=DOT_PRECISION)
             if HAS_BIAS:
                 acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
                 acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
@@ -187,6 +188,7 @@ def _down_kernel(
     TB: tl.constexpr,
     BHO: tl.constexpr,  # output columns per work item
     BI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
 ):
     """Persistent grid: work item (slot, h) = rows [h, h + BHO) of the slot-th routed expert's
     down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
@@ -221,7 +223,7 @@ def _down_kernel(
                     mask=i_ok[:, None] & h_ok[None, :],
                     other=0.0,
                 )
-                acc = tl.dot(a_JI, d_IH, acc)
+                acc = tl.dot(a_JI, d_IH, acc, input_precision=DOT_PRECISION)
             if HAS_BIAS:
                 acc += tl.load(db_ptr + u * stride_be + offs_h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
             w_J = tl.load(w_ptr + p_J, mask=j_ok, other=0.0).to(tl.float32)
@@ -260,6 +262,169 @@ def _reduce_kernel(
     tl.store(out_ptr + t * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 
+# ----------------------------------------------------------------------------- v3: two launches
+
+
+@dual_jit
+def _gate_up_kept_kernel(
+    # Pointers
+    x_ptr,  # (T, H)
+    gu_ptr,  # gate_up weights, any strides
+    gub_ptr,  # (E, 2I) bias (HAS_BIAS)
+    keep_ptr,  # (M,) int64 kept ids, -1 past the kept count
+    idx_ptr,  # (T, K) int
+    w_ptr,  # (T, K)
+    act_ptr,  # (P, I) out: row t*K + k of each token's first slot on the expert
+    # Dimensions
+    T,
+    H,
+    I,
+    M,
+    up_offset,  # row of up_i = i * ROW_MUL + up_offset: I (concatenated) or 1 (interleaved)
+    alpha,
+    limit,
+    # Strides
+    stride_xt,
+    stride_ge,
+    stride_gn,  # along the 2I rows
+    stride_gk,  # along H
+    stride_be,
+    stride_ap,
+    # Meta-parameters
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    T_BLOCK: tl.constexpr,  # all tokens in one tile (v3 serves T <= V3_MAX_TOKENS)
+    M_BLOCK: tl.constexpr,
+    ROW_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    BI: tl.constexpr,
+    BH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+):
+    """Persistent grid over work items (kept slot, i) = rows [i, i + BI) of the gate and up
+    projections of the slot's expert u, streamed once; the tokens routed to u (a nonzero-weight
+    slot on u) are found in the routing itself, so no route launch precedes this one."""
+    offs_m = tl.arange(0, M_BLOCK)
+    n_kept = tl.sum((tl.load(keep_ptr + offs_m, mask=offs_m < M, other=-1) >= 0).to(tl.int32), axis=0)
+    n_ib = tl.cdiv(I, BI)
+    offs_t = tl.arange(0, T_BLOCK)
+    offs_k = tl.arange(0, K_BLOCK)
+    tk_ok = (offs_t < T)[:, None] & (offs_k < K)[None, :]
+    idx_TK = tl.load(idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=tk_ok, other=-1)
+    nz_TK = tl.load(w_ptr + offs_t[:, None] * K + offs_k[None, :], mask=tk_ok, other=0.0) != 0
+    for item in range(tl.program_id(0), n_kept * n_ib, tl.num_programs(0)):
+        slot = item // n_ib
+        u = tl.load(keep_ptr + slot)
+        hit_TK = (idx_TK == u) & nz_TK
+        routed_T = tl.sum(hit_TK.to(tl.int32), axis=1) > 0
+        p_T = offs_t * K + tl.min(tl.where(hit_TK, offs_k[None, :], K_BLOCK), axis=1)
+        offs_i = (item - slot * n_ib) * BI + tl.arange(0, BI)
+        i_ok = offs_i < I
+        g_rows = offs_i * ROW_MUL
+        u_rows = offs_i * ROW_MUL + up_offset
+        w_base = gu_ptr + u * stride_ge
+        acc_g = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
+        acc_u = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            offs_h = h0 + tl.arange(0, BH)
+            h_ok = offs_h < H
+            x_TH = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_h[None, :], mask=routed_T[:, None] & h_ok[None, :],
+                           other=0.0)
+            wmask = h_ok[:, None] & i_ok[None, :]
+            wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+            wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+            acc_g = tl.dot(x_TH, wg_HI, acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(x_TH, wu_HI, acc_u, input_precision=DOT_PRECISION)
+        if HAS_BIAS:
+            acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+        if ACT == 0:
+            a_TI = acc_g * tl.sigmoid(acc_g) * acc_u
+        else:
+            gate = tl.minimum(acc_g, limit)
+            up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+            a_TI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+        tl.store(act_ptr + p_T[:, None] * stride_ap + offs_i[None, :], a_TI.to(act_ptr.dtype.element_ty),
+                 mask=routed_T[:, None] & i_ok[None, :])
+
+
+@dual_jit
+def _down_kept_kernel(
+    # Pointers
+    act_ptr,  # (P, I)
+    dw_ptr,  # down weights, any strides
+    db_ptr,  # (E, H) bias (HAS_BIAS)
+    keep_ptr,  # (M,) int64
+    idx_ptr,  # (T, K)
+    w_ptr,  # (T, K)
+    out_ptr,  # (T, H) out, dtype of x
+    # Dimensions
+    T,
+    H,
+    I,
+    M,
+    # Strides
+    stride_ap,
+    stride_de,
+    stride_dh,
+    stride_di,
+    stride_be,
+    stride_ot,
+    # Meta-parameters
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    T_BLOCK: tl.constexpr,
+    M_BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BHO: tl.constexpr,  # output columns per program
+    BI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+):
+    """Grid (cdiv(H, BHO),): a program owns output columns [h, h + BHO) of every token and walks
+    the kept experts, streaming rows [h, h + BHO) of each one's down projection once; the
+    weighted sum over experts stays in fp32 registers and is written once, in the output dtype
+    (no per-pair buffer, no reduce launch, no atomics: deterministic)."""
+    offs_h = tl.program_id(0) * BHO + tl.arange(0, BHO)
+    h_ok = offs_h < H
+    offs_m = tl.arange(0, M_BLOCK)
+    n_kept = tl.sum((tl.load(keep_ptr + offs_m, mask=offs_m < M, other=-1) >= 0).to(tl.int32), axis=0)
+    n_ib = tl.cdiv(I, BI)
+    offs_t = tl.arange(0, T_BLOCK)
+    t_ok = offs_t < T
+    offs_k = tl.arange(0, K_BLOCK)
+    tk_ok = t_ok[:, None] & (offs_k < K)[None, :]
+    idx_TK = tl.load(idx_ptr + offs_t[:, None] * K + offs_k[None, :], mask=tk_ok, other=-1)
+    w_TK = tl.load(w_ptr + offs_t[:, None] * K + offs_k[None, :], mask=tk_ok, other=0.0).to(tl.float32)
+    acc_TH = tl.zeros((T_BLOCK, BHO), dtype=tl.float32)
+    part_TH = tl.zeros((T_BLOCK, BHO), dtype=tl.float32)
+    # one flat loop over (kept expert, I block): software pipelining runs across expert boundaries
+    for it in range(0, n_kept * n_ib):
+        slot = it // n_ib
+        j = it - slot * n_ib
+        u = tl.load(keep_ptr + slot)
+        hit_TK = (idx_TK == u) & (w_TK != 0)
+        routed_T = tl.sum(hit_TK.to(tl.int32), axis=1) > 0
+        p_T = offs_t * K + tl.min(tl.where(hit_TK, offs_k[None, :], K_BLOCK), axis=1)
+        offs_i = j * BI + tl.arange(0, BI)
+        i_ok = offs_i < I
+        a_TI = tl.load(act_ptr + p_T[:, None] * stride_ap + offs_i[None, :], mask=routed_T[:, None] & i_ok[None, :],
+                       other=0.0)
+        d_IH = tl.load(dw_ptr + u * stride_de + offs_h[None, :] * stride_dh + offs_i[:, None] * stride_di,
+                       mask=i_ok[:, None] & h_ok[None, :], other=0.0)
+        part_TH = tl.dot(a_TI, d_IH, tl.where(j == 0, 0.0, part_TH), input_precision=DOT_PRECISION)
+        if HAS_BIAS:
+            b_H = tl.load(db_ptr + u * stride_be + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            done_TH = part_TH + b_H[None, :]
+        else:
+            done_TH = part_TH
+        # the token's weight on u (summed: `similar` re-routing may give a token u twice)
+        wt_T = tl.sum(tl.where(hit_TK, w_TK, 0.0), axis=1)
+        acc_TH += tl.where(j == n_ib - 1, done_TH * wt_T[:, None], 0.0)
+    tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :], acc_TH.to(out_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & h_ok[None, :])
+
+
 # ----------------------------------------------------------------------------- launch configs
 
 
@@ -269,6 +434,9 @@ class ExpertsConfig:
 
     gate_up: dict = field(default_factory=lambda: dict(TB=16, BI=32, BH=128, num_warps=4, num_stages=4, PER_SM=3))  # noqa: C408
     down: dict = field(default_factory=lambda: dict(TB=16, BHO=32, BI=128, num_warps=4, num_stages=4, PER_SM=4))  # noqa: C408
+    # v3 (a kept list given): gate_up over (kept slot, I block), down with one program per BHO columns
+    gate_up_kept: dict = field(default_factory=lambda: dict(BI=32, BH=128, num_warps=4, num_stages=4, PER_SM=3))  # noqa: C408
+    down_kept: dict = field(default_factory=lambda: dict(BHO=16, BI=128, num_warps=4, num_stages=4))  # noqa: C408
 
 
 @cache
@@ -312,10 +480,17 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
     if not entry:
         return ExpertsConfig()
     base = ExpertsConfig()
-    return ExpertsConfig(gate_up={**base.gate_up, **entry["gate_up"]}, down={**base.down, **entry["down"]})
+    return ExpertsConfig(gate_up={**base.gate_up, **entry["gate_up"]}, down={**base.down, **entry["down"]},
+                         gate_up_kept={**base.gate_up_kept, **entry.get("gate_up_kept", {})},
+                         down_kept={**base.down_kept, **entry.get("down_kept", {})})
 
 
 # ----------------------------------------------------------------------------- wrapper
+
+
+def _precision(x: Tensor) -> str:
+    """fp32 products in full fp32, as the references compute them (Triton's default is tf32)."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 @dataclass(frozen=True)
@@ -340,11 +515,18 @@ def fused_experts(
     gate_up_bias: Tensor | None = None,
     down_bias: Tensor | None = None,
     config: ExpertsConfig | None = None,
+    keep_M: Tensor | None = None,
     _stages: int = 4,
 ) -> Tensor:
     """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped.
 
-    `_stages` < 4 runs only the first launches (route, gate_up, down): for timing breakdowns."""
+    keep_M (the selection kernel's kept ids, -1 padded; every nonzero-weight pair must be on one
+    of them) and T <= V3_MAX_TOKENS: two launches (`_gate_up_kept_kernel`, `_down_kept_kernel`).
+    Otherwise four (route, gate_up, down, reduce). `_stages` < 4 runs only the first launches of
+    the four-launch path: for timing breakdowns."""
+    if keep_M is not None and x_TH.shape[0] <= V3_MAX_TOKENS and _stages == 4:
+        return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
+                                   gate_up_bias=gate_up_bias, down_bias=down_bias, config=config)
     T, H = x_TH.shape
     K = topk_idx_TK.shape[1]
     E = gate_up.shape[0]
@@ -379,7 +561,7 @@ def fused_experts(
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
         E_BLOCK=next_pow2(E, 16), ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
-        ACT=ACTS[layout.act], **gu,
+        ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH), **gu,
     )  # fmt: skip
     if _stages < 3:
         return out_TH
@@ -388,7 +570,7 @@ def fused_experts(
         E, H, I,
         act_PI.stride(0), down.stride(0), s_dh, s_di,
         down_bias.stride(0) if down_bias is not None else 0, pairs_EP.stride(0), y_PH.stride(0),
-        E_BLOCK=next_pow2(E, 16), HAS_BIAS=down_bias is not None, **dn,
+        E_BLOCK=next_pow2(E, 16), HAS_BIAS=down_bias is not None, DOT_PRECISION=_precision(x_TH), **dn,
     )  # fmt: skip
     if _stages < 4:
         return out_TH
@@ -396,6 +578,51 @@ def fused_experts(
     _reduce_kernel.on(dev)[(T, triton.cdiv(H, BR))](
         y_PH, w_P, out_TH, H, y_PH.stride(0), out_TH.stride(0), K=K, BR=BR
     )
+    return out_TH
+
+
+V3_MAX_TOKENS = 64  # above: the four-launch path (its pair lists beat token tiles at many tokens)
+
+
+def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK: Tensor, topk_w_TK: Tensor,
+                        keep_M: Tensor, *, layout: ExpertsLayout, gate_up_bias: Tensor | None,
+                        down_bias: Tensor | None, config: ExpertsConfig | None) -> Tensor:
+    """v3: gate_up over the kept experts, then down straight into the output (two launches)."""
+    T, H = x_TH.shape
+    K = topk_idx_TK.shape[1]
+    I = down.shape[1] if layout.transposed else down.shape[2]
+    M = keep_M.shape[0]
+    dev = x_TH.device
+    cfg = config or get_config(H, I, T, dev)
+    x_TH = x_TH if x_TH.stride(1) == 1 else x_TH.contiguous()
+    idx_TK = topk_idx_TK.contiguous()
+    w_TK = topk_w_TK.contiguous()
+    act_PI = empty(T * K, I, device=dev, dtype=x_TH.dtype)
+    out_TH = empty(T, H, device=dev, dtype=x_TH.dtype)
+    if layout.transposed:  # (E, H, 2I): rows of the product along dim 2
+        s_gn, s_gk = gate_up.stride(2), gate_up.stride(1)
+        s_dh, s_di = down.stride(2), down.stride(1)
+    else:
+        s_gn, s_gk = gate_up.stride(1), gate_up.stride(2)
+        s_dh, s_di = down.stride(1), down.stride(2)
+    gu, dn = dict(cfg.gate_up_kept), dict(cfg.down_kept)
+    common = dict(K=K, K_BLOCK=next_pow2(K), T_BLOCK=next_pow2(T, 16), M_BLOCK=next_pow2(M))  # noqa: C408
+    n_items = M * triton.cdiv(I, gu["BI"])
+    _gate_up_kept_kernel.on(dev)[(max(1, min(n_items, num_sms(dev) * gu.pop("PER_SM"))),)](
+        x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, keep_M, idx_TK, w_TK, act_PI,
+        T, H, I, M, I if not layout.interleaved else 1, float(layout.alpha), float(layout.limit),
+        x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
+        gate_up_bias.stride(0) if gate_up_bias is not None else 0, act_PI.stride(0),
+        ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None, ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),
+        **common, **gu,
+    )  # fmt: skip
+    _down_kept_kernel.on(dev)[(triton.cdiv(H, dn["BHO"]),)](
+        act_PI, down, down_bias if down_bias is not None else x_TH, keep_M, idx_TK, w_TK, out_TH,
+        T, H, I, M,
+        act_PI.stride(0), down.stride(0), s_dh, s_di, down_bias.stride(0) if down_bias is not None else 0,
+        out_TH.stride(0),
+        HAS_BIAS=down_bias is not None, DOT_PRECISION=_precision(x_TH), **common, **dn,
+    )  # fmt: skip
     return out_TH
 
 

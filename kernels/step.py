@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from kernels.score import score_experts
-from kernels.select import KINDS, Selection, select_reassign
+from kernels.select import KINDS, Rule, Selection, select_reassign
 
 STEP_KINDS = (*KINDS, "calib_freq")
 
@@ -38,16 +38,19 @@ def select_step(
     pred_w_EH: Tensor | None = None,
     pred_b_E: Tensor | None = None,
     g_TE: Tensor | None = None,
+    sim_EE: Tensor | None = None,
     reassign_mode: str = "backfill",
     renormalize: bool = True,
+    rule: Rule | None = None,
 ) -> Selection:
     """Selection for selector `kind` and `budget` experts (None: the whole union).
 
     `base` uses g_TE (z @ W_HE from the fused router GEMM) if given, else z_TH with pred_w_EH
     (`kernels.score.prepare_predictor`); both need pred_b_E. calib_energy needs energy_E,
-    calib_freq freq_E."""
+    calib_freq freq_E. `rule` (tiers, coverage, reassign mode: kernels.select.Rule) overrides
+    reassign_mode / renormalize; `similar` needs sim_EE."""
     args = (probs_TE, topk_idx_TK, topk_w_TK, active_T, budget)
-    common = {"reassign_mode": reassign_mode, "renormalize": renormalize}
+    common = {"rule": rule or Rule(reassign_mode=reassign_mode, renormalize=renormalize), "sim_EE": sim_EE}
 
     def need(t: Tensor | None, what: str) -> Tensor:
         if t is None:

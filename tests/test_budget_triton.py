@@ -26,13 +26,13 @@ def _model(name: str):
     return cfg, load_model(cfg, ROOT, seed=0, experts_impl="eager")
 
 
-def _decode(model, family, selector, backend, ids_BS, mask_BS, budget, new_tokens=4):
-    moe = install_budget(model, family, selector, BudgetOptions(budget=budget, backend=backend))
+def _decode(model, family, selector, backend, ids_BS, mask_BS, budget, new_tokens=4, **options):
+    moe = install_budget(model, family, selector, BudgetOptions(budget=budget, backend=backend, **options))
     try:
         out = budgeted_generate(model, moe, ids_BS, mask_BS, (), max_new_tokens=new_tokens, do_sample=False,
                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         kept = [r["kept"] for r in moe.stats_rows() if r["decode"]]
-        fused = all(block.selection.fused_route for block in moe.blocks)
+        fused = all(getattr(block.selection or block.dense_route, "fused_route", False) for block in moe.blocks)
     finally:
         moe.remove()
     return out, kept, fused
@@ -66,6 +66,63 @@ def test_triton_backend_matches_torch(name, selector):
     # After remove() the blocks are the model's own again.
     assert not any(isinstance(m, BudgetedMoE) for m in model.modules())
     assert all(type(layer.router).__module__.startswith("transformers.") for layer in find_moe_layers(model))
+
+
+# Every other rule on the kernel path (issue 25): anchored tiers, top1_union, oea, coverage and
+# `similar` re-routing; the fast tier keeps base_anchor and oea.
+RULES = [  # selector, k0, coverage, reassign
+    pytest.param("base_anchor", 1, None, "backfill"), pytest.param("oea", 1, None, "backfill"),
+    pytest.param("xshare", 1, None, "backfill", marks=pytest.mark.slow),
+    pytest.param("lynx", 1, None, "drop", marks=pytest.mark.slow),
+    pytest.param("top1_union", None, None, "backfill", marks=pytest.mark.slow),
+    pytest.param("router_sum", None, 0.9, "backfill", marks=pytest.mark.slow),
+    pytest.param("base", None, None, "similar", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("selector,k0,coverage,mode", RULES)
+def test_every_rule_runs_on_the_kernels_as_the_reference(selector, k0, coverage, mode):
+    cfg, model = _model("tiny_qwen3")
+    torch.manual_seed(2)
+    ids_BS = torch.randint(3, 250, (5, 6))
+    mask_BS = torch.ones_like(ids_BS)
+    arts = model_artifacts(model)
+    layers = find_moe_layers(model)
+    E = layers[0].num_experts
+    arts.sim_LEE = torch.rand(len(layers), E, E, generator=torch.Generator().manual_seed(0))
+    sel = build_selector(selector, arts, k0=k0, coverage=coverage)
+    budget = None if selector == "oea" else 3
+    ref, kept_ref, _ = _decode(model, cfg.family, sel, "torch", ids_BS, mask_BS, budget, reassign=mode)
+    moe = install_budget(model, cfg.family, sel, BudgetOptions(budget=budget, backend="triton", reassign=mode))
+    assert all(type(b.selection).__name__ == "TritonSelection" for b in moe.blocks)
+    moe.remove()
+    out, kept, fused = _decode(model, cfg.family, sel, "triton", ids_BS, mask_BS, budget, reassign=mode)
+    assert fused and torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert kept == kept_ref
+
+
+def test_dense_on_the_kernels_equals_the_model_with_the_two_launch_experts():
+    """Dense with backend triton: the router in one launch, the union kept, and base_triton's
+    two-launch expert kernel fed the kept list; the same tokens and logits as the model's own."""
+    from base.hf.experts_impl import register_base_triton
+
+    cfg, model = _model("tiny_qwen3")
+    torch.manual_seed(3)
+    ids_BS = torch.randint(3, 250, (4, 5))
+    mask_BS = torch.ones_like(ids_BS)
+    mask_BS[1, :2] = 0
+    ref, _, _ = _decode(model, cfg.family, None, "torch", ids_BS, mask_BS, None)
+    register_base_triton()
+    model.set_experts_implementation("base_triton")
+    try:
+        out, _, fused = _decode(model, cfg.family, None, "triton", ids_BS, mask_BS, None)
+    finally:
+        model.set_experts_implementation("eager")
+    assert fused and torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu

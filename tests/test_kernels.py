@@ -484,3 +484,51 @@ def test_gpu_decode_attention(B, Hq, K, L, D, E, last, dtype):
     ref = decode_attention_reference(q, k, v, allowed, last, 0.2)
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # (a relative norm: a row may be all zeros)
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+# ----------------------------------------------------------------------------- experts v3
+
+
+V3_CASES = [  # T, E, K, H, I, dtype, budget (None: the union), reassign
+    (1, 8, 2, 40, 24, torch.float32, None, "backfill"),
+    (5, 60, 4, 72, 40, torch.float16, 5, "drop"),
+    (16, 64, 6, 48, 56, torch.float32, 9, "backfill"),
+    (16, 32, 4, 40, 24, torch.float32, 6, "similar"),
+    (64, 128, 8, 40, 24, torch.float32, 16, "backfill"),
+]
+
+
+@pytest.mark.parametrize("T,E,K,H,I,dtype,budget,mode", V3_CASES)
+def test_fused_experts_kept_list_matches_reference(T, E, K, H, I, dtype, budget, mode):
+    """The two-launch path (the selection's kept list, output written directly) against float64."""
+    from kernels.select import Rule
+
+    b = make_batch(T, E, K, H, dtype, seed=T + E + 1)
+    gu, dn = make_experts(E, H, I, dtype, seed=E + 1)
+    sim = torch.rand(E, E, generator=torch.Generator().manual_seed(2)) if mode == "similar" else None
+    sel = select_reassign(b.probs_TE, b.topk_idx_TK, b.topk_w_TK, b.active_T, budget, kind="router_sum", sim_EE=sim,
+                          rule=Rule(reassign_mode=mode))  # fmt: skip
+    if mode == "similar":  # a token may then hold one expert twice: its weights add up
+        assert any(len(set(r.tolist())) < K for r in sel.topk_idx_TK)
+    out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M)
+    ref = experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK)
+    assert out.dtype == dtype and not out.isnan().any()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < (2e-3 if dtype == torch.float16 else 1e-5), err
+
+
+def test_fused_experts_kept_list_gptoss_layout_with_bias():
+    from kernels.select import route_select
+
+    T, E, K, H, I = 7, 8, 2, 40, 24
+    lay = ExpertsLayout(transposed=True, interleaved=True, act="gptoss", alpha=1.702, limit=1.5)
+    b = make_batch(T, E, K, H, seed=5)
+    gu, dn = make_experts(E, H, I, torch.float32, lay)
+    g = torch.Generator().manual_seed(9)
+    gub, db = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    _, sel = route_select(torch.randn(T, E, generator=g), K, b.active_T, 3, norm_topk=True)
+    out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, layout=lay, gate_up_bias=gub, down_bias=db,
+                        keep_M=sel.keep_M)  # fmt: skip
+    ref = experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, layout=lay, gate_up_bias=gub,
+                            down_bias=db)  # fmt: skip
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5

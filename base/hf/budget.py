@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from base.hf.families import FAMILIES, Family, MoeLayer, find_moe_layers, softmax_topk
 from base.hf.moe_block import BudgetedMoE, StepInputs
-from base.method.backends import BACKENDS, make_selection
+from base.method.backends import BACKENDS, make_dense_route, make_selection
 from base.method.policy import Policy
 from base.method.recorder import StatsRecorder
 from base.method.selectors import Selector
@@ -133,15 +133,17 @@ def install_budget(model: nn.Module, family: str, selector: Selector | None, opt
     fuse = not (options.energy or options.fidelity)
     installed = []
     for layer in layers:
-        selection = None
+        selection = dense = None
+        router = softmax_topk(fam, layer.router, renormalizes) if fuse else None
         if selector is not None:
-            router = softmax_topk(fam, layer.router, renormalizes) if fuse else None
             selection = make_selection(options.backend, policy, layer.index, layer.num_experts,
                                        layer.router.weight.device, router)
+        else:  # dense on the kernels when the backend is triton (the router in one launch, the union kept)
+            dense = make_dense_route(options.backend, layer.index, layer.router.weight.device, router)
         parent_name, _, attr = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name)
         original = getattr(parent, attr)
-        owned = BudgetedMoE(original, layer.index, fam, selection)
+        owned = BudgetedMoE(original, layer.index, fam, selection, dense)
         setattr(parent, attr, owned)
         installed.append(_Installed(parent, attr, original, owned))
     recorder = StatsRecorder(len(layers), device, energy=options.energy, fidelity=options.fidelity)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.experts import ExpertsLayout, fused_experts
+from kernels.experts import V3_MAX_TOKENS, ExpertsLayout, fused_experts
 
 DECODE_MAX_TOKENS = 128
 NAME = "base_triton"
@@ -63,6 +63,22 @@ def base_triton_experts_forward(
         gate_up_bias=self.gate_up_proj_bias if has_bias else None,
         down_bias=self.down_proj_bias if has_bias else None,
     )
+
+
+def kept_experts_forward(module: torch.nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
+                         keep_M: Tensor) -> Tensor | None:
+    """The two-launch kernel with the selection's kept list (kernels/experts.py v3) when the module
+    runs `base_triton` and the kernel applies (decode-sized batches); None otherwise (the caller
+    then runs the module as usual)."""
+    if getattr(getattr(module, "config", None), "_experts_implementation", None) != NAME:
+        return None
+    layout = _layout(module)
+    if layout is None or hidden_states.shape[0] > V3_MAX_TOKENS:
+        return None
+    has_bias = getattr(module, "has_bias", False)
+    return fused_experts(hidden_states, module.gate_up_proj, module.down_proj, top_k_index, top_k_weights,
+                         layout=layout, gate_up_bias=module.gate_up_proj_bias if has_bias else None,
+                         down_bias=module.down_proj_bias if has_bias else None, keep_M=keep_M)
 
 
 def register_base_triton() -> str:

@@ -6,10 +6,12 @@ same names (state dict keys, device maps and the experts implementation are unch
 the block itself, as gpt-fast's MOEFeedForward and vLLM's FusedMoE layer do:
 
     x_TH = hidden_BSH.reshape(-1, H)
-    route: the model's router, or route_select in place of its softmax/top-k (fused kernels)
+    route: the model's router, or the fused kernel in its place (router GEMM + softmax/top-k
+           + selection in one launch; dense too, on method.backend=triton)
     select: the layer's selection (base/method/backends.py), when this forward selects
     record: the step's statistics into the forward's recorder, when it records
-    y_TH = experts(x_TH, idx_TK, w_TK)                     # transformers' or base_triton
+    y_TH = experts(x_TH, idx_TK, w_TK)                     # transformers' or base_triton; with the
+           kernel's kept list and base_triton, the two-launch expert kernel directly
     the family's shared experts, and the block's shape back
 
 What a forward needs comes in explicitly: whoever drives the forward (the decode engine, the
@@ -27,8 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from base.hf.experts_impl import kept_experts_forward
 from base.hf.families import Family
-from base.method.backends import TorchSelection
+from base.method.backends import DenseRoute, TorchSelection
 from base.method.policy import Decision, dense_decision
 from base.method.recorder import StatsRecorder
 from base.method.routing import RoutedBatch, step_stats
@@ -73,7 +76,8 @@ def output_error(experts: nn.Module, batch: RoutedBatch, decision: Decision) -> 
 class BudgetedMoE(nn.Module):
     """A family's sparse-MoE block, owned (see the module doc). `selection` None: dense."""
 
-    def __init__(self, block: nn.Module, index: int, family: Family, selection: TorchSelection | None) -> None:
+    def __init__(self, block: nn.Module, index: int, family: Family, selection: TorchSelection | None,
+                 dense_route: DenseRoute | None = None) -> None:
         super().__init__()
         missing = [n for n in family.block_children if not isinstance(getattr(block, n, None), nn.Module)]
         if missing:
@@ -81,24 +85,34 @@ class BudgetedMoE(nn.Module):
         for name, child in block.named_children():  # the original's parts, in its order, under their names
             setattr(self, name, child)
         self.index, self.family, self.selection = index, family, selection
+        self.dense_route = dense_route  # dense on the kernels (selection None, backend triton)
         self.step: StepInputs | None = None  # this forward's inputs (MoeBudget.bound)
 
     def forward(self, hidden_BSH: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
-        idx_TK, w_TK = self.route(x_TH, self.step)
-        y_TH = self.experts(x_TH, idx_TK, w_TK)
+        idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
+        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M)
+        if y_TH is None:
+            y_TH = self.experts(x_TH, idx_TK, w_TK)
         out_BSH = self.family.combine(self, hidden_BSH, x_TH, y_TH)
         return (out_BSH, w_TK) if self.family.returns_router_scores else out_BSH
 
-    def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor]:
-        """(topk_idx_TK, topk_w_TK) the experts run: the router's own, or the selection's."""
+    def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(topk_idx_TK, topk_w_TK, keep_M) the experts run: the router's own, or the selection's;
+        keep_M the kernel's kept list (None when no kernel made one)."""
         router = self._modules[self.family.router_attr]
-        if step is None or not (step.select or step.recorder is not None or step.observe is not None):
+        T = x_TH.shape[0]
+        if step is None:
             _, w_TK, idx_TK = router(x_TH)
-            return idx_TK, w_TK
+            return idx_TK, w_TK, None
         active_T = step.active_T.to(x_TH.device)  # a layer on another GPU of a spread model; no-op on one
-        if step.select and self.selection.fused_route:
+        if step.select and self.selection.routes(T):
             batch, decision = self.selection.route(x_TH.to(router.weight.dtype), active_T)
+        elif not step.select and self.dense_route is not None and self.dense_route.routes(T):
+            batch, decision = self.dense_route.route(x_TH.to(router.weight.dtype), active_T)
+        elif not (step.select or step.recorder is not None or step.observe is not None):
+            _, w_TK, idx_TK = router(x_TH)
+            return idx_TK, w_TK, None
         else:
             logits_TE, w_TK, idx_TK = router(x_TH)
             probs_TE = torch.softmax(logits_TE.reshape(x_TH.shape[0], -1).float(), dim=-1)
@@ -112,8 +126,8 @@ class BudgetedMoE(nn.Module):
         if step.recorder is not None:
             self._record(step, batch, decision)
         if decision.topk_idx_TK is None:
-            return batch.topk_idx_TK, batch.topk_w_TK
-        return decision.topk_idx_TK, decision.topk_w_TK
+            return batch.topk_idx_TK, batch.topk_w_TK, None
+        return decision.topk_idx_TK, decision.topk_w_TK, decision.keep_M
 
     def _record(self, step: StepInputs, batch: RoutedBatch, decision: Decision) -> None:
         """The step's statistics; with the recorder's fidelity, also the MoE-output error against dense."""

@@ -2,19 +2,24 @@
 
     sel = make_selection("triton", policy, layer=3, num_experts=128, device=dev, router=SoftmaxTopK(...))
     decision = sel.select(batch)                  # after the model's own router
-    batch, decision = sel.route(z_TH, active_T)   # router + selection in one launch (sel.fused_route)
+    batch, decision = sel.route(z_TH, active_T)   # router GEMM + selection in one launch (sel.fused_route)
 
     torch   base/method/routing.py with the selector's `keep`: every selector, branch-free, so a
             step that uses it can be captured in a CUDA graph too
-    triton  kernels/: `select_step` after the model's router, or `route_select` in place of a
-            softmax-then-top-k router's softmax/top-k (one launch per layer). Which selectors it
-            runs is what they declare (`kernel_term`, `static_score`, base/method/selectors.py);
-            the others, coverage and `reassign=similar` run the reference.
+    triton  kernels/select.py: one launch per layer for every selector that declares how the kernel
+            ranks it (`kernel_term` or `static_score`, and `kernel_tier`: base/method/selectors.py),
+            coverage and every reassign mode included. With a softmax-then-top-k router
+            (`SoftmaxTopK`) that launch also does the router's GEMM (for `base`, over [router;
+            predictor] rows), else it follows the model's router. Only `oracle` (true norms) and
+            selectors without a kernel declaration run the reference.
+
+`DenseRoute` is the dense baseline on the same kernels: the router's GEMM, softmax and top-k in one
+launch, every union expert kept, and the kept list handed to the experts kernel (v3, two launches).
 
 One object per layer, built when a model is budgeted: it holds that layer's tensors on the layer's
-device (predictor, the fused [router; predictor] weight, energies, static scores), so a step
-copies nothing. Everything here takes plain tensors; the MoE block (base/hf/moe_block.py) says
-what its router is (`SoftmaxTopK`).
+device (predictor, the fused [router; predictor] weight, energies, static scores, similarity, the
+GEMV's arrival counter), so a step copies nothing. Everything here takes plain tensors; the MoE
+block (base/hf/moe_block.py) says what its router is (`SoftmaxTopK`).
 
 Shapes: T tokens, H hidden, E experts, K top-k.
 """
@@ -23,18 +28,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from base.method.policy import Decision, Policy
 from base.method.routing import RoutedBatch, reassign
 
-KERNEL_REASSIGN = ("backfill", "drop")  # what the kernels reassign; `similar` runs the reference
+# Above this many tokens (prefill) the fused route is not used: its selection runs in one program.
+FUSED_ROUTE_MAX_TOKENS = 128
 
 
 @dataclass(frozen=True)
 class SoftmaxTopK:
     """A router that computes softmax(z W^T + bias) -> top-k (-> renormalise) (* scale), no bias
-    of its own: what `route_select` reproduces. bias_E is a skew (base/hf/skew.py), else None."""
+    of its own: what the kernel reproduces. bias_E is a skew (base/hf/skew.py), else None."""
 
     weight_EH: Tensor
     top_k: int
@@ -59,24 +65,44 @@ class TorchSelection:
         idx_TK, w_TK = reassign(batch, keep_E, score_E, p.reassign, p.renormalize, self.sim_EE)
         return Decision(keep_E, idx_TK, w_TK)
 
+    def routes(self, T: int) -> bool:
+        return False
+
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
         raise NotImplementedError("the reference selects after the model's router (fused_route is False)")
 
 
+def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, counter: Tensor, z_TH: Tensor, active_T: Tensor,
+                budget: int | None, layer: int, **kw) -> tuple[RoutedBatch, Decision]:
+    from kernels.select import route_select_gemv
+
+    routing, out = route_select_gemv(z_TH, weight_CH, router.weight_EH.shape[0], router.top_k, active_T, budget,
+                                     norm_topk=router.norm_topk, scale=router.scale, logit_bias_E=router.bias_E,
+                                     counter=counter, **kw)  # fmt: skip
+    batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer)
+    return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M)
+
+
 class TritonSelection(TorchSelection):
-    """kernels/: one launch per layer; `route` also does the router's softmax/top-k."""
+    """kernels/select.py: one launch per layer; `route` also does the router's GEMM."""
 
     def __init__(self, policy: Policy, layer: int, num_experts: int, device: torch.device,
                  router: SoftmaxTopK | None) -> None:
         super().__init__(policy, layer, device)
-        from kernels.score import fuse_router_predictor, prepare_predictor
+        from kernels.score import fuse_router_predictor
+        from kernels.select import Rule, arrival_counter
 
         sel = policy.selector
         self.term = sel.kernel_term  # None for a static score
+        self.rule = Rule(tier=sel.kernel_tier, k0=sel.k0 or 1, coverage=sel.coverage,
+                         reassign_mode=policy.reassign, renormalize=policy.renormalize)
         self.router = router
         self.fused_route = router is not None
         self.extra: dict[str, Tensor] = {}  # per-layer kernel inputs, on the layer's device
-        self.wcat_CH: Tensor | None = None  # base with fused_route: [router; predictor] weights
+        if self.sim_EE is not None:
+            self.extra["sim_EE"] = self.sim_EE.float().contiguous()
+        self.weight_CH = router.weight_EH if router is not None else None  # the GEMV's rows
+        self.counter = arrival_counter(device) if router is not None else None
         if sel.static_score:
             self.extra["score_E"] = sel.static_score_E(layer, num_experts, device)
             return
@@ -84,67 +110,80 @@ class TritonSelection(TorchSelection):
         if self.term == "base":
             self.extra["pred_b_E"] = inputs["pred_b_E"]
             if self.fused_route:  # the predictor rides in the router's GEMM
-                self.wcat_CH = fuse_router_predictor(router.weight_EH, inputs["pred_w_HE"])
+                self.weight_CH = fuse_router_predictor(router.weight_EH, inputs["pred_w_HE"])
             else:  # select_step after the router gathers predictor rows
+                from kernels.score import prepare_predictor
+
                 self.extra["pred_w_EH"] = prepare_predictor(inputs["pred_w_HE"].float())
         else:
             self.extra.update(inputs)
 
+    def routes(self, T: int) -> bool:
+        """Whether `route` serves a forward of T tokens (decode batches; prefill keeps the model's router)."""
+        return self.fused_route and T <= FUSED_ROUTE_MAX_TOKENS
+
     def select(self, batch: RoutedBatch) -> Decision:
         from kernels.step import select_step
 
-        p = self.policy
         kw = dict(self.extra)
         if "score_E" in kw:  # a static score: select_step's `calib_freq` path takes it as freq_E
-            kind, kw = "calib_freq", {"freq_E": kw["score_E"]}
+            kind, kw = "calib_freq", {"freq_E": kw.pop("score_E"), **kw}
         else:
             kind = self.term
-        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind, self.budget,
-                          z_TH=batch.z_TH, reassign_mode=p.reassign, renormalize=p.renormalize, **kw)
-        return Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK)
+        budget = self.budget if self.policy.selector.uses_budget else None
+        out = select_step(batch.probs_TE, batch.topk_idx_TK, batch.topk_w_TK, batch.active_T, kind, budget,
+                          z_TH=batch.z_TH, rule=self.rule, **kw)
+        return Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M)
 
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
-        """The router's softmax/top-k and the selection in one launch; for `base` the predictor
-        rides in the router's GEMM. Returns the model's own routing (for statistics) and the
-        decision."""
-        from kernels import fused_router_logits, route_select
+        """The router's GEMM (for `base` over [router; predictor]), softmax/top-k and the
+        selection in one launch. Returns the model's own routing (for statistics) and the decision."""
+        budget = self.budget if self.policy.selector.uses_budget else None
+        return _fused_call(self.router, self.weight_CH, self.counter, z_TH, active_T, budget, self.layer,
+                           kind=self.term or "router_sum", rule=self.rule, **self.extra)
 
-        r, p = self.router, self.policy
-        extra = dict(self.extra)
-        if self.wcat_CH is not None:
-            logits_TE, g_TE = fused_router_logits(z_TH, self.wcat_CH)
-            extra["g_TE"] = g_TE
-        else:
-            logits_TE = nn.functional.linear(z_TH, r.weight_EH)
-        if r.bias_E is not None:
-            logits_TE = logits_TE + r.bias_E
-        routing, out = route_select(
-            logits_TE, r.top_k, active_T, self.budget, norm_topk=r.norm_topk, scale=r.scale,
-            kind=self.term or "router_sum",  # a static score_E replaces the in-kernel score
-            reassign_mode=p.reassign, renormalize=p.renormalize, **extra,
-        )  # fmt: skip
-        batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, self.layer)
-        return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK)
+
+class DenseRoute:
+    """Dense on the kernels: the router in one launch, the whole union kept (no selection)."""
+
+    fused_route = True
+
+    def __init__(self, layer: int, router: SoftmaxTopK, device: torch.device) -> None:
+        from kernels.select import arrival_counter
+
+        self.layer, self.router = layer, router
+        self.counter = arrival_counter(device)
+
+    def routes(self, T: int) -> bool:
+        return T <= FUSED_ROUTE_MAX_TOKENS
+
+    def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
+        return _fused_call(self.router, self.router.weight_EH, self.counter, z_TH, active_T, None, self.layer)
 
 
 BACKENDS = ("torch", "triton")
 
 
 def runs_on_kernels(policy: Policy) -> bool:
-    """Can the kernels run this policy (its selector declares a kernel path; no coverage, no
-    `similar` re-routing)?"""
+    """Can the kernels run this policy (its selector declares how the kernel ranks it)?"""
     sel = policy.selector
-    return (sel is not None and (sel.kernel_term is not None or sel.static_score) and sel.coverage is None
-            and policy.reassign in KERNEL_REASSIGN)
+    if sel is None or not (sel.kernel_term is not None or sel.static_score):
+        return False
+    return policy.reassign != "similar" or sel.artifacts.sim_LEE is not None
 
 
 def make_selection(backend: str, policy: Policy, layer: int, num_experts: int, device: torch.device,
                    router: SoftmaxTopK | None = None) -> TorchSelection:
-    """The selection of one layer under `backend`. `router`: the layer's router when route_select
-    may replace it (a plain softmax/top-k router, and no statistics that need the model's own
-    router call); None keeps the model's router."""
+    """The selection of one layer under `backend`. `router`: the layer's router when the kernel may
+    replace it (a plain softmax/top-k router, and no statistics that need the model's own router
+    call); None keeps the model's router."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "triton" and runs_on_kernels(policy):
         return TritonSelection(policy, layer, num_experts, device, router)
     return TorchSelection(policy, layer, device)
+
+
+def make_dense_route(backend: str, layer: int, device: torch.device, router: SoftmaxTopK | None) -> DenseRoute | None:
+    """Dense's route on the kernels (backend triton with a softmax/top-k router), else None (the model's own)."""
+    return DenseRoute(layer, router, device) if backend == "triton" and router is not None else None

@@ -34,6 +34,7 @@ class Decision:
     keep_E: Tensor  # bool kept set
     topk_idx_TK: Tensor | None  # rerouted experts; None = the router's own
     topk_w_TK: Tensor | None
+    keep_M: Tensor | None = None  # kept ids by rank, -1 padded (the kernels' work list); None: not computed
 
 
 def dense_decision(batch: RoutedBatch) -> Decision:
