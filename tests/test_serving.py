@@ -143,3 +143,38 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
         assert s["tpot_ms_p50"] == pytest.approx(np.percentile(g["tpot_ms"], 50))
         assert s["output_throughput"] == pytest.approx(s["output_tokens"] / s["duration_s"])
         assert math.isclose(s["goodput"], ((g["ttft_ms"] <= 500) & (g["tpot_ms"] <= 25)).sum() / s["duration_s"])
+
+
+# ------------------------------------------------------------------------------------- analysis
+
+
+def _stream_row(variant, budget, rate, repeat, position, tok_s, tpot, goodput):
+    return {"model": "m", "routing": "uniform", "slots": 4, "variant": variant, "method": variant, "budget": budget,
+            "rate": rate, "repeat": repeat, "position": position, "output_throughput": tok_s,
+            "request_throughput": tok_s / 10, "ttft_ms_p50": 10.0, "ttft_ms_p99": 20.0, "tpot_ms_p50": tpot,
+            "tpot_ms_p99": 2 * tpot, "itl_ms_p50": tpot, "itl_ms_p99": 3 * tpot, "e2el_ms_p50": 100.0,
+            "e2el_ms_p99": 200.0, "goodput": goodput, "good_fraction": 1.0, "slo_ttft_ms": 500.0, "slo_tpot_ms": 25.0}
+
+
+def test_the_serving_table_pairs_each_repeat_with_dense_and_takes_medians(tmp_path):
+    from analysis import serving
+
+    rows = [_stream_row("dense", None, None, r, 1 + r, tok, 20.0, 2.0) for r, tok in enumerate([100, 200, 400])]
+    rows += [_stream_row("base", 16, None, r, 2 - r, tok, 10.0 + r, g)
+             for r, (tok, g) in enumerate([(150, 3.0), (500, 5.0), (600, 4.0)])]
+    rows += [_stream_row("dense", None, 4.0, 0, 1, 50, 15.0, 1.0), _stream_row("base", 16, 4.0, 0, 2, 60, 8.0, 1.5)]
+    (tmp_path / "run").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "run" / "serve.csv", index=False)
+    t = serving.summary(serving.load(tmp_path)).set_index(["variant", "arrivals"])
+    burst = t.loc[("base", "burst")]
+    # speed-ups paired within a repeat: 150/100, 500/200, 600/400 -> median 1.5, range [1.5, 2.5]
+    assert burst["speedup"] == pytest.approx(1.5) and burst["speedup_max"] == pytest.approx(2.5)
+    assert burst["tok_s"] == 500 and burst["tok_s_min"] == 150 and burst["repeats"] == 3
+    assert burst["tpot_p50"] == 11.0 and burst["positions"] == "0,1,2"
+    assert t.loc[("base", "poisson"), "repeats"] == 1 and t.loc[("base", "poisson"), "speedup"] == pytest.approx(1.2)
+    best = serving.best_goodput(serving.summary(serving.load(tmp_path))).set_index("variant")
+    assert best.loc["base", "goodput_req_s"] == 4.0 and best.loc["base", "at"] == "burst"
+    assert best.loc["base", "over_dense"] == pytest.approx(2.0)
+    serving.main(str(tmp_path), str(tmp_path / "out" / "summary"))
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"summary.csv", "summary.md", "summary_tpot.png",
+                                                              "summary_tpot.svg"}

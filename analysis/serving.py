@@ -1,0 +1,171 @@
+"""The serving benchmark's table and figure, from the serve.csv of runs of `throughput.mode=serve`.
+
+    python -m analysis.serving results/serve/runs results/serve/summary
+
+Reads every serve.csv under the folder (one row per served stream: base/runtime/serving.py; a run
+stopped midway leaves the streams it finished, in its `.partial-*` folder) and writes:
+
+  <dest>.csv, <dest>.md   one row per (model, routing, slots, variant, budget, rate): the repeats
+                          it has, the places it was served in (the order rotates), and over the
+                          repeats the median and range of achieved output tokens/s and requests/s,
+                          TTFT, TPOT, ITL and E2EL (p50 and p99 of each stream), goodput, and
+                          tokens/s over dense's in the same repeat and rate (paired);
+                          the .md adds, per (routing, slots, variant), the highest median goodput
+                          over the rates and its ratio to dense's
+  <dest>_tpot.png / .svg  TPOT p50 and p99 against achieved output tokens/s, one panel row per
+                          (routing, slots), a line per variant through its rates (median over
+                          repeats, bars: the range), the TPOT SLO dashed
+
+Timings are medians over repeats with their range (no test: the runs are few).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import style
+
+CELL = ["model", "routing", "slots", "variant", "method", "budget", "rate"]
+MEASURES = {"output_throughput": "tok_s", "request_throughput": "req_s", "ttft_ms_p50": "ttft_p50",
+            "ttft_ms_p99": "ttft_p99", "tpot_ms_p50": "tpot_p50", "tpot_ms_p99": "tpot_p99",
+            "itl_ms_p50": "itl_p50", "itl_ms_p99": "itl_p99", "e2el_ms_p50": "e2el_p50", "e2el_ms_p99": "e2el_p99",
+            "goodput": "goodput", "good_fraction": "good_fraction", "speedup_vs_dense": "speedup"}
+
+
+def load(root: Path) -> pd.DataFrame:
+    """Every stream row under root, with its tokens/s over dense's (same routing, slots, rate, repeat)."""
+    frames = [pd.read_csv(p) for p in sorted(root.rglob("serve.csv"))]
+    if not frames:
+        raise SystemExit(f"no serve.csv under {root} (runs of throughput.mode=serve)")
+    df = pd.concat(frames, ignore_index=True)
+    df["rate"] = df["rate"].astype(float)  # NaN: the closed burst
+    key = ["model", "routing", "slots", "rate", "repeat"]
+    dense = df[df["variant"] == "dense"].set_index(key)["output_throughput"].rename("dense_tok_s")
+    df = df.join(dense, on=key)
+    df["speedup_vs_dense"] = df["output_throughput"] / df["dense_tok_s"]
+    return df.drop(columns="dense_tok_s")
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: repeats, places served, and median / min / max over repeats of MEASURES."""
+    rows = []
+    for cell, g in df.groupby(CELL, dropna=False, sort=True):
+        row = dict(zip(CELL, cell)) | {"repeats": g["repeat"].nunique(),
+                                        "positions": ",".join(map(str, sorted(g["position"].unique())))}
+        for col, name in MEASURES.items():
+            v = g[col].dropna()
+            row[name] = v.median() if len(v) else np.nan
+            row[f"{name}_min"], row[f"{name}_max"] = (v.min(), v.max()) if len(v) else (np.nan, np.nan)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["arrivals"] = np.where(out["rate"].isna(), "burst", "poisson")
+    # rows by rate (the burst last: the highest load), dense first, then each method by falling budget
+    rank = out.assign(_rate=out["rate"].fillna(np.inf), _dense=out["variant"] != "dense", _budget=-out["budget"])
+    return out.loc[rank.sort_values(["model", "routing", "slots", "_rate", "_dense", "variant", "_budget"]).index]\
+        .reset_index(drop=True)
+
+
+def best_goodput(t: pd.DataFrame) -> pd.DataFrame:
+    """Per (routing, slots, variant): the highest median goodput over the rates, and over dense's."""
+    rows = []
+    for key, g in t.groupby(["model", "routing", "slots", "variant", "budget"], dropna=False, sort=True):
+        top = g.loc[g["goodput"].idxmax()]
+        rows.append(dict(zip(["model", "routing", "slots", "variant", "budget"], key))
+                    | {"goodput_req_s": top["goodput"], "at": _rate(top["rate"]), "rates": len(g)})
+    out = pd.DataFrame(rows)
+    dense = out[out["variant"] == "dense"].set_index(["model", "routing", "slots"])["goodput_req_s"]
+    out["over_dense"] = out["goodput_req_s"] / out.join(dense.rename("d"), on=["model", "routing", "slots"])["d"]
+    return out
+
+
+def _rate(r: float) -> str:
+    return "burst" if pd.isna(r) else f"{r:g}/s"
+
+
+def _budget(b: float) -> str:
+    return "-" if pd.isna(b) else f"{b:g}"
+
+
+def _spread(t: pd.DataFrame, name: str, fmt: str) -> list[str]:
+    return [f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]" if pd.notna(m) else "" for m, lo, hi in
+            zip(t[name], t[f"{name}_min"], t[f"{name}_max"])]
+
+
+def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
+    show = t.assign(rate=t["rate"].map(_rate), budget=t["budget"].map(_budget),
+                    tok_s=_spread(t, "tok_s", ".0f"), speedup=_spread(t, "speedup", ".2f"),
+                    tpot_p50=_spread(t, "tpot_p50", ".1f"), tpot_p99=_spread(t, "tpot_p99", ".1f"),
+                    ttft_p50=_spread(t, "ttft_p50", ".0f"), ttft_p99=_spread(t, "ttft_p99", ".0f"),
+                    goodput=_spread(t, "goodput", ".2f"))
+    cols = ["routing", "slots", "rate", "variant", "budget", "repeats", "positions", "tok_s", "speedup", "req_s",
+            "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99", "goodput"]
+    best = best_goodput(t).assign(budget=lambda d: d["budget"].map(_budget))
+    return (f"Made by `python -m analysis.serving {src} {dest}` from the serve.csv of each run "
+            "(`throughput.mode=serve`, base/runtime/serving.py).\n\n"
+            "Per (routing, slots, request rate, variant): the median over repeats and, in brackets, the range. "
+            "`tok_s`: achieved output tokens/s; `speedup`: tokens/s over dense's in the same repeat and rate; "
+            "`req_s`: achieved requests/s; TTFT, TPOT, ITL, E2EL in ms (p50 and p99 of each stream's requests; "
+            "ITL pools every gap between tokens); `goodput`: requests/s meeting both SLOs of the runs' "
+            f"serve.slo_ttft_ms / slo_tpot_ms ({slo}); `positions`: the places in its repeats' order the variant was "
+            "served in (the order rotates); burst: every request at once.\n\n"
+            + show[cols].to_markdown(index=False, floatfmt=".1f")
+            + "\n\nHighest median goodput over the rates run, per variant (`at`: the rate where it was reached; "
+              "a coarse grid of rates bounds what it can show):\n\n"
+            + best.to_markdown(index=False, floatfmt=".2f") + "\n")
+
+
+MARKERS = {None: "o", 16: "o", 10: "s"}
+
+
+def figure(t: pd.DataFrame, slo_tpot_ms: float | None, caption: str):
+    """TPOT p50 / p99 against achieved tokens/s, a panel row per (routing, slots)."""
+    rank = {"uniform": 0, "skewed": 1}
+    groups = sorted(t.groupby(["routing", "slots"]), key=lambda kv: (rank.get(kv[0][0], 2), kv[0]))
+    with style.context():
+        fig, axes = style.new_figure(len(groups), 2, height=3.2)
+        for r, ((routing, slots), g) in enumerate(groups):
+            for c, q in enumerate(("p50", "p99")):
+                ax = axes[2 * r + c]
+                for (variant, budget), line in g.groupby(["variant", "budget"], dropna=False, sort=True):
+                    line = line.assign(order=line["rate"].fillna(np.inf)).sort_values("order")
+                    x, y = line["tok_s"], line[f"tpot_{q}"]
+                    label = variant if pd.isna(budget) else f"{variant} M={budget:g}"
+                    b = None if pd.isna(budget) else int(budget)
+                    ax.errorbar(x, y, xerr=[x - line["tok_s_min"], line["tok_s_max"] - x],
+                                yerr=[y - line[f"tpot_{q}_min"], line[f"tpot_{q}_max"] - y], color=style.color(variant),
+                                marker=MARKERS.get(b, "^"), linestyle="-" if b in (None, 16) else "--",
+                                capsize=2, label=label)
+                    for xi, yi, rate in zip(x, y, line["rate"]):
+                        ax.annotate(_rate(rate), (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6)
+                if slo_tpot_ms:
+                    ax.axhline(slo_tpot_ms, color="#888888", linestyle=":", linewidth=1)
+                ax.set_title(f"{routing} routing, {slots} slots: TPOT {q}")
+                ax.set_ylabel("TPOT (ms)")
+                ax.set_xlabel("achieved output tokens/s")
+        axes[0].legend(loc="upper left")
+        style.caption(fig, caption)
+    return fig
+
+
+def main(src: str, dest: str) -> None:
+    df = load(Path(src))
+    t = summary(df)
+    out = Path(dest)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(out.with_suffix(".csv"), index=False)
+    slos = sorted(set(zip(df["slo_ttft_ms"], df["slo_tpot_ms"])))
+    text = markdown(t, src, dest, "; ".join(f"TTFT <= {a:g} ms and TPOT <= {b:g} ms" for a, b in slos))
+    out.with_suffix(".md").write_text(text)
+    slo = df["slo_tpot_ms"].dropna().unique()
+    models = ", ".join(sorted(df["model"].unique()))
+    cap = (f"{models}; median over {df['repeat'].nunique()} repeats (bars: range); each point one request rate "
+           f"(burst: all at once); dotted: the TPOT SLO. Made by `python -m analysis.serving {src} {dest}`.")
+    style.save(figure(t, float(slo[0]) if len(slo) == 1 else None, cap), out.parent, f"{out.name}_tpot")
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
