@@ -19,10 +19,10 @@ from experiments.mini.data import (
 )
 from experiments.mini.domains import DOMAINS
 from experiments.mini.make_pools import (
-    N_PER_DOMAIN,
     N_TRAIN,
     POOLS,
     draw_pools,
+    pool_size,
     write_pool,
 )
 
@@ -60,7 +60,7 @@ def test_pools_are_disjoint_from_each_other_tasks_mini_and_calibration(pools):
     for pool, sets in pools.items():
         assert set(sets) <= set(DOMAINS) and set(sets) == set(pools["quality"]), pool
         prompts = [s.prompt for samples in sets.values() for s in samples]
-        assert all(len(samples) == N_PER_DOMAIN for samples in sets.values()), pool
+        assert all(len(samples) == pool_size(pool) for samples in sets.values()), pool
         assert all(s.domain == d for d, samples in sets.items() for s in samples)
         assert len(set(prompts)) == len(prompts), f"{pool} repeats a prompt"
         assert not set(prompts) & mini, f"{pool} shares prompts with tasks/mini"
@@ -82,11 +82,21 @@ def test_pools_are_held_out_from_the_whole_training_corpus(pools):
         assert check_disjoint(train, sets)["disjoint"]
 
 
-def test_regenerating_one_domain_gives_the_committed_files(train_domain, tmp_path):
-    drawn = draw_pools([DOMAIN], train=train_domain, pools=["ablation"])  # draws quality first, as the generator
-    write_pool(tmp_path, "ablation", drawn["ablation"])
+def test_replication_pool_is_the_preregistered_size_and_new():
+    """Issue 27's pool: 800 prompts per domain (docs/preregistration.md), drawn after every other pool,
+    so none of its prompts is in a pool a committed grid scored."""
+    sets = _pool("replication")
+    assert list(POOLS)[-1] == "replication" and {len(v) for v in sets.values()} == {800} and len(sets) == 7
+    earlier = {s.prompt for pool in list(POOLS)[:-1] for v in _pool(pool).values() for s in v}
+    assert len(earlier) == 3 * 7 * 1000 and not earlier & {s.prompt for v in sets.values() for s in v}
+
+
+@pytest.mark.parametrize("pool", ["ablation", "replication"])
+def test_regenerating_one_domain_gives_the_committed_files(train_domain, tmp_path, pool):
+    drawn = draw_pools([DOMAIN], train=train_domain, pools=[pool])  # draws the pools before it first, as the generator
+    write_pool(tmp_path, pool, drawn[pool])
     for name in [f"{DOMAIN}.jsonl", f"{DOMAIN}.yaml", "_template.yaml", "utils.py"]:
-        assert (tmp_path / name).read_text() == (POOL_DIR / "ablation" / name).read_text(), name
+        assert (tmp_path / name).read_text() == (POOL_DIR / pool / name).read_text(), name
 
 
 def test_pool_template_is_the_mini_template():
@@ -107,7 +117,7 @@ def test_a_pool_builds_as_an_lm_eval_group():
     first = _rows(POOL_DIR / "ablation" / "cmp.jsonl")[0]
     assert task.OUTPUT_TYPE == "generate_until"
     assert (task.doc_to_text(doc), task.doc_to_target(doc)) == (first["prompt"], first["answer"])
-    assert task.config.generation_kwargs["until"] == ["\n"] and len(task.test_docs()) == N_PER_DOMAIN
+    assert task.config.generation_kwargs["until"] == ["\n"] and len(task.test_docs()) == pool_size("ablation")
 
 
 def test_task_names_are_unique_across_pools_and_tasks_mini():

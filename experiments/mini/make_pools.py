@@ -3,7 +3,8 @@
 tasks/mini holds 200 test prompts per domain, and every quality grid scored (a prefix of) those
 same prompts, so the grids were not independent replications. Each pool here (`quality`,
 `ablation`, `rules`) is 1000 further prompts per domain, drawn from the domain generators with
-its own seed and held out from everything the models or the methods have seen:
+its own seed and held out from everything the models or the methods have seen (`replication`, issue 27's
+pre-registered grid, is 800 per domain: POOL_SIZES):
 
 * the training corpus, regenerated exactly as trained (`make_train_corpus`, 200 000 examples per
   domain, seed TRAIN_SEED; models/mini used all of it, models/mini_olmoe the first 40 000 per domain
@@ -50,8 +51,12 @@ from experiments.mini_calibration import SEED as CALIB_SEED
 # Drawn in this order; a pool excludes the pools before it. Seeds differ from TEST_SEED, the
 # training seeds (TRAIN_SEED + train.py's --seed) and the calibration seed, and the streams are
 # named "pool-..." where those are "test-..."/"train-...", so no stream is shared either way.
-POOLS: dict[str, int] = {"quality": 20260301, "ablation": 20260302, "rules": 20260303}
+POOLS: dict[str, int] = {"quality": 20260301, "ablation": 20260302, "rules": 20260303, "replication": 20260304}
 N_PER_DOMAIN = 1000
+# Prompts per domain where a pool differs from N_PER_DOMAIN. replication: sized by the time one
+# one-thread process has for its grid (docs/preregistration.md), not by the domains' capacity
+# (each domain gives 3000 more held-out prompts after the other three pools).
+POOL_SIZES: dict[str, int] = {"replication": 800}
 N_TEST = 200        # tasks/mini, per domain (make_tasks' default)
 N_TRAIN = 200_000   # training corpus per domain as models/mini was trained (metrics.json: 1.6 M examples)
 N_CALIB = 300       # data/calibration/mini.jsonl per domain (mini_calibration.main's default)
@@ -113,22 +118,29 @@ def draw_domain(domain: str, seed: int, exclude: set[str], n: int) -> list[Sampl
     return out
 
 
-def draw_pools(domains: list[str], n: int = N_PER_DOMAIN, train: list[Sample] | None = None,
-               pools: list[str] | None = None) -> dict[str, dict[str, list[Sample]]]:
-    """{pool: {domain: samples}} for POOLS (or its first ones up to the last of `pools`).
+def pool_size(pool: str) -> int:
+    """Prompts per domain of `pool`."""
+    return POOL_SIZES.get(pool, N_PER_DOMAIN)
 
-    Raises PoolShortfall naming every domain that gives fewer than `n` prompts, and how many.
+
+def draw_pools(domains: list[str], n: int | None = None, train: list[Sample] | None = None,
+               pools: list[str] | None = None) -> dict[str, dict[str, list[Sample]]]:
+    """{pool: {domain: samples}} for POOLS (or its first ones up to the last of `pools`), `n` prompts
+    per domain in every pool (None: each pool's pool_size).
+
+    Raises PoolShortfall naming every domain that gives fewer prompts than asked, and how many.
     """
     names = list(POOLS) if pools is None else list(POOLS)[: max(list(POOLS).index(p) for p in pools) + 1]
     exclude = excluded_prompts(domains, train)
     out: dict[str, dict[str, list[Sample]]] = {p: {} for p in names}
     short = []
     for pool in names:
+        size = pool_size(pool) if n is None else n
         for domain in domains:
-            samples = draw_domain(domain, POOLS[pool], exclude, n)
-            if len(samples) < n:
-                short.append(f"{domain}: {len(samples)} of {n} in pool {pool} "
-                             f"({n * MAX_DRAWS_PER_PROMPT} draws)")
+            samples = draw_domain(domain, POOLS[pool], exclude, size)
+            if len(samples) < size:
+                short.append(f"{domain}: {len(samples)} of {size} in pool {pool} "
+                             f"({size * MAX_DRAWS_PER_PROMPT} draws)")
             exclude |= {s.prompt for s in samples}
             out[pool][domain] = samples
     if short:
@@ -173,15 +185,17 @@ def write_pool(out: Path, pool: str, sets: dict[str, list[Sample]]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--n", type=int, default=N_PER_DOMAIN, help="prompts per domain and pool")
+    ap.add_argument("--n", type=int, default=None,
+                    help=f"prompts per domain in every pool (default: {N_PER_DOMAIN}, or the pool's POOL_SIZES entry)")
     ap.add_argument("--skip", nargs="*", default=[], choices=list(DOMAINS),
                     help="domains to leave out of every pool (say why in the docs)")
     args = ap.parse_args()
     domains = [d for d in DOMAINS if d not in args.skip]
+    first = args.n or pool_size(next(iter(POOLS)))
     for d in args.skip:  # loud, so that a smaller pool is never a surprise
-        got = draw_domain(d, POOLS[next(iter(POOLS))], excluded_prompts([d]), args.n)
-        print(f"WARNING: domain {d} left out of the pools (--skip); it gives {len(got)} of {args.n} "
-              f"held-out prompts in {args.n * MAX_DRAWS_PER_PROMPT} draws")
+        got = draw_domain(d, POOLS[next(iter(POOLS))], excluded_prompts([d]), first)
+        print(f"WARNING: domain {d} left out of the pools (--skip); it gives {len(got)} of {first} "
+              f"held-out prompts in {first * MAX_DRAWS_PER_PROMPT} draws")
     train = make_train_corpus(N_TRAIN, held_out_prompts(make_test_sets(N_TEST, TEST_SEED)), TRAIN_SEED)
     try:
         pools = draw_pools(domains, args.n, train)
@@ -192,7 +206,7 @@ def main() -> None:
     for pool, sets in pools.items():
         write_pool(out / pool, pool, sets)
         r = record[pool]
-        print(f"pool {pool}: {len(sets)} domains x {args.n} prompts -> {out / pool}; "
+        print(f"pool {pool}: {len(sets)} domains x {len(next(iter(sets.values())))} prompts -> {out / pool}; "
               f"{r['test_prompts_in_train']} in the {r['train_examples']} training examples, "
               f"none in tasks/mini, the calibration text or another pool")
 
