@@ -1,0 +1,146 @@
+"""Attention of a packed token stream over a static KV cache: each token attends its own cache row,
+causally (slots up to its own), grouped query heads.
+
+    out_THE = varlen_attention(q_THD, k_BKLD, v_BKLE, row_T, last_T, scaling, window=0, sinks_H=None)
+
+Why: continuous batching packs the prompts of an admission round (and, in a mixed step, one token
+of every decoding row) into one stream of T tokens without padding between them. Token t belongs
+to cache row row_T[t] and sits at slot last_T[t] of that row, whose earlier slots hold its own
+request's earlier tokens (written by this forward or by an earlier chunk). Attending over the row
+up to last_T[t] is therefore varlen causal attention: every request sees only its own tokens.
+The forward has already written the stream's keys and values into the cache, so the kernel reads
+everything from the cache. A token with last_T = -1 (stream padding) attends to nothing and
+gets zeros.
+
+    _varlen_attention  grid (T, K): program (t, k) takes KV head k of token t's row; the G query
+                       heads of the group are the rows of a [G, D] x [D, N] tile (padded to 16 rows
+                       for tl.dot); online softmax over N-slot blocks from the window's first slot
+                       to last_T[t]; attention sinks (GPT-OSS) join the denominator at the end.
+
+Masking: slots in (last_T[t] - window, last_T[t]] (window 0: all from slot 0). No validity mask:
+a packed row is filled from slot 0 without holes (no left padding).
+
+Shapes: T tokens, Hq query heads, K KV heads, G = Hq / K, B cache rows, L cache slots, D key size,
+E value size (D != E allowed). Any float dtype; scores and softmax in float32.
+Graph safety: no host sync; shapes fixed for given (T, Hq, K, L, D, E); row_T and last_T are read on
+the device. Reference: `varlen_attention_reference` (float32, blocks of tokens gathered with their
+rows), tested against a per-token loop and the kernel (tests/test_varlen_attention.py; interpreter
+on the CPU, compiled on the GPU).
+Tuning: BLOCK_N = 64 slots, 4 warps. One program per (token, KV head) re-reads its row's prefix:
+a tile of tokens of one request per program would read it once (not done yet).
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+from torch import Tensor
+
+from kernels._triton import dual_jit, next_pow2
+
+BLOCK_N = 64
+REFERENCE_BLOCK = 64  # tokens gathered at a time by the reference (bounds its memory)
+
+
+@dual_jit
+def _varlen_attention(
+    # Pointers
+    q_ptr, k_ptr, v_ptr, row_ptr, last_ptr, sinks_ptr, out_ptr,
+    # Dimensions
+    scaling, K, G, D, E, window,
+    sq_t, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, so_t, so_h,
+    # Meta-parameters
+    HAS_SINKS: tl.constexpr, G_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    t = tl.program_id(0)
+    kh = tl.program_id(1)
+    row = tl.load(row_ptr + t)
+    last = tl.load(last_ptr + t)  # -1: padding, attends to nothing
+    lo = tl.where(window > 0, tl.maximum(last - window + 1, 0), 0)  # a sliding window's first slot
+    g = tl.arange(0, G_BLOCK)
+    d = tl.arange(0, D_BLOCK)
+    e = tl.arange(0, E_BLOCK)
+    g_ok = g < G
+    q_GD = tl.load(q_ptr + t * sq_t + (kh * G + g)[:, None] * sq_h + d[None, :],
+                   mask=g_ok[:, None] & (d[None, :] < D), other=0.0)
+    m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
+    l_G = tl.zeros((G_BLOCK,), tl.float32)
+    acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
+    for blk in range(lo // BLOCK_N, (last + BLOCK_N) // BLOCK_N):
+        slot = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = (slot >= lo) & (slot <= last)
+        k_ND = tl.load(k_ptr + row * sk_b + kh * sk_k + slot[:, None] * sk_l + d[None, :],
+                       mask=ok[:, None] & (d[None, :] < D), other=0.0)
+        s_GN = tl.dot(q_GD, tl.trans(k_ND), input_precision="ieee").to(tl.float32) * scaling
+        s_GN = tl.where(ok[None, :], s_GN, float("-inf"))
+        m_new = tl.maximum(m_G, tl.max(s_GN, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p_GN = tl.exp(s_GN - m_safe[:, None])
+        alpha = tl.exp(m_G - m_safe)
+        v_NE = tl.load(v_ptr + row * sv_b + kh * sv_k + slot[:, None] * sv_l + e[None, :],
+                       mask=ok[:, None] & (e[None, :] < E), other=0.0)
+        acc_GE = acc_GE * alpha[:, None] + tl.dot(p_GN.to(v_NE.dtype), v_NE, input_precision="ieee").to(tl.float32)
+        l_G = l_G * alpha + tl.sum(p_GN, axis=1)
+        m_G = m_new
+    if HAS_SINKS:  # a per-head logit that takes probability mass and contributes no value
+        sink_G = tl.load(sinks_ptr + kh * G + g, mask=g_ok, other=0.0).to(tl.float32)
+        m_fin = tl.maximum(m_G, sink_G)
+        alpha = tl.exp(m_G - m_fin)
+        l_G = l_G * alpha + tl.exp(sink_G - m_fin)
+        acc_GE = acc_GE * alpha[:, None]
+    out_GE = acc_GE / tl.where(l_G > 0, l_G, 1.0)[:, None]
+    tl.store(out_ptr + t * so_t + (kh * G + g)[:, None] * so_h + e[None, :],
+             out_GE.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (e[None, :] < E))
+
+
+def varlen_attention(q_THD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, row_T: Tensor, last_T: Tensor, scaling: float,
+                     window: int = 0, sinks_H: Tensor | None = None) -> Tensor:
+    """Token t's query heads over cache row row_T[t], slots (last_T[t] - window, last_T[t]] (window
+    0: from slot 0); returns (T, Hq, E) in q's dtype. last_T[t] = -1: zeros (no sinks) or zeros
+    too (sinks take all the mass). row_T, last_T: integer tensors on q's device."""
+    T, Hq, D = q_THD.shape
+    K, E = k_BKLD.shape[1], v_BKLE.shape[-1]
+    if Hq % K or k_BKLD.stride(-1) != 1 or v_BKLE.stride(-1) != 1 or q_THD.stride(-1) != 1:
+        raise ValueError("varlen_attention needs Hq divisible by K and unit-stride head dimensions")
+    G = Hq // K
+    out = torch.empty(T, Hq, E, dtype=q_THD.dtype, device=q_THD.device)
+    if T == 0:
+        return out
+    sinks = sinks_H if sinks_H is not None else out  # a dummy pointer when there are none
+    _varlen_attention.on(q_THD.device)[(T, K)](
+        q_THD, k_BKLD, v_BKLE, row_T, last_T, sinks, out,
+        float(scaling), K, G, D, E, int(window or 0),
+        q_THD.stride(0), q_THD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
+        v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), out.stride(0), out.stride(1),
+        HAS_SINKS=sinks_H is not None, G_BLOCK=next_pow2(G, 16), D_BLOCK=next_pow2(D, 16),
+        E_BLOCK=next_pow2(E, 16), BLOCK_N=BLOCK_N, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def varlen_attention_reference(q_THD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, row_T: Tensor, last_T: Tensor,
+                               scaling: float, window: int = 0, sinks_H: Tensor | None = None) -> Tensor:
+    """The same in PyTorch, float32: blocks of REFERENCE_BLOCK tokens, each gathering its rows'
+    caches (static shapes: a CUDA graph can hold it). Used where the kernel is not (CPU)."""
+    T, Hq, D = q_THD.shape
+    K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
+    G = Hq // K
+    slot_L = torch.arange(L, device=q_THD.device)
+    outs = []
+    for a in range(0, T, REFERENCE_BLOCK):
+        q_tKGD = q_THD[a:a + REFERENCE_BLOCK].float().view(-1, K, G, D)
+        rows, last_t = row_T[a:a + REFERENCE_BLOCK], last_T[a:a + REFERENCE_BLOCK]
+        k_tKLD, v_tKLE = k_BKLD[rows].float(), v_BKLE[rows].float()
+        s_tKGL = torch.einsum("tkgd,tkld->tkgl", q_tKGD, k_tKLD) * scaling
+        ok_tL = slot_L[None, :] <= last_t[:, None]
+        if window:
+            ok_tL &= slot_L[None, :] > last_t[:, None] - window
+        s_tKGL = s_tKGL.masked_fill(~ok_tL[:, None, None, :], float("-inf"))
+        if sinks_H is not None:
+            sink_tKG1 = sinks_H.float().view(1, K, G, 1).expand(s_tKGL.shape[0], K, G, 1)
+            p_tKGL = torch.cat([s_tKGL, sink_tKG1], -1).softmax(-1)[..., :L]
+        else:
+            p_tKGL = torch.nan_to_num(s_tKGL.softmax(-1), nan=0.0)  # padding: no slot
+        v_tKLE = torch.where(ok_tL[:, None, :, None], v_tKLE, 0.0)  # slots it may not read hold anything
+        outs.append(torch.einsum("tkgl,tkle->tkge", p_tKGL, v_tKLE).reshape(-1, Hq, E))
+    return torch.cat(outs).to(q_THD.dtype) if outs else q_THD.new_empty(0, Hq, E)
