@@ -38,6 +38,7 @@ from base.config import (
     ModelConfig,
     PredictorConfig,
     RunConfig,
+    SchedulerConfig,
     ServeConfig,
     StatsConfig,
     StreamConfig,
@@ -94,6 +95,7 @@ class RunSchema:
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     describe: DescribeConfig = field(default_factory=DescribeConfig)
 
@@ -156,6 +158,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
         describe=DescribeConfig(**c["describe"]),
         stream=StreamConfig(**c["stream"]),
         serve=ServeConfig(**c["serve"]),
+        scheduler=SchedulerConfig(**c["scheduler"]),
         started=float(os.environ.get(STARTED_ENV, time.time())),
     )
 

@@ -23,6 +23,7 @@ BATCHINGS = ("continuous", "static")
 ADMISSIONS = ("fifo", "union")
 ROUTINGS = ("uniform", "skewed")
 THROUGHPUT_MODES = ("steps", "stream", "serve")
+PACKINGS = ("packed", "padded")
 
 
 @dataclass
@@ -326,6 +327,45 @@ class ServeConfig:
 
 
 @dataclass
+class SchedulerConfig:
+    """How the continuous-batching engine prefills and when (base/runtime/scheduler.py): evaluation
+    with eval.batching=continuous and throughput.mode=stream both serve through it.
+
+    A prefill (a round of its own, or chunks riding in mixed steps) starts when a slot is free and
+    `min_prompt_tokens` prompt tokens wait, or the oldest waiting request has waited
+    `max_wait_steps` steps, or no slot is decoding; otherwise the running slots decode first."""
+
+    packing: str = "packed"  # packed: a round's prompts as one token stream, no padding, varlen
+    # attention (kernels/varlen_attention.py), one CUDA graph per token bucket | padded: left-padded
+    # to the round's longest prompt, eager (the engine before issue 26)
+    chunked: bool = False  # prompt chunks share a step with the decoding slots (mixed steps)
+    chunk_tokens: int = 256  # prompt tokens per mixed step at most
+    buckets: list[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])  # packed stream
+    # lengths: a forward is padded to the smallest bucket that holds it (one graph per bucket)
+    min_prompt_tokens: int = 1  # waiting prompt tokens that start a prefill (1: at once)
+    max_wait_steps: int = 0  # ... or steps the oldest waiting request has waited
+    overlap: bool = True  # the host reads step i's tokens while step i+1 runs (no per-step sync):
+    # token limits and EOS end a request on time, a host stop check (stop strings) one step late
+
+    def __post_init__(self) -> None:
+        check_choice("scheduler.packing", self.packing, PACKINGS)
+        for key in ("chunked", "overlap"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"scheduler.{key}={getattr(self, key)!r} must be true or false")
+        if not self.buckets:
+            raise ConfigError("scheduler.buckets is empty: give token counts, e.g. [64, 128, 256, 512, 1024, 2048]")
+        self.buckets = [check_int("scheduler.buckets[]", b, 1) for b in self.buckets]
+        if self.buckets != sorted(set(self.buckets)):
+            raise ConfigError(f"scheduler.buckets={self.buckets} must be strictly increasing")
+        self.chunk_tokens = check_int("scheduler.chunk_tokens", self.chunk_tokens, 1, self.buckets[-1])
+        self.min_prompt_tokens = check_int("scheduler.min_prompt_tokens", self.min_prompt_tokens, 1)
+        self.max_wait_steps = check_int("scheduler.max_wait_steps", self.max_wait_steps, 0)
+        if self.chunked and self.packing != "packed":
+            raise ConfigError("scheduler.chunked=true rides prompt chunks in the decode step's packed stream: "
+                              "it needs scheduler.packing=packed")
+
+
+@dataclass
 class DescribeConfig:
     gpu_gb: float = 141.0  # stage=describe: GPUs of this size (GB) for the count it reports (H200 141, H100 80)
 
@@ -375,6 +415,7 @@ class RunConfig:
     describe: DescribeConfig = field(default_factory=DescribeConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     started: float = 0.0  # when the command (a sweep's launching process) started: with force, an
     # artifact made since then was recomputed by another job of this sweep and is reused
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from base.config import EvalConfig
+from base.config import EvalConfig, SchedulerConfig
 from base.eval.fidelity import teacher_forced
 from base.eval.generate import budgeted_generate, ended_token_ids
 from base.eval.stops import RowStops
@@ -68,9 +68,11 @@ class DecodeBatches:
     """Decode batches of one evaluation (see the module doc) and what they did."""
 
     def __init__(self, model: nn.Module, tokenizer, budget: MoeBudget | None, codec: Codec, batch_size: int,
-                 cfg: EvalConfig, seed: int, max_length: int, device: torch.device) -> None:
+                 cfg: EvalConfig, seed: int, max_length: int, device: torch.device,
+                 scheduler: SchedulerConfig | None = None) -> None:
         self.model, self.tok, self.budget, self.codec = model, tokenizer, budget, codec
         self.batch_size, self.cfg, self.seed, self.max_length, self.device = batch_size, cfg, seed, max_length, device
+        self.scheduler = scheduler or SchedulerConfig()  # continuous batching: prefill and when
         self.use_engine = cfg.engine == "on" or (cfg.engine == "auto" and self.device.type == "cuda")
         self.ended = ended_token_ids(model, tokenizer)
         self._engine = None
@@ -130,9 +132,11 @@ class DecodeBatches:
         c = self.cfg
         sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
         engine = ContinuousEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
-                                  eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling)
+                                  eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling,
+                                  buckets=self.scheduler.buckets)
         try:
-            done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs))
+            done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs),
+                                           policy=self.scheduler)
         finally:
             engine.release()
         results: list[str | None] = [None] * len(requests)

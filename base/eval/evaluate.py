@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.config import EvalConfig, TaskConfig
+from base.config import EvalConfig, SchedulerConfig, TaskConfig
 from base.eval.lm import BudgetedLM
 from base.eval.lmeval_logging import quiet_expected_warnings
 from base.hf.budget import MoeBudget
@@ -38,7 +38,7 @@ class EvalResult:
 
 
 def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_size: int, seed: int,
-             budget: MoeBudget | None, root: Path) -> EvalResult:
+             budget: MoeBudget | None, root: Path, scheduler: SchedulerConfig | None = None) -> EvalResult:
     from lm_eval import simple_evaluate
 
     from base.eval.tasks import task_manager
@@ -47,7 +47,7 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     include = str(root / task.include_path) if task.include_path else None
     batch_seed = seed if eval_cfg.seed is None else eval_cfg.seed  # the mixing order only
     lm = BudgetedLM(model, tokenizer, batch_size, eval_cfg, batch_seed, budget,
-                    max_length=getattr(model.config, "max_position_embeddings", 2048))
+                    max_length=getattr(model.config, "max_position_embeddings", 2048), scheduler=scheduler)
     code_eval = os.environ.get(CODE_EVAL_ENV)
     if eval_cfg.confirm_unsafe_code:
         os.environ[CODE_EVAL_ENV] = "1"

@@ -10,18 +10,19 @@ from __future__ import annotations
 import torch
 from lm_eval.models.huggingface import HFLM
 
-from base.config import EvalConfig
+from base.config import EvalConfig, SchedulerConfig
 from base.eval.batches import DecodeBatches, Request
 from base.hf.budget import MoeBudget
 
 
 class BudgetedLM(HFLM):
     def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int, eval_cfg: EvalConfig, seed: int,
-                 budget: MoeBudget | None, max_length: int | None = None) -> None:
+                 budget: MoeBudget | None, max_length: int | None = None,
+                 scheduler: SchedulerConfig | None = None) -> None:
         super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
         self.eval_cfg = eval_cfg
         self.batches = DecodeBatches(model, tokenizer, budget, self, int(self.batch_size), eval_cfg, seed,
-                                     self.max_length, torch.device(self.device))
+                                     self.max_length, torch.device(self.device), scheduler)
 
     def _request(self, req, index: int) -> Request:
         context, gen_kwargs = req.args

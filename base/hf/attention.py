@@ -27,7 +27,11 @@ sliding windows (cache slots older than the window are masked) and attention sin
 
 Continuous batching (base/runtime/continuous.py) writes per row: a decode step's write position
 is then one slot per row, `write_pos` of shape (B, 1), and an arrivals' prefill writes only their
-rows (`set_write_rows`), attending over those rows alone.
+rows (`set_write_rows`), attending over those rows alone. A packed forward (`set_packed`: one
+stream of T tokens, batch 1, each token with its cache row, its slot and the last slot it attends
+to) writes every token's K/V at (row, slot) and attends each token to its own row up to that slot
+(kernels/varlen_attention.py): the prompts of an admission round without padding, and a mixed
+step's prompt chunks beside one token of every decoding row.
 
 Shapes: B batch, Hq query heads, K key/value heads, G = Hq/K, Q query tokens, L cache slots,
 D key head size, E value head size.
@@ -71,6 +75,7 @@ class StaticKV:
         self.max_len, self.batch = max_len, batch
         self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
         self.write_rows: Tensor | None = None  # an arrivals' prefill: the rows it writes
+        self.packed: tuple[Tensor, Tensor, Tensor] | None = None  # a packed forward: (row_T, slot_T, last_T)
         self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
         self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
         self._mirrors: dict[torch.device, Tensor] = {}  # write_pos on the other GPUs of a spread model
@@ -85,6 +90,7 @@ class StaticKV:
                                persistent=False)
         module.register_buffer("base_write_pos", self._pos_on(key_BKQD.device), persistent=False)
         module.base_write_rows = None if self.write_rows is None else self.write_rows.to(key_BKQD.device)
+        module.base_packed = _on(self.packed, key_BKQD.device)
         self.modules.append(module)
 
     def _pos_on(self, device: torch.device) -> Tensor:
@@ -106,6 +112,14 @@ class StaticKV:
         self.write_rows = rows_n
         for m in self.modules:
             m.base_write_rows = None if rows_n is None else rows_n.to(m.base_k_cache.device)
+
+    def set_packed(self, packed: tuple[Tensor, Tensor, Tensor] | None) -> None:
+        """The next forward is a packed stream (batch 1, T tokens): token t writes its K/V at
+        (row_T[t], slot_T[t]) and attends row_T[t]'s slots up to last_T[t] (-1: none); None: not
+        packed. Rows are filled from slot 0 without holes, so no validity mask is needed."""
+        self.packed = packed
+        for m in self.modules:
+            m.base_packed = _on(packed, m.base_k_cache.device)
 
     def sync(self) -> None:
         """After write_pos changed in place (a decode step's position += 1): the other devices'
@@ -152,10 +166,31 @@ class StaticKV:
             config._attn_implementation = before
 
 
+def _on(packed: tuple[Tensor, ...] | None, device: torch.device) -> tuple[Tensor, ...] | None:
+    return None if packed is None else tuple(x.to(device) for x in packed)  # no-op on the cache's device
+
+
 def _drop_buffers(module: nn.Module) -> None:
     for name in ("base_k_cache", "base_v_cache", "base_write_pos"):
         module._buffers.pop(name, None)
     module.__dict__.pop("base_write_rows", None)
+    module.__dict__.pop("base_packed", None)
+
+
+def packed_attention(module: nn.Module, query_1HTD: Tensor, key_1KTD: Tensor, value_1KTE: Tensor, scaling: float,
+                     sliding_window: int | None, sinks_H: Tensor | None) -> Tensor:
+    """A packed forward's attention (StaticKV.set_packed): write each token's K/V at its (row,
+    slot), then attend it to its row up to its last slot; returns (1, T, Hq, E)."""
+    from kernels.varlen_attention import varlen_attention, varlen_attention_reference
+
+    row_T, slot_T, last_T = module.base_packed
+    # (B, L, K, D) views of the caches: token t's K heads go to [row_T[t], slot_T[t]]
+    module.base_k_cache.transpose(1, 2)[row_T, slot_T] = key_1KTD[0].transpose(0, 1)
+    module.base_v_cache.transpose(1, 2)[row_T, slot_T] = value_1KTE[0].transpose(0, 1)
+    attend = varlen_attention if query_1HTD.is_cuda else varlen_attention_reference
+    out_THE = attend(query_1HTD[0].transpose(0, 1), module.base_k_cache, module.base_v_cache, row_T, last_T,
+                     scaling, sliding_window or 0, sinks_H)
+    return out_THE[None]
 
 
 def _allowed(mask_B1QL: Tensor, pos: Tensor, sliding_window: int | None) -> Tensor:
@@ -213,11 +248,13 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
         if not _ACTIVE:
             raise RuntimeError("engine_attention runs only inside StaticKV.active(model)")
         _ACTIVE[-1].allocate(module, key_BKQD, value_BKQE)
+    scaling = query_BHQD.shape[-1] ** -0.5 if scaling is None else scaling
+    if getattr(module, "base_packed", None) is not None:
+        return packed_attention(module, query_BHQD, key_BKQD, value_BKQE, scaling, sliding_window, s_aux), None
     pos = module.base_write_pos
     rows_n = getattr(module, "base_write_rows", None)
     k_BKLD = _write(module.base_k_cache, key_BKQD, pos, rows_n)
     v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n)
-    scaling = query_BHQD.shape[-1] ** -0.5 if scaling is None else scaling
     allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
     if Q == 1 and s_aux is None and query_BHQD.is_cuda:

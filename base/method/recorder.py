@@ -4,7 +4,9 @@ Recording never syncs the host and allocates nothing per step: rows go into a pr
 buffer at the index held by a device counter, so a decode step captured in a CUDA graph writes the
 row of the step it replays. The first MoE layer's record opens the forward's row (every forward
 runs layer 0 first), so whoever drives the forward needs no call of its own. `rows()` reads
-everything back once, after decoding.
+everything back once, after decoding. A row's kind is prefill or decode from the forward's
+inputs; a continuous-batching engine's mixed step (prompt chunks beside the decoding rows) marks
+its row `mixed` after the forward (`mark_mixed`).
 
 Shapes: L MoE layers, S step capacity, F fields (FIELDS).
 """
@@ -33,6 +35,7 @@ class StatsRecorder:
         self.num_layers, self.device, self.energy, self.fidelity = num_layers, torch.device(device), energy, fidelity
         self.rows_LSF = torch.zeros(num_layers, capacity, len(FIELDS), device=self.device)
         self.decode_S = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+        self.mixed_S = torch.zeros(capacity, dtype=torch.bool, device=self.device)
         self.count_D = torch.zeros((), dtype=torch.long, device=self.device)  # steps begun
         self._host_steps = 0  # steps begun as the host saw them (eager calls; not graph replays)
         self.version = 0  # bumped when the buffers are reallocated: a captured graph writes the old ones
@@ -51,6 +54,7 @@ class StatsRecorder:
             L, _, F = self.rows_LSF.shape
             self.rows_LSF = torch.cat([self.rows_LSF, self.rows_LSF.new_zeros(L, extra, F)], dim=1)
             self.decode_S = torch.cat([self.decode_S, self.decode_S.new_zeros(extra)])
+            self.mixed_S = torch.cat([self.mixed_S, self.mixed_S.new_zeros(extra)])
             self.version += 1
 
     def _open(self, decode: bool) -> None:
@@ -60,6 +64,11 @@ class StatsRecorder:
             self._host_steps += 1
         self.count_D += 1
         self.decode_S.index_copy_(0, self._row(), self._flags[decode])
+        self.mixed_S.index_copy_(0, self._row(), self._flags[False])
+
+    def mark_mixed(self) -> None:
+        """The forward that recorded last was a mixed step (no host sync: a graph can hold it)."""
+        self.mixed_S.index_copy_(0, self._row(), self._flags[True])
 
     def advance_host(self, steps: int) -> None:
         """Graph replays ran `steps` steps the host did not see: keep growth bookkeeping right."""
@@ -81,6 +90,7 @@ class StatsRecorder:
     def reset(self) -> None:
         self.rows_LSF.zero_()
         self.decode_S.zero_()
+        self.mixed_S.zero_()
         self.count_D.zero_()
         self._host_steps = 0
 
@@ -98,7 +108,9 @@ class StatsRecorder:
         cols = [FIELDS.index(f) for f in fields]
         values = self.rows_LSF[:, :n, cols].cpu().tolist()
         decode = self.decode_S[:n].cpu().tolist()
+        mixed = self.mixed_S[:n].cpu().tolist()
+        kind = ["mixed" if m else "decode" if d else "prefill" for d, m in zip(decode, mixed)]
         return [
-            {"layer": li, "step": s + 1, "decode": decode[s], **dict(zip(fields, values[li][s]))}
+            {"layer": li, "step": s + 1, "decode": decode[s], "kind": kind[s], **dict(zip(fields, values[li][s]))}
             for s in range(n) for li in range(self.num_layers)
         ]

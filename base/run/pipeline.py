@@ -236,7 +236,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
             from base.runtime.stream import measure_stream
 
             rows = measure_stream(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream, cfg.seed,
-                                  cfg.stream.task_lengths(cfg.root))
+                                  cfg.stream.task_lengths(cfg.root), cfg.scheduler)
             outputs.write_table(out / "stream.csv", rows)
             logger.table("stream", rows)
             report["stream"] = rows
@@ -263,7 +263,8 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     budget = make_budget(cfg.budget)
     try:
         t0 = time.perf_counter()
-        result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, budget, cfg.root)
+        result = evaluate(model, tokenizer, cfg.task, cfg.eval, cfg.batch_size, cfg.seed, budget, cfg.root,
+                          cfg.scheduler)
         eval_s = time.perf_counter() - t0
         step_rows = budget.stats_rows()
         selects = budget.selector is not None

@@ -1,26 +1,51 @@
 """Continuous batching: a fixed number of slots; a finished request's slot takes the next one.
 
     engine = ContinuousEngine(model, slots=16, max_len=640, budget=budget, eos_ids=(2,), pad_id=0)
-    engine.reset()
-    first_n = engine.admit([3, 7], ids_nP, mask_nP)  # prefill two arrivals into slots 3 and 7
-    engine.decode(1)                                 # one step of every occupied slot
-    engine.tok_B1, engine.finished_B                 # each slot's new token; which slots ended
-    engine.end(3)                                    # slot 3's request is over: inactive until refilled
+    engine.reset(reserve=4096)                        # every slot empty; statistics rows for 4096 forwards
+    engine.run_packed([Chunk(3, ids, 0, True, 24), Chunk(7, ids2, 0, True, 9)], mixed=False)  # prefill 2 arrivals
+    engine.step()                                     # one decode step of every occupied slot
+    engine.run_packed([Chunk(5, ids3[:64], 0, False)], mixed=True)  # a prompt chunk + a decode step
+    toks = engine.snapshot()                          # every slot's newest token, copied asynchronously
+    toks.get()                                        # ... on the host (waits for that copy only)
+    engine.end(3)                                     # slot 3's request is over: inactive from the next step
+    engine.graphs.captures                            # CUDA graphs captured so far
 
 Each slot is a row of the KV cache (base/hf/attention.py) with its own write slot, position and
-mask, so a request admitted mid-way decodes exactly as it would alone: its prompt is prefilled,
-dense as in the static engine, into its row at slots [0, P) (several arrivals together, left-padded
-to the longest), and its decode steps write at P, P+1, ... while the other rows go on where they
-are. The decode step is the static engine's step with per-row write slots, one CUDA graph per slot
-count (eager on a CPU, the same code). A slot that holds no request, or whose request ended, is
-inactive: it neither scores nor joins the union, and what it computes is discarded.
+mask, so a request admitted mid-way decodes exactly as it would alone. Three kinds of forward,
+each a fixed-shape step on static buffers, one CUDA graph per shape (base/runtime/graphs.py;
+eager on a CPU, the same code):
 
-Admission happens between steps (base/runtime/scheduler.py decides who). Each admission is one
-prefill forward of the arrivals only, eager, outside the graph: while it runs no slot decodes,
-which is the cost of interleaving (a server's time to first token; vLLM's chunked prefill would
-run them in one forward).
+- decode step: one token of every slot at its own write slot. A slot that holds no request, or
+  whose request ended, is inactive: it neither scores nor joins the union, and what it computes
+  is discarded. Key ("decode",).
+- packed prefill: the prompts (or prompt chunks) of arrivals laid end to end in one token stream
+  (base/runtime/packing.py), no padding between them, padded at the end to a token bucket; each
+  token writes its K/V straight into its slot's row and attends that row causally
+  (kernels/varlen_attention.py). The expert FFN runs on the path its token count calls for
+  (base/hf/experts_impl.py). A request whose final chunk is in the stream gets its first new
+  token. Dense, as the static engine's prefill (unless method.apply_to=all). Key ("prefill", C).
+- mixed step: the decode step's B tokens and a prompt chunk stream in one packed forward (chunked
+  prefill). The chunk touches nearly every expert, so every expert's weights stream anyway: the
+  budget does not bind here, every token (the decoding rows' too) runs its own routing, and the
+  statistics row is marked `mixed`. Key ("mixed", C).
 
-Shapes: B slots, n arrivals, P their prompt length, L cache slots per row.
+The decoding rows' token limits and EOS are checked on the device inside the step (`left_B`,
+`finished_B`): a row ends in the step that produced its last token, with no host sync. The host
+reads tokens through `snapshot()` (an asynchronous copy to page-locked memory) when it likes, so
+a scheduler can read step i while step i+1 runs (base/runtime/scheduler.py). Nothing a step
+reads is copied from the host except a packed forward's stream, copied asynchronously from
+page-locked memory into static buffers before the forward.
+
+Cache slot L (one past max_len) is spare: stream padding and inactive rows of a mixed step write
+there and nothing reads it. A row whose prompt is partly prefilled must not see a decode-only
+step (the scheduler runs mixed steps until its prompt is in); its write slot points at the spare
+slot meanwhile, so such a step would only cost time.
+
+`admit` is the earlier path (left-padded to the longest prompt of the arrivals, eager): the
+reference the packed prefill is tested against, and `scheduler.packing=padded`.
+
+Shapes: B slots, n arrivals, P their prompt length, L cache slots per row (max_len), C stream
+bucket, T tokens of a packed forward (C, or B + C in a mixed step), V vocabulary.
 """
 from __future__ import annotations
 
@@ -30,22 +55,67 @@ import torch
 from torch import Tensor
 
 from base.hf.attention import StaticKV
+from base.hf.moe_block import StepInputs
 from base.runtime.engine import DecodeEngine
+from base.runtime.graphs import StepGraphs, eager_capture
+from base.runtime.packing import NO_LIMIT, Chunk, Packed, pack
+
+DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+
+
+class HostTokens:
+    """Every slot's newest token on its way to the host (page-locked memory on a GPU)."""
+
+    def __init__(self, tok_B: Tensor) -> None:
+        self.event = None
+        if tok_B.is_cuda:
+            self.host_B = torch.empty(tok_B.shape, dtype=tok_B.dtype, pin_memory=True)
+            self.host_B.copy_(tok_B, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host_B = tok_B.clone()
+
+    def get(self) -> list[int]:
+        """The tokens; waits for this copy (and the forwards before it) only."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host_B.tolist()
 
 
 class ContinuousEngine(DecodeEngine):
-    """The decode engine with per-slot admission (see the module doc)."""
+    """The decode engine with per-slot admission, packed prefill and mixed steps (see the module doc).
+    `buckets`: the packed stream lengths (one graph each)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, buckets: tuple[int, ...] | list[int] = DEFAULT_BUCKETS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.cache = StaticKV(self.L, self.device, batch=self.B)  # B rows even when fewer arrive first
-        self.slot_B1 = torch.zeros(self.B, 1, dtype=torch.long, device=self.device)  # each row's next write slot
+        B, L, dev = self.B, self.L, self.device
+        self.trash = L  # the spare cache slot (see the module doc)
+        self.cache = StaticKV(L + 1, dev, batch=B)  # B rows even when fewer arrive first
+        self.valid_BL = torch.zeros(B, L + 1, dtype=torch.bool, device=dev)
+        self.slot_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)  # each row's next write slot
+        self.left_B = torch.full((B,), NO_LIMIT, dtype=torch.long, device=dev)  # new tokens a row may still make
+        self.buckets = tuple(sorted(buckets))
+        self.stream_4C = torch.zeros(4, self.buckets[-1], dtype=torch.long, device=dev)  # packing.py's stream
+        self.rows_4B = torch.zeros(4, B, dtype=torch.long, device=dev)  # packing.py's per-row fields
+        self.arange_B = torch.arange(B, device=dev)
+        self.slot_L = torch.arange(L + 1, device=dev)
+        self.mask_1111 = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)  # packed: attention ignores it
+        self.graphs = StepGraphs(self.graph_enabled)
 
-    def reset(self) -> None:
-        """Every slot empty (inactive, attending to one blank slot so that nothing divides by zero)."""
+    # ---- host-side control ---------------------------------------------------------------------
+    @property
+    def records(self) -> bool:
+        """Whether forwards write statistics rows (the budget's record_stats)."""
+        return self.budget is not None and self.budget.options.record_stats
+
+    def reset(self, stop_at_eos: bool = True, reserve: int = 0) -> None:
+        """Every slot empty (inactive, attending to one blank slot so that nothing divides by zero).
+        `reserve`: statistics rows to make room for now (the forwards to come), so that the
+        recorder never grows, and no graph is captured again, mid-stream."""
         if not self.cache.owns(self.model):
             self.cache.claim(self.model)
-            self._graph = None
+            self.graphs.clear()
         self.cache.zero_()
         self.valid_BL.zero_()
         self.valid_BL[:, 0] = True
@@ -53,12 +123,182 @@ class ContinuousEngine(DecodeEngine):
         self.rowpos_B1.zero_()
         self.tok_B1.fill_(self.pad_id)
         self.finished_B.fill_(True)
+        self.left_B.fill_(NO_LIMIT)
+        self.stop_at_eos.fill_(stop_at_eos)
         self.cache.set_write_pos(self.slot_B1)
+        if self.records and reserve:
+            self.budget.recorder.reserve(reserve)
+
+    def end(self, slot: int) -> None:
+        """The slot's request is over (a host stop check): inactive from the next forward on."""
+        self.finished_B[slot] = True
+
+    def snapshot(self) -> HostTokens:
+        """Every slot's newest token, copied to the host asynchronously (read with .get())."""
+        return HostTokens(self.tok_B1[:, 0])
+
+    def use_eager_capture(self) -> None:
+        """Tests on a CPU: 'capture' and 'replay' by running the step, so the capture bookkeeping
+        (keys, re-captures) is exercised without a GPU."""
+        self.graphs = StepGraphs(True, eager_capture)
+
+    # ---- launching forwards ----------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> None:
+        """One decode step of every slot (a graph replay on a GPU); no host sync."""
+        self._run(("decode",), self._step)
 
     @torch.no_grad()
-    def admit(self, slots: list[int], ids_nP: Tensor, mask_nP: Tensor, stop_at_eos: bool = True) -> Tensor:
-        """Prefill the arrivals (left-padded prompts) into `slots`; returns their first new tokens
-        (n,). Their rows' old contents are replaced; the other rows are untouched."""
+    def run_packed(self, chunks: list[Chunk], mixed: bool, bucket: int | None = None) -> Packed:
+        """A packed prefill of `chunks` (mixed=False) or a mixed step: the chunks plus one decode
+        step of every slot (mixed=True). `bucket`: the stream length (default: the smallest that
+        holds the chunks). No host sync."""
+        packed = pack(chunks, self.buckets, self.B, self.trash, self.pad_id, pin=self.device.type == "cuda",
+                      bucket=bucket)
+        self.stream_4C[:, :packed.bucket].copy_(packed.stream_4C, non_blocking=True)
+        self.rows_4B.copy_(packed.rows_4B, non_blocking=True)
+        C = packed.bucket
+        self._run(("mixed" if mixed else "prefill", C), lambda: self._packed(C, mixed))
+        return packed
+
+    def decode(self, steps: int, timed: bool = False, after_step=None) -> tuple[list[float], int]:
+        """`steps` decode steps (the static engine's interface); returns ([], steps run eagerly)."""
+        eager = self.graphs.eager
+        for i in range(steps):
+            self.step()
+            if after_step is not None:
+                after_step(i)
+        return [], self.graphs.eager - eager
+
+    @torch.no_grad()
+    def warm_up(self, mixed: bool = True) -> None:
+        """Capture the decode step and the packed prefill (and mixed step) of every bucket now, on
+        streams of padding that write nothing any row reads; then every slot empty and the
+        budget's statistics reset."""
+        self.reset()
+        for C in self.buckets:
+            self.run_packed([], mixed=False, bucket=C)
+            if mixed:
+                self.run_packed([], mixed=True, bucket=C)
+        self.step()
+        self.reset()
+        if self.budget is not None:
+            self.budget.reset()
+
+    def _version(self) -> int:
+        return self.budget.recorder.version if self.records else 0
+
+    def _run(self, key: tuple, step) -> None:
+        try:
+            replayed = self.graphs.run(key, step, self._version())
+        except RuntimeError as err:
+            if not self.graph_enabled or "graph" not in str(err).lower():
+                raise
+            impl = getattr(self.model.config, "_experts_implementation", None)
+            raise RuntimeError(
+                f"the {key[0]} forward cannot be captured in a CUDA graph ({err}); experts implementation "
+                f"{impl!r}, dtype {self.dtype}. Use model.experts_impl=base_triton (or grouped_mm in bf16)") from err
+        if replayed and self.records and not self.graphs.replays_run_on_host:
+            self.budget.recorder.advance_host(1)  # a real replay ran a step the host did not see
+
+    # ---- the steps (captured as they are: no host sync) --------------------------------------------
+    def _step(self) -> None:
+        """One decode step of every row at its own slot."""
+        self.cache.sync()
+        self.valid_BL.scatter_(1, self.slot_B1, True)
+        with self.regions.enabled() if self.regions is not None else nullcontext():
+            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1, True, ~self.finished_B)
+        self._advance(self.sampling.next_token(out.logits[:, -1]))
+
+    def _advance(self, nxt_B: Tensor) -> None:
+        """Each active row takes its next token and moves on one slot; a row whose token is EOS
+        (when stopping at EOS) or whose limit is reached ends here."""
+        active_B = ~self.finished_B
+        nxt_B = torch.where(active_B, nxt_B, self.pad_id)
+        self.left_B -= active_B.long()
+        self.finished_B |= active_B & ((self.stop_at_eos & torch.isin(nxt_B, self.eos_D)) | (self.left_B <= 0))
+        self.tok_B1.copy_(nxt_B[:, None])
+        # an ended row stays where it is (it keeps writing its last slot, discarded at its next admission)
+        self.slot_B1.add_(active_B[:, None].long()).clamp_(max=self.L - 1)
+        self.rowpos_B1.add_(active_B[:, None].long())
+
+    def _packed(self, C: int, mixed: bool) -> None:
+        """A packed forward over stream_4C[:, :C] (and, when mixed, one decode token of every row
+        first), then each row's bookkeeping."""
+        B = self.B
+        ids_C, row_C, slot_C, last_C = self.stream_4C[:, :C]
+        len_B, lastidx_B, max_new_B, touched_B = self.rows_4B
+        real_C = last_C >= 0
+        pos_C = torch.where(real_C, slot_C, 0)
+        if mixed:
+            self.cache.sync()
+            active_B = ~self.finished_B
+            dslot_B = torch.where(active_B, self.slot_B1[:, 0], self.trash)
+            dlast_B = torch.where(active_B, self.slot_B1[:, 0], -1)
+            ids_T = torch.cat([self.tok_B1[:, 0], ids_C])
+            row_T, slot_T, last_T = torch.cat([self.arange_B, row_C]), torch.cat([dslot_B, slot_C]), torch.cat([dlast_B, last_C])
+            pos_T = torch.cat([self.rowpos_B1[:, 0], pos_C])
+            keep_K = torch.cat([self.arange_B, lastidx_B + B])
+            active_T = torch.cat([active_B, real_C])
+        else:
+            ids_T, row_T, slot_T, last_T, pos_T = ids_C, row_C, slot_C, last_C, pos_C
+            keep_K, active_T = lastidx_B, real_C
+        self.cache.set_packed((row_T, slot_T, last_T))
+        try:
+            logits_KV = self._forward_packed(ids_T[None], pos_T[None], keep_K, active_T, mixed)
+        finally:
+            self.cache.set_packed(None)
+        nxt_K = self.sampling.next_token(logits_KV)
+        if mixed:
+            self.valid_BL.scatter_(1, self.slot_B1, True)  # the slots the decoding rows just wrote
+            self._advance(nxt_K[:B])
+            first_B = nxt_K[B:]
+        else:
+            first_B = nxt_K
+        self._start(first_B, len_B, max_new_B, touched_B.bool())
+
+    def _start(self, first_B: Tensor, len_B: Tensor, max_new_B: Tensor, touched_B: Tensor) -> None:
+        """Rows whose prompt is now in (len_B > 0) take their first token and decode from slot
+        len_B; rows with a partial prompt stay inactive, writing (if at all) into the spare slot."""
+        final_B = len_B > 0
+        partial_B = touched_B & ~final_B
+        first_B = torch.where(final_B, first_B, self.tok_B1[:, 0])
+        ends_B = (self.stop_at_eos & torch.isin(first_B, self.eos_D)) | (max_new_B <= 1)
+        self.tok_B1.copy_(first_B[:, None])
+        self.left_B.copy_(torch.where(final_B, max_new_B - 1, self.left_B))
+        self.finished_B.copy_(torch.where(final_B, ends_B, self.finished_B | partial_B))
+        slot_B = torch.where(final_B, len_B, torch.where(partial_B, self.trash, self.slot_B1[:, 0]))
+        self.slot_B1.copy_(slot_B[:, None])
+        self.rowpos_B1.copy_(torch.where(final_B, len_B, self.rowpos_B1[:, 0])[:, None])
+        self.valid_BL.copy_(torch.where(final_B[:, None], self.slot_L[None, :] < len_B[:, None], self.valid_BL))
+
+    def _forward_packed(self, ids_1T: Tensor, pos_1T: Tensor, keep_K: Tensor, active_T: Tensor,
+                        mixed: bool) -> Tensor:
+        """The model over a packed stream (StaticKV.set_packed); the logits at `keep_K`, (K, V)."""
+        kw = {"logits_to_keep": keep_K} if self._has_keep else {}
+        inputs = None
+        if self.budget is not None:
+            if mixed:  # the budget binds in decode-only steps (docs/engine.md); recorded as `mixed`
+                b = self.budget
+                select = b.options.apply_to == "all" and b.selector is not None
+                inputs = StepInputs(active_T, select, b.recorder if self.records else None, decode=False)
+            else:
+                inputs = self.budget.inputs(False, active_T)
+        moe = self.budget.bound(inputs) if inputs is not None else nullcontext()
+        with self.cache.active(self.model), moe:
+            out = self.model(input_ids=ids_1T, attention_mask=self.mask_1111, position_ids=pos_1T, use_cache=False,
+                             **kw)
+        if inputs is not None and mixed and inputs.recorder is not None:
+            inputs.recorder.mark_mixed()
+        return out.logits[0] if self._has_keep else out.logits[0, keep_K]
+
+    # ---- the padded path (reference, scheduler.packing=padded) ----------------------------------------
+    @torch.no_grad()
+    def admit(self, slots: list[int], ids_nP: Tensor, mask_nP: Tensor, stop_at_eos: bool = True,
+              max_new: list[int] | None = None) -> Tensor:
+        """Prefill the arrivals (left-padded prompts) into `slots`, eagerly; returns their first new
+        tokens (n,) on the device. Their rows' old contents are replaced; the other rows are
+        untouched. `max_new`: each request's new-token limit (the first token counts; default none)."""
         n, P = ids_nP.shape
         if P >= self.L:
             raise ValueError(f"prompt of {P} tokens does not fit the engine's {self.L} cache slots")
@@ -66,12 +306,12 @@ class ContinuousEngine(DecodeEngine):
         rows_n = torch.tensor(slots, dtype=torch.long, device=dev)
         ids, mask = ids_nP.to(dev), mask_nP.to(dev)
         if not self.cache.owns(self.model):
-            self.reset()
+            self.reset(stop_at_eos)
         self.valid_BL[rows_n] = False
         self.valid_BL[rows_n, :P] = mask.bool()
         pos_nP = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate does for left padding
         causal_PP = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-        allowed_n1PL = torch.zeros(n, 1, P, self.L, dtype=torch.bool, device=dev)
+        allowed_n1PL = torch.zeros(n, 1, P, self.L + 1, dtype=torch.bool, device=dev)
         allowed_n1PL[:, 0, :, :P] = causal_PP & mask.bool()[:, None, :]
         allowed_n1PL[:, 0, :, :P] |= torch.eye(P, dtype=torch.bool, device=dev)  # pad queries: themselves
         self.cache.set_write_rows(rows_n)
@@ -82,26 +322,17 @@ class ContinuousEngine(DecodeEngine):
             self.cache.set_write_rows(None)
             self.cache.set_write_pos(self.slot_B1)  # decode steps write at each row's slot
         first_n = self.sampling.next_token(out.logits[:, -1])
+        limit_n = torch.tensor(max_new or [NO_LIMIT] * n, dtype=torch.long, device=dev)
         self.slot_B1[rows_n] = P
         self.rowpos_B1[rows_n] = pos_nP[:, -1:] + 1
         self.tok_B1[rows_n] = first_n[:, None]
-        self.finished_B[rows_n] = torch.isin(first_n, self.eos_D) & stop_at_eos
+        self.left_B[rows_n] = limit_n - 1
+        self.finished_B[rows_n] = (torch.isin(first_n, self.eos_D) & stop_at_eos) | (limit_n <= 1)
         self.stop_at_eos.fill_(stop_at_eos)
         return first_n
 
-    def end(self, slot: int) -> None:
-        """The slot's request is over (a host stop check): inactive until the next admission."""
-        self.finished_B[slot] = True
-
-    def _step(self) -> None:
-        """One decode step of every row at its own slot; no host sync (captured as is)."""
-        self.cache.sync()
-        self.valid_BL.scatter_(1, self.slot_B1, True)
-        with self.regions.enabled() if self.regions is not None else nullcontext():
-            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1, True, ~self.finished_B)
-        nxt_B = torch.where(self.finished_B, self.pad_id, self.sampling.next_token(out.logits[:, -1]))
-        self.finished_B |= self.stop_at_eos & torch.isin(nxt_B, self.eos_D)
-        self.tok_B1.copy_(nxt_B[:, None])
-        # an ended row keeps writing its last slot (its contents are discarded at its next admission)
-        self.slot_B1.add_(1).clamp_(max=self.L - 1)
-        self.rowpos_B1 += 1
+    def release(self) -> None:
+        """Free the graphs and the cache and restore the model's own forwards."""
+        self.graphs.clear()
+        super().release()
+        self.cache = StaticKV(self.L + 1, self.device, batch=self.B)

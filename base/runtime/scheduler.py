@@ -1,27 +1,43 @@
-"""Who decodes when: requests through the continuous-batching engine, one admission round at a time.
+"""Who decodes when: requests through the continuous-batching engine, one forward at a time.
 
-    done = serve(engine, [Request(ids, max_new=24, done=stop), ...], pad_id=0)
+    done, stats = serve(engine, [Request(ids, max_new=24, done=stop), ...], pad_id=0, policy=SchedulerConfig())
     done[i].tokens, done[i].ttft_s, done[i].round
+    stats.summary()          # rounds, decode and mixed steps, mixed share, occupancy, prefill time
 
 A request waits until it has arrived (`arrival_s` after the start; 0: all at once) and a slot is
-free. Between decode steps the scheduler ends the requests whose stop check or token limit says
-so, frees their slots, and admits waiting requests into the free slots (FIFO, in the given order;
-base/runtime/admission.py has the policies), all of one round in one prefill
-(base/runtime/continuous.py). The host reads every slot's new token after each step, as a server
-streams them, so each step syncs once.
+free. Each turn the scheduler launches one forward of the engine (base/runtime/continuous.py):
 
-Shapes: B slots, n arrivals of a round, P their longest prompt.
+- decode first: while requests decode, a waiting request is admitted only when the policy says
+  so (`SchedulerConfig`: enough prompt tokens wait, or the oldest has waited `max_wait_steps` steps,
+  or no slot is decoding). The requests admitted together are one admission round (FIFO in the
+  given order, or base/runtime/admission.py's policies).
+- prefill: `packing=packed` prefills a round's prompts as packed streams (each at most the largest
+  bucket; a longer prompt continues in the next stream) and, with `chunked`, as chunks of at most
+  `chunk_tokens` riding in mixed steps beside the decoding rows; `packing=padded` as one left-padded
+  eager forward (the engine before issue 26).
+- decode steps otherwise.
+
+The host stays off the critical path: a request's token limit is known when a step is launched,
+so its slot is freed (and refilled) without waiting for its tokens; the engine ends rows at their
+limit or EOS on the device. With `overlap`, the host reads step i's tokens (an asynchronous copy)
+after launching step i+1: a stop check of the host's own (stop strings) ends its request one step
+late, and that step's extra token is dropped. Without it, every step syncs before the next.
+
+Shapes: B slots.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from base.runtime.continuous import ContinuousEngine
+from base.config import SchedulerConfig
+from base.runtime.continuous import HostTokens
+from base.runtime.packing import Chunk
 
 
 @dataclass
@@ -35,7 +51,7 @@ class Request:
 @dataclass
 class Finished:
     tokens: list[int]  # new tokens, the last one the one that ended it
-    round: int  # the admission round that admitted it (requests of one round share a prefill)
+    round: int  # the admission round that admitted it
     slot: int  # the engine row it decoded in
     arrival_s: float
     admitted_s: float  # when its prefill started
@@ -43,7 +59,7 @@ class Finished:
     finished_s: float
     decode_steps: int = 0  # steps it was decoded in (new tokens after the prefill's)
     token_s: list[float] = field(default_factory=list)  # when each new token was on the host (the
-    # first is first_token_s): inter-token latencies for a serving benchmark (base/runtime/serving.py)
+    # first is first_token_s): inter-token latencies for a serving benchmark
 
     @property
     def ttft_s(self) -> float:
@@ -58,21 +74,38 @@ class Finished:
 
 @dataclass
 class ServeStats:
-    steps: int = 0  # decode steps
-    rounds: int = 0  # admission rounds (prefill forwards)
-    occupied: list[int] = field(default_factory=list)  # requests decoding in each step
-    step_s: list[float] = field(default_factory=list)  # host time of each decode step (sync included)
-    eager: list[bool] = field(default_factory=list)  # each step ran eagerly (GPU: the capture's warm-up; CPU: all)
-    prefill_s: float = 0.0  # host time of the admission rounds' prefills
+    """What a stream did. Times are device time between CUDA events around each forward on a GPU
+    (nothing synced per step), host time on a CPU."""
+
+    steps: int = 0  # decode-only steps
+    mixed_steps: int = 0  # steps that carried prompt chunks beside the decoding rows
+    prefills: int = 0  # prefill forwards (nothing decodes in them)
+    rounds: int = 0  # admission rounds
+    occupied: list[int] = field(default_factory=list)  # requests decoding in each decode-only step
+    mixed_occupied: list[int] = field(default_factory=list)  # ... in each mixed step
+    step_s: list[float] = field(default_factory=list)  # each decode-only step
+    eager: list[bool] = field(default_factory=list)  # each decode-only step ran eagerly (capture; CPU: all)
+    mixed_s: list[float] = field(default_factory=list)  # each mixed step
+    prefill_s: float = 0.0  # the prefill forwards
+    prompt_tokens: int = 0  # prompt tokens in prefill forwards
+    mixed_prompt_tokens: int = 0  # prompt tokens in mixed steps
+    captures: int = 0  # CUDA graphs captured during the stream (0 after a warm-up that covered every shape)
 
     def summary(self) -> dict[str, float | int | None]:
-        """Mean occupancy, and the steady decode rate: steps per second over the replayed steps
-        (compile and capture left out; on a CPU, where every step is eager, over all steps)."""
+        """Counts, the mixed share, mean occupancy (decode and mixed steps), the steady decode rate
+        (steps per second over the replayed decode-only steps; on a CPU, over all) and the prefill
+        rate (prompt tokens per second of prefill forwards)."""
         steady = [s for s, e in zip(self.step_s, self.eager) if not e] or self.step_s
-        return {"rounds": self.rounds, "steps": self.steps,
-                "occupancy_mean": sum(self.occupied) / len(self.occupied) if self.occupied else None,
+        occupied = self.occupied + self.mixed_occupied
+        decoding = self.steps + self.mixed_steps
+        return {"rounds": self.rounds, "steps": self.steps, "mixed_steps": self.mixed_steps,
+                "mixed_share": self.mixed_steps / decoding if decoding else None, "prefills": self.prefills,
+                "occupancy_mean": sum(occupied) / len(occupied) if occupied else None,
                 "steady_decode_steps_per_s": len(steady) / sum(steady) if steady and sum(steady) > 0 else None,
-                "prefill_s": self.prefill_s, "eager_steps": sum(self.eager)}
+                "prefill_s": self.prefill_s, "prompt_tokens": self.prompt_tokens,
+                "prefill_tokens_per_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else None,
+                "mixed_s": sum(self.mixed_s), "mixed_prompt_tokens": self.mixed_prompt_tokens,
+                "eager_steps": sum(self.eager), "captures": self.captures}
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -86,28 +119,81 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
-def _sync(engine: ContinuousEngine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
+def prefill_due(policy: SchedulerConfig, decoding: bool, waiting_tokens: int, oldest_waited_steps: int) -> bool:
+    """Decode first: admit waiting requests into free slots when nothing decodes, enough prompt
+    tokens wait, or the oldest has waited long enough (in decode or mixed steps)."""
+    return (not decoding or waiting_tokens >= policy.min_prompt_tokens
+            or oldest_waited_steps >= policy.max_wait_steps)
 
 
-def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=None,
-          stop_at_eos: bool = True) -> tuple[list[Finished], ServeStats]:
+class _Clock:
+    """Times each forward without syncing: CUDA events around it (read once at the end), or the
+    host's clock on a CPU (where a forward is synchronous)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def around(self, launch: Callable[[], None]):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch()
+            end.record()
+            return start, end
+        t = time.perf_counter()
+        launch()
+        return time.perf_counter() - t
+
+    def seconds(self, span) -> float:
+        if self.cuda:
+            span[1].synchronize()
+            return span[0].elapsed_time(span[1]) / 1e3
+        return span
+
+
+@dataclass
+class _Forward:
+    kind: str  # prefill | decode | mixed
+    emits: list[tuple[int, int, bool]]  # (slot, request, first token?) whose token it makes
+    tokens: HostTokens | None
+    span: object
+    eager: bool
+    prompt_tokens: int
+    occupied: int = 0  # requests that took a token from it as a decode step (set when read)
+
+
+def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: bool = True,
+          policy: SchedulerConfig | None = None) -> tuple[list[Finished], ServeStats]:
     """Decode every request to its end; results in the requests' order. `pick(waiting, free,
-    running)` chooses whom to admit (indices into `requests`, at most `free`; base/runtime/admission.py);
-    default FIFO."""
+    running)` chooses whom to admit (indices into `requests`, at most `free`;
+    base/runtime/admission.py); default FIFO. `engine`: a ContinuousEngine."""
+    policy = policy or SchedulerConfig()
     pick = pick or (lambda waiting, free, running: waiting[:free])
-    engine.reset()
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)  # stable: ties keep their order
+    for n, r in enumerate(requests):
+        if not r.ids or len(r.ids) + r.max_new > engine.L or r.max_new < 1:
+            raise ValueError(f"request {n}: {len(r.ids)} prompt + {r.max_new} new tokens must be 1.. and fit the "
+                             f"engine's {engine.L} cache slots")
+    packed, big = policy.packing == "packed", engine.buckets[-1]
+    reserve = sum(r.max_new + 2 + len(r.ids) // engine.buckets[0] for r in requests) + 8  # forwards that record
+    engine.reset(stop_at_eos, reserve=reserve)
+    captures0 = engine.graphs.captures
+    order = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival_s))  # stable: ties keep their order
     waiting: list[int] = []
-    slot_of: dict[int, int] = {}  # slot -> request
+    arrived_at: dict[int, int] = {}  # request -> decoding steps launched when it arrived
+    running: dict[int, int] = {}  # slot -> request decoding there, as launched
+    prefilling: dict[int, list[int]] = {}  # slot -> [request, prompt tokens in so far] (admission order)
     free = list(range(engine.B))
+    launched: dict[int, int] = {}  # request -> its tokens made by the forwards launched so far
+    live: set[int] = set()  # admitted, last token not yet read
     tokens: dict[int, list[int]] = {}
     out: dict[int, Finished] = {}
+    forwards: list[_Forward] = []
+    inflight: deque[_Forward] = deque()
     stats = ServeStats()
+    clock = _Clock(engine.device)
     t0 = time.perf_counter()
-    clock = lambda: time.perf_counter() - t0
-
+    now = lambda: time.perf_counter() - t0  # noqa: E731
+    steps_launched = 0
     eos = set(engine.eos_D.tolist()) - {-1} if stop_at_eos else set()  # the engine ends these rows itself
 
     def ended(i: int) -> bool:
@@ -115,54 +201,140 @@ def serve(engine: ContinuousEngine, requests: list[Request], pad_id: int, pick=N
         return (len(tokens[i]) >= r.max_new or tokens[i][-1] in eos
                 or (r.done is not None and r.done(tokens[i])))
 
-    def finish(slot: int) -> None:
-        i = slot_of.pop(slot)
-        out[i].finished_s = clock()
-        out[i].tokens = tokens[i]
-        engine.end(slot)
+    def free_slot(slot: int) -> None:
         free.append(slot)
         free.sort()
 
-    while order or waiting or slot_of:
-        now = clock()
-        while order and requests[order[0]].arrival_s <= now:
-            waiting.append(order.pop(0))
-        if free and waiting:
-            chosen = pick(list(waiting), len(free), sorted(slot_of.values()))
-            for i in chosen:
-                waiting.remove(i)
-            slots = free[:len(chosen)]
-            del free[:len(chosen)]
-            ids, mask = left_pad([requests[i].ids for i in chosen], pad_id)
-            admitted = clock()
-            first = engine.admit(slots, ids, mask, stop_at_eos=stop_at_eos).tolist()  # syncs
-            seen = clock()  # the round's first tokens are on the host together
-            stats.prefill_s += seen - admitted
-            for slot, i, tok in zip(slots, chosen, first):
-                slot_of[slot], tokens[i] = i, [tok]
-                out[i] = Finished([], stats.rounds, slot, requests[i].arrival_s, admitted, seen, 0.0, token_s=[seen])
-                if ended(i):
-                    finish(slot)
-            stats.rounds += 1
-        if not slot_of:
-            if order:  # idle until the next arrival
-                time.sleep(max(0.0, requests[order[0]].arrival_s - clock()))
-            continue
-        occupied = sorted(slot_of)
-        t = time.perf_counter()
-        _, eager = engine.decode(1)
-        new = engine.tok_B1[:, 0].tolist()  # syncs
-        seen = time.perf_counter()
-        stats.step_s.append(seen - t)
-        stats.eager.append(eager > 0)
-        stats.steps += 1
-        stats.occupied.append(len(occupied))
-        for slot in occupied:
-            i = slot_of[slot]
+    def read(f: _Forward) -> None:
+        """Hand a launched forward's tokens to their requests; end those whose stop says so."""
+        new = f.tokens.get()
+        t = now()
+        for slot, i, first in f.emits:
+            if i not in live:  # ended before this forward's token (a late host stop): dropped
+                continue
             tokens[i].append(new[slot])
-            out[i].token_s.append(seen - t0)
-            out[i].decode_steps += 1
+            out[i].token_s.append(t)
+            if first:
+                out[i].first_token_s = t
+            else:
+                out[i].decode_steps += 1
+                f.occupied += 1
             if ended(i):
-                finish(slot)
-    _sync(engine)
+                live.discard(i)
+                out[i].finished_s, out[i].tokens = t, tokens[i]
+                if running.get(slot) == i:  # ended by EOS or its stop check, before its limit
+                    del running[slot]
+                    engine.end(slot)
+                    free_slot(slot)
+
+    def launch(kind: str, run: Callable[[], None], emits: list[tuple[int, int, bool]], prompt: int = 0) -> None:
+        eager0 = engine.graphs.eager
+        span = clock.around(run)
+        f = _Forward(kind, emits, engine.snapshot(), span, engine.graphs.eager > eager0 or kind == "padded",
+                     prompt)
+        forwards.append(f)
+        inflight.append(f)
+        while len(inflight) > (1 if policy.overlap else 0):
+            read(inflight.popleft())
+
+    def decoding_emits() -> list[tuple[int, int, bool]]:
+        """The running requests as a step that decodes them is launched; one whose limit this step
+        reaches gives its slot back now (the engine ends its row in the step)."""
+        emits = []
+        for slot, i in list(running.items()):
+            emits.append((slot, i, False))
+            launched[i] += 1
+            if launched[i] >= requests[i].max_new:
+                del running[slot]
+                free_slot(slot)
+        return emits
+
+    def take_chunks(budget: int) -> tuple[list[Chunk], list[tuple[int, int, bool]], int]:
+        """Prompt chunks of the prefilling requests, oldest first, up to `budget` tokens."""
+        chunks, emits, used = [], [], 0
+        for slot, state in list(prefilling.items()):
+            if used >= budget:
+                break
+            i, start = state
+            ids = requests[i].ids
+            n = min(len(ids) - start, budget - used)
+            final = start + n == len(ids)
+            chunks.append(Chunk(slot, ids[start:start + n], start, final, requests[i].max_new))
+            used += n
+            if final:
+                del prefilling[slot]
+                emits.append((slot, i, True))
+                launched[i] = 1
+                if requests[i].max_new > 1:
+                    running[slot] = i
+                else:
+                    free_slot(slot)
+            else:
+                state[1] = start + n
+        return chunks, emits, used
+
+    def admit() -> list[int]:
+        chosen = pick(list(waiting), len(free), sorted(list(running.values()) + [s[0] for s in prefilling.values()]))
+        t = now()
+        for i in chosen:
+            waiting.remove(i)
+            slot = free.pop(0)
+            prefilling[slot] = [i, 0]
+            live.add(i)
+            tokens[i] = []
+            out[i] = Finished([], stats.rounds, slot, requests[i].arrival_s, t, 0.0, 0.0)
+        stats.rounds += 1
+        return chosen
+
+    while order or waiting or running or prefilling or inflight:
+        while order and requests[order[0]].arrival_s <= now():
+            i = order.popleft()
+            waiting.append(i)
+            arrived_at[i] = steps_launched
+        if free and waiting and prefill_due(policy, bool(running), sum(len(requests[i].ids) for i in waiting),
+                                            steps_launched - arrived_at[waiting[0]]):
+            admit()
+        if prefilling and packed:
+            if policy.chunked and running:
+                emits = decoding_emits()
+                chunks, firsts, used = take_chunks(policy.chunk_tokens)
+                launch("mixed", lambda c=chunks: engine.run_packed(c, mixed=True), emits + firsts, used)
+                steps_launched += 1
+            else:
+                chunks, firsts, used = take_chunks(big)
+                launch("prefill", lambda c=chunks: engine.run_packed(c, mixed=False), firsts, used)
+        elif prefilling:  # padded: the whole round in one left-padded forward
+            slots = list(prefilling)
+            chosen = [prefilling[s][0] for s in slots]
+            _, firsts, used = take_chunks(sum(len(requests[i].ids) for i in chosen))
+            ids, mask = left_pad([requests[i].ids for i in chosen], pad_id)
+            launch("padded", lambda: engine.admit(slots, ids, mask, stop_at_eos, [requests[i].max_new for i in chosen]),
+                   firsts, used)
+        elif running:
+            emits = decoding_emits()
+            launch("decode", engine.step, emits)
+            steps_launched += 1
+        elif inflight:
+            read(inflight.popleft())
+        elif order:  # idle until the next arrival
+            time.sleep(max(0.0, requests[order[0]].arrival_s - now()))
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    for f in forwards:
+        s = clock.seconds(f.span)
+        if f.kind == "decode":
+            stats.steps += 1
+            stats.occupied.append(f.occupied)
+            stats.step_s.append(s)
+            stats.eager.append(f.eager)
+        elif f.kind == "mixed":
+            stats.mixed_steps += 1
+            stats.mixed_occupied.append(f.occupied)
+            stats.mixed_s.append(s)
+            stats.mixed_prompt_tokens += f.prompt_tokens
+        else:
+            stats.prefills += 1
+            stats.prefill_s += s
+            stats.prompt_tokens += f.prompt_tokens
+    stats.captures = engine.graphs.captures - captures0
     return [out[i] for i in range(len(requests))], stats

@@ -9,12 +9,18 @@ uniformly from `stream.prompt_len` and `stream.output_len`, or from a task's own
 at a Poisson `stream.rate`; every (method, budget) variant serves the same stream
 (base/runtime/scheduler.py; admission by `stream.admission`, base/runtime/admission.py). Per variant:
 
-  warm-up    one round of short requests: compiles the regions and captures the decode graph
+  warm-up    ContinuousEngine.warm_up: compiles the regions and captures the decode step and the
+             packed prefill (and mixed step, `scheduler.chunked`) of every token bucket, so the
+             stream captures nothing (`captures` counts the graphs captured during it: 0)
   timed      the stream with statistics off: output tokens/s (all new tokens over the time from the
              first arrival to the last token), time per output token and time to first token
-             (p50, p90 over requests), mean occupancy, the steady decode step (replays only)
+             (p50, p90 over requests), mean occupancy, the steady decode step (replays only), the
+             prefill forwards' time and prompt tokens/s against the compute floor (`prefill_floor_s`:
+             2 x active parameters x prompt tokens at the GPU's dense bf16 peak), mixed steps
+             and their share of the steps that decode (`scheduler.*`: base/runtime/scheduler.py)
   statistics a stream of slots x `stream.stats_requests_per_slot` requests with statistics on:
-             mean union before selection and kept experts per layer and decode step
+             mean union before selection and kept experts per layer, in decode-only steps (where
+             the budget binds) and in mixed steps (`_mixed`)
 
 On a CPU the same code runs eagerly: a check of the bookkeeping, not a speed figure.
 """
@@ -27,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from base.config import StreamConfig, ThroughputConfig
+from base.config import SchedulerConfig, StreamConfig, ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.runtime.admission import UnionAdmission, fifo, prompt_experts
 from base.runtime.continuous import ContinuousEngine
@@ -38,6 +44,33 @@ from base.runtime.throughput import Variant
 def _quantile(xs: list[float], q: float) -> float | None:
     xs = sorted(x for x in xs if x is not None)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else None
+
+
+# Dense bf16 tensor-core peaks (FLOP/s) by device name, for the prefill's compute floor
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def active_parameters(model: nn.Module) -> int:
+    """Weights a prompt token is multiplied with: the decoder's, top-k of E routed experts counted;
+    the embedding (a lookup) and the LM head (prefill computes the last token's logits only) left out."""
+    from base.hf.families import find_moe_layers
+
+    layers = find_moe_layers(model)
+    skip = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+            for p in m.parameters()}
+    total = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+    experts = sum(p.numel() for layer in layers for p in layer.experts.parameters())
+    return total - experts + experts * layers[0].top_k // layers[0].num_experts
+
+
+def prefill_floor_s(active_params: int, prompt_tokens: int, device: torch.device) -> float | None:
+    """Seconds the prompt tokens need at the GPU's dense bf16 peak (2 FLOP per parameter and
+    token; attention left out); None off a GPU or for an unknown one."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((f for key, f in PEAK_BF16_FLOPS.items() if key in name), None)
+    return 2 * active_params * prompt_tokens / peak if peak else None
 
 
 def make_stream(n: int, vocab: int, cfg: StreamConfig, seed: int,
@@ -69,16 +102,21 @@ def _pick(cfg: StreamConfig, model: nn.Module, budget: MoeBudget | None, request
 
 
 def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, tp: ThroughputConfig,
-           cfg: StreamConfig, requests: list[Request]) -> tuple[list[Finished], ServeStats, float]:
-    """The stream through a fresh engine after a warm-up round; (finished, stats, s to predict experts)."""
-    engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False)
+           cfg: StreamConfig, requests: list[Request],
+           scheduler: SchedulerConfig) -> tuple[list[Finished], ServeStats, float]:
+    """The stream through a fresh engine after its warm-up; (finished, stats, s to predict experts)."""
+    engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False,
+                              buckets=scheduler.buckets)
     try:
-        warm = [Request(r.ids, 3) for r in requests[:slots]]
-        serve(engine, warm, pad_id=0, stop_at_eos=False)
+        if scheduler.packing == "packed":
+            engine.warm_up(mixed=scheduler.chunked)
+        else:  # padded prefill is eager: one round captures the decode step
+            serve(engine, [Request(r.ids, 3) for r in requests[:slots]], pad_id=0, stop_at_eos=False,
+                  policy=scheduler)
         t0 = time.perf_counter()
         pick = _pick(cfg, model, budget, requests)
         predict_s = time.perf_counter() - t0
-        done, stats = serve(engine, requests, pad_id=0, pick=pick, stop_at_eos=False)
+        done, stats = serve(engine, requests, pad_id=0, pick=pick, stop_at_eos=False, policy=scheduler)
     finally:
         engine.release()
     return done, stats, predict_s
@@ -86,9 +124,12 @@ def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, 
 
 def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
                    variants: list[Variant], tp: ThroughputConfig, cfg: StreamConfig, seed: int,
-                   lengths: list[tuple[int, int]] | None = None) -> list[dict]:
+                   lengths: list[tuple[int, int]] | None = None,
+                   scheduler: SchedulerConfig | None = None) -> list[dict]:
     """One row per (slots, variant); see the module doc for the columns. `lengths`: a task's own
     (prompt, output) token lengths to draw from (stream.lengths_from)."""
+    scheduler = scheduler or SchedulerConfig()
+    active_params = active_parameters(model)
     vocab = model.config.vocab_size
     longest = max(p + o for p, o in lengths) if lengths else cfg.prompt_len[1] + cfg.output_len[1]
     length = -(-longest // 256) * 256
@@ -99,13 +140,14 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
         for v in variants:
             budget = make_budget(v, False)
             try:
-                done, stats, predict_s = _serve(model, budget, slots, length, tp, cfg, stream)
+                done, stats, predict_s = _serve(model, budget, slots, length, tp, cfg, stream, scheduler)
             finally:
                 if budget is not None:
                     budget.remove()
             span = max(d.finished_s for d in done) - min(d.arrival_s for d in done)
             tokens = sum(len(d.tokens) for d in done)
             steady = stats.summary()
+            floor_s = prefill_floor_s(active_params, stats.prompt_tokens, next(model.parameters()).device)
             row = {
                 "slots": slots, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
                 "admission": cfg.admission, "rate": cfg.rate, "requests": len(done), "output_tokens": tokens,
@@ -118,17 +160,24 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
                 "step_ms_median": 1e3 * statistics.median([s for s, e in zip(stats.step_s, stats.eager) if not e]
                                                           or stats.step_s),
                 "prefill_s": stats.prefill_s, "predict_s": predict_s,
+                "prompt_tokens": stats.prompt_tokens, "prefill_tokens_per_s": steady["prefill_tokens_per_s"],
+                "prefill_floor_s": floor_s, "prefill_over_floor": stats.prefill_s / floor_s if floor_s else None,
+                "prefills": stats.prefills, "mixed_steps": stats.mixed_steps, "mixed_share": steady["mixed_share"],
+                "mixed_s": steady["mixed_s"], "mixed_prompt_tokens": stats.mixed_prompt_tokens,
+                "captures": stats.captures, "packing": scheduler.packing, "chunked": scheduler.chunked,
             }
             budget = make_budget(v, True)
             try:
-                _, _, _ = _serve(model, budget, slots, length, tp, cfg, short)
-                decode = [r for r in budget.stats_rows() if r["decode"]] if budget is not None else []
+                _, _, _ = _serve(model, budget, slots, length, tp, cfg, short, scheduler)
+                recorded = budget.stats_rows() if budget is not None else []
             finally:
                 if budget is not None:
                     budget.remove()
-            n = max(1, len(decode))
-            row["union_mean"] = sum(r["union"] for r in decode) / n
-            row["kept_mean"] = sum(r["kept"] for r in decode) / n
+            for suffix, kind in (("", "decode"), ("_mixed", "mixed")):
+                kept = [r for r in recorded if r["kind"] == kind]
+                n = max(1, len(kept))
+                row[f"union_mean{suffix}"] = sum(r["union"] for r in kept) / n if kept else None
+                row[f"kept_mean{suffix}"] = sum(r["kept"] for r in kept) / n if kept else None
             rows.append(row)
             print(f"[stream] {slots} slots {v.label} budget={v.budget}: {row['tokens_per_s']:.0f} tok/s, "
                   f"TPOT p50 {row['tpot_ms_p50']:.2f} ms, TTFT p50 {row['ttft_ms_p50']:.0f} ms, "
