@@ -357,7 +357,9 @@ class SchedulerConfig:
         self.buckets = [check_int("scheduler.buckets[]", b, 1) for b in self.buckets]
         if self.buckets != sorted(set(self.buckets)):
             raise ConfigError(f"scheduler.buckets={self.buckets} must be strictly increasing")
-        self.chunk_tokens = check_int("scheduler.chunk_tokens", self.chunk_tokens, 1, self.buckets[-1])
+        # a mixed step's chunk is one packed stream: it fits the largest bucket
+        self.chunk_tokens = check_int("scheduler.chunk_tokens", self.chunk_tokens, 1,
+                                      self.buckets[-1] if self.chunked else None)
         self.min_prompt_tokens = check_int("scheduler.min_prompt_tokens", self.min_prompt_tokens, 1)
         self.max_wait_steps = check_int("scheduler.max_wait_steps", self.max_wait_steps, 0)
         if self.chunked and self.packing != "packed":

@@ -171,11 +171,12 @@ class ContinuousEngine(DecodeEngine):
         return [], self.graphs.eager - eager
 
     @torch.no_grad()
-    def warm_up(self, mixed: bool = True) -> None:
+    def warm_up(self, mixed: bool = True, reserve: int = 0) -> None:
         """Capture the decode step and the packed prefill (and mixed step) of every bucket now, on
         streams of padding that write nothing any row reads; then every slot empty and the
-        budget's statistics reset."""
-        self.reset()
+        budget's statistics reset. `reserve`: statistics rows for the streams to come
+        (scheduler.forwards_bound), reserved before capturing so they never grow after."""
+        self.reset(reserve=reserve)
         for C in self.buckets:
             self.run_packed([], mixed=False, bucket=C)
             if mixed:

@@ -119,6 +119,13 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
+def forwards_bound(requests: list[Request], buckets: tuple[int, ...] | list[int]) -> int:
+    """At most this many forwards serve `requests` (statistics rows to reserve): a step gives each
+    running request a token (one more for a late host stop), a prefill forward carries at least
+    one chunk."""
+    return sum(r.max_new + 2 + len(r.ids) // buckets[0] for r in requests) + 8
+
+
 def prefill_due(policy: SchedulerConfig, decoding: bool, waiting_tokens: int, oldest_waited_steps: int) -> bool:
     """Decode first: admit waiting requests into free slots when nothing decodes, enough prompt
     tokens wait, or the oldest has waited long enough (in decode or mixed steps)."""
@@ -174,8 +181,7 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             raise ValueError(f"request {n}: {len(r.ids)} prompt + {r.max_new} new tokens must be 1.. and fit the "
                              f"engine's {engine.L} cache slots")
     packed, big = policy.packing == "packed", engine.buckets[-1]
-    reserve = sum(r.max_new + 2 + len(r.ids) // engine.buckets[0] for r in requests) + 8  # forwards that record
-    engine.reset(stop_at_eos, reserve=reserve)
+    engine.reset(stop_at_eos, reserve=forwards_bound(requests, engine.buckets))
     captures0 = engine.graphs.captures
     order = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival_s))  # stable: ties keep their order
     waiting: list[int] = []

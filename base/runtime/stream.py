@@ -37,7 +37,7 @@ from base.config import SchedulerConfig, StreamConfig, ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.runtime.admission import UnionAdmission, fifo, prompt_experts
 from base.runtime.continuous import ContinuousEngine
-from base.runtime.scheduler import Finished, Request, ServeStats, serve
+from base.runtime.scheduler import Finished, Request, ServeStats, forwards_bound, serve
 from base.runtime.throughput import Variant
 
 
@@ -109,7 +109,7 @@ def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, 
                               buckets=scheduler.buckets)
     try:
         if scheduler.packing == "packed":
-            engine.warm_up(mixed=scheduler.chunked)
+            engine.warm_up(mixed=scheduler.chunked, reserve=forwards_bound(requests, scheduler.buckets))
         else:  # padded prefill is eager: one round captures the decode step
             serve(engine, [Request(r.ids, 3) for r in requests[:slots]], pad_id=0, stop_at_eos=False,
                   policy=scheduler)

@@ -1,0 +1,201 @@
+"""Mixed steps and the host off the critical path (base/runtime/scheduler.py,
+base/runtime/continuous.py, base/runtime/graphs.py) on a tiny random Qwen3-MoE:
+
+- chunked prefill: prompt chunks ride in the decode step; no request is lost, duplicated or
+  reordered, and dense greedy outputs equal each request decoded alone;
+- the budget binds in decode-only steps; mixed steps run every token's own routing and are
+  recorded as `mixed`;
+- decode first: the prefill policy admits only when it says so;
+- no CUDA graph is captured again after the warm-up (a CPU stand-in for capture counts them), and
+  the count does catch a re-capture when the statistics recorder is not pre-reserved;
+- with the host one step behind, a host stop check ends its request one step late.
+GPU tests: graph replay equals eager for packed prefill and mixed steps."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from base.config import SchedulerConfig
+from base.hf.budget import BudgetOptions
+from base.hf.loading import load_model
+from base.method.selectors import build_selector
+from base.runtime.continuous import ContinuousEngine
+from base.runtime.engine import DecodeEngine
+from base.runtime.scheduler import Request, forwards_bound, left_pad, prefill_due, serve
+from tests.helpers import ROOT, budgeted, tiny_model_config, torch_threads
+
+BUCKETS = [4, 8, 16]
+CHUNKED = {"chunked": True, "chunk_tokens": 3, "buckets": BUCKETS}
+
+
+@pytest.fixture(scope="module")
+def model():
+    with torch_threads(1):
+        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+
+
+def requests(n: int, seed: int, longest: int = 12, most_new: int = 7) -> list[Request]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, longest + 1, (n,), generator=g).tolist()
+    return [Request(torch.randint(3, 200, (p,), generator=g).tolist(),
+                    int(torch.randint(1, most_new + 1, (1,), generator=g))) for p in lengths]
+
+
+def alone(model, r: Request) -> list[int]:
+    engine = DecodeEngine(model, 1, 32, pad_id=0)
+    try:
+        return engine.generate(*left_pad([r.ids], 0), r.max_new, stop_at_eos=False).tokens_BN[0].tolist()
+    finally:
+        engine.release()
+
+
+def run(model, reqs, slots: int, budget=None, eager_capture: bool = False, **policy):
+    policy = SchedulerConfig(**policy)
+    engine = ContinuousEngine(model, slots, 32, budget=budget, pad_id=0, buckets=policy.buckets)
+    try:
+        with torch_threads(1):
+            if eager_capture:
+                engine.use_eager_capture()
+                engine.warm_up(mixed=policy.chunked, reserve=forwards_bound(reqs, policy.buckets))
+            done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
+        return done, stats, engine.graphs
+    finally:
+        engine.release()
+
+
+def test_mixed_steps_lose_duplicate_or_reorder_no_request(model):
+    reqs = requests(13, seed=0)
+    done, stats, _ = run(model, reqs, slots=3, **CHUNKED)
+    assert stats.mixed_steps > 0 and stats.steps > 0  # chunks rode in steps, and some steps only decoded
+    assert [len(d.tokens) for d in done] == [r.max_new for r in reqs]
+    assert [d.round for d in done] == sorted(d.round for d in done)  # FIFO
+    assert sum(stats.occupied) + sum(stats.mixed_occupied) == sum(d.decode_steps for d in done)
+    assert stats.prompt_tokens + stats.mixed_prompt_tokens == sum(len(r.ids) for r in reqs)  # every prompt token once
+    for r, d in zip(reqs, done):
+        assert d.tokens == alone(model, r)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", [
+    {"chunked": True, "chunk_tokens": 16, "buckets": [16, 32]},  # whole prompts ride in one step
+    {"chunked": True, "chunk_tokens": 1, "buckets": [2, 4]},  # one prompt token per step
+    {"chunked": True, "chunk_tokens": 5, "buckets": [8], "min_prompt_tokens": 20, "max_wait_steps": 3},
+    {"buckets": [4, 8]},  # rounds of their own, long prompts over several forwards
+    {"packing": "padded"},
+    {"overlap": False, **CHUNKED},
+])
+def test_every_policy_decodes_each_request_as_alone(model, policy):
+    reqs = requests(11, seed=1)
+    done, stats, _ = run(model, reqs, slots=4, **policy)
+    assert sum(stats.occupied) + sum(stats.mixed_occupied) == sum(d.decode_steps for d in done)
+    for r, d in zip(reqs, done):
+        assert d.tokens == alone(model, r)
+
+
+def test_decode_first_admits_only_when_the_policy_says(model):
+    """With thresholds no stream reaches, a round is admitted only when nothing decodes: 9
+    requests in 3 slots take exactly 3 rounds; admitting at once takes more."""
+    reqs = [Request([5 + i, 6, 7], 2 + i % 4) for i in range(9)]
+    _, lazy, _ = run(model, reqs, slots=3, min_prompt_tokens=10**6, max_wait_steps=10**6)
+    _, eager, _ = run(model, reqs, slots=3)
+    assert lazy.rounds == 3 < eager.rounds
+    assert prefill_due(SchedulerConfig(min_prompt_tokens=50, max_wait_steps=4), True, 49, 3) is False
+    assert prefill_due(SchedulerConfig(min_prompt_tokens=50, max_wait_steps=4), True, 50, 0) is True
+    assert prefill_due(SchedulerConfig(min_prompt_tokens=50, max_wait_steps=4), True, 0, 4) is True
+    assert prefill_due(SchedulerConfig(min_prompt_tokens=50, max_wait_steps=4), False, 0, 0) is True
+
+
+def test_the_budget_binds_in_decode_only_steps_and_mixed_steps_are_recorded(model):
+    reqs = requests(9, seed=3)
+    with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:
+        done, stats, _ = run(model, reqs, slots=4, budget=budget, **CHUNKED)
+        rows = pd.DataFrame(budget.stats_rows())
+    first = rows[rows["layer"] == 0]
+    assert first["kind"].tolist().count("mixed") == stats.mixed_steps > 0
+    assert first["kind"].tolist().count("decode") == stats.steps and "prefill" not in set(first["kind"])
+    decode, mixed = rows[rows["kind"] == "decode"], rows[rows["kind"] == "mixed"]
+    assert decode["kept"].max() <= 2 and (decode["union"] > 2).any()
+    assert (mixed["kept"] == mixed["union"]).all() and (mixed["kept"] > 2).any()  # every token's own routing
+    assert decode.loc[decode["layer"] == 0, "tokens"].tolist() == stats.occupied
+    assert len(done) == 9
+
+
+def test_no_graph_is_captured_again_after_the_warm_up(model):
+    """A CPU stand-in for capture (base/runtime/graphs.py: eager_capture) counts what a GPU would
+    capture: the warm-up captures the decode step and a prefill and a mixed step per bucket, the
+    stream (statistics on, the recorder pre-reserved) none."""
+    reqs = requests(20, seed=4, most_new=16)
+    with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:
+        done, stats, graphs = run(model, reqs, slots=3, budget=budget, eager_capture=True, **CHUNKED)
+        steps = int(budget.recorder.count_D)
+    assert graphs.captures == 1 + 2 * len(BUCKETS) and stats.captures == 0
+    assert graphs.replays == stats.steps + stats.mixed_steps + stats.prefills > 64  # past the recorder's first size
+    assert steps == stats.steps + stats.mixed_steps  # every recorded forward's row kept
+
+
+def test_the_capture_count_sees_a_recorder_that_grows_mid_stream(model):
+    """Without a reservation the recorder grows past its first 64 rows and the decode step is
+    captured again: what the reservation prevents, and what the count would show."""
+    with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:
+        engine = ContinuousEngine(model, 2, 32, budget=budget, pad_id=0, buckets=BUCKETS)
+        try:
+            with torch_threads(1):
+                engine.use_eager_capture()
+                engine.reset(stop_at_eos=False, reserve=0)
+                for _ in range(70):
+                    engine.step()
+        finally:
+            engine.release()
+    assert engine.graphs.captures == 2
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_host_stop_check_ends_its_request_one_step_late_with_the_host_behind(model, overlap):
+    """Request 0 stops (host check) after 3 tokens of its 9: its tokens are the first 3 of its
+    lone decoding either way; one step behind, its row decodes one more step (dropped), which
+    the union statistics see."""
+    reqs = [Request([5, 6, 7], 9, done=lambda toks: len(toks) >= 3), Request([8, 9, 10, 11], 8)]
+    with budgeted(model, "qwen3_moe", None, BudgetOptions(budget=None)) as budget:
+        done, stats, _ = run(model, reqs, slots=2, budget=budget, overlap=overlap)
+        rows = pd.DataFrame(budget.stats_rows())
+    assert done[0].tokens == alone(model, Request([5, 6, 7], 9))[:3] and done[0].decode_steps == 2
+    assert done[1].tokens == alone(model, reqs[1])
+    rows_tokens = int(rows.loc[(rows["layer"] == 0) & (rows["kind"] == "decode"), "tokens"].sum())
+    assert rows_tokens == sum(stats.occupied) + (1 if overlap else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["dense", "base"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked):
+    """On a GPU: the same stream served eagerly and from CUDA graphs (packed prefill per bucket,
+    mixed steps, decode step) gives the same tokens and statistics; after the warm-up nothing is
+    captured again."""
+    from base.hf.experts_impl import register_base_triton
+    from tests.helpers import model_artifacts
+
+    register_base_triton()
+    cfg = tiny_model_config("qwen3")
+    cfg.device, cfg.experts_impl = "cuda", "base_triton"
+    gpu_model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
+    reqs = requests(17, seed=5, longest=20)
+    policy = SchedulerConfig(chunked=chunked, chunk_tokens=6, buckets=[8, 16, 32])
+    results = {}
+    for graph in (False, True):
+        sel = None if method == "dense" else build_selector(method, model_artifacts(gpu_model))
+        with budgeted(gpu_model, "qwen3_moe", sel, BudgetOptions(budget=3, backend="triton")) as budget:
+            engine = ContinuousEngine(gpu_model, 4, 48, budget=budget, pad_id=0, graph=graph, compile=False,
+                                      buckets=policy.buckets)
+            try:
+                engine.warm_up(mixed=chunked, reserve=forwards_bound(reqs, policy.buckets))
+                done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
+            finally:
+                engine.release()
+            results[graph] = ([d.tokens for d in done], budget.stats_rows(), stats)
+    (eager_toks, eager_rows, _), (graph_toks, graph_rows, graph_stats) = results[False], results[True]
+    assert graph_toks == eager_toks
+    assert graph_stats.captures == 0 and not any(graph_stats.eager)
+    assert (graph_stats.mixed_steps > 0) == chunked
+    assert [(r["layer"], r["kind"], r["union"], r["kept"], r["tokens"]) for r in graph_rows] == \
+        [(r["layer"], r["kind"], r["union"], r["kept"], r["tokens"]) for r in eager_rows]
