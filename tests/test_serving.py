@@ -118,6 +118,13 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
                 *(f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "p50", "p99"))):
         assert streams[col].notna().all() and (streams[col] >= 0).all(), col
     assert set(streams["arrivals"]) == {"burst", "poisson"} and set(streams["routing"]) == {"uniform"}
+    for col in ("prefills", "prefill_s", "mixed_steps", "captures", "eager_steps", "steps", "rounds", "step_ms_median"):
+        assert (streams[col] >= 0).all(), col
+    # every prompt is prefilled once, packed (scheduler.* defaults: no chunks in mixed steps)
+    key = ["repeat", "variant", "arrivals"]
+    prompts = requests.groupby(key)["prompt_tokens"].sum()
+    assert streams.set_index(key)["prompt_tokens"].sort_index().equals(prompts.sort_index())
+    assert (streams["packing"] == "packed").all() and (streams["mixed_steps"] == 0).all()
     # the order rotates: dense first in repeat 0, second in repeat 1
     dense = streams[streams["variant"] == "dense"].drop_duplicates("repeat").set_index("repeat")["position"]
     assert dense.to_dict() == {0: 1, 1: 2}

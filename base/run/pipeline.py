@@ -183,7 +183,7 @@ def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], lo
         outputs.write_table(out / "serve.csv", [{**tag, **r} for r in streams])
 
     _, streams, info = measure_serving(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream,
-                                       cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit)
+                                       cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit, cfg.scheduler)
     logger.table("serve", streams)
     report["serve"] = streams
     report["serve_info"] = info

@@ -1,7 +1,8 @@
 """A serving benchmark after `vllm bench serve`: Poisson arrivals at several rates, repeats with the
 variants' order rotated, per-request latency and goodput.
 
-    requests, streams, info = measure_serving(model, make_budget, variants, tp, stream_cfg, serve_cfg, seed)
+    requests, streams, info = measure_serving(model, make_budget, variants, tp, stream_cfg, serve_cfg, seed,
+                                              scheduler=scheduler_cfg)
 
 `throughput.mode=serve` (conf/experiment/serve.yaml; `serve.*`). For each slot count
 (`throughput.batch_sizes`):
@@ -15,16 +16,21 @@ variants' order rotated, per-request latency and goodput.
             once, in admission rounds whose sizes cycle over the slot count and the powers of two
             below it (the round shapes of a burst and of sparse arrivals), so no variant meets a
             prefill shape first in its timed streams (the variants prefill alike: the budget binds
-            decode steps, `method.apply_to=decode`); then per engine one round, which captures its
-            decode graph
+            decode steps, `method.apply_to=decode`); then per engine its warm-up, which captures the
+            decode step and every token bucket's packed prefill (and mixed step) before its first
+            stream (`scheduler.packing=padded`: one round, which captures the decode step)
   order     repeat r serves the variants in the list's order started at variant (r x V) // R
             (V variants, R = serve.repeats), so the first place rotates; each variant serves every
             rate in the listed order through one engine, reset before each stream
+  serving   through base/runtime/scheduler.py with the run's `scheduler.*` (packing, chunked
+            prefill in mixed steps, when a prefill is due, the host one step behind)
   records   per request: TTFT, TPOT, E2EL, its inter-token latencies (base/runtime/serve_metrics.py),
             arrival, admission round; per stream: mean / p50 / p99 of each, achieved tokens/s and
-            requests/s, goodput under serve.slo_ttft_ms / slo_tpot_ms, occupancy, rounds, seconds
-            in admission prefills, the median replayed decode step and the steps run eagerly
-            (captures: on a CPU every step, where the figures check the bookkeeping, not speed)
+            requests/s, goodput under serve.slo_ttft_ms / slo_tpot_ms, occupancy, rounds, prefill
+            forwards and their seconds and prompt tokens/s, mixed steps and their share, the median
+            replayed decode step, the steps run eagerly and the graphs captured during the stream
+            (0 after a warm-up that covered every shape; on a CPU every step is eager, and the
+            figures check the bookkeeping, not speed)
 
 Statistics are not recorded (the recorder adds kernels to the step): union and kept experts per
 variant are what stream mode measures.
@@ -40,7 +46,7 @@ from typing import Any
 
 from torch import nn
 
-from base.config import ServeConfig, StreamConfig, ThroughputConfig
+from base.config import SchedulerConfig, ServeConfig, StreamConfig, ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
@@ -73,11 +79,11 @@ class _Engine:
     """A variant's budget installed and a fresh continuous engine over it (released on exit)."""
 
     def __init__(self, model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant,
-                 slots: int, length: int, tp: ThroughputConfig) -> None:
+                 slots: int, length: int, tp: ThroughputConfig, scheduler: SchedulerConfig) -> None:
         self.budget = make_budget(v, False)
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
-                                           compile=None if tp.compile else False)
+                                           compile=None if tp.compile else False, buckets=scheduler.buckets)
         except BaseException:
             self._remove()
             raise
@@ -97,12 +103,23 @@ class _Engine:
 
 
 def warm_prefill(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant,
-                 slots: int, length: int, tp: ThroughputConfig, requests: list[Request]) -> float:
+                 slots: int, length: int, tp: ThroughputConfig, scheduler: SchedulerConfig,
+                 requests: list[Request]) -> float:
     """Prefill every prompt once in rounds of round_sizes(slots) through variant v; seconds taken."""
     t0 = time.perf_counter()
-    with _Engine(model, make_budget, v, slots, length, tp) as engine:
-        serve(engine, [Request(r.ids, 2) for r in requests], pad_id=0, pick=_sized_rounds(slots), stop_at_eos=False)
+    with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
+        _warm_engine(engine, scheduler, requests)
+        serve(engine, [Request(r.ids, 2) for r in requests], pad_id=0, pick=_sized_rounds(slots), stop_at_eos=False,
+              policy=scheduler)
     return time.perf_counter() - t0
+
+
+def _warm_engine(engine: ContinuousEngine, scheduler: SchedulerConfig, requests: list[Request]) -> None:
+    """Capture every forward shape of the engine before its first timed stream."""
+    if scheduler.packing == "packed":
+        engine.warm_up(mixed=scheduler.chunked)
+    else:  # padded prefill is eager: one round captures the decode step
+        serve(engine, [Request(r.ids, 3) for r in requests[:engine.B]], pad_id=0, stop_at_eos=False, policy=scheduler)
 
 
 def _records(done: list[Finished], requests: list[Request], keys: dict[str, Any]) -> list[dict]:
@@ -114,20 +131,22 @@ def _records(done: list[Finished], requests: list[Request], keys: dict[str, Any]
 
 def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo) -> dict:
     replayed = [s for s, e in zip(stats.step_s, stats.eager) if not e] or stats.step_s
-    occupancy = stats.summary()["occupancy_mean"]
+    counts = stats.summary()
     return {**keys, "requests": len(rows),
             **stream_metrics(rows, max(r["last_token_s"] for r in rows), slo),
-            "occupancy_mean": occupancy, "steps": stats.steps, "rounds": stats.rounds, "prefill_s": stats.prefill_s,
-            "step_ms_median": 1e3 * statistics.median(replayed) if replayed else None,
-            "eager_steps": sum(stats.eager)}
+            **{k: counts[k] for k in ("occupancy_mean", "steps", "mixed_steps", "mixed_share", "rounds", "prefills",
+                                      "prefill_s", "prompt_tokens", "prefill_tokens_per_s", "eager_steps",
+                                      "captures")},
+            "step_ms_median": 1e3 * statistics.median(replayed) if replayed else None}
 
 
 def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
                     variants: list[Variant], tp: ThroughputConfig, stream_cfg: StreamConfig, cfg: ServeConfig,
-                    seed: int, lengths: list[tuple[int, int]] | None = None,
-                    emit: Emit | None = None) -> tuple[list[dict], list[dict], dict[str, Any]]:
+                    seed: int, lengths: list[tuple[int, int]] | None = None, emit: Emit | None = None,
+                    scheduler: SchedulerConfig | None = None) -> tuple[list[dict], list[dict], dict[str, Any]]:
     """(request rows, stream rows, info) as the module doc says; `emit(requests, streams)` gets the
     rows so far after every stream (a run folder can hold them before the run ends)."""
+    scheduler = scheduler or SchedulerConfig()
     vocab = model.config.vocab_size
     longest = max(p + o for p, o in lengths) if lengths else stream_cfg.prompt_len[1] + stream_cfg.output_len[1]
     length = -(-longest // 256) * 256
@@ -143,19 +162,21 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                 budget = make_budget(v, False)
                 if budget is not None:
                     budget.remove()
-        info["warmup_s"][slots] = warm_prefill(model, make_budget, variants[0], slots, length, tp, requests)
+        info["warmup_s"][slots] = warm_prefill(model, make_budget, variants[0], slots, length, tp, scheduler,
+                                               requests)
         for repeat in range(cfg.repeats):
             order = rotated(variants, repeat, cfg.repeats)
             info["orders"].append({"slots": slots, "repeat": repeat, "order": [v.label for v in order]})
             for position, v in enumerate(order, 1):
-                with _Engine(model, make_budget, v, slots, length, tp) as engine:
-                    serve(engine, [Request(r.ids, 3) for r in requests[:slots]], pad_id=0, stop_at_eos=False)
+                with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
+                    _warm_engine(engine, scheduler, requests)
                     for rate in cfg.rates:
                         stream = [replace(r, arrival_s=a) for r, a in zip(requests, schedules[rate])]
-                        done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False)
+                        done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
                         keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
                                 "method": v.method, "budget": v.budget, "k0": v.k0, "rate": rate,
-                                "arrivals": "burst" if rate is None else "poisson"}
+                                "arrivals": "burst" if rate is None else "poisson", "packing": scheduler.packing,
+                                "chunked": scheduler.chunked}
                         rows = _records(done, stream, keys)
                         summary = _summary(rows, stats, keys, slo)
                         request_rows += rows

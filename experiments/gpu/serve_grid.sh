@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The serving benchmark of results/serve/ (issue 26) on one H200, in one command of about 6.5 minutes:
+# The serving benchmark of results/serve/ (issue 26) on one H200, in one command of about 7 minutes:
 # conf/experiment/serve.yaml (Qwen3-30B-A3B's shape with random bf16 weights, 16 slots; dense, base and
 # base_anchor (k0=1) at M=16 and M=10; 12 requests per stream, prompts 128-512 and outputs 16-64 tokens;
 # the closed burst and Poisson arrivals at 4 and 16 requests/s; 3 repeats, the variants' order
-# rotated) for uniform, then skewed routing, one process each. Everything lands in $OUT:
+# rotated; the run's scheduler.* defaults: packed prefill, the host one step behind) for uniform, then
+# skewed routing, one process each. Everything lands in $OUT:
 #   serve.tgz                 the run folders (serve.csv, requests.jsonl, report.json, config) and logs
 #   serve_summary.{md,csv}    analysis/serving.py over both routings (a first look; commit the host's)
 #   serve_summary_tpot.png    TPOT p50 / p99 against achieved tokens/s
@@ -11,19 +12,22 @@
 #   mkdir -p results/serve/runs && tar xzf serve.tgz -C results/serve/runs --strip-components=1
 #   python -m analysis.serving results/serve/runs results/serve/summary
 #
-# Time, estimated from results/stream/'s runs on an H200 (not measured for this script):
-#   wheels, Python and the model built        ~30 s per routing
-#   calibration, predictor fit, first compile  ~30 s per routing (less for the second: inductor's cache)
-#   warm-up of the prefill shapes              ~5 s per routing (every prompt once, rounds of 16, 1, 2, 4, 8)
-#   15 engine visits (3 repeats x 5 variants)  ~8.5 s each: engine and graph capture ~2 s, the burst
-#                                              ~1.5 s, 4 req/s ~3.8 s (12 arrivals over 3 s, then the
-#                                              last request's decode), 16 req/s ~1.6 s  -> ~130 s
-#   => ~3.2 min per routing, ~6.5 min in all.
+# Time, estimated (not measured for this script) from results/stream/'s runs on an H200:
+#   wheels, Python and the model built               ~30 s per routing
+#   calibration and predictor fit (base, base_anchor) ~20 s per routing
+#   prefill-shape warm-up: compiles, every token bucket's graphs, each prompt once
+#                                                    ~30-60 s per routing (the second routing reuses
+#                                                    inductor's on-disk cache)
+#   15 engine visits (3 repeats x 5 variants)        ~8.5 s each: engine and its graphs ~2 s, the burst
+#                                                    ~1.5 s, 4 req/s ~3.8 s (12 arrivals over 3 s, then
+#                                                    the last request's decode), 16 req/s ~1.6 s  -> ~130 s
+#   => ~3.5 min per routing, ~7 min in all; the limits below end it by ~7.5 min whatever happens.
 # To fit the device's time, each routing runs under a limit: uniform UNIFORM_LIMIT s (default 225),
 # skewed what is left of DEADLINE s (default 440) since the start. Every stream's records are written
 # as it ends, so a run stopped at its limit keeps the streams it finished (in its .partial-* folder;
 # analysis/serving.py reads those too). Cut further with EXTRA, e.g.
-# EXTRA='serve.rates=[null,8.0]' (fewer rates) or ROUTINGS=uniform.
+# EXTRA='serve.rates=[null,8.0]' (fewer rates) or ROUTINGS=uniform; EXTRA='scheduler.chunked=true' serves
+# with chunked prefill (mixed steps).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=/tmp/serve_runs; mkdir -p "$OUT" "$W"
 T0=$(date +%s)
