@@ -177,6 +177,16 @@ def _drop_buffers(module: nn.Module) -> None:
     module.__dict__.pop("base_packed", None)
 
 
+def _write_packed(cache_BKLD: Tensor, new_1KTD: Tensor, row_T: Tensor, slot_T: Tensor) -> None:
+    """Token t's K (or V) heads into cache[row_T[t], :, slot_T[t]]: one index_copy_ over the
+    flattened cache (no host sync; repeated targets, the padding's spare slot, take any one)."""
+    B, K, L, D = cache_BKLD.shape
+    T = new_1KTD.shape[2]
+    k_K = torch.arange(K, device=cache_BKLD.device)
+    flat_TK = (row_T[:, None] * K + k_K[None, :]) * L + slot_T[:, None]
+    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_TK.reshape(-1), new_1KTD[0].transpose(0, 1).reshape(T * K, D))
+
+
 def packed_attention(module: nn.Module, query_1HTD: Tensor, key_1KTD: Tensor, value_1KTE: Tensor, scaling: float,
                      sliding_window: int | None, sinks_H: Tensor | None) -> Tensor:
     """A packed forward's attention (StaticKV.set_packed): write each token's K/V at its (row,
@@ -184,9 +194,8 @@ def packed_attention(module: nn.Module, query_1HTD: Tensor, key_1KTD: Tensor, va
     from kernels.varlen_attention import varlen_attention, varlen_attention_reference
 
     row_T, slot_T, last_T = module.base_packed
-    # (B, L, K, D) views of the caches: token t's K heads go to [row_T[t], slot_T[t]]
-    module.base_k_cache.transpose(1, 2)[row_T, slot_T] = key_1KTD[0].transpose(0, 1)
-    module.base_v_cache.transpose(1, 2)[row_T, slot_T] = value_1KTE[0].transpose(0, 1)
+    _write_packed(module.base_k_cache, key_1KTD, row_T, slot_T)
+    _write_packed(module.base_v_cache, value_1KTE, row_T, slot_T)
     attend = varlen_attention if query_1HTD.is_cuda else varlen_attention_reference
     out_THE = attend(query_1HTD[0].transpose(0, 1), module.base_k_cache, module.base_v_cache, row_T, last_T,
                      scaling, sliding_window or 0, sinks_H)
