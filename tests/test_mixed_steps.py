@@ -93,6 +93,20 @@ def test_every_policy_decodes_each_request_as_alone(model, policy):
         assert d.tokens == alone(model, r)
 
 
+@pytest.mark.slow
+def test_mixed_steps_through_the_triton_kernel(model, monkeypatch):
+    """Mixed steps with the Triton varlen kernel (interpreted) as a GPU runs them: decode tokens
+    and prompt chunks of the same rows in one stream."""
+    import kernels.varlen_attention as va
+
+    monkeypatch.setattr(va, "varlen_attention_reference", va.varlen_attention)
+    reqs = requests(6, seed=6)
+    done, stats, _ = run(model, reqs, slots=3, **CHUNKED)
+    assert stats.mixed_steps > 0
+    for r, d in zip(reqs, done):
+        assert d.tokens == alone(model, r)
+
+
 def test_decode_first_admits_only_when_the_policy_says(model):
     """With thresholds no stream reaches, a round is admitted only when nothing decodes: 9
     requests in 3 slots take exactly 3 rounds; admitting at once takes more."""

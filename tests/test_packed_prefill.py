@@ -95,6 +95,16 @@ def test_packed_prefill_gives_the_padded_logits(family, lengths, per_forward):
         torch.testing.assert_close(packed[slots], padded[slots], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
+def test_packed_prefill_through_the_triton_kernel(monkeypatch):
+    """The same with the Triton varlen kernel (interpreted) in place of the PyTorch path the CPU
+    uses: the kernel as the engine calls it on a GPU."""
+    import kernels.varlen_attention as va
+
+    monkeypatch.setattr(va, "varlen_attention_reference", va.varlen_attention)
+    test_packed_prefill_gives_the_padded_logits("qwen3", [17, 2, 30, 8], 16)
+
+
 def test_pack_lays_chunks_end_to_end_and_pads_to_a_bucket():
     packed = pack([Chunk(2, [7, 8, 9], 0, True, 5), Chunk(0, [4, 5], 6, False)], BUCKETS, slots=3, trash=40, pad_id=1)
     ids, row, slot, last = packed.stream_4C.tolist()

@@ -67,6 +67,36 @@ def test_varlen_attention_with_sinks(impl):
     torch.testing.assert_close(out, by_hand(q, k, v, row_T, last_T, 0.3, 0, sinks), rtol=1e-5, atol=1e-5)
 
 
+def mixed_stream(B: int, L: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row_T, last_T) laid out as a mixed step: one decode token per row (some inactive: -1), then
+    prompt chunks of random lengths (a row's chunk continuing at a random slot), then padding."""
+    g = torch.Generator().manual_seed(seed)
+    rows = list(range(B))
+    lasts = [int(torch.randint(-1, L // 2, (1,), generator=g)) for _ in range(B)]
+    for r in torch.randperm(B, generator=g)[: B // 2].tolist():
+        n, start = int(torch.randint(1, 23, (1,), generator=g)), int(torch.randint(0, L // 2, (1,), generator=g))
+        rows += [r] * n
+        lasts += list(range(start, min(start + n, L)))[:n]
+        rows = rows[: len(lasts)]
+    rows += [0] * 5
+    lasts += [-1] * 5
+    return torch.tensor(rows), torch.tensor(lasts)
+
+
+@pytest.mark.parametrize("Hq,K,window,sinks", [(8, 1, 0, False), (4, 4, 0, True), (16, 2, 13, False)])
+def test_varlen_attention_over_a_mixed_step_stream(Hq, K, window, sinks):
+    """Blocks of the tile straddle runs, a row appears twice (its decode token and its chunk),
+    tile sizes from 16 to 128 rows."""
+    B, L, D = 5, 60, 16
+    g = torch.Generator().manual_seed(Hq + K)
+    row_T, last_T = mixed_stream(B, L, seed=Hq)
+    k, v = torch.randn(B, K, L, D, generator=g), torch.randn(B, K, L, D, generator=g)
+    q = torch.randn(len(row_T), Hq, D, generator=g)
+    s = torch.randn(Hq, generator=g) if sinks else None
+    out = varlen_attention(q, k, v, row_T, last_T, 0.25, window, s)
+    torch.testing.assert_close(out, by_hand(q, k, v, row_T, last_T, 0.25, window, s), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_varlen_attention(dtype):
