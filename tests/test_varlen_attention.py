@@ -11,7 +11,8 @@ import torch
 from kernels.varlen_attention import varlen_attention, varlen_attention_reference
 
 # (rows B, query heads, KV heads, slots L, key size D, value size E, window)
-SHAPES = [(3, 4, 2, 40, 16, 16, 0), (2, 6, 2, 130, 8, 12, 0), (3, 4, 4, 70, 16, 16, 9)]
+SHAPES = [(3, 4, 2, 40, 16, 16, 0), pytest.param(2, 6, 2, 130, 8, 12, 0, marks=pytest.mark.slow),
+          pytest.param(3, 4, 4, 70, 16, 16, 9, marks=pytest.mark.slow)]
 
 
 def by_hand(q_THD, k_BKLD, v_BKLE, row_T, last_T, scaling, window=0, sinks_H=None):
@@ -83,7 +84,8 @@ def mixed_stream(B: int, L: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.tensor(rows), torch.tensor(lasts)
 
 
-@pytest.mark.parametrize("Hq,K,window,sinks", [(8, 1, 0, False), (4, 4, 0, True), (16, 2, 13, False)])
+@pytest.mark.parametrize("Hq,K,window,sinks", [(8, 1, 0, False), pytest.param(4, 4, 0, True, marks=pytest.mark.slow),
+                                                (16, 2, 13, False)])
 def test_varlen_attention_over_a_mixed_step_stream(Hq, K, window, sinks):
     """Blocks of the tile straddle runs, a row appears twice (its decode token and its chunk),
     tile sizes from 16 to 128 rows."""
