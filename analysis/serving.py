@@ -28,6 +28,7 @@ import pandas as pd
 
 from analysis import style
 
+ROUTING_ORDER = {"uniform": 0, "skewed": 1}  # tables and panels: uniform first
 CELL = ["model", "routing", "slots", "variant", "method", "budget", "rate"]
 MEASURES = {"output_throughput": "tok_s", "request_throughput": "req_s", "ttft_ms_p50": "ttft_p50",
             "ttft_ms_p99": "ttft_p99", "tpot_ms_p50": "tpot_p50", "tpot_ms_p99": "tpot_p99",
@@ -54,7 +55,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell, g in df.groupby(CELL, dropna=False, sort=True):
         row = dict(zip(CELL, cell)) | {"repeats": g["repeat"].nunique(),
-                                        "positions": ",".join(map(str, sorted(g["position"].unique())))}
+                                        "positions": ",".join(map(str, sorted(g["position"].unique()))),
+                                        "captures": g["captures"].max() if "captures" in g else np.nan}
         for col, name in MEASURES.items():
             v = g[col].dropna()
             row[name] = v.median() if len(v) else np.nan
@@ -63,9 +65,10 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     out["arrivals"] = np.where(out["rate"].isna(), "burst", "poisson")
     # rows by rate (the burst last: the highest load), dense first, then each method by falling budget
-    rank = out.assign(_rate=out["rate"].fillna(np.inf), _dense=out["variant"] != "dense", _budget=-out["budget"])
-    return out.loc[rank.sort_values(["model", "routing", "slots", "_rate", "_dense", "variant", "_budget"]).index]\
-        .reset_index(drop=True)
+    rank = out.assign(_routing=out["routing"].map(ROUTING_ORDER).fillna(len(ROUTING_ORDER)),
+                      _rate=out["rate"].fillna(np.inf), _dense=out["variant"] != "dense", _budget=-out["budget"])
+    keys = ["model", "_routing", "routing", "slots", "_rate", "_dense", "variant", "_budget"]
+    return out.loc[rank.sort_values(keys).index].reset_index(drop=True)
 
 
 def best_goodput(t: pd.DataFrame) -> pd.DataFrame:
@@ -101,7 +104,8 @@ def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
                     ttft_p50=_spread(t, "ttft_p50", ".0f"), ttft_p99=_spread(t, "ttft_p99", ".0f"),
                     goodput=_spread(t, "goodput", ".2f"))
     cols = ["routing", "slots", "rate", "variant", "budget", "repeats", "positions", "tok_s", "speedup", "req_s",
-            "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99", "goodput"]
+            "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99", "goodput",
+            "captures"]
     best = best_goodput(t).assign(budget=lambda d: d["budget"].map(_budget))
     return (f"Made by `python -m analysis.serving {src} {dest}` from the serve.csv of each run "
             "(`throughput.mode=serve`, base/runtime/serving.py).\n\n"
@@ -110,7 +114,8 @@ def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
             "`req_s`: achieved requests/s; TTFT, TPOT, ITL, E2EL in ms (p50 and p99 of each stream's requests; "
             "ITL pools every gap between tokens); `goodput`: requests/s meeting both SLOs of the runs' "
             f"serve.slo_ttft_ms / slo_tpot_ms ({slo}); `positions`: the places in its repeats' order the variant was "
-            "served in (the order rotates); burst: every request at once.\n\n"
+            "served in (the order rotates); `captures`: the most CUDA graphs any of its streams captured (0: the "
+            "warm-up covered every shape); burst: every request at once.\n\n"
             + show[cols].to_markdown(index=False, floatfmt=".1f")
             + "\n\nHighest median goodput over the rates run, per variant (`at`: the rate where it was reached; "
               "a coarse grid of rates bounds what it can show):\n\n"
@@ -122,8 +127,7 @@ MARKERS = {None: "o", 16: "o", 10: "s"}
 
 def figure(t: pd.DataFrame, slo_tpot_ms: float | None, caption: str):
     """TPOT p50 / p99 against achieved tokens/s, a panel row per (routing, slots)."""
-    rank = {"uniform": 0, "skewed": 1}
-    groups = sorted(t.groupby(["routing", "slots"]), key=lambda kv: (rank.get(kv[0][0], 2), kv[0]))
+    groups = sorted(t.groupby(["routing", "slots"]), key=lambda kv: (ROUTING_ORDER.get(kv[0][0], 2), kv[0]))
     with style.context():
         fig, axes = style.new_figure(len(groups), 2, height=3.2)
         for r, ((routing, slots), g) in enumerate(groups):
