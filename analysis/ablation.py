@@ -134,20 +134,39 @@ DIGITS = {"union_mean": 2, "occupancy_mean": 2, "kept_mean": 2, "energy_retained
 
 
 def _call_cell(r) -> str:
-    return f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}"
+    """diff [interval] call: the 95 % interval beside a difference test, the 90 % one beside a tie
+    (the TOST at ALPHA passes iff it lies within the margin); exploratory where the call fails the
+    cross-grid correction (analysis/families.py)."""
+    if r["call"] == "tie":
+        low, high = S.tost_interval(r["diff"], r["se"])
+        cell = f"{r['diff']:+.3f} [90 %: {low:+.3f}, {high:+.3f}] tie"
+    else:
+        cell = f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}"
+    return cell + (" (exploratory)" if r.get("scope") == "exploratory" else "")
 
 
 def calls_summary(paired: pd.DataFrame) -> str:
     """How many calls the grid's readings rest on, the correction, margins and detectable sizes."""
-    n = int(paired["p"].notna().sum())
-    counts = paired["call"].value_counts().reindex(["higher", "lower", "tie", "inconclusive"], fill_value=0)
-    mdd = paired.groupby("metric")["mdd"].median()
-    margins = ", ".join(f"{m} {S.MARGINS[m]:g}" for m in PAIRED if m in mdd.index)
+    called = paired[paired["call"] != S.EXCLUDED]
+    n = int(called["p"].notna().sum())
+    counts = called["call"].value_counts().reindex(["higher", "lower", "tie", "inconclusive"], fill_value=0)
+    mdd = called.groupby("metric")["mdd"].median()
+    margins = ", ".join(f"{m} {S.MARGINS[m]:g}" for m in PAIRED if m in mdd.index and m in S.TIE_METRICS)
     sizes = ", ".join(f"{m} {mdd[m]:.3g}" for m in PAIRED if m in mdd.index)
-    return (f"{n} calls, Holm-corrected together at {S.ALPHA:g} (differences one family, equivalence tests "
+    left = sorted(set(paired.loc[paired["call"] == S.EXCLUDED, "metric"]))
+    text = (f"{n} calls, Holm-corrected together at {S.ALPHA:g} (differences one family, equivalence tests "
             f"another): {counts['higher']} higher, {counts['lower']} lower, {counts['tie']} tie, "
-            f"{counts['inconclusive']} inconclusive. Equivalence margins: {margins}. Median minimal detectable "
-            f"difference (80 % power at the strictest Holm level): {sizes}.")
+            f"{counts['inconclusive']} inconclusive"
+            + (f"; {', '.join(left)} reported, not called (it mirrors {S.MIRRORS.get(left[0], 'another metric')})"
+               if left else "")
+            + (f". Equivalence margins (a tie is called for {', '.join(m for m in S.TIE_METRICS if m in mdd.index)} "
+               f"only, not for accuracy): {margins}" if margins else ". No tie is called for accuracy")
+            + f". Median minimal detectable difference (80 % power at the strictest Holm level): {sizes}.")
+    if "scope" in paired:
+        ex = int((paired["scope"] == "exploratory").sum())
+        text += (f" Cross-grid (`python -m analysis.families`, results/families.md): {ex} of the "
+                 f"{int(counts[['higher', 'lower', 'tie']].sum())} calls fail it and are marked exploratory.")
+    return text
 
 
 def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
@@ -174,16 +193,25 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
         pw = pw[["budget", "method", *[m for m in PAIRED if m in pw.columns]]]
         pw = pw.sort_values(["budget", "method"], key=lambda c: c.map(lambda v: order.get(v, 99))
                             if c.name == "method" else c).reset_index(drop=True)
-        acc = paired[paired["metric"] == "accuracy"][["budget", "method", "a_only", "b_only", "p", "p_holm",
-                                                      "p_tost_holm", "mdd"]]
+        cols = ["budget", "method", "a_only", "b_only", "p", "p_holm", *[c for c in ("q", "p_headline") if c in paired],
+                "mdd", *[c for c in ("scope",) if c in paired]]
+        acc = paired[paired["metric"] == "accuracy"][cols]
         acc = acc.rename(columns={"b_only": f"{REF}_only"}).assign(
-            **{c: acc[c].map(lambda v: f"{v:.2g}") for c in ("p", "p_holm", "p_tost_holm", "mdd")})
+            **{c: acc[c].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
+               for c in ("p", "p_holm", "q", "p_headline", "mdd") if c in acc})
         text += [f"\nEach method minus {REF}, paired, [95 % interval] and call (analysis/stats.py): higher/lower "
                  "where the Holm-corrected test of no difference rejects; tie where it does not and the "
-                 "Holm-corrected equivalence test (TOST) against the margin passes; else inconclusive. "
+                 "Holm-corrected equivalence test (TOST) against the margin passes, shown with the 90 % interval "
+                 "that test corresponds to; else inconclusive; excluded: reported, not called. "
                  + calls_summary(paired) + "\n", pw.to_markdown(index=False),
                  (f"\nAccuracy, discordant prompts: method right and {REF} wrong (a_only), the reverse "
-                  f"({REF}_only); exact McNemar p, Holm-adjusted, TOST p Holm-adjusted, minimal detectable difference.\n"),
+                  f"({REF}_only); exact McNemar p, Holm-adjusted over the grid"
+                  + (", q: Benjamini-Hochberg over every committed comparison, p_headline: Holm over the README's "
+                     "headline family (results/families.md)" if "q" in paired else "")
+                  + "; mdd: minimal detectable difference (80 % power at the grid's strictest Holm level). The "
+                  "intervals above are Tango's 95 % score intervals: they invert the asymptotic score test, which "
+                  "the exact test behind the call is more conservative than, so an interval can exclude 0 where "
+                  "p is a little above 0.05 (4-6 discordant prompts one way, or about 190 split 107/80).\n"),
                  acc.to_markdown(index=False)]
     return "\n".join(text) + "\n"
 

@@ -56,18 +56,27 @@ def shift_from_records(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.Dat
 
 
 def markdown(t: pd.DataFrame, static_dir: str, continuous_dir: str, dest: str) -> str:
-    counts = t["call"].value_counts().reindex(["higher", "lower", "tie", "inconclusive"], fill_value=0)
-    show = t.assign(budget=t["budget"].astype("string").fillna("none"),
+    fam = t[t["call"] != S.EXCLUDED]
+    counts = fam["call"].value_counts().reindex(["higher", "lower", "tie", "inconclusive"], fill_value=0)
+    scope = t["scope"].fillna("") if "scope" in t else pd.Series("", index=t.index)
+    show = t.assign(budget=t["budget"].astype("Int64").astype("string").fillna("none"),
                     difference=[f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in zip(t["diff"], t["low"], t["high"])],
-                    discordant=[f"{a} / {b}" for a, b in zip(t["a_only"], t["b_only"])])
-    cols = ["budget", "method", "static", "continuous", "difference", "discordant", "p_holm", "call"]
-    return (f"Made by `python -m analysis.batching {static_dir} {continuous_dir} {dest}`.\n\n"
+                    discordant=[f"{a} / {b}" for a, b in zip(t["a_only"], t["b_only"])],
+                    call=[c + (" (exploratory)" if s == "exploratory" else "") for c, s in zip(t["call"], scope)])
+    cols = ["budget", "method", "static", "continuous", "difference", "discordant", "p", "p_holm",
+            *[c for c in ("q", "p_headline") if c in t], "call"]
+    excluded = ", ".join(sorted(set(t.loc[t["call"] == S.EXCLUDED, "method"])))
+    return (f"Made by `python -m analysis.batching {static_dir} {continuous_dir} {dest}`"
+            + (", then `python -m analysis.families`" if "q" in t else "") + ".\n\n"
             "Accuracy under continuous batching minus static batching, the same prompts and selector "
             "(discordant: prompts only continuous / only static got right); exact McNemar, Tango's "
-            f"score interval, Holm over the {len(t)} points at {S.ALPHA:g}; tie: TOST within "
-            f"±{S.MARGINS['accuracy']:g}. Calls: {counts['higher']} higher, {counts['lower']} lower, "
-            f"{counts['tie']} tie, {counts['inconclusive']} inconclusive.\n\n"
-            + show[cols].to_markdown(index=False, floatfmt=".3f") + "\n")
+            f"95 % score interval, Holm over the {len(fam)} points at {S.ALPHA:g}"
+            + (f" ({excluded}: null by construction, shown, not called)" if excluded else "")
+            + "; no accuracy tie is called (stats.TIE_METRICS)"
+            + ("; q: Benjamini-Hochberg over every committed comparison, p_headline: Holm over the README's "
+               "headline family, exploratory: the call fails them (results/families.md)" if "q" in t else "")
+            + f". Calls: {counts['higher']} higher, {counts['lower']} lower, {counts['inconclusive']} inconclusive.\n\n"
+            + show[cols].to_markdown(index=False, floatfmt=".3g") + "\n")
 
 
 def main(static_dir: str, continuous_dir: str, dest: str) -> None:

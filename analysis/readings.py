@@ -5,8 +5,11 @@ cannot drift from the data (analysis/claims.py registers them as generated block
     text = headline(["results/ablation_mini", ...], intro)  # a README headline bullet
 
 Each reading says which test made the calls, how many calls the grid has and the correction, the
-equivalence margins, and lists the rules per call; it states numbers only as they are in the
-<grid>_paired.csv (analysis/ablation.py writes it). Reads results/ only.
+equivalence margins (no accuracy tie is called: the prompts an accuracy tie would need are
+stated instead), and lists the rules per call; a call that fails the cross-grid correction
+(column `scope`, analysis/families.py) is marked "exploratory". It states numbers only as they are
+in the <grid>_paired.csv (analysis/ablation.py writes it, analysis/families.py adds its cross-grid
+columns). Reads results/ only.
 """
 from __future__ import annotations
 
@@ -29,20 +32,26 @@ def load(grid: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     return pd.read_csv(g.with_suffix(".csv")), pd.read_csv(g.parent / f"{g.name}_paired.csv"), pool
 
 
+def exploratory(r: pd.Series) -> bool:
+    """Whether a row's call fails the cross-grid correction (analysis/families.py)."""
+    return r.get("scope") == "exploratory"
+
+
 def _cell(r: pd.Series, digits: int = 3) -> str:
-    return f"{r['method']} at M={int(r['budget'])} ({r['diff']:+.{digits}f} [{r['low']:+.{digits}f}, {r['high']:+.{digits}f}])"
+    return (f"{r['method']} at M={int(r['budget'])} ({r['diff']:+.{digits}f} [{r['low']:+.{digits}f}, "
+            f"{r['high']:+.{digits}f}]{', exploratory' if exploratory(r) else ''})")
 
 
 def _by_call(p: pd.DataFrame, metric: str) -> dict[str, list[str]]:
     """Rules per verdict against base, in the metric's own sense: better, worse, tie, inconclusive."""
-    m = p[p["metric"] == metric].sort_values(["budget", "method"])
+    m = p[(p["metric"] == metric) & (p["call"] != S.EXCLUDED)].sort_values(["budget", "method"])
     better = "higher" if S.HIGHER_IS_BETTER[metric] else "lower"
     out: dict[str, list[str]] = {"better": [], "worse": [], "tie": [], "inconclusive": []}
     for _, r in m.iterrows():
         if r["call"] in ("higher", "lower"):
             out["better" if r["call"] == better else "worse"].append(_cell(r, 3 if metric != "kl" else 4))
         else:
-            out[r["call"]].append(f"{r['method']} at M={int(r['budget'])}")
+            out[r["call"]].append(f"{r['method']} at M={int(r['budget'])}" + (" (exploratory)" if exploratory(r) else ""))
     return out
 
 
@@ -58,12 +67,39 @@ def _verdicts(p: pd.DataFrame, metric: str, list_inconclusive: bool = True) -> s
 
 
 def method_line(p: pd.DataFrame) -> str:
-    n = int(p["p"].notna().sum())
-    counts = p["call"].value_counts().reindex(list(CALLS), fill_value=0)
-    margins = ", ".join(f"{NAMES[m]} ±{S.MARGINS[m]:g}" for m in S.HIGHER_IS_BETTER if m in set(p["metric"]))
-    return (f"{n} calls, Holm-corrected at {S.ALPHA:g} ({counts['higher']} higher, {counts['lower']} lower, "
-            f"{counts['tie']} tie, {counts['inconclusive']} inconclusive); tie means the equivalence test "
-            f"passed against the margin ({margins})")
+    called = p[p["call"] != S.EXCLUDED]
+    n = int(called["p"].notna().sum())
+    counts = called["call"].value_counts().reindex(list(CALLS), fill_value=0)
+    metrics = set(called["metric"])
+    ties = [m for m in S.HIGHER_IS_BETTER if m in metrics and m in S.TIE_METRICS]
+    left = sorted(set(p.loc[p["call"] == S.EXCLUDED, "metric"]))
+    line = (f"{n} calls, Holm-corrected at {S.ALPHA:g} ({counts['higher']} higher, {counts['lower']} lower, "
+            f"{counts['tie']} tie, {counts['inconclusive']} inconclusive)")
+    if left:
+        line += f", {' and '.join(NAMES[m] for m in left)} reported, not called (it mirrors KL)"
+    if ties:
+        line += ("; tie means the equivalence test passed against the margin ("
+                 + ", ".join(f"{NAMES[m]} ±{S.MARGINS[m]:g}" for m in ties) + ")")
+    if "scope" in p:
+        ex = int((p["scope"] == "exploratory").sum())
+        line += (f"; {ex} of the {int(counts[['higher', 'lower', 'tie']].sum())} calls fail the cross-grid "
+                 "correction (exploratory, `results/families.md`)")
+    return line
+
+
+def accuracy_tie_line(p: pd.DataFrame) -> str:
+    """What an accuracy tie would take in this grid: the prompts for 80 % power of the TOST at the
+    grid's strictest Holm level and the accuracy rows' median discordant fraction."""
+    acc = p[(p["metric"] == "accuracy") & p["a_only"].notna()]
+    m = int((p["call"] != S.EXCLUDED).sum())
+    if acc.empty or m == 0:
+        return ""
+    disc = float(((acc["a_only"] + acc["b_only"]) / acc["n"]).median())
+    need = S.equivalence_n(max(disc, 1e-4), alpha=S.ALPHA / m)
+    return (f"No accuracy tie is called: at this grid's median discordance ({100 * disc:.1f} % of prompts) an "
+            f"accuracy tie within ±{S.MARGINS['accuracy']:g} would need about {need:,} prompts (80 % power at the "
+            f"grid's strictest Holm level), against "
+            f"{int(acc['n'].iloc[0]):,} here; an accuracy comparison that does not reject is inconclusive.")
 
 
 def grid_reading(grid: str | Path) -> str:
@@ -72,11 +108,12 @@ def grid_reading(grid: str | Path) -> str:
     name = Path(grid).name
     acc = table[(table["metric"] == "accuracy")]
     dense = acc[acc["method"] == "dense"]["mean"]
-    mdd = p.groupby("metric")["mdd"].median()
+    mdd = p[p["call"] != S.EXCLUDED].groupby("metric")["mdd"].median()
     lines = [f"`results/{name}_paired.csv` ({pool.rstrip('.')}; {method_line(p)}). "
              + (f"Dense accuracy {dense.iloc[0]:.3f}. " if len(dense) else "")
              + "Median minimal detectable difference (80 % power at the strictest Holm level): "
-             + ", ".join(f"{NAMES[m]} {mdd[m]:.3f}" for m in S.HIGHER_IS_BETTER if m in mdd.index) + "."]
+             + ", ".join(f"{NAMES[m]} {mdd[m]:.3f}" for m in S.HIGHER_IS_BETTER if m in mdd.index) + ". "
+             + accuracy_tie_line(p)]
     for metric in ("accuracy", "kl", "out_error", "energy_retained"):
         if metric in set(p["metric"]):
             lines.append(f"- **{NAMES[metric]}**: {_verdicts(p, metric)}.")
