@@ -136,7 +136,7 @@ DIGITS = {"union_mean": 2, "occupancy_mean": 2, "kept_mean": 2, "energy_retained
 def _call_cell(r) -> str:
     """diff [interval] call: the 95 % interval beside a difference test, the 90 % one beside a tie
     (the TOST at ALPHA passes iff it lies within the margin); exploratory where the call fails the
-    cross-grid correction (analysis/families.py)."""
+    cross-grid correction (analysis/cross_grid.py)."""
     if r["call"] == "tie":
         low, high = S.tost_interval(r["diff"], r["se"])
         cell = f"{r['diff']:+.3f} [90 %: {low:+.3f}, {high:+.3f}] tie"
@@ -164,7 +164,7 @@ def calls_summary(paired: pd.DataFrame) -> str:
             + f". Median minimal detectable difference (80 % power at the strictest Holm level): {sizes}.")
     if "scope" in paired:
         ex = int((paired["scope"] == "exploratory").sum())
-        text += (f" Cross-grid (`python -m analysis.families`, results/families.md): {ex} of the "
+        text += (f" Cross-grid (`python -m analysis.cross_grid`, results/cross_grid.md): {ex} of the "
                  f"{int(counts[['higher', 'lower', 'tie']].sum())} calls fail it and are marked exploratory.")
     return text
 
@@ -207,7 +207,7 @@ def markdown(table: pd.DataFrame, paired: pd.DataFrame) -> str:
                  (f"\nAccuracy, discordant prompts: method right and {REF} wrong (a_only), the reverse "
                   f"({REF}_only); exact McNemar p, Holm-adjusted over the grid"
                   + (", q: Benjamini-Hochberg over every committed comparison, p_headline: Holm over the README's "
-                     "headline family (results/families.md)" if "q" in paired else "")
+                     "headline family (results/cross_grid.md)" if "q" in paired else "")
                   + "; mdd: minimal detectable difference (80 % power at the grid's strictest Holm level). The "
                   "intervals above are Tango's 95 % score intervals: they invert the asymptotic score test, which "
                   "the exact test behind the call is more conservative than, so an interval can exclude 0 where "

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import stats as S
 from analysis import records as R
+from analysis import stats as S
 from analysis.ablation import runs
 
 # Rows whose difference is zero by construction, shown but left out of the family: a dense greedy
@@ -67,14 +67,14 @@ def markdown(t: pd.DataFrame, static_dir: str, continuous_dir: str, dest: str) -
             *[c for c in ("q", "p_headline") if c in t], "call"]
     excluded = ", ".join(sorted(set(t.loc[t["call"] == S.EXCLUDED, "method"])))
     return (f"Made by `python -m analysis.batching {static_dir} {continuous_dir} {dest}`"
-            + (", then `python -m analysis.families`" if "q" in t else "") + ".\n\n"
+            + (", then `python -m analysis.cross_grid`" if "q" in t else "") + ".\n\n"
             "Accuracy under continuous batching minus static batching, the same prompts and selector "
             "(discordant: prompts only continuous / only static got right); exact McNemar, Tango's "
             f"95 % score interval, Holm over the {len(fam)} points at {S.ALPHA:g}"
             + (f" ({excluded}: null by construction, shown, not called)" if excluded else "")
             + "; no accuracy tie is called (stats.TIE_METRICS)"
             + ("; q: Benjamini-Hochberg over every committed comparison, p_headline: Holm over the README's "
-               "headline family, exploratory: the call fails them (results/families.md)" if "q" in t else "")
+               "headline family, exploratory: the call fails them (results/cross_grid.md)" if "q" in t else "")
             + f". Calls: {counts['higher']} higher, {counts['lower']} lower, {counts['inconclusive']} inconclusive.\n\n"
             + show[cols].to_markdown(index=False, floatfmt=".3g") + "\n")
 

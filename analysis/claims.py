@@ -15,8 +15,12 @@ asserts each registered block's content equals its rendering.
 `RESULT_BLOCKS` does the same for results/README.md: the reading of each quality grid re-run
 under issue 20's tests, written from its `<grid>_paired.csv` (analysis/readings.py).
 
-Reads results/ and benchmarks/ only (no model, no torch); the checks use the standard library,
-the generated readings pandas.
+`RESULT_CHECKS` holds the phrases of results/README.md the same way (analysis/claims_calls.py:
+issue 27's readings of calls across grids), and `check_tables` asserts the committed comparison
+tables carry up-to-date cross-grid columns (analysis/cross_grid.py).
+
+Reads results/ and benchmarks/ only (no model, no torch); the older checks use the standard
+library, issue 27's phrases and the generated readings pandas.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from analysis import claims_calls as calls_phrases
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -257,20 +263,24 @@ def _shift(model: str) -> list[dict[str, str]]:
 
 def continuous_accuracy() -> str:
     budgeted = {m: [r for r in _shift(m) if r["budget"]] for m in ("mini", "mini_olmoe")}  # dense, oea: none
+    ex = {m: sum(r["call"] == "lower" and r.get("scope") == "exploratory" for r in rows) for m, rows in budgeted.items()}
     lower = {m: f"{sum(r['call'] == 'lower' for r in rows)} of {len(rows)}" for m, rows in budgeted.items()}
+    mark = {m: f" ({ex[m]} exploratory)" if ex[m] else "" for m in budgeted}
     higher = sum(r["call"] == "higher" for rows in budgeted.values() for r in rows)
     dense = [_one(_shift(m), "batching shift", method="dense") for m in budgeted]
     same = all(d["a_only"] == d["b_only"] == "0" for d in dense)
     base8 = _one(_shift("mini"), "batching shift", method="base", budget="8")
-    return (f"accuracy is lower under continuous batching at {lower['mini']} selector-budget points on `mini` and "
-            f"{lower['mini_olmoe']} on `mini_olmoe` and higher at {higher or 'none'} (exact McNemar, Holm over each "
-            f"grid; base at M=8 on `mini`: {float(base8['static']):.3f} to {float(base8['continuous']):.3f}), while "
+    return (f"accuracy is lower under continuous batching at {lower['mini']} selector-budget points{mark['mini']} on "
+            f"`mini` and {lower['mini_olmoe']}{mark['mini_olmoe']} on `mini_olmoe` and higher at {higher or 'none'} (exact McNemar, Holm over each "
+            f"grid, dense left out; base at M=8 on `mini`: {float(base8['static']):.3f} to "
+            f"{float(base8['continuous']):.3f}), while "
             f"dense {'gives the same answer to every prompt under both' if same else 'changes answers between them'}")
 
 
 def heldout() -> str:
     def rules(rel: str, call: str, metric: str = "accuracy", budget: str | None = None) -> list[str]:
-        return sorted({r["method"] for r in _rows(rel) if r["metric"] == metric and r["call"] == call
+        return sorted({r["method"] + (" (exploratory)" if r.get("scope") == "exploratory" else "")
+                       for r in _rows(rel) if r["metric"] == metric and r["call"] == call
                        and (budget is None or float(r["budget"]) == float(budget))})
 
     def join(names: list[str]) -> str:
@@ -440,7 +450,10 @@ CHECKS: list[Check] = [
           "the mini evaluations decode 15.8 requests per step instead of 6.0, the dense union to cut grows from 11.8 "
           "to 23.6 experts (`mini_olmoe`: 18.4 to 30.0)", continuous_batches),
     Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}_batching.csv",
-          "accuracy is lower under continuous batching at 18 of 32 selector-budget points on `mini` and 11 of 24 on `mini_olmoe` and higher at none (exact McNemar, Holm over each grid; base at M=8 on `mini`: 0.970 to 0.938), while dense gives the same answer to every prompt under both", continuous_accuracy),
+          "accuracy is lower under continuous batching at 18 of 32 selector-budget points (1 exploratory) on `mini` "
+          "and 11 of 24 (2 exploratory) on `mini_olmoe` and higher at none (exact McNemar, Holm over each grid, dense "
+          "left out; base at M=8 on `mini`: 0.970 to 0.938), while dense gives the same answer to every prompt under "
+          "both", continuous_accuracy),
     Check("Held-out model", "results/heldout_mini128{,_continuous}_paired.csv", "no rule is above `base` in accuracy under either batching, `calib_energy`, `router_sq` and `router_sum` are below it at M=8 under both, but at M=8 `router_sq` and `top1_union` have a smaller MoE-output error than `base`", heldout),
     Check("Request streams on an H200", STREAM + ", results/stream/runs/*/report.json",
           "(Qwen3-30B-A3B shape, 16 and 64 slots, prompts 128–512 tokens)", stream_setup),
@@ -467,6 +480,11 @@ CHECKS: list[Check] = [
           "difference on both", routing_oea_cost),
 ]
 
+# Issue 27's phrases (the cross-grid correction, exploratory calls, differences in differences, the
+# admission test): README.md's join CHECKS, results/README.md's are RESULT_CHECKS.
+CHECKS += [Check(*c) for c in calls_phrases.README_CHECKS]
+RESULT_CHECKS: list[Check] = [Check(*c) for c in calls_phrases.RESULTS_CHECKS]
+
 # Generated README blocks: name -> function returning the block's text. README.md holds it between
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
 # The quality readings come from the re-run grids' paired tables (analysis/readings.py, pandas).
@@ -487,12 +505,13 @@ def _reading(grid: str) -> Callable[[], str]:
 
 
 def _headline(grids: tuple[str, ...], intro: str, metrics: tuple[str, ...] = ("accuracy", "kl")) -> Callable[[], str]:
-    """A README headline bullet over `grids`; `{n}` in `intro` becomes the prompts behind each call."""
+    """A README headline bullet over `grids`; `{n}` in `intro` becomes the prompts behind each call,
+    `{cross}` the cross-grid correction's families (results/cross_grid.csv)."""
     def render() -> str:
-        from analysis.readings import headline, prompts_per_run
+        from analysis.readings import cross_text, headline, prompts_per_run
 
         paths = [ROOT / g for g in grids]
-        return headline(paths, intro.format(n=prompts_per_run(paths)), metrics)
+        return headline(paths, intro.format(n=prompts_per_run(paths), cross=cross_text(ROOT / "results")), metrics)
     return render
 
 
@@ -500,12 +519,13 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "quality": _headline(ABLATION_GRIDS, "- **Quality on the embedded models** (issue 20's ablation grids: both models on "
                          "the ablation's own pool of {n} held-out prompts, one batching seed, batch 16, static batches; "
                          "every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL by a "
-                         "cluster bootstrap over prompts; Holm over each grid; `make ablation`, `make ablation "
+                         "cluster bootstrap over prompts; Holm over each grid; {cross}; `make ablation`, `make ablation "
                          "ABLATION_EXP=ablation_mini_olmoe`):"),
     "serving": _headline(SERVING_GRIDS, "- **Quality at full batches** (the quality grids under continuous batching, as a "
                          "server batches: both models on the quality pool's {n} held-out prompts, 16 slots refilled as "
                          "requests finish; every rule minus `base` at the same budget by the exact McNemar test, Holm "
-                         "over each grid; `make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
+                         "over each grid; {cross}; none replicated on other prompts yet; "
+                         "`make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
                          "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",)),
 }
 # The same for results/README.md: one reading per re-run grid.
@@ -547,19 +567,36 @@ def _flat(text: str) -> str:
 def check(readme_text: str) -> list[str]:
     """Every disagreement: a checked phrase the README lacks, a phrase the committed files no longer
     give (numbers or wording), a generated block out of date."""
-    flat = _flat(readme_text)
+    return check_phrases(readme_text, CHECKS, "README.md") + check_blocks(readme_text, BLOCKS, "README.md")
+
+
+def check_results(results_text: str) -> list[str]:
+    """The same for results/README.md: its checked phrases and its generated readings."""
+    return (check_phrases(results_text, RESULT_CHECKS, "results/README.md")
+            + check_blocks(results_text, RESULT_BLOCKS, "results/README.md"))
+
+
+def check_tables() -> list[str]:
+    """The committed comparison tables whose calls or cross-grid columns are stale (analysis/cross_grid.py)."""
+    from analysis.cross_grid import check as cross_grid_check
+
+    return [f"[cross-grid] {f}" for f in cross_grid_check()]
+
+
+def check_phrases(text: str, checks: list[Check], where: str) -> list[str]:
+    flat = _flat(text)
     failures = []
-    for c in CHECKS:
+    for c in checks:
         if _flat(c.phrase) not in flat:
-            failures.append(f"[{c.name}] README.md lacks: {c.phrase!r}")
+            failures.append(f"[{c.name}] {where} lacks: {c.phrase!r}")
         try:
             expected = c.render()
         except Exception as e:  # noqa: BLE001 - a missing or reshaped file is a failure to report
             failures.append(f"[{c.name}] cannot recompute from {c.source}: {type(e).__name__}: {e}")
             continue
         if _flat(expected) != _flat(c.phrase):
-            failures.append(f"[{c.name}] {c.source} gives: {expected!r}\n    README.md says: {c.phrase!r}")
-    return failures + check_blocks(readme_text, BLOCKS, "README.md")
+            failures.append(f"[{c.name}] {c.source} gives: {expected!r}\n    {where} says: {c.phrase!r}")
+    return failures
 
 
 def check_blocks(text: str, blocks: dict[str, Callable[[], str]], where: str) -> list[str]:
@@ -594,10 +631,11 @@ def main(argv: list[str] | None = None) -> int:
             RESULTS_README.write_text(new)
             print(f"rewrote {', '.join(RESULT_BLOCKS)} in {RESULTS_README}")
         results_text = new
-    failures = check(text) + check_blocks(results_text, RESULT_BLOCKS, "results/README.md")
+    failures = check(text) + check_results(results_text) + check_tables()
     for f in failures:
         print(f)
-    print(f"{len(CHECKS)} phrases, {len(BLOCKS) + len(RESULT_BLOCKS)} generated blocks: "
+    print(f"{len(CHECKS) + len(RESULT_CHECKS)} phrases, {len(BLOCKS) + len(RESULT_BLOCKS)} generated blocks, "
+          f"the comparison tables' cross-grid columns: "
           f"{len(failures)} disagreement{'s' if len(failures) != 1 else ''}")
     return 1 if failures else 0
 

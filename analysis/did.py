@@ -78,7 +78,7 @@ def _counts(paired: pd.DataFrame, acc: dict, method: str, budget: int) -> tuple[
     """(n, rule right, base right, rule only, base only) of one rule at one budget of a grid."""
     r = paired[(paired["method"] == method) & (paired["budget"] == budget) & (paired["metric"] == "accuracy")].iloc[0]
     n = int(r["n"])
-    return (n, int(round(acc[(method, budget)] * n)), int(round(acc[("base", budget)] * n)), int(r["a_only"]),
+    return (n, round(acc[(method, budget)] * n), round(acc[("base", budget)] * n), int(r["a_only"]),
             int(r["b_only"]))
 
 

@@ -48,15 +48,15 @@ def quality_diffs(df: pd.DataFrame, ref: str = "base", n: int = 1600) -> pd.Data
 
 def markdown(table: pd.DataFrame, n: int = 1600) -> str:
     """The table's .md: intervals and calls by variant and budget (a call failing the cross-grid
-    correction of analysis/families.py marked exploratory, where the table has its scope column)."""
+    correction of analysis/cross_grid.py marked exploratory, where the table has its scope column)."""
     scope = table["scope"].fillna("") if "scope" in table else pd.Series("", index=table.index)
     calls = table.assign(call=[c + (" (exploratory)" if s == "exploratory" else "") for c, s in zip(table["call"], scope)])
     diffs = table.assign(cell=table.apply(lambda r: f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]", axis=1))
     return (f"Made by `python -m analysis.quality_diff results/quality_mini.csv results/quality_mini_diff`, then "
-            f"`python -m analysis.families`.\n\nbase minus each variant, accuracy, 95 % unpaired interval (n = {n} "
+            f"`python -m analysis.cross_grid`.\n\nbase minus each variant, accuracy, 95 % unpaired interval (n = {n} "
             f"prompts per run); calls Holm-corrected over {len(table)} comparisons (higher, lower or inconclusive: no "
             f"accuracy tie is called, stats.TIE_METRICS); exploratory: the call fails the cross-grid correction "
-            f"(results/families.md)\n\n"
+            f"(results/cross_grid.md)\n\n"
             + diffs.pivot(index="variant", columns="budget", values="cell").to_markdown() + "\n\n"
             + calls.pivot(index="variant", columns="budget", values="call").to_markdown() + "\n")
 

@@ -7,8 +7,8 @@ cannot drift from the data (analysis/claims.py registers them as generated block
 Each reading says which test made the calls, how many calls the grid has and the correction, the
 equivalence margins (no accuracy tie is called: the prompts an accuracy tie would need are
 stated instead), and lists the rules per call; a call that fails the cross-grid correction
-(column `scope`, analysis/families.py) is marked "exploratory". It states numbers only as they are
-in the <grid>_paired.csv (analysis/ablation.py writes it, analysis/families.py adds its cross-grid
+(column `scope`, analysis/cross_grid.py) is marked "exploratory". It states numbers only as they are
+in the <grid>_paired.csv (analysis/ablation.py writes it, analysis/cross_grid.py adds its cross-grid
 columns). Reads results/ only.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def load(grid: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
 
 
 def exploratory(r: pd.Series) -> bool:
-    """Whether a row's call fails the cross-grid correction (analysis/families.py)."""
+    """Whether a row's call fails the cross-grid correction (analysis/cross_grid.py)."""
     return r.get("scope") == "exploratory"
 
 
@@ -83,13 +83,15 @@ def method_line(p: pd.DataFrame) -> str:
     if "scope" in p:
         ex = int((p["scope"] == "exploratory").sum())
         line += (f"; {ex} of the {int(counts[['higher', 'lower', 'tie']].sum())} calls fail the cross-grid "
-                 "correction (exploratory, `results/families.md`)")
+                 "correction (exploratory, `results/cross_grid.md`)")
     return line
 
 
 def accuracy_tie_line(p: pd.DataFrame) -> str:
     """What an accuracy tie would take in this grid: the prompts for 80 % power of the TOST at the
     grid's strictest Holm level and the accuracy rows' median discordant fraction."""
+    if "a_only" not in p:
+        return ""
     acc = p[(p["metric"] == "accuracy") & p["a_only"].notna()]
     m = int((p["call"] != S.EXCLUDED).sum())
     if acc.empty or m == 0:
@@ -136,3 +138,12 @@ def prompts_per_run(grids: list[str | Path]) -> str:
     """'1,050' (or '1,050 and 700'): prompts behind each accuracy call of the grids."""
     sizes = {int(load(g)[1].query("metric == 'accuracy'")["n"].iloc[0]) for g in grids}
     return " and ".join(f"{s:,}" for s in sorted(sizes))
+
+
+def cross_text(results: str | Path) -> str:
+    """The cross-grid correction as a headline states it, from results/cross_grid.csv."""
+    f = pd.read_csv(Path(results) / "cross_grid.csv")
+    fam = f[(f["excluded"].fillna("") == "") & f["p"].notna()]
+    return (f"a call marked exploratory fails the cross-grid correction (Holm over the "
+            f"{int(fam['p_headline'].notna().sum())} comparisons the headline bullets report, Benjamini–Hochberg "
+            f"over all {len(fam)} committed comparisons: `results/cross_grid.md`)")

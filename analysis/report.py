@@ -72,9 +72,14 @@ def _calls_text(grid: pd.DataFrame) -> str:
         return (f"calls as committed ({T.OLD_TEST}): a difference where the 95 % interval excludes zero, else "
                 "\"tie\", which here means only that the interval holds zero (no equivalence test)")
     tests = "; ".join(f"{m}: {t}" for m, t in grid.groupby("metric")["test"].first().items())
-    return (f"calls Holm-corrected over the grid's {int(grid['p'].notna().sum())} comparisons (p: the corrected p "
-            f"of no difference); higher/lower where that test rejects at {S.ALPHA:g}, tie where it does not and the "
-            "corrected equivalence test (TOST) against the margin passes, else inconclusive. Tests: " + tests)
+    n = int((grid["p"].notna() & (grid["call"] != S.EXCLUDED)).sum())
+    cross = (" A call marked exploratory fails the cross-grid correction (results/cross_grid.md: Benjamini-Hochberg over "
+             "every committed comparison, Holm over the README's headline family); excluded: reported, not called "
+             "(it mirrors KL, or is equal by construction)." if "scope" in grid else "")
+    return (f"calls Holm-corrected over the grid's {n} comparisons (p: the corrected p of no difference); "
+            f"higher/lower where that test rejects at {S.ALPHA:g}, tie (not for accuracy: stats.TIE_METRICS) where "
+            "it does not and the corrected equivalence test (TOST) against the margin passes, else inconclusive."
+            + cross + " Tests: " + tests)
 
 
 def _paired_md(grid: pd.DataFrame, variants: list[str] | None = None) -> str:
@@ -86,6 +91,7 @@ def _paired_md(grid: pd.DataFrame, variants: list[str] | None = None) -> str:
 
     def cell(r) -> str:
         text = f"{r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['call']}"
+        text += " (exploratory)" if r.get("scope") == "exploratory" else ""
         return text + (f", p {r['p_holm']:.2g}" if new and pd.notna(r["p_holm"]) else "")
 
     wide = p.assign(cell=[cell(r) for _, r in p.iterrows()]).pivot_table(

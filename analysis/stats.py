@@ -41,7 +41,7 @@ What is called (issue 27), `grid_calls`:
     calls) and rows null by construction (dense under two batchings or admissions: a dense greedy
     decode does not depend on who shares its step), which the analysis that builds the table marks.
   Over many grids: `bh` (Benjamini-Hochberg q over every committed comparison) and Holm over a
-  headline family; analysis/families.py applies both and labels the calls that fail "exploratory".
+  headline family; analysis/cross_grid.py applies both and labels the calls that fail "exploratory".
 
 Planning (for a pre-registered grid): `detect_n` (prompts for the primary family to detect a
 difference), `equivalence_power` and `equivalence_n` (prompts for a paired accuracy TOST).

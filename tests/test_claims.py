@@ -10,8 +10,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_readme_numbers_match_the_committed_files():
     failures = claims.check((ROOT / "README.md").read_text())
-    failures += claims.check_blocks((ROOT / "results/README.md").read_text(), claims.RESULT_BLOCKS, "results/README.md")
+    failures += claims.check_results((ROOT / "results/README.md").read_text())
+    failures += claims.check_tables()
     assert not failures, "the READMEs disagree with the committed files:\n" + "\n".join(failures)
+
+
+def test_a_results_phrase_whose_call_changed_is_reported():
+    """results/README.md's checked phrases (issue 27): dropping an exploratory mark is a disagreement."""
+    text = (ROOT / "results/README.md").read_text()
+    phrase = "at M=6 (exploratory) on `mini`"
+    assert phrase in " ".join(text.split())
+    failures = claims.check_phrases(" ".join(text.split()).replace(phrase, "at M=6 on `mini`"), claims.RESULT_CHECKS,
+                                    "results/README.md")
+    assert len(failures) == 1 and "lacks" in failures[0] and "exploratory" in failures[0]
 
 
 def test_an_altered_number_is_reported():
@@ -74,3 +85,23 @@ def test_a_reading_states_each_call_in_the_metrics_own_sense(tmp_path):
     assert head.startswith("- intro:\n  - `mini`") and prompts_per_run([_grid(tmp_path)]) == "1,050"
     # the headline counts the inconclusive calls instead of listing them
     assert "1 inconclusive" in head and "inconclusive: top1_union" not in head
+
+
+def test_a_reading_marks_exploratory_calls_and_states_what_an_accuracy_tie_would_need(tmp_path):
+    import pandas as pd
+
+    from analysis.readings import grid_reading
+    from analysis.stats import ALPHA, equivalence_n
+
+    grid = _grid(tmp_path)
+    p = pd.read_csv(tmp_path / "ablation_demo_paired.csv")
+    p["scope"] = ["confirmed", "", "", "exploratory", "confirmed"]
+    p["a_only"], p["b_only"] = [10, 5, 30, None, None], [60, 3, 40, None, None]
+    p.to_csv(tmp_path / "ablation_demo_paired.csv", index=False)
+    text = grid_reading(grid)
+    kl = next(line for line in text.splitlines() if line.startswith("- **KL**"))
+    assert "worse than base: router_sum at M=6 (+0.1000 [+0.0900, +0.1100], exploratory)" in kl
+    assert "oracle at M=6 (-0.0200" in kl and "-0.0200 [-0.0300, -0.0100])" in kl  # confirmed: no mark
+    assert "1 of the 4 calls fail the cross-grid correction" in text
+    need = equivalence_n(70 / 1050, alpha=ALPHA / 5)  # the median of 70, 8 and 70 discordant of 1050 prompts
+    assert f"would need about {need:,} prompts" in text and "(6.7 % of prompts)" in text

@@ -1,7 +1,7 @@
 """Every committed comparison in one family: the cross-grid correction (issue 27).
 
-    python -m analysis.families            # re-test the committed tables, add the cross-grid columns, re-render
-    python -m analysis.families --check    # list the committed tables whose columns are out of date (exit 1)
+    python -m analysis.cross_grid            # re-test the committed tables, add the cross-grid columns, re-render
+    python -m analysis.cross_grid --check    # list the committed tables whose columns are out of date (exit 1)
 
 Each grid's calls are Holm-corrected over that grid (analysis/stats.py). The grids share prompt
 pools and the README's headlines draw on many of them, so two corrections over grids are added:
@@ -25,7 +25,7 @@ analysis.admission.from_table, the static-continuous differences in differences 
 FAMILY: results/*_paired.csv, *_batching.csv, *_did.csv, admission_*.csv and quality_mini_diff.csv,
 and the single comparisons kept as `python -m analysis.paired` transcripts (MD_PAIRED). A grid
 named in PREREGISTERED keeps its own pre-registered family and is left out. Writes each table back
-(.csv and its .md re-rendered) and results/families.{csv,md}, every comparison with its columns.
+(.csv and its .md re-rendered) and results/cross_grid.{csv,md}, every comparison with its columns.
 Reads and writes results/ only.
 """
 from __future__ import annotations
@@ -109,6 +109,8 @@ def md_rows(results: Path = RESULTS) -> pd.DataFrame:
     """The MD_PAIRED transcripts as comparison rows (exact McNemar from their discordant counts)."""
     rows = []
     for rel in MD_PAIRED:
+        if not (results / rel).exists():
+            continue
         text = (results / rel).read_text()
         for block in text.split("```"):
             lines = block.strip().splitlines()
@@ -122,7 +124,8 @@ def md_rows(results: Path = RESULTS) -> pd.DataFrame:
             rows.append({"table": rel, "method": f"{a} vs {b}", "budget": np.nan, "metric": "accuracy",
                          "diff": float(kv["diff"]), "p": p, "p_tost": np.nan, "excluded": "",
                          "call": S.call(float(kv["diff"]), p, np.nan), "n": n})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["table", "method", "budget", "metric", "diff", "p", "p_tost", "excluded",
+                                       "call", "n"])
 
 
 # ---- the cross-grid columns ----------------------------------------------------------------------
@@ -190,7 +193,7 @@ def summary_md(long: pd.DataFrame) -> str:
     by.insert(0, "comparisons", fam.groupby("table").size().reindex(by.index))
     by.insert(1, "calls", called.groupby("table").size().reindex(by.index, fill_value=0))
     excluded = long[long["excluded"] != ""]
-    return (f"Made by `python -m analysis.families` from the committed comparison tables.\n\n"
+    return (f"Made by `python -m analysis.cross_grid` from the committed comparison tables.\n\n"
             f"The cross-grid family: {len(fam)} comparisons of {fam['table'].nunique()} committed tables "
             f"(every difference test of results/*_paired.csv, *_batching.csv, *_did.csv, admission_*.csv, "
             f"quality_mini_diff.csv and the {len(MD_PAIRED)} `analysis.paired` transcripts), {len(excluded)} rows "
@@ -198,7 +201,7 @@ def summary_md(long: pd.DataFrame) -> str:
             f"{len(fam)}; p_headline: Holm over the {int(head.sum())} comparisons the README's headline bullets "
             f"report. Of {len(called)} calls (higher, lower, tie by each grid's Holm), {int((called['scope'] == 'confirmed').sum())} "
             f"pass the cross-grid correction (confirmed) and {int((called['scope'] == 'exploratory').sum())} do not "
-            "(exploratory). Every row with its columns: results/families.csv.\n\n"
+            "(exploratory). Every row with its columns: results/cross_grid.csv.\n\n"
             + by.reset_index().to_markdown(index=False) + "\n")
 
 
@@ -244,8 +247,8 @@ def write(results: Path = RESULTS) -> list[str]:
         md.write_text(render(name, t, results))
         written.append(name)
     cols = [*KEY, "diff", "p", "p_tost", "call", "excluded", *CROSS]
-    long[cols].to_csv(results / "families.csv", index=False)
-    (results / "families.md").write_text(summary_md(long))
+    long[cols].to_csv(results / "cross_grid.csv", index=False)
+    (results / "cross_grid.md").write_text(summary_md(long))
     return written
 
 
@@ -257,7 +260,7 @@ def check(results: Path = RESULTS, atol: float = 1e-12) -> list[str]:
         old = pd.read_csv(results / f"{name}.csv")
         for col in ["call", *CROSS]:
             if col not in old:
-                failures.append(f"{name}: no {col} column: run `python -m analysis.families`")
+                failures.append(f"{name}: no {col} column: run `python -m analysis.cross_grid`")
                 break
             a, b = old[col], fresh[col]
             if not (pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b)):
@@ -265,7 +268,7 @@ def check(results: Path = RESULTS, atol: float = 1e-12) -> list[str]:
             else:
                 same = np.isclose(a.to_numpy(float), b.to_numpy(float), rtol=1e-9, atol=atol, equal_nan=True)
             if not same.all():
-                failures.append(f"{name}: {col} out of date in {int((~same).sum())} row(s): run `python -m analysis.families`")
+                failures.append(f"{name}: {col} out of date in {int((~same).sum())} row(s): run `python -m analysis.cross_grid`")
     return failures
 
 
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failures else 0
     for name in write():
         print(f"rewrote results/{name}.csv and its .md")
-    print("wrote results/families.csv and results/families.md")
+    print("wrote results/cross_grid.csv and results/cross_grid.md")
     return 0
 
 
