@@ -45,7 +45,7 @@ RESULTS = ROOT / "results"
 # single comparisons committed as `python -m analysis.paired A B` transcripts (no CSV)
 MD_PAIRED = ("quality_mini_olmoe_paired.md", "routing/paired_oea_mini.md")
 # grids whose calls rest on a pre-registered family of their own (docs/), left out of FAMILY
-PREREGISTERED: tuple[str, ...] = ()
+PREREGISTERED: tuple[str, ...] = ("replication",)  # issue 27: docs/preregistration.md, its own Holm family
 # The README's headline bullets: table -> the metrics they report (all the table's rows of them);
 # MD_PAIRED rows by (file, "A vs B" as in the transcript's command, run folder names).
 HEADLINE: dict[str, tuple[str, ...]] = {

@@ -280,7 +280,8 @@ def recommendations(paired: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     Rules called lower and inconclusive ones are listed apart; `also_better_on` names the other
     metrics on which a recommended rule beats base by a call. Grids of the older files (no
     correction) keep their higher/lower calls; their "tie" (an interval holding zero, no
-    equivalence test) counts as inconclusive here."""
+    equivalence test) counts as inconclusive here. A pick whose call fails the cross-grid
+    correction (column `scope`) is kept and marked "(exploratory)" in `why`."""
     cols = ["exp", "model", "budget", "recommend", "accuracy", "why", "also_better_on", "also_higher", "lower",
             "inconclusive", "test", "correction"]
     if paired.empty or "call" not in paired:
@@ -294,6 +295,8 @@ def recommendations(paired: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
         correction = f"Holm over {int(grid['p'].notna().sum())} calls" if new else f"no correction ({len(grid)} calls)"
         for budget, at in grid[grid["metric"] == "accuracy"].groupby("budget"):
             calls = {v: c if new or c != "tie" else "inconclusive" for v, c in zip(at["variant"], at["call"])}
+            # a call that fails the cross-grid correction (analysis/cross_grid.py) stays, marked
+            scope = dict(zip(at["variant"], at["scope"].fillna(""))) if "scope" in at else {}
             diff = dict(zip(at["variant"], at["diff"]))
             base_acc = acc.get((exp, "base", budget), np.nan)
             value = {v: acc.get((exp, v, budget), base_acc + diff[v]) for v in calls}  # base + diff if no point
@@ -302,6 +305,7 @@ def recommendations(paired: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
                 best = max(value[v] for v in higher)
                 pick = [v for v in higher if value[v] == best]
                 why = "higher than base" + ("" if new else " (uncorrected)")
+                why += " (exploratory)" if any(scope.get(v) == "exploratory" for v in pick) else ""
             else:
                 pick = ["base", *sorted(v for v, c in calls.items() if c == "tie")]
                 why = "none higher than base: base" + (" and its ties (TOST)" if len(pick) > 1 else "")

@@ -188,6 +188,14 @@ def test_recommendations_pick_the_most_accurate_rule_above_base():
     assert rec["correction"] == "Holm over 7 calls" and "McNemar" in rec["test"] and rec["model"] == "mini"
 
 
+def test_a_pick_that_fails_the_cross_grid_correction_is_marked_exploratory():
+    paired = _grid({"a": "higher", "b": "inconclusive"}).assign(scope=["exploratory", ""])
+    rec = T.recommendations(paired, _acc_points({"base": 0.80, "a": 0.85, "b": 0.81})).iloc[0]
+    assert rec["recommend"] == "a" and rec["why"] == "higher than base (exploratory)"
+    confirmed = T.recommendations(paired.assign(scope=["confirmed", ""]), _acc_points({"base": 0.8, "a": 0.85}))
+    assert confirmed["why"].iloc[0] == "higher than base"
+
+
 def test_recommendations_without_a_better_rule_are_base_and_its_ties_only():
     paired = _grid({"a": "tie", "b": "inconclusive", "c": "lower", "d": "tie"})
     rec = T.recommendations(paired, _acc_points({"base": 0.8})).iloc[0]
