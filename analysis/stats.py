@@ -258,14 +258,19 @@ def seed_range(values: np.ndarray) -> tuple[float, float, float]:
     return float(v.mean()), float(v.min()), float(v.max())
 
 
-def holm(p: np.ndarray) -> np.ndarray:
-    """Holm-adjusted p-values (statsmodels), nan entries left out of the family."""
+def _adjusted(p: np.ndarray, method: str) -> np.ndarray:
+    """statsmodels' multipletests adjustment `method`, nan entries left out of the family."""
     p = np.asarray(p, float)
     out = np.full_like(p, np.nan)
     ok = ~np.isnan(p)
     if ok.any():
-        out[ok] = multipletests(p[ok], alpha=ALPHA, method="holm")[1]
+        out[ok] = multipletests(p[ok], alpha=ALPHA, method=method)[1]
     return out
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values (statsmodels), nan entries left out of the family."""
+    return _adjusted(p, "holm")
 
 
 def call(diff: float, p_holm: float, p_tost_holm: float, metric: str | None = None) -> str:
@@ -310,12 +315,7 @@ def grid_calls(table, tie_metrics: tuple[str, ...] = TIE_METRICS):
 
 def bh(p: np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg q-values (statsmodels' fdr_bh), nan entries left out of the family."""
-    p = np.asarray(p, float)
-    out = np.full_like(p, np.nan)
-    ok = ~np.isnan(p)
-    if ok.any():
-        out[ok] = multipletests(p[ok], alpha=ALPHA, method="fdr_bh")[1]
-    return out
+    return _adjusted(p, "fdr_bh")
 
 
 # ---- planning a grid: prompts for a difference, power of an equivalence test ------------------
