@@ -9,14 +9,16 @@ the step's time goes (non-expert ms, MoE share).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 
-def collect_profiles(exp_dir: Path) -> pd.DataFrame:
-    """ms per step by kernel class (eager steps, kernel time only), one column per class."""
+def profile_rows(exp_dir: Path) -> pd.DataFrame:
+    """Every profile row of every run (long form: one row per variant and kernel class, with ms and
+    kernels per step and per decoder layer)."""
     frames = []
     for report in sorted(exp_dir.glob("*/report.json")):
         rep = json.loads(report.read_text())
@@ -25,14 +27,22 @@ def collect_profiles(exp_dir: Path) -> pd.DataFrame:
             df.insert(0, "routing", rep.get("routing", "uniform"))
             df.insert(0, "model", rep["model"])
             frames.append(df)
-    if not frames:
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+CLASSES = ("attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP", "LM head",
+           "embedding", "other", "unlinked", "total")
+
+
+def collect_profiles(exp_dir: Path, values: str = "ms_per_step") -> pd.DataFrame:
+    """ms (or, values="kernels_per_layer", kernels per decoder layer) per step by kernel class
+    (eager steps, kernel time only), one column per class."""
+    df = profile_rows(exp_dir)
+    if df.empty or values not in df:
         return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
     wide = df.pivot_table(index=["model", "routing", "batch_size", "variant", "graph_ms_per_step"],
-                          columns="class", values="ms_per_step").round(2)
-    order = [c for c in ("attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP",
-                         "LM head", "embedding", "other", "total") if c in wide.columns]
-    return wide[order].reset_index()
+                          columns="class", values=values).round(2)
+    return wide[[c for c in CLASSES if c in wide.columns]].reset_index()
 
 
 def collect(exp_dir: Path) -> pd.DataFrame:
@@ -83,28 +93,42 @@ def headline_table(df: pd.DataFrame, batch: int = 16) -> pd.DataFrame:
             "base M=16 tok/s": at("base", 16, "tokens_per_s"), "base M=16": at("base", 16),
             "base M=10": at("base", 10), "base M=8": at("base", 8), "router_sum M=16": at("router_sum", 16),
             "oea k0=1": at("oea(k0=1)"), "oea k0=1 kept": at("oea(k0=1)", col="kept_mean"),
+            "base_anchor M=16": at("base_anchor(k0=1)", 16), "top1_union M=16": at("top1_union", 16),
         })
     return pd.DataFrame(out).round(2)
 
 
+def _runs(r: pd.Series) -> list[float]:
+    """A row's timed passes in round order (one pass when the run had no repeats)."""
+    runs = r.get("ms_runs")
+    if isinstance(runs, str) and runs:
+        return [float(x) for x in runs.split(";")]
+    return [float(r["ms_per_step"])]
+
+
 def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Selection overhead: each scoring selector's step against `fixed` (same budget, same number
-    of kept experts, no scoring) in the same run; overhead = (ms - fixed ms) / ms. Also the
-    longest warm-up of the batch size (region compilation, when new, and the graph capture)."""
+    """Selection overhead: each budgeted selector's step against `fixed` (same budget, same number
+    of kept experts, no scoring) in the same run, overhead = (ms - fixed ms) / fixed ms, per round
+    of the interleaved repeats (passes pair up by round): the median over rounds and its range.
+    Also the longest warm-up of the batch size (region compilation, when new, and the capture)."""
     g = df[df["mode"] == "graph"]
-    fixed = g[g["variant"] == "fixed"].set_index(["model", "routing", "batch_size", "budget"])["ms_per_step"]
+    fixed = g[g["variant"] == "fixed"].set_index(["model", "routing", "batch_size", "budget"])
     if fixed.empty:
         return pd.DataFrame()
     rows = []
-    for _, r in g[g["variant"].isin(["base", "router_sum"])].iterrows():
+    for _, r in g[g["budget"].notna() & (g["variant"] != "fixed")].iterrows():
         key = (r["model"], r["routing"], r["batch_size"], r["budget"])
-        if key in fixed.index:
-            rows.append({"model": r["model"], "routing": r["routing"], "batch_size": r["batch_size"],
-                         "budget": int(r["budget"]), "variant": r["variant"], "ms": r["ms_per_step"],
-                         "fixed ms": fixed[key], "overhead": (r["ms_per_step"] - fixed[key]) / r["ms_per_step"]})
-    out = pd.DataFrame(rows).pivot_table(index=["model", "routing", "batch_size", "budget"], columns="variant",
-                                         values="overhead").round(3).reset_index()
-    if "warmup_s" in g:
+        if key not in fixed.index:
+            continue
+        f = fixed.loc[key]
+        pairs = list(zip(_runs(r), _runs(f)))
+        over = [(a - b) / b for a, b in pairs]
+        rows.append({"model": r["model"], "routing": r["routing"], "batch_size": r["batch_size"],
+                     "budget": int(r["budget"]), "variant": r["variant"], "ms": round(r["ms_per_step"], 3),
+                     "fixed ms": round(f["ms_per_step"], 3), "overhead": round(statistics.median(over), 4),
+                     "min": round(min(over), 4), "max": round(max(over), 4), "rounds": len(pairs)})
+    out = pd.DataFrame(rows)
+    if "warmup_s" in g and not out.empty:
         warm = g.groupby(["model", "routing", "batch_size"])["warmup_s"].max().round(1).rename("max warm-up s")
         out = out.merge(warm.reset_index(), on=["model", "routing", "batch_size"], how="left")
     return out
@@ -136,6 +160,11 @@ def main(exp_dir: str, out: str) -> None:
     if not prof.empty:
         text += ["\nWhere an eager step's kernel time goes (ms per step; graph_ms_per_step: the replayed step)\n",
                  prof.to_markdown(index=False), "\n"]
+    kern = collect_profiles(Path(exp_dir), "kernels_per_layer")
+    if not kern.empty:
+        text += ["\nKernels per decoder layer and step, by class (total: all kernels of the step / layers)\n",
+                 kern.to_markdown(index=False), "\n"]
+        profile_rows(Path(exp_dir)).round(4).to_csv(out_p.parent / (out_p.name + "_profile.csv"), index=False)
     out_p.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))
 

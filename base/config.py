@@ -213,6 +213,8 @@ class ThroughputConfig:
     timed_steps: int | None = None  # decode steps timed (null: all gen_tokens - 1); the step's cost
     # does not depend on its position (static cache, masked), so fewer steps time the same step
     warmup: int = 4  # untimed graph replays before the timed ones
+    repeats: int = 1  # timed passes per configuration, interleaved: the first in list order with the
+    # other passes, then repeats - 1 more in rotated order; ms_per_step is the median over passes
     stats_steps: int = 16  # steps of the short passes: statistics, non-expert time, eager reference
     non_expert: bool = True  # CUDA: also time the step with the expert FFN skipped (dense, oea and
     # the first budget only: each is one more capture)
@@ -238,6 +240,7 @@ class ThroughputConfig:
         self.prompt_len = check_int("throughput.prompt_len", self.prompt_len, 1)
         self.gen_tokens = check_int("throughput.gen_tokens", self.gen_tokens, 2)
         self.warmup = check_int("throughput.warmup", self.warmup, 0)
+        self.repeats = check_int("throughput.repeats", self.repeats, 1)
         self.stats_steps = check_int("throughput.stats_steps", self.stats_steps, 1)
         self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)

@@ -170,3 +170,72 @@ def test_bad_rules_are_refused():
         route_select_gemv(x_TH, w_EH, 16, 2, active_T, 4, norm_topk=True, rule=Rule(reassign_mode="similar"))
     with pytest.raises(ValueError, match="does not fit"):
         route_select_gemv(x_TH, w_EH[:, :4], 16, 2, active_T, 4, norm_topk=True)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("T,kind", [(1, "base"), (16, "base"), (16, "router_sum"), (64, "base")])
+def test_gpu_gemv_route_in_a_graph_equals_eager_and_the_reference(T, kind):
+    """Compiled: the many-program GEMV with its last-program selection, two layers in one CUDA graph
+    (the counter is reused and returns to 0), replays equal eager; logits as bf16 F.linear."""
+    from kernels.experts import fused_experts
+
+    E, K, H, I, M = 128, 8, 2048, 768, 16
+    dev = "cuda"
+    x_TH, w_EH, active_T = (t.to(dev) for t in _inputs(T, E, H, seed=T))
+    x_TH, w_EH = x_TH.bfloat16(), w_EH.bfloat16()
+    art = _artifacts(E, H)
+    weight = fuse_router_predictor(w_EH, art.pred_w_LHE[1].to(dev)) if kind == "base" else w_EH
+    pb = art.pred_b_LE[1].to(dev)
+    counters = [arrival_counter(torch.device(dev)) for _ in range(2)]
+    g = torch.Generator().manual_seed(0)
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).to(dev, torch.bfloat16)
+    dn = (torch.randn(E, H, I, generator=g) / I**0.5).to(dev, torch.bfloat16)
+
+    def step():
+        outs = []
+        for c in counters:  # two "layers"
+            routing, sel = route_select_gemv(x_TH, weight, E, K, active_T, M, norm_topk=True, kind=kind, pred_b_E=pb,
+                                             counter=c)  # fmt: skip
+            outs += [routing.topk_idx_TK, sel.keep_M, sel.topk_w_TK,
+                     fused_experts(x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M)]
+        return outs
+
+    kt.POISON = False
+    eager = [t.clone() for t in step()]
+    assert all(int(c.item()) == 0 for c in counters)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(static, eager):
+        assert torch.equal(a, b)  # deterministic: bit-identical
+    assert all(int(c.item()) == 0 for c in counters)
+    # against torch: bf16 logits, fp32 softmax, top-k (ties aside: compare the chosen probabilities)
+    probs = F.linear(x_TH, w_EH).float().softmax(-1)
+    routing, sel = route_select_gemv(x_TH, weight, E, K, active_T, M, norm_topk=True, kind=kind, pred_b_E=pb)
+    torch.testing.assert_close(routing.probs_TE, probs, rtol=2e-2, atol=1e-4)
+    chosen = probs.gather(1, routing.topk_idx_TK).sort(-1, descending=True).values
+    torch.testing.assert_close(chosen, probs.topk(K, -1).values, rtol=2e-2, atol=1e-4)
+    assert int((sel.keep_M >= 0).sum()) <= M
+    ref = experts_ref_rows(x_TH, gu, dn, sel)
+    out = fused_experts(x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M)
+    rows = min(T, 4)
+    assert ((out[:rows].double().cpu() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def experts_ref_rows(x_TH, gu, dn, sel, rows: int = 4):
+    from kernels.experts import experts_reference
+
+    r = min(rows, x_TH.shape[0])
+    return experts_reference(x_TH[:r].cpu(), gu.cpu(), dn.cpu(), sel.topk_idx_TK[:r].cpu(), sel.topk_w_TK[:r].cpu())

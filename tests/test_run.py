@@ -137,8 +137,13 @@ def test_fit_and_throughput_stages(compose, tmp_path):
     _, tp = _run_here(compose, tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
                       "throughput.prompt_len=6", "throughput.gen_tokens=4", "throughput.stats_steps=3",
                       "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]",
-                      "throughput.profile_batch=4")
+                      "throughput.profile_batch=4", "throughput.repeats=2")
     rows = pd.read_csv(tp / "throughput.csv")
+    # two interleaved timed passes per configuration; ms_per_step is their median
+    assert (rows["repeats"] == 2).all()
+    for _, r in rows.iterrows():
+        runs = [float(x) for x in r["ms_runs"].split(";")]
+        assert len(runs) == 2 and r["ms_per_step"] == pytest.approx(sum(runs) / 2, rel=1e-4)
     # dense first, count at each budget, oea once (it ignores the budget); CPU: eager engine
     assert rows["variant"].tolist() == ["dense", "count", "count", "oea(k0=1)"]
     assert (rows["tokens_per_s"] > 0).all() and (rows["mode"] == "eager").all()
@@ -152,6 +157,8 @@ def test_fit_and_throughput_stages(compose, tmp_path):
     for _, one in prof.groupby("variant"):  # every kernel (CPU: operator) in exactly one class
         parts = one.loc[one["class"] != "total", "ms_per_step"].sum()
         assert parts == pytest.approx(one.loc[one["class"] == "total", "ms_per_step"].iloc[0], rel=1e-6)
+        n = one.loc[one["class"] != "total", "kernels_per_step"].sum()
+        assert n == pytest.approx(one.loc[one["class"] == "total", "kernels_per_step"].iloc[0]) and n > 0
 
 
 @pytest.mark.slow

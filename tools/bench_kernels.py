@@ -37,9 +37,9 @@ from kernels import (
     fused_router_logits,
     prepare_predictor,
 )
-from kernels.experts import device_name, fused_experts
+from kernels.experts import V3_MAX_TOKENS, device_name, fused_experts
 from kernels.score import score_experts
-from kernels.select import route_select, select_reassign
+from kernels.select import arrival_counter, route_select, route_select_gemv, select_reassign
 from tools.timing import (
     MODELS,
     SMOKE_MODELS,
@@ -55,7 +55,7 @@ from tools.timing import (
 
 TS = [1, 8, 16, 32, 64, 128]
 BUDGETS = [8, 16, 32, 64, None]
-IMPLS = ["base_triton", "grouped_mm", "batched_mm", "eager"]
+IMPLS = ["base_triton_v3", "base_triton", "grouped_mm", "batched_mm", "eager"]  # v3: the kept list, two launches
 T0 = time.time()
 
 
@@ -75,7 +75,7 @@ def guarded(what: str, fn, *args, **kwargs):
 
 
 def run_gpu_tests(out: Path, timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_kernels.py", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_kernels.py", "tests/test_route_kernel.py", "-p", "no:cacheprovider"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
         text, rc = p.stdout + p.stderr, p.returncode
@@ -89,7 +89,8 @@ def run_gpu_tests(out: Path, timeout_s: int) -> dict:
 # ----------------------------------------------------------------------------- expert FFN
 
 
-def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, reps: int, ts, budgets) -> list:
+def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, reps: int, ts, budgets,
+                  impls=tuple(IMPLS)) -> list:  # fmt: skip
     H, I, E, K = m["H"], m["I"], m["E"], m["K"]
     sets = make_weight_sets(E, H, I, 3, dev)
     mods = [experts_module(gu, dn, K) for gu, dn in sets]
@@ -103,11 +104,9 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
             union = int(torch.unique(r.idx_TK).numel())
             dense_row = None
             for M in budgets:
-                if M is None:
-                    idx, w = r.idx_TK, r.w_TK
-                else:
-                    sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
-                    idx, w = sel.topk_idx_TK, sel.topk_w_TK
+                sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
+                keep = sel.keep_M  # M None: the union, nobody rerouted
+                idx, w = (r.idx_TK, r.w_TK) if M is None else (sel.topk_idx_TK, sel.topk_w_TK)
                 n_run = int(torch.unique(idx[w != 0]).numel())
                 nbytes = expert_bytes(n_run, H, I, T)
                 row = {"model": name, "routing": routing, "T": T, "M": M if M is not None else "dense", "union": union,
@@ -117,14 +116,20 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                     row.update({k: v for k, v in dense_row.items() if k.startswith(tuple(IMPLS))})
                     rows.append(row)
                     continue
-                for impl in IMPLS:
+                for impl in impls:
+                    if impl == "base_triton_v3" and T > V3_MAX_TOKENS:
+                        continue
                     if impl == "batched_mm" and T > 32:
                         continue  # gathers a weight copy per pair: T*K*9 MB, GBs per call
                     if impl == "eager" and not (routing == "random" and T in (1, 16, 64) and M in (16, None)):
                         continue  # host-bound loop with syncs; a few rows suffice
-                    for mod in mods:
-                        set_impl(mod, impl)
-                    calls = [lambda mod=mod, x=r.x_TH, idx=idx, w=w: mod(x, idx, w) for mod in mods]
+                    if impl == "base_triton_v3":
+                        calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w, k=keep: fused_experts(x, gu, dn, idx, w, keep_M=k)
+                                 for gu, dn in sets]  # fmt: skip
+                    else:
+                        for mod in mods:
+                            set_impl(mod, impl)
+                        calls = [lambda mod=mod, x=r.x_TH, idx=idx, w=w: mod(x, idx, w) for mod in mods]
                     if impl == "eager":
                         res = guarded(f"{name} {impl} T={T} M={M}", lambda c=calls: (time_eager(c, 6, dev), "eager"))
                     else:
@@ -140,7 +145,7 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                 if M is None:
                     dense_row = row
                 log(f"  {name} {routing} T={T} M={row['M']} kept={n_run}/{union} "
-                    + " ".join(f"{i}={row.get(i + '_us', '-')}" for i in IMPLS))  # fmt: skip
+                    + " ".join(f"{i}={row.get(i + '_us', '-')}" for i in impls))  # fmt: skip
             if M is None and dense_row is None:
                 pass
     del mods, sets
@@ -195,6 +200,16 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
             return route_select(logits_TE, K, active_T, budget, norm_topk=norm, kind="base", g_TE=g_TE,
                                 pred_b_E=pred_b_E)  # fmt: skip
 
+        counter = arrival_counter(dev)
+
+        def gemv_rsum():  # the router's GEMM, softmax/top-k and selection in ONE launch
+            return route_select_gemv(z_TH, router_EH, E, K, active_T, budget, norm_topk=norm, kind="router_sum",
+                                     counter=counter)  # fmt: skip
+
+        def gemv_base():  # the same over [router; predictor] rows, BASE's score
+            return route_select_gemv(z_TH, wcat_CH, E, K, active_T, budget, norm_topk=norm, kind="base",
+                                     pred_b_E=pred_b_E, counter=counter)  # fmt: skip
+
         def base_torch():
             from base.method.routing import RoutedBatch, reassign
             from base.method.selectors import Artifacts, build_selector
@@ -208,11 +223,12 @@ def bench_select(name: str, m: dict, dev, deadline: float, reps: int, ts, budget
         row = {"model": name, "T": T, "M": budget}
         for label, fn in [("plain_router", plain), ("router_sum", router_sum), ("base_gather", base_gather),
                           ("base_fused", base_fused), ("route_rsum", route_rsum), ("route_base", route_base),
-                          ("base_torch", base_torch)]:  # fmt: skip
+                          ("gemv_rsum", gemv_rsum), ("gemv_base", gemv_base), ("base_torch", base_torch)]:  # fmt: skip
             res = guarded(f"select {name} {label} T={T}", time_graph, [fn] * 20, reps, dev)
             if res is not None:
                 row[f"{label}_us"] = round(res[0], 2)
-        for label in ["router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "base_torch"]:
+        for label in ["router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "gemv_rsum", "gemv_base",
+                      "base_torch"]:  # fmt: skip
             if f"{label}_us" in row and "plain_router_us" in row:
                 row[f"{label}_extra_us"] = round(row[f"{label}_us"] - row["plain_router_us"], 2)
         log(f"  select {name} T={T}: " + " ".join(f"{k}={v}" for k, v in row.items() if k.endswith("_us")))
@@ -266,14 +282,16 @@ def fmt(v) -> str:
 
 
 def table_experts(rows: list, copy_gbps: float) -> str:
-    head = (f"{'model':18} {'route':6} {'T':>4} {'M':>5} {'kept':>9} {'MB':>6} {'floor':>7} | {'ours us':>8} "
+    head = (f"{'model':18} {'route':6} {'T':>4} {'M':>5} {'kept':>9} {'MB':>6} {'floor':>7} | {'v3 us':>8} "
+            f"{'%copy':>5} | {'v2 us':>8} "
             f"{'%copy':>5} | {'grouped':>8} {'%copy':>5} | {'batched':>8} | {'eager':>8} | {'x grp':>5}")  # fmt: skip
     lines = [f"expert FFN, bf16; copy bandwidth {copy_gbps:.0f} GB/s; times in us (CUDA graph, median)", head]
     for r in rows:
-        o, gm = r.get("base_triton_us"), r.get("grouped_mm_us")
+        o, gm, v3 = r.get("base_triton_us"), r.get("grouped_mm_us"), r.get("base_triton_v3_us")
         lines.append(
             f"{r['model'][:18]:18} {r['routing'][:6]:6} {r['T']:>4} {r['M']!s:>5} "
             f"{str(r['kept']) + '/' + str(r['union']):>9} {r['bytes'] / 1e6:6.0f} {r['floor_us']:7.1f} | "
+            f"{fmt(v3):>8} {r.get('base_triton_v3_frac', 0) * 100:5.0f} | "
             f"{fmt(o):>8} {r.get('base_triton_frac', 0) * 100:5.0f} | {fmt(gm):>8} "
             f"{r.get('grouped_mm_frac', 0) * 100:5.0f} | {fmt(r.get('batched_mm_us')):>8} | "
             f"{fmt(r.get('eager_us')):>8} | {(gm / o) if (o and gm) else 0:5.1f}"
@@ -282,7 +300,8 @@ def table_experts(rows: list, copy_gbps: float) -> str:
 
 
 def table_select(rows: list) -> str:
-    cols = ["plain_router", "router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "base_torch"]
+    cols = ["plain_router", "router_sum", "base_gather", "base_fused", "route_rsum", "route_base", "gemv_rsum",
+            "gemv_base", "base_torch"]  # fmt: skip
     lines = ["selection step per layer (M=16), us per step; extra = minus the plain router",
              f"{'model':18} {'T':>4} " + " ".join(f"{c[:13]:>13}" for c in cols)]  # fmt: skip
     for r in rows:
@@ -305,12 +324,17 @@ def main() -> None:
     ap.add_argument("--skip-tune", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--smoke", action="store_true", help="CPU run of the harness on tiny shapes")
+    ap.add_argument("--models", nargs="*", default=None, help="subset of tools/timing.py's MODELS")
+    ap.add_argument("--ts", nargs="*", type=int, default=None)
+    ap.add_argument("--impls", nargs="*", default=None, help=f"subset of {IMPLS}")
+    ap.add_argument("--tune-paths", nargs="*", default=["v2", "v3"], help="expert paths to tune: v2, v3")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = T0 + args.budget_s
     dev = torch.device("cpu" if args.smoke else "cuda")
-    models = SMOKE_MODELS if args.smoke else MODELS
-    ts, budgets = ([1, 16], [2, None]) if args.smoke else (TS, BUDGETS)
+    models = SMOKE_MODELS if args.smoke else {k: v for k, v in MODELS.items() if not args.models or k in args.models}
+    ts, budgets = ([1, 16], [2, None]) if args.smoke else (args.ts or TS, BUDGETS)
+    impls = tuple(args.impls or IMPLS)
     register_base_triton()
     import transformers
     import triton
@@ -336,7 +360,8 @@ def main() -> None:
     if not args.smoke and not args.skip_tune:
         from tools.tune_kernels import install, tune
 
-        table = guarded("tune", tune, models, ts, copy_gbps, time.time() + args.tune_s, log=log) or {}
+        table = guarded("tune", tune, models, ts, copy_gbps, time.time() + args.tune_s, log=log,
+                        paths=tuple(args.tune_paths)) or {}  # fmt: skip
         if table:
             guarded("install configs", install, table, dev, args.out / f"configs_{gpu}.json")
         report["configs"] = table
@@ -348,7 +373,8 @@ def main() -> None:
         # leave ~15% of the remaining time for each later section
         budget_left = deadline - time.time()
         rows = guarded(f"experts {name}", bench_experts, name, models[name], dev, copy_gbps,
-                       time.time() + budget_left * (0.6 if i == 0 else 0.8 / (len(order) - i)), args.reps, ts, budgets)  # fmt: skip
+                       time.time() + budget_left * (0.6 if i == 0 else 0.8 / (len(order) - i)), args.reps, ts, budgets,
+                       impls)  # fmt: skip
         report["experts"] += rows or []
         save()
         if i == 0:

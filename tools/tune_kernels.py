@@ -47,6 +47,22 @@ DOWN = [(16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 4, 3), (16, 128, 64, 4, 4, 2), 
         (32, 64, 128, 4, 4, 2), (64, 64, 64, 4, 4, 2), (16, 32, 256, 4, 3, 4), (16, 128, 128, 8, 3, 1),
         (64, 128, 64, 8, 3, 2), (32, 128, 64, 4, 4, 2), (128, 64, 64, 8, 3, 2)]  # fmt: skip
 TS = [1, 8, 16, 32, 64, 128]
+# v3 (kernels/experts.py, a kept list; T <= V3_MAX_TOKENS): gate_up over (kept slot, I block),
+# down with one program per BHO output columns walking every kept expert.
+# (BI, BH, num_warps, num_stages, PER_SM)
+GATE_UP_KEPT = [(32, 128, 4, 4, 3), (64, 128, 4, 3, 2), (32, 256, 4, 3, 2), (16, 256, 4, 4, 3), (64, 64, 4, 4, 2),
+                (32, 128, 8, 4, 2)]  # fmt: skip
+# (BHO, BI, num_warps, num_stages)
+DOWN_KEPT = [(16, 128, 4, 4), (16, 256, 4, 3), (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (16, 128, 4, 5),
+             (16, 512, 4, 3), (32, 128, 8, 4)]  # fmt: skip
+
+
+def gate_up_kept_cfg(c: tuple) -> dict:
+    return {"BI": c[0], "BH": c[1], "num_warps": c[2], "num_stages": c[3], "PER_SM": c[4]}
+
+
+def down_kept_cfg(c: tuple) -> dict:
+    return {"BHO": c[0], "BI": c[1], "num_warps": c[2], "num_stages": c[3]}
 
 
 def gate_up_cfg(c: tuple) -> dict:
@@ -102,9 +118,54 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
     return {"gate_up": gate_up_cfg(best_g), "down": down_cfg(best_d), "objective": round(best / len(cases), 3)}
 
 
+def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print) -> dict:
+    """Best {gate_up_kept, down_kept} (the v3 path) for one model and T, same objective as tune_shape."""
+    H, I, E, K = model["H"], model["I"], model["E"], model["K"]
+    dev = sets[0][0].device
+    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
+    cases = []
+    for M in (None, 16, 32):
+        sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
+        n_run = int(torch.unique(sel.topk_idx_TK[sel.topk_w_TK != 0]).numel())
+        cases.append((sel, expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)))
+
+    def objective(cfg: ExpertsConfig) -> float:
+        total = 0.0
+        for sel, floor_us in cases:
+            calls = [lambda gu=gu, dn=dn, s=sel: fused_experts(r.x_TH, gu, dn, s.topk_idx_TK, s.topk_w_TK, config=cfg,
+                                                               keep_M=s.keep_M) for gu, dn in sets]  # fmt: skip
+            us, _ = time_graph(calls, reps, dev)
+            total += us / floor_us
+        return total
+
+    base = ExpertsConfig()
+    best_g, best_d, best = GATE_UP_KEPT[0], DOWN_KEPT[0], float("inf")
+    for g in GATE_UP_KEPT:
+        try:
+            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(best_d)))
+        except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or launch
+            log(f"    gate_up_kept {g} failed: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if v < best:
+            best, best_g = v, g
+    for d in DOWN_KEPT[1:]:
+        try:
+            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(best_g), down_kept_cfg(d)))
+        except Exception as e:  # noqa: BLE001
+            log(f"    down_kept {d} failed: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if v < best:
+            best, best_d = v, d
+    return {"gate_up_kept": gate_up_kept_cfg(best_g), "down_kept": down_kept_cfg(best_d),
+            "objective_kept": round(best / len(cases), 3)}
+
+
 def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: int = 10, log=print,
-         device: str = "cuda") -> dict:  # fmt: skip
-    """Tuned table {config_key: entry} for every (model, T) reached before `deadline`."""
+         device: str = "cuda", paths: tuple[str, ...] = ("v2", "v3")) -> dict:  # fmt: skip
+    """Tuned table {config_key: entry} for every (model, T) reached before `deadline`; `paths`:
+    which expert paths to tune (v3 only at T <= V3_MAX_TOKENS)."""
+    from kernels.experts import V3_MAX_TOKENS
+
     table: dict = {}
     for name, m in models.items():
         sets = make_weight_sets(m["E"], m["H"], m["I"], 3, device)
@@ -113,7 +174,9 @@ def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: i
                 log(f"  tune: out of time before {name} T={T}")
                 return table
             t0 = time.time()
-            entry = tune_shape(m, T, sets, copy_gbps, reps, log)
+            entry = tune_shape(m, T, sets, copy_gbps, reps, log) if "v2" in paths else {}
+            if "v3" in paths and T <= V3_MAX_TOKENS:
+                entry.update(tune_kept_shape(m, T, sets, copy_gbps, reps, log))
             table[config_key(m["H"], m["I"], T)] = entry
             log(f"  tune {name} T={T}: {entry} ({time.time() - t0:.1f}s)")
         del sets
@@ -126,7 +189,8 @@ def install(table: dict, device: torch.device, out: Path | None = None) -> Path:
     """Merge `table` into configs/<gpu>.json (and copy it to `out`); later launches use it."""
     path = CONFIG_DIR / f"{device_name(device)}.json"
     merged = json.loads(path.read_text()) if path.exists() else {}
-    merged.update(table)
+    for key, entry in table.items():  # per path: tuning v3 alone keeps an entry's v2 configs
+        merged[key] = {**merged.get(key, {}), **entry}
     text = json.dumps(dict(sorted(merged.items())), indent=1) + "\n"
     path.write_text(text)
     if out is not None:
@@ -143,11 +207,12 @@ def main() -> None:
     ap.add_argument("--ts", nargs="*", type=int, default=TS)
     ap.add_argument("--budget-s", type=float, default=600)
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--paths", nargs="*", default=["v2", "v3"], help="expert paths to tune: v2 (four launches), v3")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s")
-    table = tune({k: MODELS[k] for k in args.models}, args.ts, bw, time.time() + args.budget_s)
+    table = tune({k: MODELS[k] for k in args.models}, args.ts, bw, time.time() + args.budget_s, paths=tuple(args.paths))
     print(f"wrote {install(table, dev, args.out)}")
 
 

@@ -91,11 +91,15 @@ class BudgetedMoE(nn.Module):
     def forward(self, hidden_BSH: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
         idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
-        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M)
-        if y_TH is None:
-            y_TH = self.experts(x_TH, idx_TK, w_TK)
+        y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M)
         out_BSH = self.family.combine(self, hidden_BSH, x_TH, y_TH)
         return (out_BSH, w_TK) if self.family.returns_router_scores else out_BSH
+
+    def run_experts(self, x_TH: Tensor, idx_TK: Tensor, w_TK: Tensor, keep_M: Tensor | None) -> Tensor:
+        """The routed experts' output: with the kernel's kept list and base_triton, the two-launch
+        expert kernel (kernels/experts.py v3) directly; else the experts module as the model runs it."""
+        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M)
+        return self.experts(x_TH, idx_TK, w_TK) if y_TH is None else y_TH
 
     def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(topk_idx_TK, topk_w_TK, keep_M) the experts run: the router's own, or the selection's;

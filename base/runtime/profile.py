@@ -41,10 +41,34 @@ CLASSES = (
 )
 
 
+class _Shadow:
+    """Profiling-only wrapper of an owned MoE block's method (an instance attribute that shadows it)."""
+
+    def __init__(self, module: nn.Module, method: str, cls: str) -> None:
+        self.module, self.method = module, method
+        inner = getattr(module, method)
+
+        def wrapped(*args, **kwargs):
+            with torch.profiler.record_function(f"cls:{cls}"):
+                return inner(*args, **kwargs)
+
+        module.__dict__[method] = wrapped
+
+    def remove(self) -> None:
+        self.module.__dict__.pop(self.method, None)
+
+
+# The owned MoE block (base/hf/moe_block.py) runs the fused route and the two-launch experts itself,
+# outside its router and experts modules: its two methods get the classes' ranges.
+OWNED_METHODS = (("route", "router/selection"), ("run_experts", "expert FFN"))
+
+
 def _tag(model: nn.Module) -> list:
     """Install a profiler range around every module of a class; returns the hook handles."""
     handles = []
     for name, module in model.named_modules():
+        if all(callable(getattr(module, m, None)) for m, _ in OWNED_METHODS) and hasattr(module, "family"):
+            handles += [_Shadow(module, m, cls) for m, cls in OWNED_METHODS]
         attr = name.rsplit(".", 1)[-1]
         for cls, attrs in CLASSES:
             if attr not in attrs:
@@ -67,9 +91,10 @@ def _tag(model: nn.Module) -> list:
     return handles
 
 
-def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -> dict[str, float]:
-    """ms per step by class over `run_steps()` (which runs `steps` eager decode steps): kernel time
-    on a GPU, operator CPU time on a CPU (there the split is of host work, not of device work)."""
+def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -> dict[str, tuple[float, float]]:
+    """(ms, kernels) per step by class over `run_steps()` (which runs `steps` eager decode steps):
+    kernel time and kernel launches on a GPU; operator CPU time and operator count on a CPU (there
+    the split is of host work, not of device work)."""
     cuda = next(model.parameters()).device.type == "cuda"
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     handles = _tag(model)
@@ -85,18 +110,19 @@ def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
-            per_class, total = attribute_trace(json.loads(path.read_text())["traceEvents"])
+            per_class, total, count = attribute_trace(json.loads(path.read_text())["traceEvents"])
     else:
-        per_class, total = attribute_cpu(prof.events())
-    out = {cls: ms / steps for cls, ms in sorted(per_class.items(), key=lambda kv: -kv[1])}
-    out["total"] = total / steps
+        per_class, total, count = attribute_cpu(prof.events())
+    out = {cls: (ms / steps, count[cls] / steps) for cls, ms in sorted(per_class.items(), key=lambda kv: -kv[1])}
+    out["total"] = (total / steps, sum(count.values()) / steps)
     return out
 
 
-def attribute_cpu(events) -> tuple[dict[str, float], float]:
+def attribute_cpu(events) -> tuple[dict[str, float], float, dict[str, int]]:
     """ms of operator self CPU time by class over profiler FunctionEvents (name,
-    self_cpu_time_total, cpu_parent), and their total."""
+    self_cpu_time_total, cpu_parent), their total, and operators by class."""
     per_class: dict[str, float] = {}
+    count: dict[str, int] = {}
     total = 0.0
     for ev in events:
         t = 0.0 if ev.name.startswith("cls:") else ev.self_cpu_time_total / 1e3
@@ -110,13 +136,15 @@ def attribute_cpu(events) -> tuple[dict[str, float], float]:
                 break
             parent = parent.cpu_parent
         per_class[cls] = per_class.get(cls, 0.0) + t
-    return per_class, total
+        count[cls] = count.get(cls, 0) + 1
+    return per_class, total, count
 
 
-def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float]:
+def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float, dict[str, int]]:
     """ms of GPU kernel time by class over a chrome trace's events (torch.profiler's
-    export_chrome_trace), and their total: each kernel goes to the innermost `cls:` range that was
-    open on its launching thread when it was launched (none: `other`; launch not found: `unlinked`)."""
+    export_chrome_trace), their total, and kernels by class: each kernel goes to the innermost
+    `cls:` range that was open on its launching thread when it was launched (none: `other`; launch
+    not found: `unlinked`)."""
     ranges: dict[int, list[tuple[float, float, str]]] = {}  # tid -> (start, end, class)
     by_ext: dict[int, tuple[int, float]] = {}  # External id -> (tid, host ts) of an op or range
     by_corr: dict[int, tuple[int, float]] = {}  # correlation -> (tid, host ts) of a launch call
@@ -151,6 +179,7 @@ def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float]:
         return "other"
 
     per_class: dict[str, float] = {}
+    count: dict[str, int] = {}
     total = 0.0
     for k in kernels:
         args = k.get("args") or {}
@@ -158,5 +187,6 @@ def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float]:
         cls = innermost(*launch) if launch is not None else "unlinked"
         t = k["dur"] / 1e3
         per_class[cls] = per_class.get(cls, 0.0) + t
+        count[cls] = count.get(cls, 0) + 1
         total += t
-    return per_class, total
+    return per_class, total, count

@@ -132,8 +132,8 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
 
 
 def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant, bs: int,
-             cfg: ThroughputConfig, ids_BP: torch.Tensor) -> dict[str, float]:
-    """ms per step by kernel class over `stats_steps` eager steps (base/runtime/profile.py)."""
+             cfg: ThroughputConfig, ids_BP: torch.Tensor) -> dict[str, tuple[float, float]]:
+    """(ms, kernels) per step by kernel class over `stats_steps` eager steps (base/runtime/profile.py)."""
     from base.runtime.profile import profile_steps
 
     budget = make_budget(v, False)
@@ -194,6 +194,7 @@ def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
     rows: list[dict] = []
     profile: list[dict] = []
     for bs in cfg.batch_sizes:
+        timed: dict[Variant, dict] = {}  # the graph-timed row of each variant (not the eager reference)
         gen = torch.Generator().manual_seed(seed + bs)
         ids_BP = torch.randint(0, model.config.vocab_size, (bs, cfg.prompt_len), generator=gen).to(device)
         for i, v in enumerate(variants):
@@ -210,14 +211,40 @@ def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
                                  "p90_ms": None, "tokens_per_s": 1e3 * bs / eager_ms, "non_expert_ms": None,
                                  "moe_share": None})
                 if bs == cfg.profile_batch and extra:
-                    for cls, ms in _profile(model, make_budget, v, bs, cfg, ids_BP).items():
+                    layers = model.config.num_hidden_layers
+                    for cls, (ms, n) in _profile(model, make_budget, v, bs, cfg, ids_BP).items():
                         profile.append({"batch_size": bs, "variant": v.label, "budget": v.budget, "class": cls,
-                                        "ms_per_step": ms, "graph_ms_per_step": row["ms_per_step"]})
+                                        "ms_per_step": ms, "kernels_per_step": n, "kernels_per_layer": n / layers,
+                                        "graph_ms_per_step": row["ms_per_step"]})
             row["config_s"] = time.perf_counter() - t0
+            row["ms_runs"] = [row["ms_per_step"]]
+            timed[v] = row
             print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
                   f"({row['config_s']:.1f} s)", flush=True)
+        _repeat(model, make_budget, variants, bs, cfg, ids_BP, timed)
     _speedups(rows)
     return rows, profile
+
+
+def _repeat(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], variants: list[Variant],
+            bs: int, cfg: ThroughputConfig, ids_BP: torch.Tensor, timed: dict[Variant, dict]) -> None:
+    """cfg.repeats - 1 more timed passes of every variant, each round in a rotated order (round r
+    starts at variant r), so no configuration always runs first or after the same neighbour; each
+    row's ms_per_step becomes the median of its passes, with their spread and the passes themselves
+    (in round order, so two variants' passes pair up by round)."""
+    steps = cfg.timed_steps or cfg.gen_tokens - 1
+    for r in range(1, cfg.repeats):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
+            with _ExpertsImpl(model, v.experts_impl):
+                ms, wall, _, _ = _decode(model, make_budget, v, bs, cfg, ids_BP, False, steps)
+            timed[v]["ms_runs"].append(statistics.median(ms) if ms else 1e3 * wall / steps)
+    for row in timed.values():
+        runs = row["ms_runs"]
+        row["ms_per_step"] = statistics.median(runs)
+        row["tokens_per_s"] = 1e3 * bs / row["ms_per_step"]
+        row["repeats"], row["ms_min"], row["ms_max"] = len(runs), min(runs), max(runs)
+        row["ms_runs"] = ";".join(f"{x:.4f}" for x in runs)
 
 
 def _speedups(rows: list[dict]) -> None:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 25 (the decode step near the roofline) on one H200, in one device call:
+#   1. the GPU tests of what the issue changed (selection kernel, v3 experts, Triton backend, engine)
+#   2. the kernel benchmark: v3 launch configs tuned, v3 against v2 expert FFN, the selection step
+#      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
+#   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
+#      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
+#   bash experiments/gpu/roofline.sh                       # all three, Qwen3-30B-A3B uniform
+#   PARTS="grid" MODEL=olmoe ROUTING=skewed bash experiments/gpu/roofline.sh
+#   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
+# Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; LOG=/tmp/roofline; mkdir -p "$OUT" "$LOG"
+source "$(dirname "$0")/env.sh"
+PARTS=${PARTS:-"tests kernels grid"}
+MODEL=${MODEL:-qwen3_30b}; ROUTING=${ROUTING:-uniform}
+t0=$(date +%s); stamp() { echo "[roofline $(( $(date +%s) - t0 ))s] $*"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$LOG/gpu_state.csv" 2>&1
+
+if [[ " $PARTS " == *" tests "* ]]; then
+  stamp "GPU tests"
+  timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_route_kernel.py \
+    tests/test_kernels.py tests/test_budget_triton.py tests/test_engine.py > "$LOG/gpu_tests.log" 2>&1
+  echo "rc=$?" >> "$LOG/gpu_tests.log"; tail -3 "$LOG/gpu_tests.log"
+fi
+if [[ " $PARTS " == *" kernels "* ]]; then
+  stamp "kernel benchmark"
+  timeout "${KERNELS_S:-240}" python3 -m tools.bench_kernels --out "$LOG/kernels" --skip-tests --tune-paths v3 \
+    --ts ${KERNEL_TS:-1 16 64} --impls base_triton_v3 base_triton grouped_mm --budget-s "${BENCH_S:-170}" \
+    --tune-s "${TUNE_S:-70}" > "$LOG/bench.log" 2>&1
+  echo "rc=$?" >> "$LOG/bench.log"; tail -40 "$LOG/bench.log"
+  cp kernels/configs/NVIDIA_H200.json "$LOG/kernels/installed_configs.json" 2>/dev/null
+  tar czf "$OUT/kernels.tgz" -C "$LOG" kernels bench.log
+fi
+if [[ " $PARTS " == *" grid "* ]]; then
+  stamp "grid $MODEL $ROUTING"
+  timeout "${GRID_S:-330}" python3 run.py experiment=throughput model="$MODEL" model.routing="$ROUTING" \
+    ${GRID_EXTRA:-} > "$LOG/grid_${MODEL}_${ROUTING}.log" 2>&1
+  echo "rc=$?" >> "$LOG/grid_${MODEL}_${ROUTING}.log"
+  grep -E "^\[throughput\] batch|Error|error" "$LOG/grid_${MODEL}_${ROUTING}.log" | tail -60
+  python3 -m analysis.throughput outputs/throughput "$LOG/throughput" > /dev/null 2>&1 && cp "$LOG/throughput.md" "$OUT/"
+  tar czf "$OUT/grid.tgz" outputs/throughput -C "$(dirname "$LOG")" "$(basename "$LOG")"
+fi
+cp "$LOG/gpu_tests.log" "$OUT/" 2>/dev/null
+stamp "done"

@@ -1,0 +1,121 @@
+"""Compile the decode-step kernels for a GPU target on any machine (no GPU needed) and report their
+resources: registers per thread, spills, shared memory. Catches compile errors before a GPU run.
+
+    python -m tools.aot_check                 # sm_90 (H100/H200), the launch shapes of Qwen3-30B-A3B
+    python -m tools.aot_check --arch 90 --warps 4 8
+
+Triton compiles to PTX and runs the bundled ptxas, so this works on a CPU-only machine; the
+numbers are what the GPU's JIT would get for the same constexprs (same Triton version).
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.experts import _down_kept_kernel, _gate_up_kept_kernel
+from kernels.select import _route_select_kernel
+
+
+def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: dict) -> tuple[dict[str, str], dict]:
+    """Triton signature (pointers by name, the named floats fp32, other runtime args i32) and the
+    attributes the JIT would infer for real launches: pointers and strides aligned to 16."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(inspect.signature(fn).parameters):
+        if name in constexprs:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = pointers.get(name) or ("fp32" if name in floats else "i32")
+        if name in pointers or name.startswith("stride_") or name in ALIGNED:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+# Sizes that are multiples of 16 in the launches this checks (the JIT marks such int arguments).
+ALIGNED = ("H", "I", "C", "E")
+# Strides that are 1 in every real launch: the JIT specialises an int argument equal to 1 into a
+# constant, which is what lets it vectorise and software-pipeline the weight loads.
+UNIT_STRIDES = {"stride_gk": 1, "stride_di": 1}
+
+
+def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
+    """(label, kernel, pointer types, float args, constexprs, options)."""
+    route_ptrs = {"x_ptr": "*bf16", "wr_ptr": "*bf16", "ws_ptr": "*fp32", "arrive_ptr": "*i32", "logits_ptr": "*fp32",
+                  "lbias_ptr": "*bf16", "probs_ptr": "*fp32", "idx_ptr": "*i64", "w_ptr": "*bf16", "active_ptr": "*i1",
+                  "score_ptr": "*fp32", "g_ptr": "*fp32", "bias_ptr": "*fp32", "energy_ptr": "*fp32", "sim_ptr": "*fp32",
+                  "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16"}  # fmt: skip
+    base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,
+                NORM=True, HAS_LBIAS=False, SCORE_IN_KERNEL=True, KIND=4, TIER=0, COVERAGE=False, REASSIGN=0,
+                RENORMALIZE=True)  # fmt: skip
+    floats = ("route_scale", "coverage")
+    out = [
+        ("route_select gemv base", _route_select_kernel, route_ptrs, floats, base, {"num_warps": 8}),
+        ("route_select gemv base T=64", _route_select_kernel, route_ptrs, floats, {**base, "TBG": 64}, {"num_warps": 8}),
+        ("route_select gemv anchor", _route_select_kernel, route_ptrs, floats, {**base, "TIER": 1}, {"num_warps": 8}),
+        ("route_select gemv oea", _route_select_kernel, route_ptrs, floats, {**base, "KIND": 0, "TIER": 3},
+         {"num_warps": 8}),
+        ("route_select gemv coverage", _route_select_kernel, route_ptrs, floats, {**base, "COVERAGE": True},
+         {"num_warps": 8}),
+        ("route_select gemv similar", _route_select_kernel, route_ptrs, floats, {**base, "REASSIGN": 2},
+         {"num_warps": 8}),
+        ("select after router top1", _route_select_kernel, route_ptrs, floats,
+         {**base, "GEMV": False, "ROUTE": False, "KIND": 0, "TIER": 2}, {"num_warps": 8}),
+    ]
+    gu_ptrs = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "gub_ptr": "*bf16", "keep_ptr": "*i64", "idx_ptr": "*i64",
+               "w_ptr": "*bf16", "act_ptr": "*bf16"}
+    dn_ptrs = {"act_ptr": "*bf16", "dw_ptr": "*bf16", "db_ptr": "*bf16", "keep_ptr": "*i64", "idx_ptr": "*i64",
+               "w_ptr": "*bf16", "out_ptr": "*bf16"}
+    for T_BLOCK in (16, 64):
+        common = dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16, HAS_BIAS=False, DOT_PRECISION="tf32")
+        for bi, bh, st in ((32, 128, 4), (64, 128, 3)):
+            out.append((f"gate_up_kept T={T_BLOCK} BI={bi} BH={bh} st={st}", _gate_up_kept_kernel, gu_ptrs,
+                        ("alpha", "limit"), {**common, "ROW_MUL": 1, "ACT": 0, "BI": bi, "BH": bh, "stride_gk": 1},
+                        {"num_warps": 4, "num_stages": st}))
+        for bho, bi, st in ((16, 128, 4), (16, 256, 3), (32, 128, 4)):
+            out.append((f"down_kept T={T_BLOCK} BHO={bho} BI={bi} st={st}", _down_kept_kernel, dn_ptrs, (),
+                        {**common, "BHO": bho, "BI": bi, "stride_di": 1}, {"num_warps": 4, "num_stages": st}))
+    return out
+
+
+def resources(cubin: bytes) -> str:
+    """registers, spills (stack) and shared memory from the cubin, by the cuobjdump Triton bundles."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
+    return f"regs={m.group(1):>4} stack={m.group(2):>4} shared={m.group(3):>6}" if m else text.strip()[-200:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", type=int, default=90)
+    args = ap.parse_args()
+    target = GPUTarget("cuda", args.arch, 32)
+    print(f"triton {triton.__version__}, target sm_{args.arch}")
+    failed = 0
+    for label, kernel, ptrs, floats, consts, opts in cases():
+        fn = kernel.gpu
+        sig, attrs = _types(fn.fn, ptrs, floats, consts)
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+        try:
+            k = triton.compile(src, target=target, options=opts)
+            ptx = k.asm["ptx"]
+            print(f"{label:44} {resources(k.asm['cubin'])} dyn_shared={k.metadata.shared:6} "
+                  f"cp.async={ptx.count('cp.async')} wgmma={ptx.count('wgmma')} mma={ptx.count('mma.sync')}")
+        except Exception as e:  # noqa: BLE001 - report every case
+            failed += 1
+            print(f"{label:40} FAILED: {type(e).__name__}: {str(e)[:400]}")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
