@@ -10,13 +10,13 @@ a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Lau
 """
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ from pathlib import Path
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -46,29 +47,14 @@ from base.config import (
     ThroughputConfig,
 )
 from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
-from base.run.sweep import error_line, record_job
+from base.run.outputs import check_run_folder, check_target, config_hash, remove_if_made, run_name
+from base.run.sweep import error_line, read_summary, record_job
 
 ROOT = Path(__file__).resolve().parent
 
 # Set when the command starts and inherited by every job a launcher starts (worker processes,
 # SLURM tasks): force=true recomputes a shared artifact once per sweep (base/run/artifacts.py).
 STARTED_ENV = "BASE_SWEEP_STARTED"
-MAX_RUN_NAME = 120  # file systems allow 255 bytes per name; leave room for Hydra's own suffixes
-
-
-def run_name(overrides: str) -> str:
-    """A run folder's name: its sorted overrides, "default" for none; a long one keeps a readable
-    prefix and a hash of the whole (every override is in config.yaml and report.json). A path in an
-    override value (model.path=/data/m) cannot lead the folder elsewhere: separators become '_'."""
-    if not overrides:
-        return "default"
-    overrides = overrides.replace("/", "_").replace("\\", "_")
-    if len(overrides) <= MAX_RUN_NAME:
-        return overrides
-    digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
-    return f"{overrides[: MAX_RUN_NAME - 12].rstrip(',')}-{digest}"
-
-
 @dataclass
 class RunSchema:
     """conf/config.yaml's shape, registered with Hydra's ConfigStore (conf/config.yaml's defaults list
@@ -88,6 +74,7 @@ class RunSchema:
     force: bool = False
     exp_name: str = "default"
     outputs_dir: str = "outputs"
+    allow_outside_outputs: bool = False  # hydra.run.dir / hydra.sweep.dir may name a folder outside outputs_dir
     artifacts_dir: str = "outputs/artifacts"
     eval: EvalConfig = field(default_factory=EvalConfig)
     calibration: CalibConfig = MISSING
@@ -129,12 +116,15 @@ def calibration(c: dict, overrides: str) -> dict:
     return calib
 
 
-def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConfig:
-    """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    def resolve(p: str) -> Path:
-        return Path(p) if Path(p).is_absolute() else ROOT / p
+def repo_path(path: str) -> Path:
+    """A path from the config: relative ones (artifacts_dir, files) are relative to the checkout."""
+    return Path(path) if Path(path).is_absolute() else ROOT / path
 
+
+def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "", run_key: str | None = None) -> RunConfig:
+    """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range. run_key:
+    the overrides that name the run folder (Hydra's override_dirname; default: overrides)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
     return RunConfig(
         model=ModelConfig(**c["model"]),
         method=MethodConfig(**c["method"]),
@@ -144,9 +134,10 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "") -> RunConf
         seed=c["seed"],
         stage=c["stage"],
         out_dir=out_dir,
-        artifacts_dir=resolve(c["artifacts_dir"]),
+        artifacts_dir=repo_path(c["artifacts_dir"]),
         root=ROOT,
         overrides=overrides,
+        run_key=overrides if run_key is None else run_key,
         force=bool(c["force"]),
         experiment=c["exp_name"],
         eval=EvalConfig(**c["eval"]),
@@ -190,8 +181,6 @@ def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
     """note(status=..., error=...) writes this job's row of the sweep summary (base/run/sweep.py)."""
     hc = HydraConfig.get()
     sweep_dir, run = Path(hc.sweep.dir), str(hc.sweep.subdir)
-    from base.run.outputs import config_hash
-
     fixed = {"job": hc.job.num, "overrides": ",".join(hc.overrides.task), "host": socket.gethostname(),
              "config_hash": config_hash(OmegaConf.to_yaml(cfg, resolve=True)), "pid": os.getpid(), "gpu": gpu,
              "launcher": str(hc.launcher.get("_target_", "")).rsplit(".", 1)[-1]}
@@ -207,15 +196,18 @@ def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
     return note
 
 
-def run_job(cfg: DictConfig, out_dir: Path, overrides: str) -> dict | None:
+def run_job(cfg: DictConfig, out_dir: Path, overrides: str, run_key: str) -> dict | None:
     """One run; raises ConfigError for a bad input (before the run writes anything)."""
     try:
-        run_cfg = build_config(cfg, out_dir, overrides)
+        run_cfg = build_config(cfg, out_dir, overrides, run_key)
     except TypeError as err:  # an unknown key reaching a config dataclass
         raise ConfigError(str(err)) from None
     from base.run.pipeline import run
 
-    return run(run_cfg, OmegaConf.to_yaml(cfg, resolve=True))
+    # Hydra's own record of the run (it no longer writes into the run folder: conf/config.yaml)
+    hydra_files = {".hydra/config.yaml": OmegaConf.to_yaml(cfg), ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
+                   ".hydra/overrides.yaml": OmegaConf.to_yaml(list(HydraConfig.get().overrides.task))}
+    return run(run_cfg, OmegaConf.to_yaml(cfg, resolve=True), hydra_files)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -229,10 +221,14 @@ def main(cfg: DictConfig) -> dict | None:
         note = sweep_note(cfg, gpu) if sweep else lambda status, error=None: None
         note("started")
         try:
-            report = run_job(cfg, out_dir, ",".join(hc.overrides.task))
+            report = run_job(cfg, out_dir, ",".join(hc.overrides.task), hc.job.override_dirname)
         except ConfigError as err:  # e.g. budget above the model's expert count
             note("failed", error_line(err))
+            remove_if_made(out_dir, [Path(p) for p in json.loads(os.environ.get(NEW_FOLDERS_ENV, "[]"))],
+                           float(os.environ.get(STARTED_ENV, time.time())))
             print(f"error: {err}", file=sys.stderr)
+            if sweep:
+                return None  # recorded; the sweep goes on and ends with exit 2 (RunFolders)
             sys.exit(2)
         except Exception as err:
             note("failed", error_line(err))
@@ -243,6 +239,124 @@ def main(cfg: DictConfig) -> dict | None:
 
         print_report(report, out_dir)
     return report
+
+
+# The folders a command's start found missing (JSON list), for main to remove again, if still empty,
+# when the run fails at start: a failed start leaves nothing behind.
+NEW_FOLDERS_ENV = "BASE_NEW_FOLDERS"
+
+
+class RunFolders(Callback):
+    """Hydra calls this before it makes any folder (conf/config.yaml: hydra.callbacks). It refuses,
+    with exit 2, a run or sweep folder outside outputs_dir (unless allow_outside_outputs=true) or one
+    that holds the checkout, the working directory, outputs_dir or artifacts_dir; an existing folder
+    that is not a run of the same overrides; and sweep points whose folders collide. After a sweep,
+    it ends the command with exit 2 if a point failed at start (each is in sweep_summary.csv)."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[Path, str]] = []  # (sweep folder, run folder name) of each point
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _refuse_or_go(lambda: self._check_run(config))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _refuse_or_go(lambda: self._check_sweep(config))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        rows = [r for sweep_dir in {d for d, _ in self.points} for r in read_summary(sweep_dir)
+                if (sweep_dir, r["run"]) in self.points]
+        failed = [f"{r['run']}: {r['error']}" for r in rows if r["status"] == "failed"]
+        if failed:
+            print(f"error: {len(failed)} of {len(self.points)} sweep points failed, each with its error in "
+                  f"sweep_summary.csv ({', '.join(sorted({str(d) for d, _ in self.points}))}): " + "; ".join(failed[:3]),
+                  file=sys.stderr)
+            sys.exit(2)
+
+    def _check_run(self, config: DictConfig) -> None:
+        with _hydra_config(config):  # ${hydra:job.override_dirname} resolves from it
+            folder = Path(str(config.hydra.run.dir))
+        _check_folder("hydra.run.dir", folder, config)
+        check_target(folder, str(config.hydra.job.override_dirname))
+        _note_new_folders([folder])
+
+    def _check_sweep(self, config: DictConfig) -> None:
+        _check_folder("hydra.sweep.dir", Path(str(config.hydra.sweep.dir)), config)
+        seen: dict[Path, str] = {}
+        for point, sweep_dir, subdir in _sweep_points(config):
+            folder, what = sweep_dir / subdir, str(point.hydra.job.override_dirname)
+            _check_folder("hydra.sweep.dir", sweep_dir, point)
+            if sweep_dir.resolve() not in folder.resolve().parents:
+                raise ConfigError(f"hydra.sweep.subdir={subdir} puts the run of `{what}` at {folder}, not in a folder "
+                                  f"of its own inside the sweep folder {sweep_dir}")
+            _check_folder("hydra.sweep.subdir", folder, point)
+            if folder.resolve() in seen:
+                raise ConfigError(f"sweep points `{seen[folder.resolve()]}` and `{what}` would share the run folder "
+                                  f"{folder} (a folder is named by the overrides, '/' written '_', keys such as force "
+                                  f"and logger left out); change the sweep so each point has a folder of its own")
+            seen[folder.resolve()] = what
+            check_target(folder, what)
+            self.points.append((sweep_dir, subdir))
+        _note_new_folders(sorted({d for d, _ in self.points}) or [Path(str(config.hydra.sweep.dir))])
+
+
+def _refuse_or_go(check: Callable[[], None]) -> None:
+    """Hydra turns a callback's exception into a warning: a refusal exits here."""
+    try:
+        check()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _check_folder(what: str, folder: Path, config: DictConfig) -> None:
+    protected = {"the checkout": ROOT, "the working directory": Path.cwd(), "outputs_dir": Path(config.outputs_dir),
+                 "artifacts_dir": repo_path(config.artifacts_dir)}
+    check_run_folder(what, folder, Path(config.outputs_dir), bool(config.allow_outside_outputs), protected)
+
+
+def _note_new_folders(folders: list[Path]) -> None:
+    """The given folders and their parents that do not exist yet (main removes them after a failed start)."""
+    new = [str(p.resolve()) for f in folders for p in (f, *f.parents) if not p.exists()]
+    os.environ[NEW_FOLDERS_ENV] = json.dumps(new)
+
+
+def _sweep_points(config: DictConfig) -> list[tuple[DictConfig, Path, str]]:
+    """Each point of the sweep as Hydra's basic sweeper and launcher will compose it (its job number
+    set), with its hydra.sweep.dir and subdir; a point that does not compose is left to Hydra, which
+    reports it before any job runs."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import open_dict
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return []  # another sweeper chooses its points as it goes
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    overrides = OverridesParser.create(config_loader=loader).parse_overrides(params + list(config.hydra.overrides.task))
+    (batch,) = BasicSweeper.split_arguments(overrides, None)
+    points = []
+    for num, point in enumerate(batch):
+        try:
+            cfg = loader.load_sweep_config(config, list(point))
+        except Exception:  # noqa: BLE001 - Hydra's own validation reports it, before any job
+            continue
+        with open_dict(cfg):
+            cfg.hydra.job.id, cfg.hydra.job.num = num, num
+        with _hydra_config(cfg):
+            points.append((cfg, Path(str(cfg.hydra.sweep.dir)), str(cfg.hydra.sweep.subdir)))
+    return points
+
+
+@contextmanager
+def _hydra_config(config: DictConfig) -> Iterator[None]:
+    """HydraConfig set to `config` for the with-block (Hydra sets it itself only when a job starts)."""
+    before = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(config)
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = before
 
 
 def check_command_line(argv: list[str]) -> None:

@@ -411,6 +411,7 @@ class RunConfig:
     force: bool = False
     experiment: str = "default"
     overrides: str = ""  # the run's command-line overrides (its folder name may be shortened)
+    run_key: str = ""  # the overrides that name its folder (Hydra's override_dirname): the folder's marker
     eval: EvalConfig = field(default_factory=EvalConfig)
     calibration: CalibConfig | None = None
     predictor: PredictorConfig = field(default_factory=PredictorConfig)

@@ -54,13 +54,18 @@ def clear_temp(directory: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
+def new_lock(path: Path) -> FileLock:
+    """A lock file at path, created with the permission policy above."""
+    return FileLock(path, mode=0o666 & ~_umask())
+
+
 @contextmanager
 def file_lock(directory: Path, name: str = ".lock") -> Iterator[None]:
     """An exclusive lock on <directory>/<name> for the with-block (other processes computing the
     same artifact wait, then find it done). filelock's Unix lock is flock(2): the kernel drops it
     when its holder dies, so a killed job never leaves the others waiting."""
     directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(directory / name, mode=0o666 & ~_umask()):
+    with new_lock(directory / name):
         yield
 
 
@@ -69,7 +74,7 @@ def clear_temp_if_idle(directory: Path, name: str = ".lock") -> None:
     temporary file beside it. Only when no writer holds the lock (a live writer's file stays)."""
     if not directory.is_dir() or not any(p for pat in TEMP_PATTERNS for p in directory.glob(pat)):
         return
-    lock = FileLock(directory / name, mode=0o666 & ~_umask())
+    lock = new_lock(directory / name)
     try:
         lock.acquire(blocking=False)
     except Timeout:

@@ -88,8 +88,16 @@ def calibration_settings(cfg: RunConfig) -> dict:
             "all_experts": c.all_experts}
 
 
+def model_folder(name: str) -> str:
+    """model.name as one folder name inside artifacts_dir: separators become '_' and a name of dots
+    only gets a leading '_' (model.name=/abs/path or ../../x never leads the files elsewhere; the
+    hash beside it tells names that end up alike apart)."""
+    folder = name.replace("/", "_").replace("\\", "_").replace("\0", "_")
+    return folder if folder.strip(".") else f"_{folder}"
+
+
 def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
-    return cfg.artifacts_dir / cfg.model.name / _hash([identity, calibration_settings(cfg)])
+    return cfg.artifacts_dir / model_folder(cfg.model.name) / _hash([identity, calibration_settings(cfg)])
 
 
 def _load_cached(load, path: Path):

@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,31 +122,54 @@ def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
     }
 
 
-def run(cfg: RunConfig, resolved_config: str) -> dict[str, Any] | None:
+def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The run into cfg.out_dir. Its files are written beside it and swapped in when complete, so a
-    finished result there stays whole until its replacement is (base/run/outputs.py: publish)."""
+    finished result there stays whole until its replacement is (base/run/outputs.py: publish); a
+    folder that is not this run's own is refused, and two runs of one folder take turns (its lock).
+    extra_files (relative path -> text) are written into the run folder with its results."""
     out = cfg.out_dir
-    outputs.recover(out)
     chash = outputs.config_hash(resolved_config)
+    outputs.check_target(out, cfg.run_key)
+    if _finished_before(cfg, resolved_config, chash):
+        return None
+    preflight(cfg)  # every bad input fails here, before anything is written or loaded
+    with outputs.run_lock(out):
+        outputs.recover(out)
+        outputs.check_target(out, cfg.run_key)  # as it is now, after any run that held the lock
+        if _finished_before(cfg, resolved_config, chash):
+            return None
+        stage = outputs.staging_dir(out)
+        try:
+            report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash, extra_files or {})
+        except ConfigError:  # a bad input found after preflight: the run leaves nothing
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        outputs.publish(stage, out)
+    return report
+
+
+def _finished_before(cfg: RunConfig, resolved_config: str, chash: str) -> bool:
+    """Is out_dir a finished run of this config (skipped unless force)? Says what it found."""
+    out = cfg.out_dir
     done = outputs.finished_hash(out)
     if outputs.same_config(resolved_config, done) and not cfg.force:
         print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
               f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
-        return None
+        return True
     if done is not None and not outputs.same_config(resolved_config, done):
         print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
-    preflight(cfg)  # every bad input fails here, before anything is written or loaded
-    stage = outputs.staging_dir(out)
-    report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash)
-    outputs.publish(stage, out)
-    return report
+    return False
 
 
-def _run_into(cfg: RunConfig, resolved_config: str, chash: str) -> dict[str, Any]:
+def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dict[str, str]) -> dict[str, Any]:
     out = cfg.out_dir
+    outputs.write_marker(out, cfg.run_key, chash)
     atomic_write_text(out / "config.yaml", resolved_config)
+    for name, text in extra_files.items():
+        atomic_write_text(out / name, text)
     identity = run_identity(cfg.experiment, cfg.model.name, cfg.method.name, cfg.budget, cfg.stage, cfg.overrides)
     logger = Logger(cfg.logger, identity, yaml.safe_load(resolved_config))
+    log_file = _log_to(out / "run.log")
     ok = False
     try:
         t0 = time.perf_counter()
@@ -167,6 +193,8 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str) -> dict[str, Any
         ok = True
     finally:
         logger.finish(ok)  # a failed run is marked failed in wandb, not finished
+        logging.getLogger().removeHandler(log_file)
+        log_file.close()
     return report
 
 
@@ -189,6 +217,15 @@ def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], lo
     report["serve_info"] = info
     report["serve_config"] = vars(cfg.serve)
     report["stream_config"] = vars(cfg.stream)
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """The run's log records (lm-eval's, transformers') into its folder as well, as Hydra's job log
+    did before the run folder became the run's own."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
 
 
 def _record_hardware(model, report: dict[str, Any]) -> None:
