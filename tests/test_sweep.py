@@ -85,14 +85,27 @@ def test_failed_jobs_are_listed_with_their_error_lines(tmp_path):
     assert not (tmp_path / "default" / status["[dense,base]"]["run"] / "report.json").exists()
 
 
-@pytest.mark.slow
-def test_a_bad_input_stops_the_sweep_and_is_listed(tmp_path):
-    bad = multirun(tmp_path, "exp_name=bad", "stage=describe", "budget=4,17")
-    assert bad.returncode == 2 and "error: budget=17 exceeds the 16 experts" in bad.stderr
+def test_a_point_that_fails_at_start_is_recorded_and_the_sweep_goes_on(tmp_path):
+    """The first point's budget is above the model's experts: it is listed as failed with its error,
+    leaves no folder, and the next point runs; the command then ends with exit 2, naming it."""
+    proc = multirun(tmp_path, "exp_name=bad", "stage=describe", "budget=17,4")
+    assert proc.returncode == 2 and "error: budget=17 exceeds the 16 experts" in proc.stderr
+    assert "error: 1 of 2 sweep points failed, each with its error in sweep_summary.csv" in proc.stderr
+    assert "Traceback" not in proc.stderr
     rows = {r["overrides"].rsplit("budget=", 1)[1]: r for r in read_summary(tmp_path / "bad")}
-    assert rows["4"]["status"] == "finished"
     error = "ConfigError: budget=17 exceeds the 16 experts of tiny_qwen3; choose 1..16 or null (dense)"
     assert (rows["17"]["status"], rows["17"]["error"]) == ("failed", error)
+    assert rows["4"]["status"] == "finished" and (tmp_path / "bad" / rows["4"]["run"] / "report.json").exists()
+    assert not (tmp_path / "bad" / rows["17"]["run"]).exists()
+
+
+def test_points_whose_run_folders_collide_are_refused_before_the_sweep_starts(tmp_path):
+    """`/` becomes `_` in a folder name: these two points would share one folder."""
+    proc = multirun(tmp_path, "stage=describe", "calibration.files=[data/a.txt],[data_a.txt]")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert ("error: sweep points `calibration.files=[data/a.txt],model=tiny_qwen3,stage=describe,task=smoke` and "
+            "`calibration.files=[data_a.txt],model=tiny_qwen3,stage=describe,task=smoke` would share the run folder") in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made the sweep folder
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 
 `budget=8` and `budget=16` of one model share them; `method=base` with no predictor yet runs
 calibration and the fit first. Files are safetensors + JSON, never pickles.
-Layout: <artifacts_dir>/<model name>/<model+calibration hash>/{calib.safetensors, calib.json,
-predictor-<fit hash>.safetensors, predictor-<fit hash>.json}.
+Layout: <artifacts_dir>/<model name as one folder name>/<model+calibration hash>/{calib.safetensors,
+calib.json, predictor-<fit hash>.safetensors, predictor-<fit hash>.json}.
 """
 from __future__ import annotations
 

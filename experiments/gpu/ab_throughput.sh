@@ -27,7 +27,7 @@ for label in ${ORDER:-new old}; do
   i=$((i + 1))
   run="$AB/${i}_${label}"
   (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" timeout "${RUN_LIMIT:-400}" python3 run.py experiment=throughput \
-    model="$MODEL" exp_name=ab outputs_dir=/tmp/ab_outputs hydra.run.dir="$run" artifacts_dir=/tmp/ab_artifacts \
+    model="$MODEL" exp_name=ab outputs_dir="$AB" hydra.run.dir="$run" artifacts_dir=/tmp/ab_artifacts \
     "throughput.methods=[dense,router_sum,base,fixed]" "throughput.budgets=[16,10]" "throughput.batch_sizes=[16,64]" \
     throughput.profile_batch=null throughput.eager_reference=false throughput.non_expert=false ${EXTRA:-} \
     > "$run.log" 2>&1) || echo "FAILED $i $label" >> "$AB/failed.log"

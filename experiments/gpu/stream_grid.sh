@@ -13,7 +13,7 @@ if [ "${TESTS:-0}" = 1 ]; then
 fi
 for routing in "${@:-uniform skewed}"; do
   for r in $routing; do
-    timeout "${RUN_LIMIT:-480}" python3 run.py experiment=stream model.routing=$r hydra.run.dir="$W/$r" \
+    timeout "${RUN_LIMIT:-480}" python3 run.py experiment=stream model.routing=$r outputs_dir="$W" hydra.run.dir="$W/$r" \
       artifacts_dir=/tmp/stream_artifacts ${EXTRA:-} > "$W/$r.log" 2>&1 || echo "FAILED $r" >> "$W/failed.log"
     grep -E "^\[stream\]" "$W/$r.log" | sed "s/^/[$r] /"
     tar czf "$OUT/stream_${TAG:-1}.tgz" -C "$(dirname "$W")" "$(basename "$W")"

@@ -1,0 +1,91 @@
+"""Where run.py may put a run (run.py: RunFolders, base/run/outputs.py: check_run_folder,
+check_target): below outputs_dir unless allow_outside_outputs=true, never in a folder that holds the
+checkout, the working directory, outputs_dir or artifacts_dir, never over a folder that is not the
+run's own; artifact paths stay in artifacts_dir whatever model.name says; a failed start leaves
+nothing behind. Each refusal comes before Hydra makes a folder."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run
+from base.run.artifacts import artifact_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "stage=describe"]
+
+
+def _run_py(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    flags = [a for a in args if a.startswith("-")]
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *flags, *FAST, *(a for a in args if not a.startswith("-"))],
+                          cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _user_files(folder: Path) -> list[str]:
+    (folder / "sub").mkdir(parents=True)
+    (folder / "keep.txt").write_text("keep")
+    (folder / "sub" / "data.csv").write_text("1,2")
+    return _tree(folder)
+
+
+SLOW = pytest.mark.slow  # one interpreter start each; the first and the last run in the fast tier
+
+
+@pytest.mark.parametrize("args, message", [
+    (["hydra.run.dir=.", "allow_outside_outputs=true"],
+     "hydra.run.dir=. would make {cwd} a run folder, and it holds the working directory"),
+    pytest.param(["hydra.run.dir=."], "hydra.run.dir=. would make {cwd} a run folder", marks=SLOW),
+    pytest.param(["hydra.run.dir=..", "allow_outside_outputs=true"], "and it holds the working directory", marks=SLOW),
+    pytest.param(["-m", "hydra.sweep.dir=.", "allow_outside_outputs=true", "budget=3,4"],
+                 "hydra.sweep.dir=. would make {cwd}", marks=SLOW),
+    pytest.param(["-m", "hydra.sweep.dir=outputs/sw", "hydra.sweep.subdir=.", "budget=3,4"],
+                 "hydra.sweep.subdir=. puts the run of `budget=3,model=tiny_qwen3,stage=describe,task=smoke` at outputs/sw, "
+                 "not in a folder of its own", marks=SLOW),
+    pytest.param(["hydra.run.dir=elsewhere/run"],
+                 "hydra.run.dir=elsewhere/run is outside outputs_dir=outputs ({cwd}/outputs): runs go below outputs_dir; "
+                 "set allow_outside_outputs=true to write to {cwd}/elsewhere/run", marks=SLOW),
+    (["hydra.run.dir=outputs/mine"], "run folder outputs/mine holds files that are not a run of these overrides (keep.txt, "
+                                     "sub); a run replaces only its own folder"),
+])
+def test_a_run_folder_that_would_replace_what_the_run_did_not_make_is_refused(tmp_path, args, message):
+    """From a folder holding work (as the checkout does): refused before anything is written."""
+    work = tmp_path / "work"
+    _user_files(work)
+    _user_files(work / "outputs" / "mine")
+    before = _tree(work)
+    proc = _run_py(work, *args)
+    assert proc.returncode == 2 and message.format(cwd=work) in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and _tree(work) == before
+
+
+@pytest.mark.slow
+def test_outside_outputs_dir_with_the_flag_and_a_new_folder(tmp_path):
+    proc = _run_py(tmp_path, "hydra.run.dir=elsewhere/run", "allow_outside_outputs=true",
+                   f"artifacts_dir={tmp_path}/art")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {"config.yaml", "report.json", ".hydra", "run.log"} <= set(_tree(tmp_path / "elsewhere" / "run"))
+
+
+def test_a_failed_start_leaves_nothing_behind(tmp_path):
+    """No folder, no .hydra/, no log: what the command made for the run goes again; a folder that
+    was there before stays."""
+    proc = _run_py(tmp_path, "outputs_dir=new/outputs", "budget=17")
+    assert proc.returncode == 2 and "error: budget=17 exceeds the 16 experts" in proc.stderr
+    assert _tree(tmp_path) == []
+    (tmp_path / "outputs" / "default").mkdir(parents=True)
+    proc = _run_py(tmp_path, "budget=17")
+    assert proc.returncode == 2 and _tree(tmp_path) == ["outputs", "outputs/default"]
+
+
+@pytest.mark.parametrize("name", ["/abs/path/model", "../../escaped", "..", ""])
+def test_artifacts_stay_in_artifacts_dir_whatever_model_name_says(compose, tmp_path, name):
+    rc = run.build_config(compose([*FAST, f"model.name={name}", f"artifacts_dir={tmp_path}/art"]), tmp_path / "o")
+    folder = artifact_dir(rc, {"name": name}).resolve()
+    assert folder.parent.parent == (tmp_path / "art").resolve()
