@@ -47,7 +47,13 @@ from base.config import (
     ThroughputConfig,
 )
 from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
-from base.run.outputs import check_run_folder, check_target, config_hash, remove_if_made, run_name
+from base.run.outputs import (
+    check_run_folder,
+    check_target,
+    config_hash,
+    remove_if_made,
+    run_name,
+)
 from base.run.sweep import error_line, read_summary, record_job
 
 ROOT = Path(__file__).resolve().parent
@@ -339,7 +345,7 @@ def _sweep_points(config: DictConfig) -> list[tuple[DictConfig, Path, str]]:
     for num, point in enumerate(batch):
         try:
             cfg = loader.load_sweep_config(config, list(point))
-        except Exception:  # noqa: BLE001 - Hydra's own validation reports it, before any job
+        except Exception:  # noqa: BLE001, S112 - Hydra's own validation reports it, before any job
             continue
         with open_dict(cfg):
             cfg.hydra.job.id, cfg.hydra.job.num = num, num

@@ -39,9 +39,8 @@ SLOW = pytest.mark.slow  # one interpreter start each; the first and the last ru
 
 
 @pytest.mark.parametrize("args, message", [
-    (["hydra.run.dir=.", "allow_outside_outputs=true"],
-     "hydra.run.dir=. would make {cwd} a run folder, and it holds the working directory"),
-    pytest.param(["hydra.run.dir=."], "hydra.run.dir=. would make {cwd} a run folder", marks=SLOW),
+    (["hydra.run.dir=."], "hydra.run.dir=. would make {cwd} a run folder, and it holds the working directory"),
+    pytest.param(["hydra.run.dir=.", "allow_outside_outputs=true"], "and it holds the working directory", marks=SLOW),
     pytest.param(["hydra.run.dir=..", "allow_outside_outputs=true"], "and it holds the working directory", marks=SLOW),
     pytest.param(["-m", "hydra.sweep.dir=.", "allow_outside_outputs=true", "budget=3,4"],
                  "hydra.sweep.dir=. would make {cwd}", marks=SLOW),
@@ -51,8 +50,8 @@ SLOW = pytest.mark.slow  # one interpreter start each; the first and the last ru
     pytest.param(["hydra.run.dir=elsewhere/run"],
                  "hydra.run.dir=elsewhere/run is outside outputs_dir=outputs ({cwd}/outputs): runs go below outputs_dir; "
                  "set allow_outside_outputs=true to write to {cwd}/elsewhere/run", marks=SLOW),
-    (["hydra.run.dir=outputs/mine"], "run folder outputs/mine holds files that are not a run of these overrides (keep.txt, "
-                                     "sub); a run replaces only its own folder"),
+    (["hydra.run.dir=outputs/mine"], ("run folder outputs/mine holds files that are not a run of these overrides "
+                                      "(keep.txt, sub); a run replaces only its own folder")),
 ])
 def test_a_run_folder_that_would_replace_what_the_run_did_not_make_is_refused(tmp_path, args, message):
     """From a folder holding work (as the checkout does): refused before anything is written."""
