@@ -41,15 +41,15 @@ TARGET = 0.015     # the accuracy difference the issue asks the primary family t
 
 
 def _critical(n_disc: np.ndarray, alpha: float) -> np.ndarray:
-    """Per discordant count D: the smallest rule-only count k >= D/2 the two-sided exact test
-    rejects at `alpha` (D + 1 where none is rejected); by symmetry D - k is the lower edge."""
-    out = np.empty(len(n_disc), dtype=np.int64)
-    for i, d in enumerate(n_disc):
-        k = np.arange((d + 1) // 2, d + 1)
-        p = np.minimum(1.0, 2 * stats.binom.sf(k - 1, d, 0.5))
-        hit = np.nonzero(p <= alpha)[0]
-        out[i] = k[hit[0]] if len(hit) else d + 1
-    return out
+    """Per discordant count D: the smallest rule-only count k the two-sided exact test rejects at
+    `alpha` (2 P(X >= k) <= alpha, X ~ Binomial(D, 1/2); D + 1 where none is rejected); by symmetry
+    D - k is the lower edge. binom.isf gives it up to rounding, which the two checks below settle."""
+    d = np.asarray(n_disc, dtype=np.int64)
+    k = stats.binom.isf(alpha / 2, d, 0.5).astype(np.int64) + 1
+    for _ in range(2):
+        k = np.where(2 * stats.binom.sf(k - 1, d, 0.5) > alpha, k + 1, k)     # not rejected: one up
+        k = np.where(2 * stats.binom.sf(k - 2, d, 0.5) <= alpha, k - 1, k)    # one lower still rejects
+    return np.minimum(np.maximum(k, (d + 1) // 2), d + 1)
 
 
 def exact_power(delta: float, disc: float, n: int, alpha: float) -> float:

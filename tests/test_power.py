@@ -42,3 +42,12 @@ def test_mdd_shrinks_with_n_and_grows_with_discordance_and_family():
     assert P.exact_mdd(0.10, 5600, 36) > P.exact_mdd(0.05, 5600, 36)
     assert P.exact_mdd(0.06, 5600, 72) > P.exact_mdd(0.06, 5600, 18)
     assert np.isnan(P.exact_mdd(0.001, 100, 36))  # too few discordant prompts: nothing is detectable
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.05 / 36])
+def test_critical_counts_match_a_scan_of_the_exact_test(alpha):
+    """The vectorised critical count against scanning every count with scipy's binomtest."""
+    got = P._critical(np.arange(0, 300), alpha)
+    for d in (0, 1, 5, 6, 11, 12, 40, 97, 160, 299):
+        hits = [k for k in range(d + 1) if k >= d - k and stats.binomtest(k, d, 0.5).pvalue <= alpha] if d else []
+        assert got[d] == (hits[0] if hits else d + 1), d

@@ -1,0 +1,529 @@
+"""Issue 27's pre-registered replication grid (docs/preregistration.md): the calls it fixed before
+the runs, the rule-by-family interaction, the diagnostics and the recommendation, from the grid's
+per-prompt and per-step records.
+
+    python -m analysis.replication outputs/replication_mini outputs/replication_mini_olmoe --out results/replication
+    python -m analysis.replication --records results/records --out results/replication   # from the committed records
+
+From the grid folders it first writes the records (analysis/records.py: results/records/<grid>.csv.gz,
+one row per run and prompt; plus <grid>.steps.csv.gz, one row per run, decode step and layer: the
+sums behind the MoE-output error, the retained energy and the weight scale), then computes everything
+from the records, so the committed tables re-derive from them.
+
+Written (<out> = results/replication):
+  <out>.csv              per run: accuracy [Wilson 95 %], union, occupancy, kept, out_error,
+                         energy_retained, weight scale (the mean per-token sum of the top-k weights)
+  <out>_paired.csv       the primary family (36 accuracy comparisons: exact McNemar, Holm over 36) and
+                         the secondary one (72: out_error and energy_retained, moving-block bootstrap
+                         over decode steps, unpaired, Holm over 72); column `family`
+  <out>_interaction.csv  does the ranking of rules differ between the two models (renormalised top-k
+                         or not): Hotelling T^2 per budget level (Holm over 3) and each rule's
+                         difference in differences (t test over prompts, Holm over 18)
+  <out>.md               the tables, the pre-registered calls, the recommendation and the deviations
+
+`recommend()` turns the primary calls into the serving recommendation and `static_recommendation()`
+applies the same rule to the committed static grids; README.md's "Which rule to use" block
+(analysis/claims.py) and `make report`'s recommendations section print `recommendation_text()`.
+Reads outputs/ and results/ only.
+
+Shapes: P prompts, T decode steps, L MoE layers, R rules, B bootstrap resamples, K blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import linalg
+from scipy import stats as sps
+from statsmodels.stats.multivariate import test_mvmean
+
+from analysis import power
+from analysis import records as R
+from analysis import stats as S
+
+ROOT = Path(__file__).resolve().parents[1]
+GRIDS = ("replication_mini", "replication_mini_olmoe")
+RULES = ("base_anchor(k0=1)", "base_anchor(k0=2)", "top1_union", "router_sq", "router_sum", "oracle")
+REF = "base"
+NOT_DEPLOYABLE = {"oracle": "needs every routed expert's output norm (runs them all): an upper bound"}
+LEVELS = ("tight", "middle", "loose")  # a model's three budgets, smallest first
+# Whether the model family renormalises each token's top-k weights to sum to 1 (config norm_topk_prob):
+# Qwen3-style mini and mini128 do, OLMoE-style mini_olmoe does not.
+RENORMALISED = {"mini": True, "mini128": True, "mini_olmoe": False}
+SECONDARY = {"out_error": ("out_err", "out_dense"), "energy_retained": ("energy_kept", "energy_total")}
+STEP_FIELDS = ["energy_kept", "energy_total", "out_err", "out_dense", "weight_total", "tokens", "union", "kept"]
+BLOCK = 32  # decode steps per bootstrap block (pre-registered; a request decodes at most 24 tokens)
+N_BOOT = 4000
+PREREG = "docs/preregistration.md"
+PAIRED = "results/replication_paired.csv"
+STATIC = {"mini": ("results/quality_seeds_mini_paired.csv", "results/rules_mini_paired.csv"),
+          "mini_olmoe": ("results/quality_seeds_mini_olmoe_paired.csv", "results/rules_mini_olmoe_paired.csv")}
+THROUGHPUT = "results/throughput/summary.csv"  # where the recommended rule's speed will come from (issue 25)
+# What was done differently from docs/preregistration.md, and why (results/replication.md prints it).
+DEVIATIONS = """
+- Calls that do not reject are labelled `inconclusive` (the project's word, analysis/stats.py), which the
+  pre-registration calls "not detected"; the meaning is the same: no tie is claimed.
+"""
+
+
+# ---- records -------------------------------------------------------------------------------------
+
+def steps_path(dest: str | Path) -> Path:
+    return Path(str(dest).removesuffix(".csv.gz") + ".steps.csv.gz")
+
+
+def write_records(root: str | Path, dest: str | Path) -> list[Path]:
+    """The grid's prompt records (analysis.records.write) and its step records: per run, decode
+    step and layer, the sums of selection_steps.csv (float32 precision)."""
+    written = list(R.write(root, dest))
+    frames = []
+    for _, r in R.runs(root).iterrows():
+        st = pd.read_csv(Path(r["dir"]) / "selection_steps.csv")
+        st = st[st["decode"].astype(bool)].reindex(columns=["step", "layer", *STEP_FIELDS])
+        frames.append(st.assign(**{k: r[k] for k in R.RUN}))
+    steps = pd.concat(frames, ignore_index=True)[[*R.RUN, "step", "layer", *STEP_FIELDS]]
+    for c in STEP_FIELDS:
+        steps[c] = steps[c].astype(np.float32)
+    steps = R._typed(R._order(steps, [*R.RUN, "step", "layer"]))
+    path = steps_path(dest)
+    steps.to_csv(path, index=False, compression=R.GZIP, float_format="%.7g")
+    return [*written, path]
+
+
+def read_records(dest: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(prompts, steps) of one grid's records."""
+    prompts, _ = R.read(dest)
+    path = steps_path(dest)
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: `python -m analysis.replication <grid folders> --out ...` writes it")
+    steps = R._typed(pd.read_csv(path, dtype={"method": "string", "batching": "string", "admission": "string"}))
+    return prompts, steps
+
+
+def _point(frame: pd.DataFrame, method: str, budget) -> pd.DataFrame:
+    return R.at_point(frame, method, budget, frame["seed"].dropna().unique())
+
+
+def budgets_of(prompts: pd.DataFrame) -> list[int]:
+    """The grid's budgets (those base ran at), smallest first."""
+    return sorted(int(b) for b in prompts.loc[prompts["method"] == REF, "budget"].dropna().unique())
+
+
+# ---- per run -------------------------------------------------------------------------------------
+
+def _layer_ratio(num_TL: np.ndarray, den_TL: np.ndarray) -> float:
+    return float((num_TL.sum(0) / np.clip(den_TL.sum(0), 1e-30, None)).mean())
+
+
+def _step_arrays(steps: pd.DataFrame, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """(T, L) arrays of one run's step records, steps in order (a layer missing at a step counts 0)."""
+    wide = steps.set_index(["step", "layer"])[list(fields)].astype(float).unstack("layer").sort_index().fillna(0.0)
+    return {f: wide[f].to_numpy() for f in fields}
+
+
+def run_table(prompts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, budget) of one grid: accuracy with its Wilson interval and the step metrics."""
+    rows = []
+    for (method, budget), g in prompts.groupby(["method", "budget"], dropna=False):
+        acc, low, high = S.accuracy_interval(R.per_prompt(g)["correct"].to_numpy())
+        st = _point(steps, method, budget)
+        a = _step_arrays(st, tuple(STEP_FIELDS))
+        row = {"model": g["model"].iloc[0], "method": method, "budget": budget, "prompts": g[R.PROMPT].drop_duplicates().shape[0],
+               "accuracy": acc, "accuracy_low": low, "accuracy_high": high,
+               "union_mean": float(st["union"].mean()), "occupancy_mean": float(st.groupby("step")["tokens"].first().mean()),
+               "kept_mean": float(st["kept"].mean()),
+               "weight_scale": float(st["weight_total"].sum() / max(st["tokens"].sum(), 1e-30)),
+               "decode_steps": int(st["step"].nunique())}
+        for m, (num, den) in SECONDARY.items():
+            row[m] = _layer_ratio(a[num], a[den]) if a[den].sum() > 0 else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- the primary family: accuracy, exact McNemar, Holm over every comparison ------------------------
+
+def primary(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every rule minus base at every budget of every model: 6 x 3 x models comparisons, one Holm family,
+    no tie (stats.grid_calls with no tie metric); mdd_exact: analysis.power's exact MDD at the row's
+    own discordance and the family's strictest Holm level."""
+    rows = []
+    for model, prompts in prompts_by_model.items():
+        for level, budget in zip(LEVELS, budgets_of(prompts)):
+            b = R.per_prompt(_point(prompts, REF, budget))
+            for rule in RULES:
+                a = R.per_prompt(_point(prompts, rule, budget))
+                if a.empty:
+                    raise SystemExit(f"{model}: no run of {rule} at M={budget}; the pre-registered family needs all")
+                j = a.add_suffix("_a").join(b.add_suffix("_b"), how="inner")
+                if len(j) != len(a) or len(j) != len(b) or (j["prompt_hash_a"] != j["prompt_hash_b"]).any():
+                    raise ValueError(f"{model}: {rule} and {REF} at M={budget} scored different prompts")
+                c = S.paired_accuracy(j["correct_a"].to_numpy(), j["correct_b"].to_numpy())
+                rows.append({"family": "primary", "model": model, "renormalised": RENORMALISED.get(model),
+                             "level": level, "method": rule, "budget": budget, "metric": "accuracy",
+                             "unit": f"prompts ({len(j)})", **c.row()})
+    t = S.grid_calls(pd.DataFrame(rows), tie_metrics=())
+    m = int(t["p"].notna().sum())
+    t["mdd_exact"] = [power.exact_mdd((a + b) / n, n, m) if a + b else np.nan
+                      for a, b, n in zip(t["a_only"], t["b_only"], t["n"])]
+    return t
+
+
+# ---- the secondary family: out_error and energy_retained, unpaired block bootstrap over steps ----------
+
+def block_sums(x_TL: np.ndarray, block: int) -> np.ndarray:
+    """Sums over every window of `block` consecutive steps, (T - block + 1, L) (the whole run when shorter)."""
+    if len(x_TL) <= block:
+        return x_TL.sum(0, keepdims=True)
+    c = np.vstack([np.zeros((1, x_TL.shape[1])), np.cumsum(x_TL, 0)])
+    return c[block:] - c[:-block]
+
+
+def block_bootstrap_diff(num_a_TL: np.ndarray, den_a_TL: np.ndarray, num_b_TL: np.ndarray, den_b_TL: np.ndarray,
+                         block: int = BLOCK, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float, float, float]:
+    """A - B of the mean over layers of sum(num) / sum(den), two runs with their own decode steps.
+
+    Moving-block bootstrap, each run resampled on its own (unpaired): ceil(T / block) windows of
+    `block` consecutive steps drawn with replacement, every layer of a step kept together.
+    Returns (diff, low, high, se): percentile 95 % interval and the bootstrap standard error."""
+    rng = np.random.default_rng(seed)
+
+    def resample(num: np.ndarray, den: np.ndarray) -> np.ndarray:  # -> (B,)
+        bn, bd = block_sums(num, block), block_sums(den, block)
+        k = int(np.ceil(len(num) / block))
+        idx_BK = rng.integers(0, len(bn), size=(n_boot, k))
+        return (bn[idx_BK].sum(1) / np.clip(bd[idx_BK].sum(1), 1e-30, None)).mean(-1)
+
+    diff = _layer_ratio(num_a_TL, den_a_TL) - _layer_ratio(num_b_TL, den_b_TL)
+    boot = resample(num_a_TL, den_a_TL) - resample(num_b_TL, den_b_TL)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(diff), float(low), float(high), float(boot.std(ddof=1))
+
+
+def secondary(prompts_by_model: dict[str, pd.DataFrame], steps_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """out_error and energy_retained, every rule minus base at every budget: one Holm family, no tie."""
+    rows = []
+    for model, steps in steps_by_model.items():
+        for level, budget in zip(LEVELS, budgets_of(prompts_by_model[model])):
+            b = _step_arrays(_point(steps, REF, budget), tuple(f for pair in SECONDARY.values() for f in pair))
+            for rule in RULES:
+                a = _step_arrays(_point(steps, rule, budget), tuple(f for pair in SECONDARY.values() for f in pair))
+                for metric, (num, den) in SECONDARY.items():
+                    diff, low, high, se = block_bootstrap_diff(a[num], a[den], b[num], b[den])
+                    c = S.Comparison(diff, low, high, S.p_normal(diff, se), np.nan, S.MARGINS[metric], se,
+                                     len(a[num]) + len(b[num]),
+                                     f"moving-block bootstrap over decode steps (blocks of {BLOCK}), unpaired")
+                    rows.append({"family": "secondary", "model": model, "renormalised": RENORMALISED.get(model),
+                                 "level": level, "method": rule, "budget": budget, "metric": metric,
+                                 "unit": f"decode steps ({len(a[num])} + {len(b[num])})", **c.row()})
+    return S.grid_calls(pd.DataFrame(rows), tie_metrics=())
+
+
+# ---- does the ranking of rules differ between the families? -----------------------------------------
+
+def _diffs(prompts: pd.DataFrame, budget: int) -> pd.DataFrame:
+    """Per prompt (by hash): correct(rule) - correct(base), one column per rule."""
+    b = R.per_prompt(_point(prompts, REF, budget)).set_index("prompt_hash")["correct"]
+    return pd.DataFrame({r: R.per_prompt(_point(prompts, r, budget)).set_index("prompt_hash")["correct"] - b
+                         for r in RULES})
+
+
+def _independent(x_PR: np.ndarray) -> np.ndarray:
+    """A basis of x's columns (pivoted QR after centring): the centred contrasts sum to zero, and two
+    rules that differ from base on the same prompts give equal columns; a column that is a fixed
+    combination of others has its mean fixed by theirs, so the basis carries the whole test."""
+    xc = x_PR - x_PR.mean(0)
+    if not np.abs(xc).max() > 0:
+        return x_PR[:, :0]
+    _, r, piv = linalg.qr(xc, mode="economic", pivoting=True)
+    rank = int((np.abs(np.diag(r)) > 1e-9 * np.abs(r[0, 0])).sum())
+    return x_PR[:, np.sort(piv[:rank])]
+
+
+def interaction(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Rule-by-family interaction on the paired differences, per budget level, between a renormalised
+    and a not renormalised model scored on the same prompts: dd_PR = d_R(renormalised) - d_R(not).
+
+    omnibus: the contrasts of dd centred over rules (a shift common to every rule does not count) have
+    mean zero: one-sample Hotelling T^2 (statsmodels test_mvmean) on a basis of them (_independent);
+    Holm over the levels.
+    per rule: mean dd = 0, one-sample t test over prompts (scipy); Holm over rules x levels."""
+    renorm = [m for m in prompts_by_model if RENORMALISED.get(m)]
+    plain = [m for m in prompts_by_model if RENORMALISED.get(m) is False]
+    if not renorm or not plain:
+        return pd.DataFrame()
+    ma, mb = renorm[0], plain[0]
+    rows = []
+    for level, ba, bb in zip(LEVELS, budgets_of(prompts_by_model[ma]), budgets_of(prompts_by_model[mb])):
+        da, db = _diffs(prompts_by_model[ma], ba), _diffs(prompts_by_model[mb], bb)
+        if set(da.index) != set(db.index):
+            raise ValueError(f"{ma} and {mb} scored different prompts: no paired interaction")
+        dd = (da - db.loc[da.index]).to_numpy(float)  # (P, R)
+        c = dd - dd.mean(1, keepdims=True)
+        e = _independent(c)
+        if e.shape[1] == 0:
+            p, stat = 1.0, 0.0
+        else:
+            res = test_mvmean(e, np.zeros(e.shape[1]))
+            p, stat = float(res.pvalue), float(res.statistic)
+        rank = lambda d: ", ".join(f"{r} {v:+.3f}" for r, v in sorted(zip(RULES, d.mean(0)), key=lambda t: -t[1]))
+        rows.append({"test": "omnibus", "level": level, "budgets": f"{ma} M={ba}, {mb} M={bb}", "method": "",
+                     "diff": float(np.abs(c.mean(0)).max()), "low": np.nan, "high": np.nan, "p": p, "statistic": stat,
+                     "n": len(dd), "detail": f"{ma}: {rank(da.to_numpy(float))}; {mb}: {rank(db.to_numpy(float))}"})
+        for i, rule in enumerate(RULES):
+            x = dd[:, i]
+            if np.allclose(x, x[0]):
+                p, low, high = (1.0 if x[0] == 0 else 0.0), float(x[0]), float(x[0])
+            else:
+                t = sps.ttest_1samp(x, 0.0)
+                p = float(t.pvalue)
+                low, high = (float(v) for v in t.confidence_interval(1 - S.ALPHA))
+            rows.append({"test": "per rule", "level": level, "budgets": f"{ma} M={ba}, {mb} M={bb}", "method": rule,
+                         "diff": float(x.mean()), "low": low, "high": high, "p": p, "statistic": np.nan,
+                         "n": len(x), "detail": f"{ma} {da[rule].mean():+.4f}, {mb} {db[rule].mean():+.4f}"})
+    t = pd.DataFrame(rows)
+    t["p_holm"] = np.nan
+    for kind in ("omnibus", "per rule"):
+        sel = t["test"] == kind
+        t.loc[sel, "p_holm"] = S.holm(t.loc[sel, "p"].to_numpy())
+    t["call"] = np.where(t["p_holm"] < S.ALPHA, "differs", "not detected")
+    return t
+
+
+# ---- the decision rule (docs/preregistration.md) -------------------------------------------------------
+
+def recommend(calls: pd.DataFrame) -> dict:
+    """Per model: the deployable rules that are higher than base at one or more budgets and lower at none
+    (`qualifying`), the chosen one (most higher calls, then the larger mean difference) or base; every
+    rule lower than base somewhere; whether both models chose the same rule."""
+    acc = calls[calls["metric"] == "accuracy"]
+    out: dict = {"models": {}, "lower": {}}
+    for model, g in acc.groupby("model", sort=False):
+        qual = []
+        for rule, h in g.groupby("method"):
+            if rule in NOT_DEPLOYABLE:
+                continue
+            higher = h.loc[h["call"] == "higher", "budget"].astype(int).tolist()
+            if higher and not (h["call"] == "lower").any():
+                qual.append((len(higher), float(h["diff"].mean()), rule, higher))
+        qual.sort(reverse=True)
+        pick = qual[0] if qual else None
+        out["models"][model] = {"rule": pick[2] if pick else REF, "higher_at": pick[3] if pick else [],
+                                "mean_diff": pick[1] if pick else 0.0, "qualifying": [q[2] for q in qual]}
+        for rule, h in g[g["call"] == "lower"].groupby("method"):
+            out["lower"].setdefault(rule, []).append((model, h["budget"].astype(int).tolist()))
+    picks = {v["rule"] for v in out["models"].values()}
+    out["same"] = len(picks) == 1
+    return out
+
+
+def static_calls(root: Path = ROOT) -> pd.DataFrame:
+    """The committed static grids' accuracy calls per model (their own pools, Holm per grid)."""
+    frames = []
+    for model, files in STATIC.items():
+        for rel in files:
+            t = pd.read_csv(root / rel)
+            t = t[t["metric"] == "accuracy"]
+            frames.append(t.assign(model=model, grid=Path(rel).name.removesuffix("_paired.csv"))
+                          [["model", "grid", "method", "budget", "metric", "diff", "call"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def static_recommendation(root: Path = ROOT) -> dict:
+    return recommend(static_calls(root))
+
+
+def _list(xs) -> str:
+    xs = list(xs)
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+def _where(budgets: list[int]) -> str:
+    return "M=" + "/".join(str(b) for b in budgets)
+
+
+def _sentence(rec: dict, family: dict[str, str]) -> str:
+    parts = []
+    for model, v in rec["models"].items():
+        if v["rule"] == REF:
+            parts.append(f"on `{model}` ({family[model]}) `{REF}`: no deployable rule is higher than base at any "
+                         "budget without being lower at another")
+        else:
+            parts.append(f"on `{model}` ({family[model]}) `{v['rule']}`: higher than base at {_where(v['higher_at'])}, "
+                         f"lower at none (mean difference {v['mean_diff']:+.3f})")
+    return "; ".join(parts)
+
+
+def _family(model: str) -> str:
+    return {True: "top-k weights renormalised", False: "top-k weights not renormalised"}.get(
+        RENORMALISED.get(model), "family unknown")
+
+
+def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT) -> str:
+    """README.md's "Which rule to use" bullets (and `make report`'s recommendations), from the
+    replication's calls (default: results/replication_paired.csv) and the committed static grids."""
+    paired = pd.read_csv(root / PAIRED) if paired is None else paired
+    prim = paired[paired["family"] == "primary"]
+    rec, srec = recommend(prim), static_recommendation(root)
+    fam = {m: _family(m) for m in rec["models"]}
+    m = len(prim)
+    n = int(prim["n"].iloc[0])
+    picks = sorted({v["rule"] for v in rec["models"].values()})
+    head = (f"`{picks[0]}` on both models" if rec["same"] else
+            "per model family: " + _list([f"`{v['rule']}` on `{k}`" for k, v in rec["models"].items()]))
+    lower = "; ".join(f"`{r}` at " + ", ".join(f"{_where(b)} on `{mo}`" for mo, b in w)
+                      for r, w in sorted(rec["lower"].items()))
+    counts = prim["call"].value_counts().reindex(["higher", "lower", "inconclusive"], fill_value=0)
+    serving = (f"- **Serving (continuous batching)**: {head} — {_sentence(rec, fam)}. From the pre-registered "
+               f"replication grid ([docs/preregistration.md](docs/preregistration.md); `results/replication.md`, "
+               f"`make replication`): {n:,} fresh prompts, {m} accuracy comparisons against base, exact McNemar, "
+               f"Holm over all {m} ({counts['higher']} higher, {counts['lower']} lower, {counts['inconclusive']} "
+               f"inconclusive; median minimal detectable difference {prim['mdd_exact'].median():.3f})."
+               + (f" Lower than base: {lower}." if lower else "")
+               + " `oracle` is an upper bound, not a rule to deploy.")
+    spicks = sorted({v["rule"] for v in srec["models"].values()})
+    shead = (f"`{spicks[0]}` on both models" if srec["same"] else
+             "per model: " + _list([f"`{v['rule']}` on `{k}`" for k, v in srec["models"].items()]))
+    static = (f"- **Static batches** (from the committed static grids, `results/quality_seeds_mini{{,_olmoe}}.md` "
+              f"and `results/rules_mini{{,_olmoe}}.md`, Holm per grid on their own pools; **not replicated on fresh "
+              f"prompts**): {shead} — {_sentence(srec, {m_: _family(m_) for m_ in srec['models']})}.")
+    speed = (f"- **Speed of the recommended rule**: SPEED-PENDING — the lead adds it from `{THROUGHPUT}` once the "
+             "throughput grid runs every rule on the fused GPU path (issue 25); no figure is given until then.")
+    return "\n".join([serving, static, speed])
+
+
+# ---- diagnostics ---------------------------------------------------------------------------------------
+
+def predictor_r2(root: Path = ROOT) -> pd.DataFrame:
+    """Held-out R^2 of each layer's predictor of log||E_u(z)|| (the fit stage's committed tables)."""
+    frames = []
+    for model, rel in (("mini", "results/quality_mini_predictor_r2.csv"),
+                       ("mini_olmoe", "results/quality_mini_olmoe_predictor_r2.csv")):
+        if (root / rel).exists():
+            frames.append(pd.read_csv(root / rel).assign(model=model))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# ---- writing -------------------------------------------------------------------------------------------
+
+def _prereg_commit(root: Path = ROOT) -> str:
+    try:
+        out = subprocess.run(["git", "log", "--format=%h %cs", "--diff-filter=A", "--", PREREG], cwd=root,
+                             capture_output=True, text=True, check=True).stdout.split()
+        return f"{out[0]} ({out[1]})" if out else "not committed"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+
+
+def _ci(r, digits: int = 3) -> str:
+    return f"{r['diff']:+.{digits}f} [{r['low']:+.{digits}f}, {r['high']:+.{digits}f}]"
+
+
+def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: pd.DataFrame,
+             grids: list[str], deviations: str = "") -> str:
+    prim, sec = calls[calls["family"] == "primary"], calls[calls["family"] == "secondary"]
+    out = [f"Made by `make replication` (`python -m experiments.run_points --jobs 1 {' '.join(grids)} --extra "
+           "\"method=base_anchor method.k0=2\" --extra \"method=dense budget=null\"`), then `python -m "
+           "analysis.replication " + " ".join(f"outputs/{g}" for g in grids) + " --out results/replication`; "
+           "re-derived from the committed records by `python -m analysis.replication --records results/records "
+           f"--out results/replication`. Pre-registered in `{PREREG}`, added in commit {_prereg_commit()}.\n",
+           "## Runs\n",
+           "Accuracy [Wilson 95 %]; union_mean: distinct experts the active tokens route to per layer and decode step; "
+           "occupancy_mean: requests decoding per step; kept_mean: experts kept; out_error, energy_retained: mean over "
+           "layers of the run's sums; weight_scale: the mean per-token sum of the top-k router weights (1 when "
+           "renormalised).\n"]
+    t = table.copy()
+    t["accuracy"] = [f"{a:.3f} [{lo:.3f}, {hi:.3f}]" for a, lo, hi in zip(t["accuracy"], t["accuracy_low"],
+                                                                          t["accuracy_high"])]
+    t["budget"] = t["budget"].map(lambda b: "dense" if pd.isna(b) else str(int(b)))
+    out.append(t.drop(columns=["accuracy_low", "accuracy_high"]).to_markdown(index=False, floatfmt=".3f"))
+    counts = prim["call"].value_counts().reindex(["higher", "lower", "inconclusive"], fill_value=0)
+    out += [f"\n## Primary family: accuracy, {len(prim)} comparisons\n",
+            f"Each rule minus base at the same budget on the same {int(prim['n'].iloc[0]):,} prompts: exact McNemar p "
+            f"and Tango's 95 % interval; Holm over all {len(prim)}; higher/lower where the Holm-adjusted p < "
+            f"{S.ALPHA:g}, else inconclusive (not detected: the difference may be anything below the row's minimal "
+            f"detectable difference, `mdd_exact`, 80 % power at Holm's strictest level); no accuracy tie is claimed. "
+            f"{counts['higher']} higher, {counts['lower']} lower, {counts['inconclusive']} inconclusive.\n"]
+    p = prim.assign(difference=[_ci(r) for _, r in prim.iterrows()])
+    p = p[["model", "level", "budget", "method", "difference", "a_only", "b_only", "p", "p_holm", "call", "mdd_exact"]]
+    out.append(p.rename(columns={"a_only": "rule only", "b_only": "base only"}).to_markdown(index=False, floatfmt=".3g"))
+    rec, srec = recommend(prim), static_recommendation()
+    out += ["\n## Recommendation (the pre-registered decision rule)\n", recommendation_text(calls), "",
+            "Qualifying rules per model (higher than base somewhere, lower nowhere): " + "; ".join(
+                f"`{m}`: {', '.join(v['qualifying']) or 'none'}" for m, v in rec["models"].items())
+            + ". Static grids: " + "; ".join(f"`{m}`: {', '.join(v['qualifying']) or 'none'}"
+                                             for m, v in srec["models"].items()) + ".\n"]
+    scount = sec["call"].value_counts().reindex(["higher", "lower", "inconclusive"], fill_value=0)
+    out += [f"\n## Secondary family: MoE-output error and retained energy, {len(sec)} comparisons\n",
+            f"Each rule minus base, unpaired (each rule decodes its own batches): moving-block bootstrap over decode "
+            f"steps, blocks of {BLOCK}, {N_BOOT} resamples, percentile 95 % interval, p from the bootstrap standard "
+            f"error; Holm over all {len(sec)}. {scount['higher']} higher, {scount['lower']} lower, "
+            f"{scount['inconclusive']} inconclusive. Lower out_error and higher energy_retained are better.\n"]
+    s = sec.assign(cell=[f"{_ci(r)} {r['call']}" for _, r in sec.iterrows()]).pivot_table(
+        index=["model", "level", "budget", "method"], columns="metric", values="cell", aggfunc="first").reset_index()
+    out.append(s.to_markdown(index=False))
+    if len(inter):
+        om = inter[inter["test"] == "omnibus"]
+        out += ["\n## Does the ranking of rules differ between the families?\n",
+                "Per prompt, d_R = correct(rule) - correct(base) on each model (the same prompts); the interaction is "
+                "d_R(renormalised) - d_R(not renormalised) at the same budget level. Omnibus: Hotelling T^2 that the "
+                "interaction contrasts centred over rules have mean zero (a shift common to all rules does not count), "
+                "Holm over the 3 levels; per rule: t test of the mean interaction, Holm over "
+                f"{int((inter['test'] == 'per rule').sum())}. One model per family: a difference found is a difference "
+                "between these two models.\n",
+                om[["level", "budgets", "statistic", "p", "p_holm", "call", "detail"]].to_markdown(index=False,
+                                                                                                   floatfmt=".3g"),
+                ""]
+        pr = inter[inter["test"] == "per rule"].assign(interaction=lambda d: [_ci(r) for _, r in d.iterrows()])
+        out.append(pr[["level", "method", "interaction", "p", "p_holm", "call", "detail"]].to_markdown(
+            index=False, floatfmt=".3g"))
+    if len(r2):
+        out += ["\n## Diagnostics\n",
+                "Predictor fit: held-out R^2 of log||E_u(z)|| per layer (the fit stage's committed tables, "
+                "`results/quality_mini{,_olmoe}_predictor_r2.csv`; the replication runs use the same calibration and "
+                "fit settings). Weight scale, retained energy and output error per rule: the Runs table above.\n",
+                r2.pivot_table(index="model", columns="layer", values="r2").round(3).reset_index().rename(
+                    columns=str).to_markdown(index=False)]
+    out += ["\n## Deviations from the pre-registration\n", deviations.strip() or "None.", ""]
+    return "\n".join(out) + "\n"
+
+
+def analyse(dests: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame]]:
+    prompts, steps = {}, {}
+    for d in dests:
+        p, s = read_records(d)
+        model = str(p["model"].iloc[0])
+        prompts[model], steps[model] = p, s
+    table = pd.concat([run_table(prompts[m], steps[m]) for m in prompts], ignore_index=True)
+    calls = pd.concat([primary(prompts), secondary(prompts, steps)], ignore_index=True)
+    return table, calls, interaction(prompts), prompts
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("grids", nargs="*", help="grid folders (outputs/replication_*): their records are written first")
+    ap.add_argument("--records", default="results/records", help="where the records are (and are written)")
+    ap.add_argument("--names", nargs="*", default=list(GRIDS), help="grids to read from --records")
+    ap.add_argument("--out", default="results/replication")
+    args = ap.parse_args(argv)
+    names = [Path(g).name for g in args.grids] or args.names
+    for g in args.grids:
+        for path in write_records(g, Path(args.records) / Path(g).name):
+            print(f"wrote {path}")
+    table, calls, inter, _ = analyse([Path(args.records) / n for n in names])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    calls.to_csv(out.parent / f"{out.name}_paired.csv", index=False)
+    inter.to_csv(out.parent / f"{out.name}_interaction.csv", index=False)
+    text = markdown(table, calls, inter, predictor_r2(), names, DEVIATIONS)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
