@@ -105,8 +105,9 @@ def read_records(dest: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return prompts, steps
 
 
-def _point(frame: pd.DataFrame, method: str, budget) -> pd.DataFrame:
-    return R.at_point(frame, method, budget, frame["seed"].dropna().unique())
+def _points(frame: pd.DataFrame) -> dict[tuple[str, int | None], pd.DataFrame]:
+    """The rows of each (method, budget) of one grid (budget None: dense); the grid has one seed."""
+    return {(str(m), None if pd.isna(b) else int(b)): g for (m, b), g in frame.groupby(["method", "budget"], dropna=False)}
 
 
 def budgets_of(prompts: pd.DataFrame) -> list[int]:
@@ -128,10 +129,10 @@ def _step_arrays(steps: pd.DataFrame, fields: tuple[str, ...]) -> dict[str, np.n
 
 def run_table(prompts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per (method, budget) of one grid: accuracy with its Wilson interval and the step metrics."""
-    rows = []
-    for (method, budget), g in prompts.groupby(["method", "budget"], dropna=False):
+    rows, at = [], _points(steps)
+    for (method, budget), g in _points(prompts).items():
         acc, low, high = S.accuracy_interval(R.per_prompt(g)["correct"].to_numpy())
-        st = _point(steps, method, budget)
+        st = at[(method, budget)]
         a = _step_arrays(st, tuple(STEP_FIELDS))
         row = {"model": g["model"].iloc[0], "method": method, "budget": budget, "prompts": g[R.PROMPT].drop_duplicates().shape[0],
                "accuracy": acc, "accuracy_low": low, "accuracy_high": high,
@@ -153,10 +154,13 @@ def primary(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
     own discordance and the family's strictest Holm level."""
     rows = []
     for model, prompts in prompts_by_model.items():
+        at = _points(prompts)
         for level, budget in zip(LEVELS, budgets_of(prompts)):
-            b = R.per_prompt(_point(prompts, REF, budget))
+            b = R.per_prompt(at[(REF, budget)])
             for rule in RULES:
-                a = R.per_prompt(_point(prompts, rule, budget))
+                if (rule, budget) not in at:
+                    raise SystemExit(f"{model}: no run of {rule} at M={budget}; the pre-registered family needs all")
+                a = R.per_prompt(at[(rule, budget)])
                 if a.empty:
                     raise SystemExit(f"{model}: no run of {rule} at M={budget}; the pre-registered family needs all")
                 j = a.add_suffix("_a").join(b.add_suffix("_b"), how="inner")
@@ -207,11 +211,13 @@ def block_bootstrap_diff(num_a_TL: np.ndarray, den_a_TL: np.ndarray, num_b_TL: n
 def secondary(prompts_by_model: dict[str, pd.DataFrame], steps_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """out_error and energy_retained, every rule minus base at every budget: one Holm family, no tie."""
     rows = []
+    fields = tuple(f for pair in SECONDARY.values() for f in pair)
     for model, steps in steps_by_model.items():
+        at = _points(steps)
         for level, budget in zip(LEVELS, budgets_of(prompts_by_model[model])):
-            b = _step_arrays(_point(steps, REF, budget), tuple(f for pair in SECONDARY.values() for f in pair))
+            b = _step_arrays(at[(REF, budget)], fields)
             for rule in RULES:
-                a = _step_arrays(_point(steps, rule, budget), tuple(f for pair in SECONDARY.values() for f in pair))
+                a = _step_arrays(at[(rule, budget)], fields)
                 for metric, (num, den) in SECONDARY.items():
                     diff, low, high, se = block_bootstrap_diff(a[num], a[den], b[num], b[den])
                     c = S.Comparison(diff, low, high, S.p_normal(diff, se), np.nan, S.MARGINS[metric], se,
@@ -227,9 +233,9 @@ def secondary(prompts_by_model: dict[str, pd.DataFrame], steps_by_model: dict[st
 
 def _diffs(prompts: pd.DataFrame, budget: int) -> pd.DataFrame:
     """Per prompt (by hash): correct(rule) - correct(base), one column per rule."""
-    b = R.per_prompt(_point(prompts, REF, budget)).set_index("prompt_hash")["correct"]
-    return pd.DataFrame({r: R.per_prompt(_point(prompts, r, budget)).set_index("prompt_hash")["correct"] - b
-                         for r in RULES})
+    at = _points(prompts)
+    b = R.per_prompt(at[(REF, budget)]).set_index("prompt_hash")["correct"]
+    return pd.DataFrame({r: R.per_prompt(at[(r, budget)]).set_index("prompt_hash")["correct"] - b for r in RULES})
 
 
 def _independent(x_PR: np.ndarray) -> np.ndarray:

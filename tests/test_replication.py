@@ -85,6 +85,7 @@ def grid(tmp_path_factory):
     return {"root": root, "table": table, "calls": calls, "inter": inter, "prompts": prompts}
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_primary_family_is_every_rule_at_every_budget_with_one_holm_correction(grid):
     prim = grid["calls"][grid["calls"]["family"] == "primary"]
     assert len(prim) == 6 * 3 * 2 and set(prim["method"]) == set(A.RULES) and "dense" not in set(prim["method"])
@@ -102,6 +103,7 @@ def test_primary_family_is_every_rule_at_every_budget_with_one_holm_correction(g
     assert (prim["mdd_exact"] > 0).all()
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_decision_rule(grid):
     rec = A.recommend(grid["calls"][grid["calls"]["family"] == "primary"])
     # mini: base_anchor(k0=1) higher at 6 and 8, lower nowhere; oracle higher but not deployable;
@@ -116,6 +118,7 @@ def test_decision_rule(grid):
     assert {v["rule"] for v in A.recommend(flat)["models"].values()} == {"base"}
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_recommendation_text_names_the_calls(grid):
     text = A.recommendation_text(grid["calls"])
     assert "`base_anchor(k0=1)` on `mini`" in text and "`router_sq` on `mini_olmoe`" in text
@@ -123,6 +126,7 @@ def test_recommendation_text_names_the_calls(grid):
     assert "not replicated on fresh prompts" in text
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_interaction_detects_a_planted_family_difference_and_matches_hand_hotelling(grid):
     inter = grid["inter"]
     om = inter[inter["test"] == "omnibus"].set_index("level")
@@ -144,6 +148,7 @@ def test_interaction_detects_a_planted_family_difference_and_matches_hand_hotell
         "base_anchor(k0=2)", "call"] == "not detected"
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_identical_rule_effects_in_both_families_give_no_interaction(grid):
     same = {m: grid["prompts"]["mini"].assign(model=m) for m in ("mini", "mini_olmoe")}
     # give the second model mini's budgets' records under its own budget names
@@ -154,14 +159,44 @@ def test_identical_rule_effects_in_both_families_give_no_interaction(grid):
     assert (inter["p"] == 1.0).all() and set(inter["call"]) == {"not detected"}
 
 
+def _prompt_frames() -> dict[str, pd.DataFrame]:
+    """The planted grid's prompt records in memory (no run folders): the fast tier's representative."""
+    frames = {}
+    for model, budgets in BUDGETS.items():
+        rows = []
+        for level, budget in enumerate(budgets):
+            for rule in ("base", *A.RULES):
+                c = _correct(model, rule, level, None)
+                rows.append(pd.DataFrame({"model": model, "method": rule, "budget": budget, "seed": 0,
+                                          "task": "t", "doc_id": np.arange(P), "prompt_hash": [f"h{i}" for i in range(P)],
+                                          "correct": c.astype(float)}))
+        f = pd.concat(rows, ignore_index=True)
+        f["budget"] = f["budget"].astype("Int64")
+        frames[model] = f
+    return frames
+
+
+def test_primary_calls_decision_and_interaction_from_prompt_records():
+    prompts = _prompt_frames()
+    prim = A.primary(prompts)
+    assert len(prim) == 36 and np.allclose(prim["p_holm"], multipletests(prim["p"], method="holm")[1])
+    r = prim.set_index(["model", "method", "budget"]).loc[("mini", "base_anchor(k0=1)", 6)]
+    assert (r["a_only"], r["b_only"], r["call"]) == (70, 10, "higher")
+    assert r["p"] == pytest.approx(stats.binomtest(70, 80, 0.5).pvalue)
+    rec = A.recommend(prim)
+    assert rec["models"]["mini"]["rule"] == "base_anchor(k0=1)" and rec["models"]["mini_olmoe"]["rule"] == "router_sq"
+    inter = A.interaction(prompts)
+    assert inter[(inter["test"] == "omnibus") & (inter["level"] == "tight")]["call"].item() == "differs"
+
+
 def test_block_bootstrap_se_iid_and_autocorrelated():
     rng = np.random.default_rng(1)
     # iid steps, block 1: the bootstrap se is the two-sample standard error of the means
-    a, b = rng.normal(0.2, 0.05, (3000, 1)), rng.normal(0.1, 0.05, (2000, 1))
+    a, b = rng.normal(0.2, 0.05, (1500, 1)), rng.normal(0.1, 0.05, (1000, 1))
     ones_a, ones_b = np.ones_like(a), np.ones_like(b)
-    diff, low, high, se = A.block_bootstrap_diff(a, ones_a, b, ones_b, block=1)
+    diff, low, high, se = A.block_bootstrap_diff(a, ones_a, b, ones_b, block=1, n_boot=1500)
     assert diff == pytest.approx(a.mean() - b.mean())
-    assert se == pytest.approx(np.sqrt(a.var(ddof=1) / 3000 + b.var(ddof=1) / 2000), rel=0.08)
+    assert se == pytest.approx(np.sqrt(a.var(ddof=1) / 1500 + b.var(ddof=1) / 1000), rel=0.1)
     assert low < diff < high
     # AR(1) steps (rho 0.9): blocks of 32 find most of the long-run variance, one-step blocks do not
     def ar1(n):
@@ -171,11 +206,12 @@ def test_block_bootstrap_se_iid_and_autocorrelated():
         return (0.5 + x)[:, None]
     x, y = ar1(4000), ar1(4000)
     true_se = np.sqrt(2 * (0.01 ** 2 / (1 - 0.9) ** 2) / 4000)  # long-run variance sigma^2 / (1 - rho)^2
-    se_block = A.block_bootstrap_diff(x, np.ones_like(x), y, np.ones_like(y), block=32)[3]
-    se_iid = A.block_bootstrap_diff(x, np.ones_like(x), y, np.ones_like(y), block=1)[3]
+    se_block = A.block_bootstrap_diff(x, np.ones_like(x), y, np.ones_like(y), block=32, n_boot=1500)[3]
+    se_iid = A.block_bootstrap_diff(x, np.ones_like(x), y, np.ones_like(y), block=1, n_boot=500)[3]
     assert se_iid < 0.5 * true_se and 0.7 * true_se < se_block < 1.3 * true_se
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_secondary_family_and_run_table(grid):
     sec = grid["calls"][grid["calls"]["family"] == "secondary"]
     assert len(sec) == 72 and set(sec["metric"]) == {"out_error", "energy_retained"}
@@ -189,6 +225,7 @@ def test_secondary_family_and_run_table(grid):
     assert t.loc[("mini", "dense"), "prompts"] == P
 
 
+@pytest.mark.slow  # the synthetic grid: 44 run folders written and read (~15 s)
 def test_records_round_trip_and_refusal(grid, tmp_path):
     root = grid["root"]
     p, s = A.read_records(root / "records" / "replication_mini")
