@@ -318,8 +318,11 @@ def recommend(calls: pd.DataFrame) -> dict:
                 qual.append((len(higher), float(h["diff"].mean()), rule, higher))
         qual.sort(reverse=True)
         pick = qual[0] if qual else None
+        scopes = (g.loc[(g["method"] == pick[2]) & (g["call"] == "higher"), "scope"].dropna().astype(str).tolist()
+                  if pick and "scope" in g else [])
         out["models"][model] = {"rule": pick[2] if pick else REF, "higher_at": pick[3] if pick else [],
-                                "mean_diff": pick[1] if pick else 0.0, "qualifying": [q[2] for q in qual]}
+                                "mean_diff": pick[1] if pick else 0.0, "qualifying": [q[2] for q in qual],
+                                "exploratory": "exploratory" in scopes}
         for rule, h in g[g["call"] == "lower"].groupby("method"):
             out["lower"].setdefault(rule, []).append((model, h["budget"].astype(int).tolist()))
     picks = {v["rule"] for v in out["models"].values()}
@@ -334,8 +337,8 @@ def static_calls(root: Path = ROOT) -> pd.DataFrame:
         for rel in files:
             t = pd.read_csv(root / rel)
             t = t[t["metric"] == "accuracy"]
-            frames.append(t.assign(model=model, grid=Path(rel).name.removesuffix("_paired.csv"))
-                          [["model", "grid", "method", "budget", "metric", "diff", "call"]])
+            t = t.assign(model=model, grid=Path(rel).name.removesuffix("_paired.csv"))
+            frames.append(t.reindex(columns=["model", "grid", "method", "budget", "metric", "diff", "call", "scope"]))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -359,8 +362,9 @@ def _sentence(rec: dict, family: dict[str, str]) -> str:
             parts.append(f"on `{model}` ({family[model]}) `{REF}`: no deployable rule is higher than base at any "
                          "budget without being lower at another")
         else:
-            parts.append(f"on `{model}` ({family[model]}) `{v['rule']}`: higher than base at {_where(v['higher_at'])}, "
-                         f"lower at none (mean difference {v['mean_diff']:+.3f})")
+            note = " (exploratory: fails the cross-grid correction, results/cross_grid.md)" if v["exploratory"] else ""
+            parts.append(f"on `{model}` ({family[model]}) `{v['rule']}`: higher than base at {_where(v['higher_at'])}"
+                         f"{note}, lower at none (mean difference {v['mean_diff']:+.3f})")
     return "; ".join(parts)
 
 
@@ -400,6 +404,41 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT) -
     speed = (f"- **Speed of the recommended rule**: SPEED-PENDING — the lead adds it from `{THROUGHPUT}` once the "
              "throughput grid runs every rule on the fused GPU path (issue 25); no figure is given until then.")
     return "\n".join([serving, static, speed])
+
+
+def reading(root: Path = ROOT) -> str:
+    """results/README.md's replication reading: every primary call that rejects, the secondary counts
+    and the interaction, from the committed replication tables."""
+    paired = pd.read_csv(root / PAIRED)
+    inter_path = root / PAIRED.replace("_paired.csv", "_interaction.csv")
+    inter = pd.read_csv(inter_path) if inter_path.exists() else pd.DataFrame()
+    prim, sec = paired[paired["family"] == "primary"], paired[paired["family"] == "secondary"]
+    lines = [f"`{PAIRED}`: {len(prim)} pre-registered accuracy comparisons on {int(prim['n'].iloc[0]):,} fresh prompts "
+             f"(exact McNemar, Holm over {len(prim)}; median minimal detectable difference "
+             f"{prim['mdd_exact'].median():.3f}, {prim['mdd_exact'].min():.3f}–{prim['mdd_exact'].max():.3f} by row)."]
+    for model, g in prim.groupby("model", sort=False):
+        part = []
+        for c, word in (("higher", "above base"), ("lower", "below base")):
+            h = g[g["call"] == c]
+            if len(h):
+                part.append(f"{word}: " + ", ".join(f"{r['method']} at M={int(r['budget'])} ({_ci(r)})"
+                                                    for _, r in h.iterrows()))
+        n_inc = int((g["call"] == "inconclusive").sum())
+        lines.append(f"- `{model}` ({_family(model)}): " + "; ".join(part + [f"{n_inc} inconclusive"]) + ".")
+    for metric, name in (("out_error", "MoE-output error"), ("energy_retained", "retained energy")):
+        h = sec[sec["metric"] == metric]
+        cnt = h["call"].value_counts().reindex(["higher", "lower", "inconclusive"], fill_value=0)
+        lines.append(f"- {name} (secondary, Holm over {len(sec)}): {cnt['higher']} higher, {cnt['lower']} lower, "
+                     f"{cnt['inconclusive']} inconclusive.")
+    if len(inter):
+        om = inter[inter["test"] == "omnibus"]
+        rule = inter[(inter["test"] == "per rule") & (inter["call"] == "differs")]
+        lines.append("- Rule-by-family interaction (Hotelling T^2 per budget level, Holm over 3): "
+                     + ", ".join(f"{r['level']} {r['call']} (p {r['p_holm']:.2g})" for _, r in om.iterrows())
+                     + "; per rule (Holm over " + str(int((inter["test"] == "per rule").sum())) + "): "
+                     + (", ".join(f"{r['method']} at the {r['level']} budgets ({_ci(r)})" for _, r in rule.iterrows())
+                        or "none differs") + ".")
+    return "\n".join(lines) + "\n"
 
 
 # ---- diagnostics ---------------------------------------------------------------------------------------
