@@ -528,22 +528,11 @@ BLOCKS: dict[str, Callable[[], str]] = {
                          "`make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
                          "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",)),
 }
-def _replication(name: str) -> Callable[[], str]:
-    """The pre-registered replication's recommendation (README) or reading (results/README.md)."""
-    def render() -> str:
-        from analysis import replication
-
-        return (replication.recommendation_text() if name == "recommendation" else replication.reading()) + "\n"
-    return render
-
-
-BLOCKS["recommendation"] = _replication("recommendation")
 # The same for results/README.md: one reading per re-run grid.
 RESULTS_README = ROOT / "results" / "README.md"
 RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
                                                for g in (*ABLATION_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
                                                          *HELDOUT_GRIDS)}
-RESULT_BLOCKS["replication"] = _replication("reading")
 
 
 def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:
