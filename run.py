@@ -47,13 +47,8 @@ from base.config import (
     ThroughputConfig,
 )
 from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
-from base.run.outputs import (
-    check_run_folder,
-    check_target,
-    config_hash,
-    remove_if_made,
-    run_name,
-)
+from base.run.outputs import config_hash
+from base.run.run_folder import check_run_folder, check_target, remove_if_made, run_name
 from base.run.sweep import error_line, read_summary, record_job
 
 ROOT = Path(__file__).resolve().parent

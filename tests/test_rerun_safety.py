@@ -1,4 +1,4 @@
-"""A finished result is never destroyed before its replacement is complete (base/run/outputs.py:
+"""A finished result is never destroyed before its replacement is complete (base/run/run_folder.py:
 staging_dir, publish, recover): a rerun killed while it runs, or between any two of the swap's
 renames, leaves a whole result, whatever the run's name (list overrides put brackets in it); two
 runs of one folder take turns; a folder that is not the run's own is never replaced; settings that
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 import run
 from base.config import ConfigError
-from base.run import outputs
+from base.run import outputs, run_folder
 from base.run.pipeline import run as run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,13 +88,13 @@ def test_a_kill_between_the_swaps_renames_leaves_a_whole_result(compose, tmp_pat
         done.append(target)
         return real_rename(self, target)
 
-    monkeypatch.setattr(outputs, "publish", lambda stage, target, publish=outputs.publish: (
+    monkeypatch.setattr(run_folder, "publish", lambda stage, target, publish=run_folder.publish: (
         monkeypatch.setattr(Path, "rename", dying_rename), publish(stage, target)))
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(rc, OmegaConf.to_yaml(cfg, resolve=True))
     monkeypatch.undo()
     assert not out.exists() or not (out / "report.json").exists() or _whole(out)
-    outputs.recover(out)  # as the next run does first
+    run_folder.recover(out)  # as the next run does first
     report = _whole(out)
     assert report["config_hash"] == (old["config_hash"] if renames_done < 2 else outputs.config_hash(
         OmegaConf.to_yaml(cfg, resolve=True)))
@@ -129,7 +129,7 @@ def test_a_second_run_of_the_same_folder_waits_for_the_first(compose, tmp_path, 
     out = tmp_path / BRACKETED
     cfg = compose([*FAST, f"artifacts_dir={tmp_path}/a"])
     second: list = []
-    with outputs.run_lock(out):
+    with run_folder.run_lock(out):
         job = threading.Thread(target=lambda: second.append(
             run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True))))
         job.start()

@@ -1,4 +1,4 @@
-"""Where run.py may put a run (run.py: RunFolders, base/run/outputs.py: check_run_folder,
+"""Where run.py may put a run (run.py: RunFolders, base/run/run_folder.py: check_run_folder,
 check_target): below outputs_dir unless allow_outside_outputs=true, never in a folder that holds the
 checkout, the working directory, outputs_dir or artifacts_dir, never over a folder that is not the
 run's own; artifact paths stay in artifacts_dir whatever model.name says; a failed start leaves

@@ -25,7 +25,7 @@ from base.hf.families import find_moe_layers
 from base.hf.loading import load_model, load_tokenizer
 from base.hf.placement import model_devices
 from base.method.selectors import SELECTORS, build_selector
-from base.run import outputs
+from base.run import outputs, run_folder
 from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.run.logger import Logger, run_identity
 from base.run.preflight import preflight
@@ -124,27 +124,27 @@ def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
 
 def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The run into cfg.out_dir. Its files are written beside it and swapped in when complete, so a
-    finished result there stays whole until its replacement is (base/run/outputs.py: publish); a
+    finished result there stays whole until its replacement is (base/run/run_folder.py: publish); a
     folder that is not this run's own is refused, and two runs of one folder take turns (its lock).
     extra_files (relative path -> text) are written into the run folder with its results."""
     out = cfg.out_dir
     chash = outputs.config_hash(resolved_config)
-    outputs.check_target(out, cfg.run_key)
+    run_folder.check_target(out, cfg.run_key)
     if _finished_before(cfg, resolved_config, chash):
         return None
     preflight(cfg)  # every bad input fails here, before anything is written or loaded
-    with outputs.run_lock(out):
-        outputs.recover(out)
-        outputs.check_target(out, cfg.run_key)  # as it is now, after any run that held the lock
+    with run_folder.run_lock(out):
+        run_folder.recover(out)
+        run_folder.check_target(out, cfg.run_key)  # as it is now, after any run that held the lock
         if _finished_before(cfg, resolved_config, chash):
             return None
-        stage = outputs.staging_dir(out)
+        stage = run_folder.staging_dir(out)
         try:
             report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash, extra_files or {})
         except ConfigError:  # a bad input found after preflight: the run leaves nothing
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        outputs.publish(stage, out)
+        run_folder.publish(stage, out)
     return report
 
 
@@ -163,7 +163,7 @@ def _finished_before(cfg: RunConfig, resolved_config: str, chash: str) -> bool:
 
 def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dict[str, str]) -> dict[str, Any]:
     out = cfg.out_dir
-    outputs.write_marker(out, cfg.run_key, chash)
+    run_folder.write_marker(out, cfg.run_key, chash)
     atomic_write_text(out / "config.yaml", resolved_config)
     for name, text in extra_files.items():
         atomic_write_text(out / name, text)
