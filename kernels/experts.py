@@ -305,8 +305,11 @@ def _gate_up_kept_kernel(
     """Persistent grid over work items (kept slot, i) = rows [i, i + BI) of the gate and up
     projections of the slot's expert u, streamed once; the tokens routed to u (a nonzero-weight
     slot on u) are found in the routing itself, so no route launch precedes this one."""
+    # the kept list, the routing and the weights' signs live in registers: an item's expert and
+    # tokens come from them without a memory round trip, so the weight loads can be issued ahead
     offs_m = tl.arange(0, M_BLOCK)
-    n_kept = tl.sum((tl.load(keep_ptr + offs_m, mask=offs_m < M, other=-1) >= 0).to(tl.int32), axis=0)
+    kept_M = tl.load(keep_ptr + offs_m, mask=offs_m < M, other=-1)
+    n_kept = tl.sum((kept_M >= 0).to(tl.int32), axis=0)
     n_ib = tl.cdiv(I, BI)
     offs_t = tl.arange(0, T_BLOCK)
     offs_k = tl.arange(0, K_BLOCK)
@@ -315,7 +318,7 @@ def _gate_up_kept_kernel(
     nz_TK = tl.load(w_ptr + offs_t[:, None] * K + offs_k[None, :], mask=tk_ok, other=0.0) != 0
     for item in range(tl.program_id(0), n_kept * n_ib, tl.num_programs(0)):
         slot = item // n_ib
-        u = tl.load(keep_ptr + slot)
+        u = tl.sum(tl.where(offs_m == slot, kept_M, 0), axis=0)
         hit_TK = (idx_TK == u) & nz_TK
         routed_T = tl.sum(hit_TK.to(tl.int32), axis=1) > 0
         p_T = offs_t * K + tl.min(tl.where(hit_TK, offs_k[None, :], K_BLOCK), axis=1)
@@ -388,7 +391,8 @@ def _down_kept_kernel(
     offs_h = tl.program_id(0) * BHO + tl.arange(0, BHO)
     h_ok = offs_h < H
     offs_m = tl.arange(0, M_BLOCK)
-    n_kept = tl.sum((tl.load(keep_ptr + offs_m, mask=offs_m < M, other=-1) >= 0).to(tl.int32), axis=0)
+    kept_M = tl.load(keep_ptr + offs_m, mask=offs_m < M, other=-1)  # in registers (see gate_up)
+    n_kept = tl.sum((kept_M >= 0).to(tl.int32), axis=0)
     n_ib = tl.cdiv(I, BI)
     offs_t = tl.arange(0, T_BLOCK)
     t_ok = offs_t < T
@@ -402,7 +406,7 @@ def _down_kept_kernel(
     for it in range(0, n_kept * n_ib):
         slot = it // n_ib
         j = it - slot * n_ib
-        u = tl.load(keep_ptr + slot)
+        u = tl.sum(tl.where(offs_m == slot, kept_M, 0), axis=0)
         hit_TK = (idx_TK == u) & (w_TK != 0)
         routed_T = tl.sum(hit_TK.to(tl.int32), axis=1) > 0
         p_T = offs_t * K + tl.min(tl.where(hit_TK, offs_k[None, :], K_BLOCK), axis=1)
@@ -437,6 +441,10 @@ class ExpertsConfig:
     # v3 (a kept list given): gate_up over (kept slot, I block), down with one program per BHO columns
     gate_up_kept: dict = field(default_factory=lambda: dict(BI=32, BH=128, num_warps=4, num_stages=4, PER_SM=3))  # noqa: C408
     down_kept: dict = field(default_factory=lambda: dict(BHO=16, BI=128, num_warps=4, num_stages=4))  # noqa: C408
+    # take v3 when a kept list is given: the tuned table says which path is faster for the shape
+    # (its objectives, tools/tune_kernels.py); without both objectives, v3 on the CPU (tests) and
+    # the four-launch path on a GPU
+    use_kept: bool = True
 
 
 @cache
@@ -467,7 +475,7 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
     """Tuned config from configs/<gpu>.json for this shape; else the nearest T of the same
     (H, I); else configs/default.json's entry; else the built-in fallback."""
     if os.environ.get("BASE_KERNELS_NO_TUNED"):
-        return ExpertsConfig()
+        return ExpertsConfig(use_kept=device.type == "cpu")
     table = _load_configs(device_name(device))
     key = config_key(H, I, T)
     if key not in table:
@@ -477,12 +485,14 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
             Tb = min(next_pow2(T), 128)
             key = min(near, key=lambda k: abs(int(k[len(prefix):]).bit_length() - Tb.bit_length()))
     entry = table.get(key) or _load_configs("default").get("*")
+    measured = entry is not None and "objective" in entry and "objective_kept" in entry
+    use_kept = entry["objective_kept"] < entry["objective"] if measured else device.type == "cpu"
     if not entry:
-        return ExpertsConfig()
+        return ExpertsConfig(use_kept=use_kept)
     base = ExpertsConfig()
-    return ExpertsConfig(gate_up={**base.gate_up, **entry["gate_up"]}, down={**base.down, **entry["down"]},
+    return ExpertsConfig(gate_up={**base.gate_up, **entry.get("gate_up", {})}, down={**base.down, **entry.get("down", {})},
                          gate_up_kept={**base.gate_up_kept, **entry.get("gate_up_kept", {})},
-                         down_kept={**base.down_kept, **entry.get("down_kept", {})})
+                         down_kept={**base.down_kept, **entry.get("down_kept", {})}, use_kept=use_kept)
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -521,19 +531,20 @@ def fused_experts(
     """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped.
 
     keep_M (the selection kernel's kept ids, -1 padded; every nonzero-weight pair must be on one
-    of them) and T <= V3_MAX_TOKENS: two launches (`_gate_up_kept_kernel`, `_down_kept_kernel`).
-    Otherwise four (route, gate_up, down, reduce). `_stages` < 4 runs only the first launches of
+    of them), T <= V3_MAX_TOKENS and the config's `use_kept` (the tuned table's choice): two
+    launches (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
+    reduce). `_stages` < 4 runs only the first launches of
     the four-launch path: for timing breakdowns."""
-    if keep_M is not None and x_TH.shape[0] <= V3_MAX_TOKENS and _stages == 4:
-        return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
-                                   gate_up_bias=gate_up_bias, down_bias=down_bias, config=config)
     T, H = x_TH.shape
+    I = down.shape[1] if layout.transposed else down.shape[2]
+    cfg = config or get_config(H, I, T, x_TH.device)
+    if keep_M is not None and T <= V3_MAX_TOKENS and _stages == 4 and cfg.use_kept:
+        return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
+                                   gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg)
     K = topk_idx_TK.shape[1]
     E = gate_up.shape[0]
-    I = down.shape[1] if layout.transposed else down.shape[2]
     P = T * K
     dev = x_TH.device
-    cfg = config or get_config(H, I, T, dev)
     x_TH = x_TH if x_TH.stride(1) == 1 else x_TH.contiguous()
     idx_P = topk_idx_TK.contiguous()
     w_P = topk_w_TK.contiguous()

@@ -139,9 +139,14 @@ def _route_select_kernel(
                 h_ok = offs_h < H
                 x_TH = tl.load(x_ptr + offs_tg[:, None] * stride_xt + offs_h[None, :],
                                mask=tg_ok[:, None] & h_ok[None, :], other=0.0)
-                w_HC = tl.load(wr_ptr + offs_c[None, :] * stride_wc + offs_h[:, None],
-                               mask=h_ok[:, None] & c_ok[None, :], other=0.0)
-                acc_TC = tl.dot(x_TH, w_HC, acc_TC, input_precision=DOT_PRECISION)
+                if CB >= 16:  # matrix units
+                    w_HC = tl.load(wr_ptr + offs_c[None, :] * stride_wc + offs_h[:, None],
+                                   mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+                    acc_TC = tl.dot(x_TH, w_HC, acc_TC, input_precision=DOT_PRECISION)
+                else:  # a few columns per program, so many programs stream the weights: fp32 FMA
+                    w_CH = tl.load(wr_ptr + offs_c[:, None] * stride_wc + offs_h[None, :],
+                                   mask=c_ok[:, None] & h_ok[None, :], other=0.0)
+                    acc_TC += tl.sum(x_TH.to(tl.float32)[:, None, :] * w_CH.to(tl.float32)[None, :, :], axis=2)
             acc_TC = acc_TC.to(wr_ptr.dtype.element_ty).to(tl.float32)  # as F.linear rounds its output
             tl.store(ws_ptr + offs_tg[:, None] * C + offs_c[None, :], acc_TC, mask=tg_ok[:, None] & c_ok[None, :])
         tl.debug_barrier()  # every thread's stores precede the release below
@@ -448,12 +453,14 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
     if gemv is not None:
         x_TH, weight_CH, ws_TC, counter = gemv
         C, H = weight_CH.shape
-        CB = 16
+        # T <= 16: 4 columns per program on FMA units, so 32-64 programs stream the weights; more
+        # tokens: 16 columns on the matrix units (their x tile would not fit the FMA form)
+        CB = 4 if T <= 16 else 16
         grid = (triton.cdiv(C, CB),)
         gemv_args = (x_TH, weight_CH, ws_TC, counter)
         fp32 = weight_CH.dtype == torch.float32
-        gemv_meta = dict(CB=CB, BK=128 if H >= 128 else next_pow2(H, 16), TBG=min(next_pow2(T, 16), 64),
-                         DOT_PRECISION="ieee" if fp32 else "tf32")
+        BK = (256 if CB < 16 else 128) if H >= 128 else next_pow2(H, 16)
+        gemv_meta = dict(CB=CB, BK=BK, TBG=min(next_pow2(T, 16), 64), DOT_PRECISION="ieee" if fp32 else "tf32")
         sx, sw = x_TH.stride(0), weight_CH.stride(0)
     else:
         C = H = 0

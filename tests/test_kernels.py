@@ -532,3 +532,19 @@ def test_fused_experts_kept_list_gptoss_layout_with_bias():
     ref = experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, layout=lay, gate_up_bias=gub,
                             down_bias=db)  # fmt: skip
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_the_tuned_table_picks_the_faster_expert_path(monkeypatch):
+    """use_kept (v3 with a kept list) follows the table's two objectives; without both: v3 on the
+    CPU, the four-launch path on a GPU."""
+    import kernels.experts as ke
+
+    table = {"H=8,I=4,T=16": {"gate_up": {}, "down": {}, "objective": 1.5, "objective_kept": 1.2},
+             "H=8,I=4,T=64": {"gate_up": {}, "down": {}, "objective": 1.5, "objective_kept": 2.0},
+             "H=8,I=4,T=1": {"gate_up": {}, "down": {}, "objective": 1.5}}
+    monkeypatch.setattr(ke, "_load_configs", lambda name: table if name != "default" else {})
+    monkeypatch.setattr(ke, "device_name", lambda device: "gpu")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert ke.get_config(8, 4, 16, gpu).use_kept and not ke.get_config(8, 4, 64, gpu).use_kept
+    assert not ke.get_config(8, 4, 1, gpu).use_kept and ke.get_config(8, 4, 1, cpu).use_kept
+    assert not ke.get_config(16, 4, 16, gpu).use_kept  # no entry for the shape

@@ -57,6 +57,8 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     floats = ("route_scale", "coverage")
     out = [
         ("route_select gemv base", _route_select_kernel, route_ptrs, floats, base, {"num_warps": 8}),
+        ("route_select gemv base CB=4", _route_select_kernel, route_ptrs, floats, {**base, "CB": 4, "BK": 256},
+         {"num_warps": 8}),
         ("route_select gemv base T=64", _route_select_kernel, route_ptrs, floats, {**base, "TBG": 64}, {"num_warps": 8}),
         ("route_select gemv anchor", _route_select_kernel, route_ptrs, floats, {**base, "TIER": 1}, {"num_warps": 8}),
         ("route_select gemv oea", _route_select_kernel, route_ptrs, floats, {**base, "KIND": 0, "TIER": 3},

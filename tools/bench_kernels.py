@@ -19,6 +19,7 @@ run inside the device call's limit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -37,7 +38,7 @@ from kernels import (
     fused_router_logits,
     prepare_predictor,
 )
-from kernels.experts import V3_MAX_TOKENS, device_name, fused_experts
+from kernels.experts import V3_MAX_TOKENS, device_name, fused_experts, get_config
 from kernels.score import score_experts
 from kernels.select import arrival_counter, route_select, route_select_gemv, select_reassign
 from tools.timing import (
@@ -123,9 +124,10 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                         continue  # gathers a weight copy per pair: T*K*9 MB, GBs per call
                     if impl == "eager" and not (routing == "random" and T in (1, 16, 64) and M in (16, None)):
                         continue  # host-bound loop with syncs; a few rows suffice
-                    if impl == "base_triton_v3":
-                        calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w, k=keep: fused_experts(x, gu, dn, idx, w, keep_M=k)
-                                 for gu, dn in sets]  # fmt: skip
+                    if impl == "base_triton_v3":  # forced, whatever the table picks for the shape
+                        v3 = dataclasses.replace(get_config(H, I, T, dev), use_kept=True)
+                        calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w, k=keep: fused_experts(
+                                 x, gu, dn, idx, w, keep_M=k, config=v3) for gu, dn in sets]  # fmt: skip
                     else:
                         for mod in mods:
                             set_impl(mod, impl)

@@ -88,7 +88,7 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
         floor_us = expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)
         cases.append((idx, w, floor_us))
 
-    def objective(cfg: ExpertsConfig) -> float:
+    def objective(cfg: ExpertsConfig) -> float:  # the four-launch path (no kept list)
         total = 0.0
         for idx, w, floor_us in cases:
             calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, config=cfg)
@@ -142,7 +142,7 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
     best_g, best_d, best = GATE_UP_KEPT[0], DOWN_KEPT[0], float("inf")
     for g in GATE_UP_KEPT:
         try:
-            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(best_d)))
+            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(best_d), True))
         except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or launch
             log(f"    gate_up_kept {g} failed: {type(e).__name__}: {str(e)[:120]}")
             continue
@@ -150,7 +150,7 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
             best, best_g = v, g
     for d in DOWN_KEPT[1:]:
         try:
-            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(best_g), down_kept_cfg(d)))
+            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(best_g), down_kept_cfg(d), True))
         except Exception as e:  # noqa: BLE001
             log(f"    down_kept {d} failed: {type(e).__name__}: {str(e)[:120]}")
             continue
