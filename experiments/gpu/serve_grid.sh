@@ -37,7 +37,7 @@ for r in ${ROUTINGS:-uniform skewed}; do
   if [ "$r" = uniform ]; then limit=${UNIFORM_LIMIT:-225}; else limit=$(( ${DEADLINE:-440} - elapsed )); fi
   if [ "$limit" -lt 60 ]; then echo "[serve-grid] $r skipped: ${limit} s left" | tee -a "$W/failed.log"; continue; fi
   echo "[serve-grid] $r: start at ${elapsed} s, limit ${limit} s"
-  timeout -k 10 "$limit" python3 run.py experiment=serve model.routing=$r hydra.run.dir="$W/$r" \
+  timeout -k 10 "$limit" python3 run.py experiment=serve model.routing=$r outputs_dir="$W" hydra.run.dir="$W/$r" \
     artifacts_dir=/tmp/serve_artifacts ${EXTRA:-} > "$W/$r.log" 2>&1 || echo "FAILED or stopped: $r (rc $?)" >> "$W/failed.log"
   grep -E "^\[serve\]" "$W/$r.log" | sed "s/^/[$r] /"
   echo "[serve-grid] $r: done at $(( $(date +%s) - T0 )) s"
