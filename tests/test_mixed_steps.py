@@ -180,12 +180,13 @@ def test_a_host_stop_check_ends_its_request_one_step_late_with_the_host_behind(m
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["dense", "base"])
-@pytest.mark.parametrize("chunked", [False, True])
-def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked):
+@pytest.mark.parametrize("method,chunked,compile", [("dense", False, False), ("dense", True, False),
+                                                    ("base", False, False), ("base", True, False),
+                                                    ("base", True, True)])
+def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked, compile):
     """On a GPU: the same stream served eagerly and from CUDA graphs (packed prefill per bucket,
-    mixed steps, decode step) gives the same tokens and statistics; after the warm-up nothing is
-    captured again."""
+    mixed steps, decode step; `compile`: the decode step's regions compiled, as the benchmarks
+    run it) gives the same tokens and statistics; after the warm-up nothing is captured again."""
     from base.hf.experts_impl import register_base_triton
     from tests.helpers import model_artifacts
 
@@ -199,8 +200,8 @@ def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method
     for graph in (False, True):
         sel = None if method == "dense" else build_selector(method, model_artifacts(gpu_model))
         with budgeted(gpu_model, "qwen3_moe", sel, BudgetOptions(budget=3, backend="triton")) as budget:
-            engine = ContinuousEngine(gpu_model, 4, 48, budget=budget, pad_id=0, graph=graph, compile=False,
-                                      buckets=policy.buckets)
+            engine = ContinuousEngine(gpu_model, 4, 48, budget=budget, pad_id=0, graph=graph,
+                                      compile=compile and graph, buckets=policy.buckets)
             try:
                 engine.warm_up(mixed=chunked, reserve=forwards_bound(reqs, policy.buckets))
                 done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
