@@ -214,3 +214,20 @@ def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method
     assert (graph_stats.mixed_steps > 0) == chunked
     assert [(r["layer"], r["kind"], r["union"], r["kept"], r["tokens"]) for r in graph_rows] == \
         [(r["layer"], r["kind"], r["union"], r["kept"], r["tokens"]) for r in eager_rows]
+
+
+def test_a_step_that_cannot_be_captured_says_which_and_why(model):
+    from base.runtime.graphs import CaptureError, StepGraphs
+
+    def no_capture(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    engine = ContinuousEngine(model, 2, 16, pad_id=0, buckets=BUCKETS)
+    engine.graphs = StepGraphs(True, no_capture)
+    try:
+        engine.reset()
+        with pytest.raises(CaptureError, match=r"the \('decode',\) step cannot be captured .*not permitted.*"
+                                               r"experts implementation"):
+            engine.step()
+    finally:
+        engine.release()

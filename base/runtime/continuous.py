@@ -57,7 +57,7 @@ from torch import Tensor
 from base.hf.attention import StaticKV
 from base.hf.moe_block import StepInputs
 from base.runtime.engine import DecodeEngine
-from base.runtime.graphs import StepGraphs, eager_capture
+from base.runtime.graphs import CaptureError, StepGraphs, eager_capture
 from base.runtime.packing import NO_LIMIT, Chunk, Packed, pack
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
@@ -192,13 +192,10 @@ class ContinuousEngine(DecodeEngine):
     def _run(self, key: tuple, step) -> None:
         try:
             replayed = self.graphs.run(key, step, self._version())
-        except RuntimeError as err:
-            if not self.graph_enabled or "graph" not in str(err).lower():
-                raise
+        except CaptureError as err:
             impl = getattr(self.model.config, "_experts_implementation", None)
-            raise RuntimeError(
-                f"the {key[0]} forward cannot be captured in a CUDA graph ({err}); experts implementation "
-                f"{impl!r}, dtype {self.dtype}. Use model.experts_impl=base_triton (or grouped_mm in bf16)") from err
+            raise CaptureError(f"{err}; experts implementation {impl!r}, dtype {self.dtype}. Use "
+                               f"model.experts_impl=base_triton (or grouped_mm in bf16)") from err
         if replayed and self.records and not self.graphs.replays_run_on_host:
             self.budget.recorder.advance_host(1)  # a real replay ran a step the host did not see
 

@@ -23,6 +23,10 @@ import torch
 Step = Callable[[], None]
 
 
+class CaptureError(RuntimeError):
+    """A step could not be captured (an op that syncs the host or is not graph-safe)."""
+
+
 def cuda_capture(step: Step) -> Step:
     """Run `step` once eagerly on a side stream (compiles kernels, fills lazy state; a real step),
     then capture it; returns the graph's replay."""
@@ -66,7 +70,11 @@ class StepGraphs:
             held[0]()
             self.replays += 1
             return True
-        self._graphs[key] = (self._capture(step), version)
+        try:
+            replay = self._capture(step)
+        except RuntimeError as err:
+            raise CaptureError(f"the {key} step cannot be captured in a CUDA graph ({err})") from err
+        self._graphs[key] = (replay, version)
         self.captures += 1
         self.eager += 1
         return False
