@@ -269,7 +269,8 @@ def test_each_layers_cache_and_write_position_sit_on_its_device():
 
 def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compose):
     """model.device_map, describe.gpu_gb, eval.batching / admission / max_wait_rounds,
-    throughput.mode and stream.* at the values every earlier run had leave the hash as it was before
+    throughput.mode, stream.* and serve.* at the values every earlier run had (and scheduler.*, which
+    static batching does not use) leave the hash as it was before
     they existed, and a run hashed before artifacts_dir, outputs_dir and exp_name were left out is
     still the same config: finished runs are still skipped."""
     import hashlib
@@ -283,9 +284,36 @@ def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compos
     old = yaml.safe_load(text)
     del old["describe"], old["model"]["device_map"], old["force"], old["logger"], old["eval"]["batching"]
     del old["eval"]["admission"], old["eval"]["max_wait_rounds"], old["throughput"]["mode"], old["stream"]
+    del old["serve"], old["scheduler"]  # serve.* at its defaults; scheduler.* unused by static batching
     old_hash = hashlib.sha1(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert same_config(text, old_hash)
     changed = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum", "describe.gpu_gb=80"]), resolve=True)
     assert not same_config(changed, old_hash)
     continuous = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
     assert not same_config(continuous, old_hash)  # the new default batching is a new run
+
+
+def test_config_hash_of_continuous_runs_recorded_before_scheduler_options(compose):
+    """A continuous-batching run hashed before scheduler.* existed is the same config at the
+    engine's old behaviour (padded prefill, a host sync per step), not at the new defaults (it
+    would compute differently); a run that does not serve through the continuous engine ignores
+    scheduler.*."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from base.run.outputs import config_hash, same_config
+
+    def hashed_before(overrides):  # the run's configuration as it was before scheduler.* and serve.*
+        old = yaml.safe_load(OmegaConf.to_yaml(compose(overrides), resolve=True))
+        del old["scheduler"], old["serve"]
+        return config_hash(yaml.safe_dump(old))
+
+    def text(overrides):
+        return OmegaConf.to_yaml(compose(overrides), resolve=True)
+
+    base = ["model=tiny_qwen3", "method=router_sum"]
+    old = hashed_before(base)
+    assert same_config(text(base + ["scheduler.packing=padded", "scheduler.overlap=false"]), old)
+    assert not same_config(text(base), old)
+    static = base + ["eval.batching=static"]
+    assert same_config(text(static + ["scheduler.chunked=true", "scheduler.chunk_tokens=64"]), hashed_before(static))

@@ -49,17 +49,32 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                                "admission": "fifo", "max_wait_rounds": 4, "stats_requests_per_slot": 2,
                                "lengths_from": None},
                  ("serve",): {"rates": [None, 4.0, 16.0], "requests": 12, "repeats": 3, "slo_ttft_ms": 500.0,
-                              "slo_tpot_ms": 25.0}}
+                              "slo_tpot_ms": 25.0},
+                 # the continuous-batching engine before issue 26: padded prefill, a host sync per step
+                 ("scheduler",): {"packing": "padded", "chunked": False, "chunk_tokens": 256,
+                                  "buckets": [64, 128, 256, 512, 1024, 2048], "min_prompt_tokens": 1,
+                                  "max_wait_steps": 0, "overlap": False}}
+
+
+def _serves_continuously(cfg: dict[str, Any]) -> bool:
+    """Does the run decode through the continuous-batching engine, the one user of `scheduler.*`?"""
+    if cfg.get("stage") == "evaluate":
+        return (cfg.get("eval") or {}).get("batching", "static") == "continuous"
+    if cfg.get("stage") == "throughput":
+        return (cfg.get("throughput") or {}).get("mode", "steps") in ("stream", "serve")
+    return False
 
 
 def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEYS) -> str:
-    """Hash of the resolved configuration (YAML) without the `ignore` keys and LATER_OPTIONS at
-    their defaults."""
+    """Hash of the resolved configuration (YAML) without the `ignore` keys, LATER_OPTIONS at
+    their defaults, and `scheduler.*` where nothing serves through the continuous engine."""
     import hashlib
 
     import yaml
 
     cfg = {k: v for k, v in (yaml.safe_load(resolved_config) or {}).items() if k not in ignore}
+    if not _serves_continuously(cfg):  # scheduler.* cannot change what it computes
+        cfg.pop("scheduler", None)
     for path, default in LATER_OPTIONS.items():
         *parents, key = path
         node = cfg
