@@ -141,7 +141,7 @@ def test_no_graph_is_captured_again_after_the_warm_up(model):
     stream (statistics on, the recorder pre-reserved) none."""
     reqs = requests(20, seed=4, most_new=16)
     with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:
-        done, stats, graphs = run(model, reqs, slots=3, budget=budget, eager_capture=True, **CHUNKED)
+        _, stats, graphs = run(model, reqs, slots=3, budget=budget, eager_capture=True, **CHUNKED)
         steps = int(budget.recorder.count_D)
     assert graphs.captures == 1 + 2 * len(BUCKETS) and stats.captures == 0
     assert graphs.replays == stats.steps + stats.mixed_steps + stats.prefills > 64  # past the recorder's first size

@@ -198,7 +198,7 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
     stats = ServeStats()
     clock = _Clock(engine.device)
     t0 = time.perf_counter()
-    now = lambda: time.perf_counter() - t0  # noqa: E731
+    now = lambda: time.perf_counter() - t0
     steps_launched = 0
     eos = set(engine.eos_D.tolist()) - {-1} if stop_at_eos else set()  # the engine ends these rows itself
 
@@ -314,7 +314,8 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             chosen = [prefilling[s][0] for s in slots]
             _, firsts, used = take_chunks(sum(len(requests[i].ids) for i in chosen))
             ids, mask = left_pad([requests[i].ids for i in chosen], pad_id)
-            launch("padded", lambda: engine.admit(slots, ids, mask, stop_at_eos, [requests[i].max_new for i in chosen]),
+            limits = [requests[i].max_new for i in chosen]
+            launch("padded", lambda s=slots, a=ids, m=mask, n=limits: engine.admit(s, a, m, stop_at_eos, n),
                    firsts, used)
         elif running:
             emits = decoding_emits()
