@@ -92,6 +92,8 @@ ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mi
 	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) method=dense budget=null eval.seed=$(ABLATION_SEEDS)
 	$(RUNENV) $(PY) run.py -m experiment=$(ABLATION_EXP) eval.seed=$(ABLATION_SEEDS)
 	$(PY) -m analysis.ablation outputs/$(ABLATION_EXP) results/$(ABLATION_EXP)
+	$(PY) -m analysis.records write outputs/$(ABLATION_EXP) results/records/$(ABLATION_EXP)
+	$(PY) -m analysis.cross_grid
 
 # Every selector at every budget with the fidelity metrics on the quality pool (1,050 prompts per run):
 # QS_EXP=quality_seeds_mini_olmoe for the second embedded model, *_continuous for continuous batching.
@@ -102,6 +104,8 @@ quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired 
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP)
 	$(PY) -m analysis.ablation outputs/$(QS_EXP) results/$(QS_EXP)
+	$(PY) -m analysis.records write outputs/$(QS_EXP) results/records/$(QS_EXP)
+	$(PY) -m analysis.cross_grid
 
 # Union-aware admission against FIFO under continuous batching (ADM_EXP=admission_mini_olmoe: the other model).
 ADM_EXP ?= admission_mini
@@ -109,6 +113,8 @@ admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 se
 	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP)
 	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) method=dense budget=null
 	$(PY) -m analysis.admission outputs/$(ADM_EXP) results/$(ADM_EXP)
+	$(PY) -m analysis.records write outputs/$(ADM_EXP) results/records/$(ADM_EXP)
+	$(PY) -m analysis.cross_grid
 
 # RULES_EXP=rules_mini_olmoe: the same comparison on the second embedded model.
 RULES_EXP ?= rules_mini
@@ -118,6 +124,8 @@ rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and
 	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.budget_split=sensitivity
 	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.coverage=0.9,0.95 budget=null
 	$(PY) -m analysis.ablation outputs/$(RULES_EXP) results/$(RULES_EXP)
+	$(PY) -m analysis.records write outputs/$(RULES_EXP) results/records/$(RULES_EXP)
+	$(PY) -m analysis.cross_grid
 
 # Issue 27's pre-registered replication grid (docs/preregistration.md): both embedded models on the
 # replication pool, continuous batching, one one-thread process at a time (REPL_JOBS=N on a many-core
