@@ -9,16 +9,17 @@
     triton  kernels/select.py: one launch per layer for every selector that declares how the kernel
             ranks it (`kernel_term` or `static_score`, and `kernel_tier`: base/method/selectors.py),
             coverage and every reassign mode included. With a softmax-then-top-k router
-            (`SoftmaxTopK`) that launch also does the router's GEMM (for `base`, over [router;
-            predictor] rows), else it follows the model's router. Only `oracle` (true norms) and
-            selectors without a kernel declaration run the reference.
+            (`SoftmaxTopK`) it replaces what the router does after its GEMM (for `base` the GEMM
+            runs over [router; predictor] rows, so the predictor costs no launch), else it follows
+            the model's router. Only `oracle` (true norms) and selectors without a kernel
+            declaration run the reference.
 
-`DenseRoute` is the dense baseline on the same kernels: the router's GEMM, softmax and top-k in one
-launch, every union expert kept, and the kept list handed to the experts kernel (v3, two launches).
+`DenseRoute` is the dense baseline on the same kernels: the router's GEMM, then softmax, top-k and
+the union in one launch, and the kept list handed to the experts kernel.
 
 One object per layer, built when a model is budgeted: it holds that layer's tensors on the layer's
-device (predictor, the fused [router; predictor] weight, energies, static scores, similarity, the
-GEMV's arrival counter), so a step copies nothing. Everything here takes plain tensors; the MoE
+device (predictor, the fused [router; predictor] weight, energies, static scores, similarity), so a
+step copies nothing. Everything here takes plain tensors; the MoE
 block (base/hf/moe_block.py) says what its router is (`SoftmaxTopK`).
 
 Shapes: T tokens, H hidden, E experts, K top-k.
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from base.method.policy import Decision, Policy
@@ -72,13 +74,21 @@ class TorchSelection:
         raise NotImplementedError("the reference selects after the model's router (fused_route is False)")
 
 
-def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, counter: Tensor, z_TH: Tensor, active_T: Tensor,
-                budget: int | None, layer: int, **kw) -> tuple[RoutedBatch, Decision]:
-    from kernels.select import route_select_gemv
+def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: Tensor, budget: int | None,
+                layer: int, **kw) -> tuple[RoutedBatch, Decision]:
+    """The router's GEMM (cuBLAS; for `base` over [router; predictor] rows, so g comes with the
+    logits), then softmax, top-k and the selection in one kernel. The one-launch form with the GEMM
+    inside (`kernels.select.route_select_gemv`) measured slower on an H200 (19.0 against 17.3 us per
+    layer at 16 tokens; benchmarks/kernels/NVIDIA_H200.json, `gemv_*` against `route_*`)."""
+    from kernels.select import route_select
 
-    routing, out = route_select_gemv(z_TH, weight_CH, router.weight_EH.shape[0], router.top_k, active_T, budget,
-                                     norm_topk=router.norm_topk, scale=router.scale, logit_bias_E=router.bias_E,
-                                     counter=counter, **kw)  # fmt: skip
+    E = router.weight_EH.shape[0]
+    out_TC = F.linear(z_TH, weight_CH)
+    logits_TE, g_TE = (out_TC[:, :E], out_TC[:, E:]) if weight_CH.shape[0] == 2 * E else (out_TC, None)
+    if router.bias_E is not None:
+        logits_TE = logits_TE + router.bias_E
+    routing, out = route_select(logits_TE, router.top_k, active_T, budget, norm_topk=router.norm_topk,
+                                scale=router.scale, g_TE=g_TE, **kw)  # fmt: skip
     batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer)
     return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M)
 
@@ -90,7 +100,7 @@ class TritonSelection(TorchSelection):
                  router: SoftmaxTopK | None) -> None:
         super().__init__(policy, layer, device)
         from kernels.score import fuse_router_predictor
-        from kernels.select import Rule, arrival_counter
+        from kernels.select import Rule
 
         sel = policy.selector
         self.term = sel.kernel_term  # None for a static score
@@ -101,8 +111,7 @@ class TritonSelection(TorchSelection):
         self.extra: dict[str, Tensor] = {}  # per-layer kernel inputs, on the layer's device
         if self.sim_EE is not None:
             self.extra["sim_EE"] = self.sim_EE.float().contiguous()
-        self.weight_CH = router.weight_EH if router is not None else None  # the GEMV's rows
-        self.counter = arrival_counter(device) if router is not None else None
+        self.weight_CH = router.weight_EH if router is not None else None  # the router GEMM's rows
         if sel.static_score:
             self.extra["score_E"] = sel.static_score_E(layer, num_experts, device)
             return
@@ -139,7 +148,7 @@ class TritonSelection(TorchSelection):
         """The router's GEMM (for `base` over [router; predictor]), softmax/top-k and the
         selection in one launch. Returns the model's own routing (for statistics) and the decision."""
         budget = self.budget if self.policy.selector.uses_budget else None
-        return _fused_call(self.router, self.weight_CH, self.counter, z_TH, active_T, budget, self.layer,
+        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer,
                            kind=self.term or "router_sum", rule=self.rule, **self.extra)
 
 
@@ -149,16 +158,13 @@ class DenseRoute:
     fused_route = True
 
     def __init__(self, layer: int, router: SoftmaxTopK, device: torch.device) -> None:
-        from kernels.select import arrival_counter
-
         self.layer, self.router = layer, router
-        self.counter = arrival_counter(device)
 
     def routes(self, T: int) -> bool:
         return T <= FUSED_ROUTE_MAX_TOKENS
 
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
-        return _fused_call(self.router, self.router.weight_EH, self.counter, z_TH, active_T, None, self.layer)
+        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer)
 
 
 BACKENDS = ("torch", "triton")
