@@ -4,12 +4,15 @@
     out_TH = fused_experts(z_TH, gate_up, down, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M)
 
 Three entry points share one kernel (`_route_select_kernel`):
-  route_select_gemv  the router's GEMM (and, for `base`, the predictor's, on [router; predictor]
-                     rows), softmax, top-k (+ renormalise, scale), the batch score, the kept set
-                     and the reassignment. Grid cdiv(C, CB): every program computes CB output
-                     columns of the GEMM for all tokens and writes them to a workspace; the LAST
-                     program to arrive (an atomic counter, reset by that program) does the rest.
-  route_select       the same after the router's GEMM (logits given): one program.
+  route_select       after the router's GEMM (logits given): softmax, top-k (+ renormalise,
+                     scale), the batch score, the kept set and the reassignment; one program.
+                     What the budgeted model runs (base/method/backends.py).
+  route_select_gemv  the same with the router's GEMM in the launch (for `base` over [router;
+                     predictor] rows). Grid cdiv(C, CB): every program computes CB output columns
+                     for all tokens into a workspace; the LAST program to arrive (an atomic
+                     counter it resets) does the rest. One launch fewer, but on an H200 it measured
+                     slower than cuBLAS + `route_select` (19.1 against 17.3 us per layer at 16
+                     tokens: benchmarks/kernels/v3/run1_bench.log), so nothing uses it by default.
   select_reassign    the selection after the model's own router (probs, top-k given): one program.
 
 References: `base.method.routing.select_top_m` / `reassign`, the selectors' `keep` and `score`
@@ -229,10 +232,14 @@ def _route_select_kernel(
                 wsum_TE += tl.where(hit, w_T[:, None], 0.0)
                 wsq_TE += tl.where(hit, (w_T * w_T)[:, None], 0.0)
                 if TIER != 0:
-                    # rank of slot k among the token's K choices by probability (ties: lower slot)
-                    pk_T = tl.sum(tl.where(sel_k, p_TK, 0.0), axis=1)
-                    ahead_TK = (p_TK > pk_T[:, None]) | ((p_TK == pk_T[:, None]) & (offs_k[None, :] < k))
-                    rank_T = tl.sum((ahead_TK & k_ok[None, :]).to(tl.int32), axis=1)
+                    # rank of slot k among the token's K choices by probability (ties: lower slot);
+                    # the kernel's own top-k is already in that order
+                    if ROUTE:
+                        rank_T = tl.full((TB,), k, tl.int32)
+                    else:
+                        pk_T = tl.sum(tl.where(sel_k, p_TK, 0.0), axis=1)
+                        ahead_TK = (p_TK > pk_T[:, None]) | ((p_TK == pk_T[:, None]) & (offs_k[None, :] < k))
+                        rank_T = tl.sum((ahead_TK & k_ok[None, :]).to(tl.int32), axis=1)
                     anch_TE += (hit & (rank_T < K0)[:, None]).to(tl.float32)
                     first_TE += tl.where(hit & (rank_T == 0)[:, None], w_T[:, None], 0.0)
             cnt_E += tl.sum(hits_TE, axis=0)
@@ -454,7 +461,8 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         x_TH, weight_CH, ws_TC, counter = gemv
         C, H = weight_CH.shape
         # 16 columns per program on the matrix units. (4 columns on FMA units, 32-64 programs,
-        # measured 1.8x slower on an H200 at 1-16 tokens: 34-37 against 19 us per layer.)
+        # measured slower on an H200 at 1-16 tokens: 34-37 against 19 us per layer;
+        # benchmarks/kernels/v3/NVIDIA_H200.json against run1_bench.log.)
         CB = 16
         grid = (triton.cdiv(C, CB),)
         gemv_args = (x_TH, weight_CH, ws_TC, counter)

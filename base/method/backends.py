@@ -78,8 +78,8 @@ def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: 
                 layer: int, **kw) -> tuple[RoutedBatch, Decision]:
     """The router's GEMM (cuBLAS; for `base` over [router; predictor] rows, so g comes with the
     logits), then softmax, top-k and the selection in one kernel. The one-launch form with the GEMM
-    inside (`kernels.select.route_select_gemv`) measured slower on an H200 (19.0 against 17.3 us per
-    layer at 16 tokens; benchmarks/kernels/NVIDIA_H200.json, `gemv_*` against `route_*`)."""
+    inside (`kernels.select.route_select_gemv`) measured slower on an H200: 19.1 against 17.3 us per
+    layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log, `gemv_rsum` against `route_rsum`)."""
     from kernels.select import route_select
 
     E = router.weight_EH.shape[0]
