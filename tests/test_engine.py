@@ -205,6 +205,49 @@ def test_gpu_graph_replay_equals_eager(method, backend, experts_impl):
     assert all(r["kept"] <= 3 for r in graph_rows) or method == "dense"
 
 
+GPU_RULES = [  # every rule on the selection kernel (issue 25): selector, k0, coverage, reassign
+    ("base_anchor", 1, None, "backfill"), ("xshare", 1, None, "backfill"), ("lynx", 1, None, "drop"),
+    ("top1_union", None, None, "backfill"), ("oea", 1, None, "backfill"), ("router_sum", None, 0.9, "backfill"),
+    ("base", None, None, "similar"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,k0,coverage,mode", GPU_RULES)
+def test_gpu_every_rule_on_the_kernel_graph_replay_equals_eager(method, k0, coverage, mode):
+    """Each rule the selection kernel runs, in the decode engine on the GPU: graph replay gives the
+    eager steps' tokens and statistics (float32, base_triton experts)."""
+    from base.hf.experts_impl import register_base_triton
+    from base.hf.families import find_moe_layers
+
+    register_base_triton()
+    model = load_model(_cfg("tiny_qwen3", device="cuda", dtype="float32"), ROOT, experts_impl="base_triton")
+    arts = model_artifacts(model)
+    layers = find_moe_layers(model)
+    arts.sim_LEE = torch.rand(len(layers), layers[0].num_experts, layers[0].num_experts,
+                              generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 90, (16, 7), generator=torch.Generator().manual_seed(2)).cuda()
+    mask = torch.ones_like(ids)
+
+    def run(graph: bool):
+        sel = build_selector(method, arts, k0=k0, coverage=coverage)
+        opts = BudgetOptions(budget=None if method == "oea" else 3, backend="triton", reassign=mode)
+        budget = install_budget(model, "qwen3_moe", sel, opts)
+        try:
+            assert all(type(b.selection).__name__ == "TritonSelection" for b in budget.blocks)
+            res = DecodeEngine(model, 16, 48, budget=budget, pad_id=0, graph=graph).generate(ids, mask, 12,
+                                                                                             stop_at_eos=False)
+            return res, budget.stats_rows()
+        finally:
+            budget.remove()
+
+    eager, eager_rows = run(False)
+    graph, graph_rows = run(True)
+    assert graph.eager_steps == 1
+    assert torch.equal(graph.tokens_BN, eager.tokens_BN)
+    assert graph_rows == eager_rows
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["dense", "base"])
 def test_gpu_compiled_graph_equals_eager(method):
