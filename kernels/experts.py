@@ -403,7 +403,7 @@ def _down_kept_kernel(
     acc_TH = tl.zeros((T_BLOCK, BHO), dtype=tl.float32)
     part_TH = tl.zeros((T_BLOCK, BHO), dtype=tl.float32)
     # one flat loop over (kept expert, I block): software pipelining runs across expert boundaries
-    for it in range(0, n_kept * n_ib):
+    for it in range(n_kept * n_ib):
         slot = it // n_ib
         j = it - slot * n_ib
         u = tl.sum(tl.where(offs_m == slot, kept_M, 0), axis=0)

@@ -468,13 +468,13 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         gemv_args = (x_TH, weight_CH, ws_TC, counter)
         fp32 = weight_CH.dtype == torch.float32
         BK = 128 if H >= 128 else next_pow2(H, 16)
-        gemv_meta = dict(CB=CB, BK=BK, TBG=min(next_pow2(T, 16), 64), DOT_PRECISION="ieee" if fp32 else "tf32")
+        gemv_meta = dict(CB=CB, BK=BK, TBG=min(next_pow2(T, 16), 64), DOT_PRECISION="ieee" if fp32 else "tf32")  # noqa: C408
         sx, sw = x_TH.stride(0), weight_CH.stride(0)
     else:
         C = H = 0
         grid = (1,)
         gemv_args = (dummy, dummy, dummy, dummy)
-        gemv_meta = dict(CB=16, BK=16, TBG=16, DOT_PRECISION="tf32")
+        gemv_meta = dict(CB=16, BK=16, TBG=16, DOT_PRECISION="tf32")  # noqa: C408
         sx = sw = 0
     _route_select_kernel.on(dev)[grid](
         *gemv_args,

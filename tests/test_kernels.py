@@ -31,6 +31,7 @@ from kernels import (
     select_step,
 )
 from kernels.terms import TERMS
+from tests.helpers import capture_graph
 
 KINDS = list(TERMS)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -408,22 +409,15 @@ def test_gpu_cuda_graph_replay_equals_eager():
 
     kt.POISON = False
     eager = [t.clone() for t in step()]  # also compiles everything before capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    replay, static = capture_graph(step)
     for _ in range(2):
-        graph.replay()
+        replay()
     torch.cuda.synchronize()
     assert torch.equal(static[0], eager[0])
     assert torch.equal(static[1], eager[1])  # deterministic: bit-identical, not just close
     # new inputs in the same buffers: the replay follows them
     b.z_TH.copy_(torch.randn_like(b.z_TH))
-    graph.replay()
+    replay()
     fresh = step()
     torch.cuda.synchronize()
     assert torch.equal(static[1], fresh[1])

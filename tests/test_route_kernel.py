@@ -16,7 +16,14 @@ import kernels._triton as kt
 from base.method.routing import RoutedBatch, pair_counts_E, reassign
 from base.method.selectors import Artifacts, build_selector
 from kernels import fuse_router_predictor
-from kernels.select import Rule, arrival_counter, route_select, route_select_gemv, select_reassign
+from kernels.select import (
+    Rule,
+    arrival_counter,
+    route_select,
+    route_select_gemv,
+    select_reassign,
+)
+from tests.helpers import capture_graph
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +109,7 @@ def test_tiered_rules_keep_and_reassign_as_their_selectors(name, k0, budget, rou
     kind, rule = _kernel_rule(name, k0)
     logits_TE = F.linear(x_TH, w_EH)
     g_TE = x_TH @ art.pred_w_LHE[1]
-    kw = dict(kind=kind, g_TE=g_TE, pred_b_E=art.pred_b_LE[1], rule=rule)
+    kw = dict(kind=kind, g_TE=g_TE, pred_b_E=art.pred_b_LE[1], rule=rule)  # noqa: C408
     if route:
         routing, sel = route_select(logits_TE, K, active_T, budget, norm_topk=True, **kw)
         batch = RoutedBatch(x_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer=1)
@@ -207,16 +214,9 @@ def test_gpu_gemv_route_in_a_graph_equals_eager_and_the_reference(T, kind):
     kt.POISON = False
     eager = [t.clone() for t in step()]
     assert all(int(c.item()) == 0 for c in counters)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    replay, static = capture_graph(step)
     for _ in range(3):
-        graph.replay()
+        replay()
     torch.cuda.synchronize()
     for a, b in zip(static, eager):
         assert torch.equal(a, b)  # deterministic: bit-identical

@@ -51,7 +51,7 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                   "lbias_ptr": "*bf16", "probs_ptr": "*fp32", "idx_ptr": "*i64", "w_ptr": "*bf16", "active_ptr": "*i1",
                   "score_ptr": "*fp32", "g_ptr": "*fp32", "bias_ptr": "*fp32", "energy_ptr": "*fp32", "sim_ptr": "*fp32",
                   "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16"}  # fmt: skip
-    base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,
+    base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,  # noqa: C408
                 NORM=True, HAS_LBIAS=False, SCORE_IN_KERNEL=True, KIND=4, TIER=0, COVERAGE=False, REASSIGN=0,
                 RENORMALIZE=True)  # fmt: skip
     floats = ("route_scale", "coverage")
@@ -75,7 +75,7 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     dn_ptrs = {"act_ptr": "*bf16", "dw_ptr": "*bf16", "db_ptr": "*bf16", "keep_ptr": "*i64", "idx_ptr": "*i64",
                "w_ptr": "*bf16", "out_ptr": "*bf16"}
     for T_BLOCK in (16, 64):
-        common = dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16, HAS_BIAS=False, DOT_PRECISION="tf32")
+        common = dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16, HAS_BIAS=False, DOT_PRECISION="tf32")  # noqa: C408
         for bi, bh, st in ((32, 128, 4), (64, 128, 3)):
             out.append((f"gate_up_kept T={T_BLOCK} BI={bi} BH={bh} st={st}", _gate_up_kept_kernel, gu_ptrs,
                         ("alpha", "limit"), {**common, "ROW_MUL": 1, "ACT": 0, "BI": bi, "BH": bh, "stride_gk": 1},
@@ -92,7 +92,8 @@ def resources(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=False).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
     return f"regs={m.group(1):>4} stack={m.group(2):>4} shared={m.group(3):>6}" if m else text.strip()[-200:]
 

@@ -40,7 +40,12 @@ from kernels import (
 )
 from kernels.experts import V3_MAX_TOKENS, device_name, fused_experts, get_config
 from kernels.score import score_experts
-from kernels.select import arrival_counter, route_select, route_select_gemv, select_reassign
+from kernels.select import (
+    arrival_counter,
+    route_select,
+    route_select_gemv,
+    select_reassign,
+)
 from tools.timing import (
     MODELS,
     SMOKE_MODELS,
@@ -126,8 +131,8 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                         continue  # host-bound loop with syncs; a few rows suffice
                     if impl == "base_triton_v3":  # forced, whatever the table picks for the shape
                         v3 = dataclasses.replace(get_config(H, I, T, dev), use_kept=True)
-                        calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w, k=keep: fused_experts(
-                                 x, gu, dn, idx, w, keep_M=k, config=v3) for gu, dn in sets]  # fmt: skip
+                        calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w, k=keep, c=v3: fused_experts(
+                                 x, gu, dn, idx, w, keep_M=k, config=c) for gu, dn in sets]  # fmt: skip
                     else:
                         for mod in mods:
                             set_impl(mod, impl)
