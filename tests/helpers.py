@@ -263,16 +263,3 @@ def ignore_norm_runs(monkeypatch, probe: MoeProbe) -> None:
 
     monkeypatch.setattr(base.hf.moe_block, "expert_norms_TK", wrapped)
 
-
-def capture_graph(step):
-    """(replay, outputs): `step` run once on a side stream (compiles, fills lazy state), then
-    captured in a CUDA graph whose outputs are the tensors `step` returned during capture."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
-    return graph.replay, outputs

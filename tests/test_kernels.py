@@ -20,6 +20,7 @@ import kernels._triton as kt
 from base.hf.experts_impl import register_base_triton
 from base.method.routing import RoutedBatch, pair_counts_E, reassign, select_top_m
 from base.method.selectors import Artifacts, build_selector
+from base.runtime.graphs import capture_outputs as capture_graph
 from kernels import (
     ExpertsLayout,
     experts_reference,
@@ -31,7 +32,6 @@ from kernels import (
     select_step,
 )
 from kernels.terms import TERMS
-from tests.helpers import capture_graph
 
 KINDS = list(TERMS)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import kernels._triton as kt
 from base.method.routing import RoutedBatch, pair_counts_E, reassign
 from base.method.selectors import Artifacts, build_selector
+from base.runtime.graphs import capture_outputs as capture_graph
 from kernels import fuse_router_predictor
 from kernels.select import (
     Rule,
@@ -23,7 +24,6 @@ from kernels.select import (
     route_select_gemv,
     select_reassign,
 )
-from tests.helpers import capture_graph
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ running again), so the engine's capture bookkeeping is tested without a GPU.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -27,9 +28,10 @@ class CaptureError(RuntimeError):
     """A step could not be captured (an op that syncs the host or is not graph-safe)."""
 
 
-def cuda_capture(step: Step) -> Step:
+def capture_outputs(step: Callable[[], Any]) -> tuple[Step, Any]:
     """Run `step` once eagerly on a side stream (compiles kernels, fills lazy state; a real step),
-    then capture it; returns the graph's replay."""
+    then capture it; returns the graph's replay and what `step` returned during capture (the
+    static outputs each replay rewrites)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -37,8 +39,13 @@ def cuda_capture(step: Step) -> Step:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step()
-    return graph.replay
+        outputs = step()
+    return graph.replay, outputs
+
+
+def cuda_capture(step: Step) -> Step:
+    """`capture_outputs` for a step that returns nothing: the graph's replay."""
+    return capture_outputs(step)[0]
 
 
 def eager_capture(step: Step) -> Step:
