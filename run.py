@@ -374,10 +374,115 @@ def check_command_line(argv: list[str]) -> None:
     check_folder("outputs_dir", Path(outputs_dir))
 
 
+GROUPS = ("model", "method", "task", "logger")  # conf/ groups a run needs one option of
+
+
+def schema_gaps(cfg: DictConfig, schema: type = RunSchema, prefix: str = "") -> list[str]:
+    """Keys of the schema with no value in `cfg`: deleted (`~budget`) or left ??? (`~model` empties
+    the model group)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    gaps = []
+    for f in dataclasses.fields(schema):
+        key = prefix + f.name
+        if f.name not in cfg or OmegaConf.is_missing(cfg, f.name):
+            gaps.append(key)
+        elif dataclasses.is_dataclass(hints[f.name]) and OmegaConf.is_config(cfg[f.name]):
+            gaps += schema_gaps(cfg[f.name], hints[f.name], key + ".")
+    return gaps
+
+
+def check_complete(cfg: DictConfig) -> None:
+    gaps = schema_gaps(cfg)
+    if gaps:
+        groups = sorted({g.split(".")[0] for g in gaps if g.split(".")[0] in GROUPS})
+        hint = "; ".join(f"choose {g}=<{', '.join(group_options(g))}>" for g in groups)
+        raise ConfigError(f"{', '.join(gaps[:8])}{' ...' if len(gaps) > 8 else ''} has no value (deleted by a ~key "
+                          f"override, or a group left empty): every key of the run's schema needs one; set it "
+                          f"(null where the key allows it) instead of deleting it{'; ' + hint if hint else ''}")
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+def composition_points(overrides: list[str]) -> list[list[str]]:
+    """A sweep's overrides as points to compose: the first value of every swept key, then each other
+    value of each key once (the sum of the values, not their product: what composition refuses is one
+    value of one key)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    def values(o) -> list[str]:
+        if not o.is_sweep_override():
+            return [o.input_line]
+        if o.value_type == ValueType.GLOB_CHOICE_SWEEP:  # model=glob(tiny_*): the group's options
+            return [f"{o.get_key_element()}={v}" for v in o.value().filter(group_options(o.key_or_group))]
+        return [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+
+    columns = [values(o) for o in OverridesParser.create().parse_overrides(overrides)]
+    first = [col[0] for col in columns]
+    return [first] + [first[:i] + [v] + first[i + 1:] for i, col in enumerate(columns) for v in col[1:]]
+
+
+def hydra_message(err: Exception) -> str:
+    """Hydra's and OmegaConf's message for a refused override on one line, without its internals
+    (object_type, the config search path)."""
+    chain = [err]
+    while chain[-1].__cause__ is not None and len(chain) < 4:  # "Error merging override" holds why in its cause
+        chain.append(chain[-1].__cause__)
+    text = "\n".join(str(e) for e in chain).split("Config search path")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(("object_type=", "reference_type=", "Set the environment"))]
+    out: list[str] = []
+    listing = False  # after "Available options in 'model':" Hydra writes one option a line
+    for line in lines:
+        if listing and " " not in line:
+            out[-1] += (" " if out[-1].endswith(":") else ", ") + line
+        else:
+            out.append(line)
+            listing = line.endswith(":")
+    return "; ".join(out) or type(err).__name__
+
+
+def check_composition(argv: list[str]) -> None:
+    """Composes the configuration as Hydra will (a sweep's values each once), so that what Hydra would
+    refuse with its own exit code 1 (a wrong type, an unknown key or group option) or with a traceback
+    (a null group, a deleted key) fails here as a ConfigError, before Hydra makes any folder."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = get_args_parser().parse_args(argv)  # argparse refuses unknown flags itself (exit 2)
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.config_dir \
+            or args.experimental_rerun:
+        return
+    overrides = [o for o in args.overrides if not o.lstrip("~+").startswith("hydra")]
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key in GROUPS and any(v.strip() in ("null", "~", "") for v in value.split(",")):  # a sweep's too
+            raise ConfigError(f"{o}: a run needs a {key}; choose one of: {', '.join(group_options(key))} (conf/{key}/)")
+    try:
+        points = composition_points(overrides) if args.multirun else [overrides]
+    except HydraException as err:
+        raise ConfigError(f"cannot parse the overrides: {hydra_message(err)}") from None
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for point in points:
+            try:
+                cfg = compose(config_name=args.config_name or "config", overrides=point)
+            except (HydraException, OmegaConfBaseException) as err:
+                raise ConfigError(hydra_message(err)) from None
+            check_complete(cfg)
+
+
 if __name__ == "__main__":
     try:
         check_launcher_env()
         check_command_line(sys.argv[1:])
+        check_composition(sys.argv[1:])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

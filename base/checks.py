@@ -54,7 +54,29 @@ def check_folder(what: str, path: Path) -> None:
         if part.exists():
             if not part.is_dir():
                 raise ConfigError(f"{what}={path}: {part} is a file, not a folder; give a folder path")
+            _check_creatable(what, path, part, p.relative_to(part).parts)
             return
+
+
+def _check_creatable(what: str, path: Path, existing: Path, missing: tuple[str, ...]) -> None:
+    """The folders still missing below `existing` can be made there: names the file system takes,
+    and a folder it lets this process write into (permissions, a read-only mount, /proc). Probed with
+    a temporary folder that is removed at once, so nothing stays behind."""
+    import errno
+    import os
+    import tempfile
+
+    limit = os.pathconf(existing, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    for name in missing:
+        if len(os.fsencode(name)) > limit:
+            raise ConfigError(f"{what}={path}: the folder name {name[:40]}... is {len(os.fsencode(name))} bytes; "
+                              f"this file system allows {limit}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".base-probe-", dir=existing))
+    except OSError as err:
+        why = "read-only file system" if err.errno == errno.EROFS else (err.strerror or type(err).__name__)
+        raise ConfigError(f"{what}={path}: cannot create folders in {existing} ({why}); give a folder this user can "
+                          f"write") from None
 
 
 def check_file(what: str, path: Path, shown: str) -> None:

@@ -4,7 +4,7 @@ Nothing in base/ reads Hydra: these dataclasses are the only way configuration e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,12 @@ EVAL_ORDERS = ("mixed", "lm_eval")
 BATCHINGS = ("continuous", "static")
 ADMISSIONS = ("fifo", "union")
 ROUTINGS = ("uniform", "skewed")
+MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes seeds in [0, 2**32 - 1]
+# Sampling temperatures: below MIN the decode engine clamps (base/runtime/sampling.py), so it and
+# transformers' generate would sample differently (and logits / T overflows toward 1e-38); above MAX
+# the next-token distribution is within exp(30 / 100) = 1.35x of uniform over the kept tokens for
+# the logit ranges of trained models (~30): noise, not the model's text.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
 PACKINGS = ("packed", "padded")
 
@@ -121,6 +127,7 @@ class TaskConfig:
         if not self.tasks:
             raise ConfigError(f"task {self.name}: tasks is empty")
         self.limit = check_int("task.limit", self.limit, 1, allow_none=True)
+        self.num_fewshot = check_int("task.num_fewshot", self.num_fewshot, 0, allow_none=True)
 
 
 @dataclass
@@ -161,7 +168,7 @@ class EvalConfig:
                               "use eval.batching=static with it, or eval.engine=auto|on")
         self.max_gen_toks = check_int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
         self.gen_toks = check_int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
-        check_float("eval.temperature", self.temperature, low=0.0, low_open=True)
+        check_float("eval.temperature", self.temperature, low=MIN_TEMPERATURE, high=MAX_TEMPERATURE)
         check_float("eval.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         self.top_k = check_int("eval.top_k", self.top_k, 1)
 
@@ -248,6 +255,13 @@ class ThroughputConfig:
 
 
 
+def _changed(group: str, obj: Any, keys: Any) -> list[str]:
+    """`group.key=value` for each of `keys` whose value differs from the dataclass default."""
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(obj)
+                if f.default is not MISSING or f.default_factory is not MISSING}
+    return [f"{group}.{k}={getattr(obj, k)}" for k in keys if k in defaults and getattr(obj, k) != defaults[k]]
+
+
 def _length_range(what: str, value: Any) -> list[int]:
     """[lo, hi] token lengths, drawn uniformly; one value (or lo == hi) is fixed."""
     values = value if isinstance(value, (list, tuple)) else [value]
@@ -292,11 +306,25 @@ class StreamConfig:
         import json
 
         path = Path(self.lengths_from) if Path(self.lengths_from).is_absolute() else root / self.lengths_from
+        if path.is_dir():
+            raise ConfigError(f"stream.lengths_from={self.lengths_from} is a folder; give a run's samples.jsonl")
         if not path.is_file():
             raise ConfigError(f"stream.lengths_from={self.lengths_from}: no such file (a run's samples.jsonl)")
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        pairs = [(r.get("prompt_tokens"), r.get("new_tokens")) for r in rows]
-        pairs = [(p, n) for p, n in pairs if p and n and n >= 2]
+        pairs = []
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            p, n = (row.get("prompt_tokens"), row.get("new_tokens")) if isinstance(row, dict) else (None, None)
+            counts = all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in (p, n))
+            if not isinstance(row, dict) or not counts:
+                raise ConfigError(f"stream.lengths_from={self.lengths_from}: line {number} is not a JSON object whose "
+                                  f"prompt_tokens and new_tokens are whole numbers >= 0 (or null): {line[:80]!r}")
+            if p and n and n >= 2:  # requests that decoded at least one step
+                pairs.append((p, n))
         if not pairs:
             raise ConfigError(f"stream.lengths_from={self.lengths_from}: no request with prompt_tokens and at least "
                               f"2 new_tokens (samples.jsonl of an evaluate run made since issue 18)")
@@ -431,9 +459,50 @@ class RunConfig:
         if self.method.name == "dense":
             self.budget = None  # dense keeps every routed expert whatever the budget says
         self.batch_size = check_int("batch_size", self.batch_size, 1)
-        self.seed = check_int("seed", self.seed, 0)
+        self.seed = check_int("seed", self.seed, 0, MAX_SEED)
         self._check_method_budget()
+        self._check_unused_options()
         self._check_serve()
+
+    def _check_unused_options(self) -> None:
+        """An option moved off its default that this run never reads is refused, naming it: ignored,
+        it would make a run other than the one asked for (method.k0=2 on router_sum, sampling
+        settings with greedy decoding, method options on dense)."""
+        from base.method.selectors import SELECTORS
+
+        unused: list[tuple[list[str], str]] = []  # (key=value, ...), why this run does not read them
+        tp = self.throughput
+        if self.stage == "evaluate" or (self.stage == "throughput" and tp is not None):
+            specs = tp.specs if self.stage == "throughput" and tp is not None else None
+            built = [s["method"] for s in specs] if specs else [self.method.name]
+            anchored = [n for n in SELECTORS.names() if SELECTORS.get(n).needs_k0]
+            if self.method.k0 is not None and (specs or self.method.name not in anchored):
+                unused.append(([f"method.k0={self.method.k0}"], f"only {', '.join(anchored)} read it" +
+                               (" (throughput.methods gives each its own, e.g. oea:1)" if specs else "")))
+            if all(name == "dense" for name in built):
+                unused.append((_changed("method", self.method, ("reassign", "renormalize", "apply_to", "backend")),
+                               "dense selects no experts"))
+        if self.stage == "evaluate":
+            if not self.eval.do_sample:
+                unused.append((_changed("eval", self.eval, ("temperature", "top_p", "top_k")),
+                               "greedy decoding (eval.do_sample=false) does not sample"))
+            if self.eval.admission == "fifo":
+                unused.append((_changed("eval", self.eval, ("max_wait_rounds",)), "eval.admission=fifo waits on no one"))
+        if self.stage == "throughput" and tp is not None:
+            if tp.mode == "steps":
+                unused.append((_changed("stream", self.stream, [f.name for f in fields(StreamConfig)]),
+                               "throughput.mode=steps times full batches, no request stream"))
+            elif self.stream.admission == "fifo":
+                unused.append((_changed("stream", self.stream, ("max_wait_rounds",)),
+                               "stream.admission=fifo waits on no one"))
+            if tp.mode != "serve":
+                unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
+                               "only throughput.mode=serve reads serve.*"))
+        unused = [(keys, why) for keys, why in unused if keys]
+        if unused:
+            said = "; ".join(f"{', '.join(keys)} would be ignored: {why}" for keys, why in unused)
+            raise ConfigError(f"{said} (method={self.method.name}, stage={self.stage}). Leave such options at "
+                              f"their defaults, or choose a setting that reads them")
 
     def _check_serve(self) -> None:
         """throughput.mode=serve takes its arrivals from serve.rates and admits FIFO."""

@@ -19,16 +19,21 @@ from base.method.calibration import Calibration, LayerCalib
 
 
 def read_texts(files: list[Path]) -> str:
-    """Concatenate local .txt files and the "text" field of .jsonl files."""
+    """Concatenate local .txt files and the "text" field of .jsonl files (every row an object with a
+    "text" string; ValueError naming the line otherwise)."""
     parts = []
     for path in files:
         if not path.exists():
             raise FileNotFoundError(f"calibration file {path} does not exist")
         if path.suffix == ".jsonl":
-            for line in path.read_text().splitlines():
+            for number, line in enumerate(path.read_text().splitlines(), 1):
                 if line.strip():
                     row = json.loads(line)
-                    parts.append(row["text"] if "text" in row else " ".join(str(v) for v in row.values()))
+                    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                        what = "an object without a \"text\" string" if isinstance(row, dict) else \
+                            f"a JSON {type(row).__name__}, not an object with a \"text\" string"
+                        raise ValueError(f"line {number} is {what}")
+                    parts.append(row["text"])
         else:
             parts.append(path.read_text())
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts)

@@ -87,3 +87,11 @@ def register_base_triton() -> str:
 
     ExpertsInterface.register(NAME, base_triton_experts_forward)
     return NAME
+
+
+def experts_implementations() -> list[str]:
+    """Every value model.experts_impl may take: transformers' own (as it validates them) and base_triton."""
+    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    return sorted({"eager", NAME, *ALL_EXPERTS_FUNCTIONS.keys(), *ALL_FP8_EXPERTS_FUNCTIONS.keys()})

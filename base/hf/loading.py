@@ -32,11 +32,16 @@ def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
         return AutoConfig.for_model(family.model_type, **cfg.arch)
     if not isinstance(cfg.trust_remote_code, bool):  # only the boolean true lets a checkpoint's code run
         raise ConfigError(f"model.trust_remote_code={cfg.trust_remote_code!r} must be true or false")
+    local = Path(resolve_path(cfg.path, root))
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise ConfigError(f"model.path={cfg.path}: no config.json in {local}; a checkpoint folder holds config.json, "
+                          f"the weights and the tokenizer files (or use model.init=random with model.arch)")
     try:
         return AutoConfig.from_pretrained(resolve_path(cfg.path, root), trust_remote_code=cfg.trust_remote_code)
     except ValueError as err:
         if "trust_remote_code" not in str(err):
-            raise
+            raise ConfigError(f"model.path={cfg.path}: its config.json does not describe a model transformers knows "
+                              f"({err})") from None
         raise ConfigError(f"model {cfg.name}: the checkpoint at {cfg.path!r} asks to run its own Python code "
                           f"(its config names custom classes); set model.trust_remote_code=true only if you trust "
                           f"it") from None
@@ -81,9 +86,11 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
                 hf_config(cfg, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
             )
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            resolve_path(cfg.path, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kwargs
+        model, info = AutoModelForCausalLM.from_pretrained(
+            resolve_path(cfg.path, root), dtype=dtype, trust_remote_code=cfg.trust_remote_code,
+            output_loading_info=True, **kwargs
         )
+        check_loading_info(cfg, info)
         model.to(device)
     model.eval()
     if cfg.routing == "skewed":
@@ -92,6 +99,20 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
         family = FAMILIES.get(cfg.family)
         model.base_skew_report = skew_routing(model, family, family.renormalizes(model.config), cfg.skew_ratio, seed)
     return model
+
+
+def check_loading_info(cfg: ModelConfig, info: dict) -> None:
+    """Every tensor the model has came from the checkpoint and every checkpoint tensor went into the
+    model: transformers initialises a missing one at random and drops an unexpected one, with only a
+    table on stderr (a layer without weights runs at random; accuracy falls to chance)."""
+    missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys") or [])
+    parts = [f"{len(keys)} {what} ({', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})"
+             for what, keys in (("missing", missing), ("unexpected", unexpected), ("of another shape", mismatched))
+             if keys]
+    if parts:
+        raise ConfigError(f"model.path={cfg.path}: the checkpoint does not match its config.json: tensors "
+                          f"{'; '.join(parts)}; the checkpoint is incomplete or of another architecture")
 
 
 def byte_tokenizer():

@@ -160,5 +160,10 @@ def load_on_devices(cfg: ModelConfig, hf, path: str, dtype: torch.dtype, kwargs:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     remote = {"trust_remote_code": kwargs.get("trust_remote_code", False)}
+    from base.hf.loading import check_loading_info
+
     empty = empty_model(AutoConfig.from_pretrained(path, **remote), dtype, kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map_for(empty), **kwargs)
+    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map_for(empty),
+                                                       output_loading_info=True, **kwargs)
+    check_loading_info(cfg, info)
+    return model

@@ -73,3 +73,20 @@ class Calibration:
             get = lambda k, i=i: tensors.get(f"layer{i}.{k}")
             layers.append(LayerCalib(get("z_NH"), get("idx_NK"), get("w_NK"), get("norms_NK"), get("norms_NE")))
         return cls(layers, meta)
+
+    def check_content(self, identity: dict) -> None:
+        """What a cached file holds agrees with the model it is used for: its metadata names that
+        model, and every layer has tensors of the shapes that metadata gives (ValueError otherwise)."""
+        meta = self.meta
+        if json.loads(json.dumps(meta.get("model"), default=str)) != json.loads(json.dumps(identity, default=str)):
+            raise ValueError("its metadata names another model")
+        L, E, H = (meta.get(k) for k in ("num_layers", "num_experts", "hidden"))
+        if (L, E, H) != (identity["num_layers"], identity["num_experts"], identity["hidden"]):
+            raise ValueError(f"its metadata gives {L} layers, {E} experts, hidden {H}")
+        for i, lc in enumerate(self.layers):
+            if lc.z_NH is None or lc.idx_NK is None or lc.w_NK is None or lc.norms_NK is None:
+                raise ValueError(f"layer {i} lacks tensors")
+            N, K = lc.idx_NK.shape
+            if lc.z_NH.shape != (N, H) or lc.w_NK.shape != (N, K) or lc.norms_NK.shape != (N, K) or \
+                    (N and not 0 <= int(lc.idx_NK.min()) <= int(lc.idx_NK.max()) < E):
+                raise ValueError(f"layer {i}'s tensors do not match {E} experts, hidden {H}")

@@ -19,6 +19,11 @@ from base.checks import ConfigError, check_choice, check_float
 from base.files import atomic_save_tensors, atomic_write_text
 from base.method.calibration import Calibration
 
+# Ridge strength is relative to the mean diagonal of z^T z: far above the number of calibration pairs
+# it shrinks every weight to zero (a constant per expert, calib_energy's ranking by another name), and
+# beyond a float's range it turns the solve into NaN.
+MAX_RIDGE = 1e6
+
 
 @dataclass
 class PredictorConfig:
@@ -29,7 +34,7 @@ class PredictorConfig:
 
     def __post_init__(self) -> None:
         check_choice("predictor.fit_on", self.fit_on, ("routed", "all"))
-        self.ridge = check_float("predictor.ridge", self.ridge, low=0.0)
+        self.ridge = check_float("predictor.ridge", self.ridge, low=0.0, high=MAX_RIDGE)
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError(f"predictor.holdout={self.holdout} must be in (0, 1)")
 
@@ -127,7 +132,12 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Pr
             if sel.sum() < 2:
                 b_LE[li, u] = t_y.mean() if t_y.numel() else 0.0
                 continue
-            w, b = ridge_fit(z[t_rows[sel]], t_y[sel].double(), cfg.ridge)
+            try:
+                w, b = ridge_fit(z[t_rows[sel]], t_y[sel].double(), cfg.ridge)
+            except torch.linalg.LinAlgError:  # ridge=0 on collinear inputs: no unique least-squares fit
+                raise ConfigError(f"the predictor fit of layer {li} expert {u} is singular with predictor.ridge="
+                                  f"{cfg.ridge}: its calibration inputs are collinear; set predictor.ridge > 0 "
+                                  f"(the default is 0.01)") from None
             w_LHE[li, :, u], b_LE[li, u] = w.float(), float(b)
         # Held-out R^2 on routed pairs: against the pooled mean, and within experts (the token-
         # dependent part a static per-expert energy cannot capture).
@@ -150,7 +160,20 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Pr
         meta["warnings"] = warnings
         for w in warnings:
             print(f"[base] WARNING predictor fit: {w}", flush=True)
-    return Predictor(w_LHE, b_LE, meta)
+    pred = Predictor(w_LHE, b_LE, meta)
+    _check_finite_fit(pred, cfg)
+    return pred
+
+
+def _check_finite_fit(pred: Predictor, cfg: PredictorConfig) -> None:
+    """A fit with NaN or infinite weights would rank experts by NaN: refused before it is cached."""
+    bad_LE = ~(torch.isfinite(pred.w_LHE).all(1) & torch.isfinite(pred.b_LE))
+    if bad_LE.any():
+        layer, expert = (int(i) for i in bad_LE.nonzero()[0])
+        raise ConfigError(f"the predictor fit gave non-finite weights for {int(bad_LE.sum())} (layer, expert) pairs, "
+                          f"first layer {layer} expert {expert} (predictor.ridge={cfg.ridge}): the calibration "
+                          f"statistics hold NaN or inf, or the ridge is too small for them; nothing was cached. "
+                          f"Raise predictor.ridge (at most {MAX_RIDGE:g}) or recalibrate (stage=calibrate force=true)")
 
 
 def fit_warnings(constant_L: list[int], pairs_min_L: list[int], E: int, H: int) -> list[str]:

@@ -100,13 +100,21 @@ def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
     return cfg.artifacts_dir / model_folder(cfg.model.name) / _hash([identity, calibration_settings(cfg)])
 
 
-def _load_cached(load, path: Path):
-    """A cached artifact, or None (with a message) when its file cannot be read."""
+def _load_cached(load, path: Path, check=None):
+    """A cached artifact, or None (with a message) when its file cannot be read or `check(artifact)`
+    finds it does not fit the model (its metadata or tensors contradict it)."""
     try:
-        return load(path)
+        artifact = load(path)
     except Exception as err:  # noqa: BLE001 - truncated or foreign files raise many kinds
         print(f"[base] cached artifact {path} is unreadable ({type(err).__name__}); computing it again")
         return None
+    try:
+        if check is not None:
+            check(artifact)
+    except ValueError as err:  # ConfigError included
+        print(f"[base] cached artifact {path} does not fit this model ({err}); computing it again")
+        return None
+    return artifact
 
 
 def _made_since(path: Path, t0: float) -> bool:
@@ -121,14 +129,18 @@ def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list
     identity = model_identity(cfg, layers)
     directory = artifact_dir(cfg, identity)
     marker = directory / "calib.json"  # written last: its presence marks a complete calibration
+
+    def fits(calib: Calibration) -> None:  # a cached file whose content contradicts the model is recomputed
+        calib.check_content(identity)
+
     if marker.exists() and not recompute:
-        calib = _load_cached(Calibration.load, directory)
+        calib = _load_cached(Calibration.load, directory, fits)
         if calib is not None:
             clear_temp_if_idle(directory)
             return calib, directory
     with file_lock(directory):
         if marker.exists() and (not recompute or _made_since(marker, cfg.started)):
-            calib = _load_cached(Calibration.load, directory)
+            calib = _load_cached(Calibration.load, directory, fits)
             if calib is not None:  # another job made it while this one waited
                 print(f"[base] calibration reused: {directory}", flush=True)
                 return calib, directory
@@ -155,8 +167,10 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
     recomputes the calibration it is fitted on). Shared across jobs as ensure_calibration."""
     identity = model_identity(cfg, layers)
     path = predictor_path(cfg, identity)
+    # a cached fit that names another model is recomputed; a user's own file is refused (check_model)
+    fits = None if cfg.predictor.path else (lambda pred: pred.check_model(identity, path))
     if path.exists() and not refit:
-        pred = _load_cached(Predictor.load, path)
+        pred = _load_cached(Predictor.load, path, fits)
         if pred is not None:
             pred.check_model(identity, path)
             if not cfg.predictor.path:  # a user's own folder is theirs to tidy
@@ -167,7 +181,7 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
     calib, _ = ensure_calibration(cfg, model, tokenizer, layers, recompute=refit and recalibrate)
     with file_lock(path.parent):
         if path.exists() and (not refit or _made_since(path, cfg.started)):
-            pred = _load_cached(Predictor.load, path)
+            pred = _load_cached(Predictor.load, path, fits)
             if pred is not None:  # another job fitted it while this one waited
                 print(f"[base] predictor reused: {path}", flush=True)
                 return pred, path

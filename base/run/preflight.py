@@ -18,20 +18,28 @@ from base.config import ConfigError, RunConfig
 from base.hf.families import FAMILIES
 from base.hf.loading import hf_config
 from base.method.selectors import SELECTORS
-
-HFLM_MAX_GEN_TOKS = 256  # lm-eval's HFLM: new tokens of a task that names no max_gen_toks
+from base.run.context_checks import check_eval_requests, check_generation_lengths
+from base.run.model_checks import (
+    check_device_memory,
+    check_family,
+    check_names,
+    check_tokenizer,
+)
 
 
 def preflight(cfg: RunConfig) -> None:
+    check_names(cfg)
     _check_device(cfg)
     check_folder("artifacts_dir", cfg.artifacts_dir)
     check_folder("outputs_dir", cfg.out_dir.parent)
     hf = hf_config(cfg.model, cfg.root)
+    check_family(cfg, hf)
     if cfg.model.init == "pretrained":
-        _check_checkpoint(cfg)
+        _check_checkpoint(cfg, hf)
     family = FAMILIES.get(cfg.model.family)
     _check_arch(cfg, hf, family.experts_key, family.topk_key)
     cfg.check_model_shape(int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
+    check_device_memory(cfg, hf)
     methods = _methods(cfg)
     needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
     needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
@@ -41,10 +49,13 @@ def preflight(cfg: RunConfig) -> None:
         _check_calibration_files(cfg)
         if needs_pred or cfg.stage == "fit":
             _check_fit_size(cfg, int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
+    context = getattr(hf, "max_position_embeddings", None)
     if cfg.stage == "evaluate":
-        check_tasks(cfg, getattr(hf, "max_position_embeddings", None))
+        check_tasks(cfg, context)
     if cfg.stage == "throughput" and cfg.throughput.mode in ("stream", "serve"):
         cfg.stream.task_lengths(cfg.root)  # a lengths_from file that is missing or holds no lengths fails here
+    if cfg.stage == "throughput" and context:
+        check_generation_lengths(cfg, context)
     if cfg.model.device_map is not None:
         _check_placement(cfg, hf)
 
@@ -113,7 +124,7 @@ def _check_device(cfg: RunConfig) -> None:
                           "here) or cpu")
 
 
-def _check_checkpoint(cfg: RunConfig) -> None:
+def _check_checkpoint(cfg: RunConfig, hf) -> None:
     """A local checkpoint folder holds readable weights and a tokenizer (its config was read already)."""
     from pathlib import Path
 
@@ -136,20 +147,22 @@ def _check_checkpoint(cfg: RunConfig) -> None:
         except Exception as err:  # noqa: BLE001 - truncated or foreign files raise many kinds
             raise ConfigError(f"model.path={cfg.model.path}: {w.name} is not a readable safetensors file "
                               f"({type(err).__name__}: {err}); the checkpoint is damaged or incomplete") from None
-    _tokenizer(cfg)
+    _tokenizer(cfg, getattr(hf, "vocab_size", None))
 
 
-def _tokenizer(cfg: RunConfig):
+def _tokenizer(cfg: RunConfig, vocab_size: int | None = None):
     """The run's tokenizer, or a ConfigError naming where it was looked for (a hub id with no local
-    copy fails here offline, not as a traceback inside calibration)."""
+    copy fails here offline, not as a traceback inside calibration), or what is wrong with it."""
     from base.hf.loading import load_tokenizer
 
     try:
-        return load_tokenizer(cfg.model, cfg.root)
+        tok = load_tokenizer(cfg.model, cfg.root)
     except Exception as err:  # noqa: BLE001 - hub, file and parse errors all mean "no tokenizer here"
         raise ConfigError(f"model {cfg.model.name}: no tokenizer loads from {cfg.model.tokenizer or cfg.model.path} "
                           f"({type(err).__name__}); set model.tokenizer to a tokenizer folder, or "
                           f"model.tokenizer=bytes for a random-weight model") from None
+    check_tokenizer(cfg, tok, vocab_size)
+    return tok
 
 
 def _check_calibration_files(cfg: RunConfig) -> None:
@@ -229,6 +242,7 @@ def _moe_layers(hf) -> int:
 def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
     """Every task name is known to lm-eval and every task builds (its data exists and is not empty),
     and its new tokens fit the model's context (`context` positions)."""
+    from base.eval.lm import new_tokens
     from base.eval.lmeval_logging import quiet_expected_warnings
     from base.eval.tasks import task_manager
 
@@ -259,9 +273,10 @@ def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
     for name, task in sorted(leaves.items()) if context else ():
         if task.OUTPUT_TYPE != "generate_until":
             continue
-        asked = int((task.config.generation_kwargs or {}).get("max_gen_toks", HFLM_MAX_GEN_TOKS))
-        new = cfg.eval.gen_toks if cfg.eval.gen_toks is not None else min(asked, cfg.eval.max_gen_toks or asked)
+        new = new_tokens(task.config.generation_kwargs or {}, cfg.eval)
         if new >= context:
             raise ConfigError(f"task {cfg.task.name}: {name} would generate {new} new tokens, but {cfg.model.name} "
                               f"has {context} positions in all: set eval.gen_toks or eval.max_gen_toks below {context}")
+    if context:
+        check_eval_requests(cfg, leaves, _tokenizer(cfg), context)
 

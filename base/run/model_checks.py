@@ -1,0 +1,112 @@
+"""Preflight checks of the model a run names, from its config alone (no weights are read):
+
+    check_names(cfg)              # family and experts implementations are registered names
+    check_family(cfg, hf)         # a checkpoint is of the family model.family says
+    check_tokenizer(cfg, tok, V)  # the tokenizer holds a vocabulary, and its ids fit the model's V
+    check_device_memory(cfg, hf)  # the device can hold the weights (meta holds none)
+
+Each failure is a ConfigError that names the key or file and what is valid.
+"""
+from __future__ import annotations
+
+from base.checks import check_choice
+from base.config import ConfigError, RunConfig
+from base.hf.families import FAMILIES
+
+PROBE = "The quick brown fox, 1234 + 5678 = 6912.\n"  # any tokenizer with a vocabulary splits this
+
+
+def check_names(cfg: RunConfig) -> None:
+    from base.hf.experts_impl import experts_implementations
+
+    check_choice("model.family", cfg.model.family, tuple(FAMILIES.names()))
+    impls = tuple(experts_implementations())
+    if cfg.model.experts_impl is not None:
+        check_choice("model.experts_impl", cfg.model.experts_impl, (*impls, "null"))
+    if cfg.stage == "throughput" and cfg.throughput is not None:
+        for spec, parsed in zip(cfg.throughput.methods or [], cfg.throughput.specs or []):
+            if parsed["impl"] is not None and parsed["impl"] not in impls:
+                raise ConfigError(f"throughput.methods[]={spec!r}: {parsed['impl']!r} is not an experts "
+                                  f"implementation; choose one of: {', '.join(impls)}")
+
+
+def check_family(cfg: RunConfig, hf) -> None:
+    """model.family decides how the MoE block is read and replaced; a checkpoint of another family
+    would run under the wrong adapter (or fail deep inside it)."""
+    want = FAMILIES.get(cfg.model.family).model_type
+    have = getattr(hf, "model_type", None)
+    if have != want:
+        same = [n for n in FAMILIES.names() if FAMILIES.get(n).model_type == have]
+        hint = f"set model.family={same[0]}" if same else f"its model_type is none of the families ({', '.join(FAMILIES.names())})"
+        raise ConfigError(f"model.path={cfg.model.path} holds a checkpoint of model_type {have!r}, but model.family={cfg.model.family} "
+                          f"expects {want!r}; {hint}")
+
+
+def check_tokenizer(cfg: RunConfig, tokenizer, vocab_size: int | None) -> None:
+    """transformers builds an empty tokenizer from a folder without tokenizer files (every text
+    becomes zero tokens); a tokenizer of another model gives ids beyond this model's embeddings."""
+    source = cfg.model.tokenizer or cfg.model.path
+    ids = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ConfigError(f"model {cfg.model.name}: the tokenizer from {source} turns text into no tokens (a folder "
+                          f"without tokenizer.json / tokenizer.model / vocab.json?); set model.tokenizer to a tokenizer "
+                          f"folder, or model.tokenizer=bytes for a random-weight model")
+    top = max(max(ids), *(i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if isinstance(i, int)))
+    if vocab_size is not None and top >= vocab_size:
+        raise ConfigError(f"model {cfg.model.name}: the tokenizer from {source} gives token id {top}, beyond the "
+                          f"model's {vocab_size} embeddings (vocab_size): a tokenizer of another model")
+
+
+def meta_model(cfg: RunConfig, hf):
+    """The model built on the meta device: its shape, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, cfg.model.dtype),
+                                                trust_remote_code=cfg.model.trust_remote_code)
+
+
+def _capacity(device) -> tuple[int | None, str]:
+    """(bytes, what) the device holds: a GPU's total memory, or the host's available memory."""
+
+    import torch
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device.index or 0)
+        return int(props.total_memory), f"GPU {device.index or 0} ({props.name})"
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024, "this machine's available memory"
+    except (OSError, KeyError, ValueError):
+        return None, "this machine"
+
+
+def check_device_memory(cfg: RunConfig, hf) -> None:
+    """model.device can hold the weights. meta holds none: only stage=describe plans on it.
+    model.device_map=auto is planned over the GPUs elsewhere (preflight's placement check)."""
+    if cfg.model.device == "meta":
+        if cfg.stage != "describe":
+            raise ConfigError(f"model.device=meta builds the model without memory, so it has no weights to run: only "
+                              f"stage=describe uses it; for stage={cfg.stage} choose model.device=auto, cpu or cuda")
+        return
+    if cfg.model.device_map is not None:
+        return
+    from base.hf.loading import pick_device
+
+    device = pick_device(cfg.model.device)
+    have, what = _capacity(device)
+    if have is None:
+        return
+    need = sum(p.numel() for p in meta_model(cfg, hf).parameters()) * _dtype_bytes(cfg.model.dtype)
+    if need > have:
+        raise ConfigError(f"model {cfg.model.name} needs {need / 1e9:.1f} GB for its weights in {cfg.model.dtype}, more "
+                          f"than {what} holds ({have / 1e9:.1f} GB): use a device with more memory, "
+                          f"model.device_map=auto (several GPUs), or stage=describe model.device=meta to plan")
+
+
+def _dtype_bytes(dtype: str) -> int:
+    import torch
+
+    return torch.finfo(getattr(torch, dtype)).bits // 8
