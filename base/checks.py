@@ -51,7 +51,11 @@ def check_folder(what: str, path: Path) -> None:
     (a file in the way would fail the first write, after the run started)."""
     p = Path(path)
     for part in (p, *p.parents):
-        if part.exists():
+        try:
+            exists = part.exists()
+        except OSError:  # a name too long for the file system: looked at when making it, below
+            exists = False
+        if exists:
             if not part.is_dir():
                 raise ConfigError(f"{what}={path}: {part} is a file, not a folder; give a folder path")
             _check_creatable(what, path, part, p.relative_to(part).parts)

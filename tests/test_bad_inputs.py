@@ -95,7 +95,7 @@ def _damaged_checkpoint(tmp: Path) -> list[str]:
 
 
 CASES = [
-    (["seed=-1"], "seed=-1 is out of range: must be >= 0"),
+    (["seed=-1"], "seed=-1 is out of range: must be [0, 4294967295]"),
     (["stage=calibrate", "calibration.files=[missing.txt]"], "calibration.files: missing.txt does not exist"),
     ("garbage", "is not a readable predictor file"),
     ("other_model", "was fitted for another model"),
@@ -146,7 +146,7 @@ CASES = [
     (["scheduler.chunked=true", "scheduler.chunk_tokens=4096"], "scheduler.chunk_tokens=4096 is out of range: must be [1, 2048]"),
     (["scheduler.max_wait_steps=-1"], "scheduler.max_wait_steps=-1 is out of range: must be >= 0"),
     (["eval.engine=off"], "eval.engine=off decodes through transformers' generate, which batches statically"),
-    (["eval.temperature=-1"], "eval.temperature=-1.0 is out of range: must be a number > 0.0"),
+    (["eval.temperature=-1"], "eval.temperature=-1.0 is out of range: must be a number >= 1e-05 and <= 100.0"),
     pytest.param(["task.tasks=[smoke_copyy]"], "unknown lm-eval task 'smoke_copyy'; close matches: smoke_copy",
                  marks=pytest.mark.slow),  # the close matches come from lm-eval's whole task index (~15 s)
     ("empty_task", "could not be built (its data is empty)"),
@@ -159,7 +159,7 @@ CASES = [
     (["method=base", "method.budget_split=even"], "method.budget_split='even' is not valid; choose one of: uniform, sensitivity"),
     (["method=oea", "method.k0=1", "budget=null", "method.budget_split=sensitivity"],
      "method.budget_split=sensitivity splits a budget across layers: it needs a budgeted selector"),
-    (["predictor.ridge=-1"], "predictor.ridge=-1.0 is out of range: must be a number >= 0.0"),
+    (["predictor.ridge=-1"], "predictor.ridge=-1.0 is out of range: must be a number >= 0.0 and <= 1000000.0"),
     (["calibration.seq_len=100000"], "calibration.seq_len=100000 is out of range: must be [2, 8192]"),
     (["stage=throughput", "method=base", "budget=null"], "throughput of base needs budgets: set budget= or"),
     ("loglikelihood", "score by log-likelihood and never decode: method=base changes decode steps only"),

@@ -1,0 +1,217 @@
+"""Inputs that used to end in a traceback (issue 28's classes) fail at start with a ConfigError (exit
+code 2 from run.py) naming the key or file and what is valid."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run
+from base.config import ConfigError
+from base.run.preflight import preflight
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]
+
+
+def _preflight(compose, tmp_path: Path, overrides: list[str]) -> None:
+    preflight(run.build_config(compose([*FAST, f"artifacts_dir={tmp_path}/a", *overrides]), tmp_path / "out"))
+
+
+def _refused(compose, tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _preflight(compose, tmp_path, overrides)
+    assert message in str(err.value)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "a").exists()
+
+
+# ---- names a registry does not hold --------------------------------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    (["model.family=nope"], "model.family='nope' is not valid; choose one of: deepseek_v2, gpt_oss, mixtral, olmoe"),
+    (["model.experts_impl=fast"], "model.experts_impl='fast' is not valid; choose one of: base_triton, batched_mm"),
+    (["stage=throughput", "method=dense", "throughput.methods=[dense,dense:fast]"],
+     "throughput.methods[]='dense:fast': 'fast' is not an experts implementation; choose one of: base_triton"),
+])
+def test_an_unknown_registry_name_names_the_valid_ones(compose, tmp_path, overrides, message):
+    _refused(compose, tmp_path, overrides, message)
+
+
+# ---- composition: null groups, deleted keys, wrong types ----------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["model=null"], "model=null: a run needs a model; choose one of: deepseek_v2_lite,"),
+    (["method=null"], "method=null: a run needs a method; choose one of: base, base_anchor,"),
+    (["model.name=null"], "field 'model.name' is not Optional; full_key: model.name"),
+    (["~budget"], "budget has no value (deleted by a ~key override"),
+    (["~model"], "model.name, model.family, model.path has no value"),
+    (["~predictor"], "predictor has no value"),
+    (["budget=abc"], "Value 'abc' of type 'str' could not be converted to Integer; full_key: budget"),
+    (["model=nope"], "Could not find 'model/nope'; Available options in 'model': deepseek_v2_lite, gpt_oss_120b"),
+    (["-m", "budget=4,abc"], "Value 'abc' of type 'str' could not be converted to Integer"),  # a sweep's 2nd value
+    (["-m", "method=dense,null"], "method=dense,null"),
+])
+def test_what_composition_refuses_is_a_config_error(argv, message):
+    with pytest.raises(ConfigError) as err:
+        run.check_composition(argv)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("argv", [["model=tiny_qwen3", "budget=4"], ["-m", "method=dense,base", "budget=4,8"],
+                                  ["-m", "model=glob(tiny_q*)"], ["+model.arch.rope_theta=5.0"],
+                                  ["experiment=stream"], ["hydra.run.dir=x", "hydra/launcher=joblib"]])
+def test_valid_command_lines_compose(argv):
+    run.check_composition(argv)
+
+
+def test_a_deleted_key_fails_the_typed_config_too(compose, tmp_path):
+    with pytest.raises(ConfigError, match="eval has no value"):
+        run.build_config(compose([*FAST, "~eval"]), tmp_path)
+
+
+# ---- values a library would reject ---------------------------------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    (["seed=4294967296"], "seed=4294967296 is out of range: must be [0, 4294967295]"),  # numpy's seed range
+    (["model.device=meta"], "model.device=meta builds the model without memory, so it has no weights to run"),
+])
+def test_values_a_library_rejects_are_refused(compose, tmp_path, overrides, message):
+    _refused(compose, tmp_path, overrides, message)
+
+
+def test_a_device_too_small_for_the_weights_is_refused(compose, tmp_path, monkeypatch):
+    from base.run import model_checks
+
+    monkeypatch.setattr(model_checks, "_capacity", lambda device: (10_000, "a 10 kB device"))
+    _refused(compose, tmp_path, ["method=dense"], "model tiny_qwen3 needs 0.0 GB for its weights in float32, more than "
+                                                   "a 10 kB device holds")
+    monkeypatch.setattr(model_checks, "_capacity", lambda device: (10**12, "a 1 TB device"))
+    _preflight(compose, tmp_path, ["method=dense"])
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+def _tiny_checkpoint(tmp_path: Path, family: str = "qwen3") -> Path:
+    from base.hf.loading import byte_tokenizer, load_model
+    from tests.helpers import tiny_model_config
+
+    folder = tmp_path / f"ckpt_{family}"
+    load_model(tiny_model_config(family), ROOT, seed=0).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("no_config", "no config.json in"),
+    ("no_tokenizer", "turns text into no tokens (a folder without tokenizer.json"),
+    ("other_family", ("holds a checkpoint of model_type 'olmoe', but model.family=qwen3_moe expects 'qwen3_moe'; "
+                     "set model.family=olmoe")),
+])
+def test_a_checkpoint_folder_is_checked_by_what_it_holds(compose, tmp_path, kind, message):
+    folder = _tiny_checkpoint(tmp_path, "olmoe" if kind == "other_family" else "qwen3")
+    if kind == "no_config":
+        (folder / "config.json").unlink()
+    if kind == "no_tokenizer":
+        for f in folder.glob("*token*"):
+            f.unlink()
+    _refused(compose, tmp_path, ["model.init=pretrained", f"model.path={folder}", "model.tokenizer=null",
+                                 "method=dense"], message)
+
+
+def test_a_whole_checkpoint_passes(compose, tmp_path):
+    folder = _tiny_checkpoint(tmp_path)
+    _preflight(compose, tmp_path, ["model.init=pretrained", f"model.path={folder}", "model.tokenizer=null",
+                                   "method=dense"])
+
+
+# ---- files read by content -----------------------------------------------------------------------
+@pytest.mark.parametrize("row, message", [
+    ("[1, 2]", "line 2 is a JSON list, not an object with a \"text\" string"),
+    ('"plain"', "line 2 is a JSON str, not an object with a \"text\" string"),
+    ('{"text": 5}', "line 2 is an object without a \"text\" string"),
+    ('{"body": "abc"}', "line 2 is an object without a \"text\" string"),
+])
+def test_calibration_rows_must_be_objects_with_a_text_string(compose, tmp_path, row, message):
+    path = tmp_path / "calib.jsonl"
+    path.write_text('{"text": "a first line of text"}\n' + row + "\n")
+    _refused(compose, tmp_path, [f"calibration.files=[{path}]", "method=calib_freq", "budget=2"],
+             f"calibration.files: {path} does not parse (ValueError: {message})")
+
+
+@pytest.mark.parametrize("line", ["not json", "[5, 4]", '{"prompt_tokens": "5", "new_tokens": 4}',
+                                  '{"prompt_tokens": -3, "new_tokens": 4}', '{"prompt_tokens": true, "new_tokens": 4}'])
+def test_a_lengths_file_with_a_bad_line_names_the_line(compose, tmp_path, line):
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"prompt_tokens": 30, "new_tokens": 8}\n\n' + line + "\n")
+    _refused(compose, tmp_path, ["stage=throughput", "throughput.mode=stream", f"stream.lengths_from={path}",
+                                 "method=dense"], f"stream.lengths_from={path}: line 3 is not a JSON object whose "
+                                                  f"prompt_tokens and new_tokens are whole numbers >= 0")
+
+
+def test_a_cached_calibration_whose_content_contradicts_the_model_is_computed_again(capsys):
+    from base.run.artifacts import _load_cached
+    from tests.test_predictor import IDENTITY, planted, synthetic_calibration
+
+    calib = synthetic_calibration(*planted())
+
+    def check(c):
+        c.check_content(IDENTITY)
+
+    assert _load_cached(lambda p: calib, Path("cached"), check) is calib  # it fits: used as it is
+    for edit in (lambda c: c.meta.update(num_experts=8), lambda c: c.meta.update(model={**IDENTITY, "name": "x"}),
+                 lambda c: setattr(c.layers[1], "norms_NK", None),
+                 lambda c: c.layers[0].idx_NK.fill_(IDENTITY["num_experts"])):
+        bad = synthetic_calibration(*planted())
+        edit(bad)
+        assert _load_cached(lambda p, b=bad: b, Path("cached"), check) is None
+        assert "does not fit this model" in capsys.readouterr().out
+
+
+# ---- the launcher's environment and folders that cannot be made ----------------------------------
+@pytest.mark.parametrize("key, value, message", [
+    ("BASE_SWEEP_STARTED", "yesterday", "BASE_SWEEP_STARTED='yesterday' must be a time in seconds since the epoch"),
+    ("BASE_SWEEP_STARTED", "nan", "BASE_SWEEP_STARTED='nan' must be a time"),
+    ("BASE_RAY_GPUS", "inf", "BASE_RAY_GPUS='inf' must be a number >= 0"),
+    ("BASE_RAY_CPUS", "nan", "BASE_RAY_CPUS='nan' must be a number >= 0"),
+])
+def test_malformed_launcher_environment_is_refused(monkeypatch, key, value, message):
+    monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        run.check_launcher_env()
+
+
+@pytest.mark.parametrize("path, message", [
+    ("{tmp}/" + "x" * 300 + "/runs", "bytes; this file system allows"),
+    pytest.param("/proc/base-moe-outputs", "cannot create folders in /proc",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")),
+])
+def test_an_outputs_dir_that_cannot_be_created_is_refused(tmp_path, path, message):
+    from base.checks import check_folder
+
+    with pytest.raises(ConfigError, match=message):
+        check_folder("outputs_dir", Path(path.format(tmp=tmp_path)))
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing
+    check_folder("outputs_dir", tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- run.py: exit code 2, no traceback -----------------------------------------------------------
+def _run_py(tmp_path: Path, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["model=null"], None, "error: model=null: a run needs a model"),
+    (["budget=abc"], None, "error: Error merging override budget=abc"),
+    pytest.param(["~budget"], None, "error: budget has no value", marks=pytest.mark.slow),
+    pytest.param(["outputs_dir=/proc/x"], None, "error: outputs_dir=/proc/x: cannot create folders in /proc",
+                 marks=pytest.mark.slow),
+    pytest.param([], {"BASE_SWEEP_STARTED": "abc"}, "error: BASE_SWEEP_STARTED='abc'", marks=pytest.mark.slow),
+    pytest.param(["-m", "budget=2,abc"], None, "could not be converted to Integer", marks=pytest.mark.slow),
+])
+def test_run_py_exits_2_without_a_traceback(tmp_path, args, env, message):
+    proc = _run_py(tmp_path, [*args, *FAST, "stage=describe"], env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made a folder
