@@ -29,7 +29,10 @@ def resolve_path(path: str, root: Path) -> str:
 def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
     family = FAMILIES.get(cfg.family)
     if cfg.init == "random":
-        return AutoConfig.for_model(family.model_type, **cfg.arch)
+        try:
+            return AutoConfig.for_model(family.model_type, **cfg.arch)
+        except (TypeError, ValueError) as err:  # transformers validates some fields when building the config
+            raise ConfigError(f"model.arch of {cfg.name} is not a valid {family.model_type} config: {err}") from None
     if not isinstance(cfg.trust_remote_code, bool):  # only the boolean true lets a checkpoint's code run
         raise ConfigError(f"model.trust_remote_code={cfg.trust_remote_code!r} must be true or false")
     local = Path(resolve_path(cfg.path, root))

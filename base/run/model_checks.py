@@ -62,9 +62,13 @@ def meta_model(cfg: RunConfig, hf):
     import torch
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, cfg.model.dtype),
-                                                trust_remote_code=cfg.model.trust_remote_code)
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, cfg.model.dtype),
+                                                    trust_remote_code=cfg.model.trust_remote_code)
+    except (RuntimeError, TypeError, ValueError, OverflowError) as err:  # sizes transformers cannot build
+        raise ConfigError(f"model {cfg.model.name}: its architecture (model.arch or config.json) cannot be built: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
 
 
 def _capacity(device) -> tuple[int | None, str]:

@@ -24,6 +24,7 @@ from base.run.model_checks import (
     check_family,
     check_names,
     check_tokenizer,
+    meta_model,
 )
 
 
@@ -62,6 +63,7 @@ def preflight(cfg: RunConfig) -> None:
 
 # Sizes the model is built from: each at least 1 where the config has it (other integers, such as
 # n_shared_experts or first_k_dense_replace, may be 0).
+MAX_SIZE = 2**31 - 1  # tensor dimensions and their products must fit int64; no model is near this
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 
@@ -75,10 +77,12 @@ def _check_arch(cfg: RunConfig, hf, experts_key: str, topk_key: str) -> None:
     def value(key: str):
         return getattr(hf, key, None)
 
-    for key in (*POSITIVE_SIZES, experts_key):
+    for key in (*POSITIVE_SIZES, topk_key, experts_key):
         v = value(key)
-        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
-            raise ConfigError(f"{where(key)}={v} is out of range: must be >= 1")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ConfigError(f"{where(key)}={v!r} must be a whole number")
+        if key != topk_key and isinstance(v, int) and not 1 <= v <= MAX_SIZE:  # top-k: against the experts below
+            raise ConfigError(f"{where(key)}={v} is out of range: must be in [1, {MAX_SIZE}]")
     E, k = value(experts_key), value(topk_key)
     if isinstance(k, int) and isinstance(E, int) and not 1 <= k <= E:
         raise ConfigError(f"{where(topk_key)}={k} is out of range: each token picks 1..{E} of the {E} experts "
@@ -221,22 +225,18 @@ def _check_predictor_file(cfg: RunConfig, hf) -> None:
                           f"({type(err).__name__}); refit with predictor.path=null force=true") from None
     family = FAMILIES.get(cfg.model.family)
     want = {"name": cfg.model.name, "num_experts": int(getattr(hf, family.experts_key)),
-            "hidden": int(hf.hidden_size), "num_layers": _moe_layers(hf)}
+            "hidden": int(hf.hidden_size), "num_layers": _moe_layers(cfg, hf)}
     have = {k: pred.meta.get("model", {}).get(k) for k in want}
     if have != want:
         raise ConfigError(f"predictor.path={cfg.predictor.path} was fitted for another model ({have}); this run "
                           f"uses {want}")
 
 
-def _moe_layers(hf) -> int:
+def _moe_layers(cfg: RunConfig, hf) -> int:
     """The model's MoE layers, counted on the model built without memory (meta device)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from base.hf.families import find_moe_layers
 
-    with torch.device("meta"):
-        return len(find_moe_layers(AutoModelForCausalLM.from_config(hf)))
+    return len(find_moe_layers(meta_model(cfg, hf)))
 
 
 def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
