@@ -11,6 +11,7 @@ a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Lau
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -125,6 +126,7 @@ def repo_path(path: str) -> Path:
 def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "", run_key: str | None = None) -> RunConfig:
     """DictConfig -> validated RunConfig. Raises ValueError with the valid choices or range. run_key:
     the overrides that name the run folder (Hydra's override_dirname; default: overrides)."""
+    check_complete(cfg)
     c = OmegaConf.to_container(cfg, resolve=True)
     return RunConfig(
         model=ModelConfig(**c["model"]),
@@ -163,6 +165,15 @@ LAUNCHER_ENV = {"BASE_SLURM_GPUS": 0, "BASE_SLURM_TIME_MIN": 1, "BASE_SLURM_MEM_
 
 
 def check_launcher_env() -> None:
+    started = os.environ.get(STARTED_ENV)
+    if started is not None:
+        try:
+            ok = math.isfinite(float(started))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{STARTED_ENV}={started!r} must be a time in seconds since the epoch (run.py sets it for "
+                              f"the jobs it launches); unset it")
     for key, low in LAUNCHER_ENV.items():
         value = os.environ.get(key)
         if value is None:
@@ -172,7 +183,7 @@ def check_launcher_env() -> None:
             number = int(value) if whole else float(value)
         except ValueError:
             number = None
-        if number is None or number < low:
+        if number is None or not math.isfinite(number) or number < low:
             kind = "a whole number" if whole else "a number"
             raise ConfigError(f"{key}={value!r} must be {kind} >= {low} (read by hydra/launcher="
                               f"{'slurm' if whole else 'ray_jobs'})")
