@@ -80,8 +80,9 @@ def load_model(cfg: ModelConfig, root: Path, seed: int = 0, experts_impl: str | 
         from base.hf.placement import load_on_devices
 
         hf = hf_config(cfg, root) if cfg.init == "random" else None
-        model = load_on_devices(cfg, hf, resolve_path(cfg.path, root), dtype,
-                                {**kwargs, "trust_remote_code": cfg.trust_remote_code}, seed)
+        model, info = load_on_devices(cfg, hf, resolve_path(cfg.path, root), dtype,
+                                      {**kwargs, "trust_remote_code": cfg.trust_remote_code}, seed)
+        check_loading_info(cfg, info)
     elif cfg.init == "random":
         torch.manual_seed(seed)
         with torch.device(device):

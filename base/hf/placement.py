@@ -1,7 +1,7 @@
 """A model spread over several GPUs (model.device_map=auto): whole decoder layers per GPU,
 accelerate's hooks moving activations between them, random weights initialised on the GPUs.
 
-    model = load_on_devices(cfg, hf, root, dtype, kwargs, seed)
+    model, info = load_on_devices(cfg, hf, root, dtype, kwargs, seed)
     model_devices(model)           # [cuda:0, cuda:1]: each decoder layer on one of them
 
 Random weights: the model is built without memory (parameters on the meta device, buffers real),
@@ -152,18 +152,16 @@ def random_on_devices(config, dtype: torch.dtype, kwargs: dict, seed: int) -> nn
     return _dispatch(model, dmap)
 
 
-def load_on_devices(cfg: ModelConfig, hf, path: str, dtype: torch.dtype, kwargs: dict, seed: int) -> nn.Module:
+def load_on_devices(cfg: ModelConfig, hf, path: str, dtype: torch.dtype, kwargs: dict,
+                    seed: int) -> tuple[nn.Module, dict]:
     """model.device_map=auto: random weights built on the GPUs, or a checkpoint loaded onto them
-    (the same map, from the model built empty first)."""
+    (the same map, from the model built empty first); with transformers' loading info (missing and
+    unexpected tensors) for the caller to check."""
     if cfg.init == "random":
-        return random_on_devices(hf, dtype, kwargs, seed)
+        return random_on_devices(hf, dtype, kwargs, seed), {}
     from transformers import AutoConfig, AutoModelForCausalLM
 
     remote = {"trust_remote_code": kwargs.get("trust_remote_code", False)}
-    from base.hf.loading import check_loading_info
-
     empty = empty_model(AutoConfig.from_pretrained(path, **remote), dtype, kwargs)
-    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map_for(empty),
-                                                       output_loading_info=True, **kwargs)
-    check_loading_info(cfg, info)
-    return model
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map_for(empty),
+                                                output_loading_info=True, **kwargs)
