@@ -155,7 +155,8 @@ CHEAP_GROUPS = {"model": ["tiny_qwen3", "tiny_olmoe", "mini"], "task": ["smoke",
                 "method": [p.stem for p in (ROOT / "conf/method").glob("*.yaml")], "logger": ["none", "wandb"]}
 
 
-def _check(draws: list[str], tmp: Path) -> None:
+def _check(data, tmp: Path, groups: dict[str, list[str]], most: int) -> None:
+    draws = data.draw(st.lists(override(_path_values(tmp), groups), min_size=1, max_size=most), label="overrides")
     argv = [*BASE, f"artifacts_dir={tmp}/artifacts", f"outputs_dir={tmp}/outputs", *draws]
     outcome = validate(argv, tmp)  # any exception but a ConfigError fails the test, naming the draws
     hypothesis.event(outcome.split(":")[0])  # --hypothesis-show-statistics: how many pass, how many are refused
@@ -173,9 +174,7 @@ def scratch():
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_drawn_overrides_validate_or_fail_with_a_config_error(data, scratch):
-    paths = _path_values(scratch)
-    draws = data.draw(st.lists(override(paths, CHEAP_GROUPS), min_size=1, max_size=3), label="overrides")
-    _check(draws, scratch)
+    _check(data, scratch, CHEAP_GROUPS, most=3)
 
 
 ALL_GROUPS = {g: [p.stem for p in (ROOT / "conf" / g).glob("*.yaml")] for g in ("model", "task", "method", "logger")}
@@ -186,9 +185,7 @@ ALL_GROUPS = {g: [p.stem for p in (ROOT / "conf" / g).glob("*.yaml")] for g in (
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_drawn_overrides_over_every_group_validate_or_fail_with_a_config_error(data, scratch):
-    paths = _path_values(scratch)
-    draws = data.draw(st.lists(override(paths, ALL_GROUPS), min_size=1, max_size=4), label="overrides")
-    _check(draws, scratch)
+    _check(data, scratch, ALL_GROUPS, most=4)
 
 
 # End to end: small values only, so that a run that passes validation finishes in seconds on a CPU.
