@@ -390,18 +390,20 @@ GROUPS = ("model", "method", "task", "logger")  # conf/ groups a run needs one o
 
 def schema_gaps(cfg: DictConfig, schema: type = RunSchema, prefix: str = "") -> list[str]:
     """Keys of the schema with no value in `cfg`: deleted (`~budget`) or left ??? (`~model` empties
-    the model group)."""
+    the model group). Nested configs are walked by their own type (annotations are strings that a
+    launcher's worker process could not resolve)."""
     import dataclasses
-    import typing
 
-    hints = typing.get_type_hints(schema)
     gaps = []
     for f in dataclasses.fields(schema):
         key = prefix + f.name
         if f.name not in cfg or OmegaConf.is_missing(cfg, f.name):
             gaps.append(key)
-        elif dataclasses.is_dataclass(hints[f.name]) and OmegaConf.is_config(cfg[f.name]):
-            gaps += schema_gaps(cfg[f.name], hints[f.name], key + ".")
+            continue
+        node = cfg[f.name]
+        kind = OmegaConf.get_type(node) if OmegaConf.is_config(node) else None
+        if kind is not None and dataclasses.is_dataclass(kind):
+            gaps += schema_gaps(node, kind, key + ".")
     return gaps
 
 
