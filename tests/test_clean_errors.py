@@ -215,3 +215,17 @@ def test_run_py_exits_2_without_a_traceback(tmp_path, args, env, message):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert list(tmp_path.iterdir()) == []  # refused before Hydra made a folder
+
+
+def test_a_cached_predictor_fitted_for_another_model_is_fitted_again(capsys):
+    import torch
+
+    from base.method.predictor import Predictor
+    from base.run.artifacts import _load_cached
+
+    ours = {"name": "tiny", "num_layers": 2, "num_experts": 4, "hidden": 8}
+    pred = Predictor(torch.zeros(2, 8, 4), torch.zeros(2, 4), {"model": {**ours, "name": "other"}, "r2": [0.5, 0.5]})
+    assert _load_cached(lambda p: pred, Path("cached"), lambda p: p.check_model(ours, Path("cached"))) is None
+    assert "was fitted for another model" in capsys.readouterr().out
+    pred.meta["model"] = ours
+    assert _load_cached(lambda p: pred, Path("cached"), lambda p: p.check_model(ours, Path("cached"))) is pred
