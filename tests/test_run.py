@@ -45,9 +45,14 @@ def _run_here(compose, tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
     return run_pipeline(run.build_config(cfg, out, ",".join(overrides)), OmegaConf.to_yaml(cfg, resolve=True)), out
 
 
+def _runs_in(root: Path) -> list[Path]:
+    """The run folders under root (beside them: each run's `.<name>.lock`, base/run/run_folder.py)."""
+    return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+
+
 def _run_dir(root: Path, *parts: str) -> Path:
     """The one run folder whose name (Hydra's sorted overrides) holds every `key=value` part."""
-    (found,) = [p for p in root.iterdir() if set(parts) <= set(p.name.split(","))]
+    (found,) = [p for p in _runs_in(root) if set(parts) <= set(p.name.split(","))]
     return found
 
 
@@ -168,7 +173,7 @@ def test_many_overrides_fit_in_a_folder_name(tmp_path):
             "model=qwen3_30b", "model.init=random"]
     proc = _run(tmp_path, *long)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (folder,) = [p for p in (tmp_path / "default").iterdir()]
+    (folder,) = _runs_in(tmp_path / "default")
     assert len(folder.name) <= 120
     assert "dense" in json.loads((folder / "report.json").read_text())["overrides"]
 
@@ -190,7 +195,7 @@ def test_evaluate_through_the_engine_equals_generate(tmp_path):
     runs = {}
     for engine in ("off", "on"):
         assert _run(tmp_path, *common, f"eval.engine={engine}", f"exp_name={engine}").returncode == 0
-        out = next((tmp_path / engine).iterdir())
+        (out,) = _runs_in(tmp_path / engine)
         runs[engine] = (json.loads((out / "report.json").read_text()), pd.read_csv(out / "selection_steps.csv"))
     (off, off_steps), (on, on_steps) = runs["off"], runs["on"]
     assert (off["eval"]["engine"], on["eval"]["engine"]) == (False, True)
