@@ -103,6 +103,7 @@ def test_every_rule_runs_on_the_kernels_as_the_reference(selector, k0, coverage,
     assert kept == kept_ref
 
 
+@pytest.mark.slow  # fast representatives: tests/test_route_kernel.py (dense route), tests/test_kernels.py (v3)
 def test_dense_on_the_kernels_equals_the_model_with_the_two_launch_experts():
     """Dense with backend triton: the router in one launch, the union kept, and base_triton's
     two-launch expert kernel fed the kept list; the same tokens and logits as the model's own."""
