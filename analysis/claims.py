@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import claims_calls as calls_phrases
+from analysis import claims_replication as replication_phrases
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -484,6 +485,8 @@ CHECKS: list[Check] = [
 # admission test): README.md's join CHECKS, results/README.md's are RESULT_CHECKS.
 CHECKS += [Check(*c) for c in calls_phrases.README_CHECKS]
 RESULT_CHECKS: list[Check] = [Check(*c) for c in calls_phrases.RESULTS_CHECKS]
+CHECKS += [Check(*c) for c in replication_phrases.README_CHECKS]
+RESULT_CHECKS += [Check(*c) for c in replication_phrases.RESULTS_CHECKS]
 
 # Generated README blocks: name -> function returning the block's text. README.md holds it between
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
@@ -528,11 +531,22 @@ BLOCKS: dict[str, Callable[[], str]] = {
                          "`make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
                          "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",)),
 }
+def _replication(name: str) -> Callable[[], str]:
+    """The pre-registered replication's recommendation (README) or reading (results/README.md)."""
+    def render() -> str:
+        from analysis import replication
+
+        return (replication.recommendation_text() if name == "recommendation" else replication.reading()) + "\n"
+    return render
+
+
+BLOCKS["recommendation"] = _replication("recommendation")
 # The same for results/README.md: one reading per re-run grid.
 RESULTS_README = ROOT / "results" / "README.md"
 RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
                                                for g in (*ABLATION_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
                                                          *HELDOUT_GRIDS)}
+RESULT_BLOCKS["replication"] = _replication("reading")
 
 
 def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:

@@ -61,6 +61,7 @@ BLOCK = 32  # decode steps per bootstrap block (pre-registered; a request decode
 N_BOOT = 4000
 PREREG = "docs/preregistration.md"
 PAIRED = "results/replication_paired.csv"
+RUNS = "results/replication_runs.csv"  # each run's wall time (the grid folders' sweep_summary.csv)
 STATIC = {"mini": ("results/quality_seeds_mini_paired.csv", "results/rules_mini_paired.csv"),
           "mini_olmoe": ("results/quality_seeds_mini_olmoe_paired.csv", "results/rules_mini_olmoe_paired.csv")}
 THROUGHPUT = "results/throughput/summary.csv"  # where the recommended rule's speed will come from (issue 25)
@@ -68,6 +69,15 @@ THROUGHPUT = "results/throughput/summary.csv"  # where the recommended rule's sp
 DEVIATIONS = """
 - Calls that do not reject are labelled `inconclusive` (the project's word, analysis/stats.py), which the
   pre-registration calls "not detected"; the meaning is the same: no tie is claimed.
+- The analysis code (this module) was written after the pre-registration's commit, while the grid ran; the
+  family, test, correction, secondary tests and decision rule are the ones written there. Added beside
+  them, descriptive only: Kendall's tau and the scale of the two models' rule effects (interaction table).
+- The 44 runs were made from a frozen copy of the pre-registration's commit (2166d53) with its own copy of
+  the Python environment: the first attempt at the first point died when the shared environment was being
+  reinstalled by other work (`ModuleNotFoundError: pandas.core.methods.to_dict`, after 643 s); nothing of it
+  was kept and the grid was restarted from its first point.
+- `mini128` was not run (as the pre-registration says: no usable CPU-trained model);
+  `experiments/gpu/replication_mini128.sh` runs its own family on a GPU host.
 """
 
 
@@ -256,7 +266,9 @@ def interaction(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
     omnibus: the contrasts of dd centred over rules (a shift common to every rule does not count) have
     mean zero: one-sample Hotelling T^2 (statsmodels test_mvmean) on a basis of them (_independent);
-    Holm over the levels.
+    Holm over the levels. Beside it, descriptive (no test): Kendall's tau between the two models' mean
+    rule effects, and `scale`, the least-squares slope of the renormalised model's effects on the
+    other's (through 0): a rejection with tau near 1 is a difference of magnitude, not of order.
     per rule: mean dd = 0, one-sample t test over prompts (scipy); Holm over rules x levels."""
     renorm = [m for m in prompts_by_model if RENORMALISED.get(m)]
     plain = [m for m in prompts_by_model if RENORMALISED.get(m) is False]
@@ -277,9 +289,12 @@ def interaction(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
             res = test_mvmean(e, np.zeros(e.shape[1]))
             p, stat = float(res.pvalue), float(res.statistic)
         rank = lambda d: ", ".join(f"{r} {v:+.3f}" for r, v in sorted(zip(RULES, d.mean(0)), key=lambda t: -t[1]))
+        ea, eb = da.to_numpy(float).mean(0), db.to_numpy(float).mean(0)
         rows.append({"test": "omnibus", "level": level, "budgets": f"{ma} M={ba}, {mb} M={bb}", "method": "",
                      "diff": float(np.abs(c.mean(0)).max()), "low": np.nan, "high": np.nan, "p": p, "statistic": stat,
-                     "n": len(dd), "detail": f"{ma}: {rank(da.to_numpy(float))}; {mb}: {rank(db.to_numpy(float))}"})
+                     "n": len(dd), "kendall_tau": float(sps.kendalltau(ea, eb).statistic),
+                     "scale": float(ea @ eb / (eb @ eb)) if eb.any() else np.nan,
+                     "detail": f"{ma}: {rank(da.to_numpy(float))}; {mb}: {rank(db.to_numpy(float))}"})
         for i, rule in enumerate(RULES):
             x = dd[:, i]
             if np.allclose(x, x[0]):
@@ -373,9 +388,10 @@ def _family(model: str) -> str:
         RENORMALISED.get(model), "family unknown")
 
 
-def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT) -> str:
+def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, link: str = "") -> str:
     """README.md's "Which rule to use" bullets (and `make report`'s recommendations), from the
-    replication's calls (default: results/replication_paired.csv) and the committed static grids."""
+    replication's calls (default: results/replication_paired.csv) and the committed static grids;
+    `link` prefixes the relative link to the pre-registration (where the text is not at the root)."""
     paired = pd.read_csv(root / PAIRED) if paired is None else paired
     prim = paired[paired["family"] == "primary"]
     rec, srec = recommend(prim), static_recommendation(root)
@@ -389,7 +405,7 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT) -
                       for r, w in sorted(rec["lower"].items()))
     counts = prim["call"].value_counts().reindex(["higher", "lower", "inconclusive"], fill_value=0)
     serving = (f"- **Serving (continuous batching)**: {head} — {_sentence(rec, fam)}. From the pre-registered "
-               f"replication grid ([docs/preregistration.md](docs/preregistration.md); `results/replication.md`, "
+               f"replication grid ([docs/preregistration.md]({link}docs/preregistration.md); `results/replication.md`, "
                f"`make replication`): {n:,} fresh prompts, {m} accuracy comparisons against base, exact McNemar, "
                f"Holm over all {m} ({counts['higher']} higher, {counts['lower']} lower, {counts['inconclusive']} "
                f"inconclusive; median minimal detectable difference {prim['mdd_exact'].median():.3f})."
@@ -453,6 +469,32 @@ def predictor_r2(root: Path = ROOT) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def investigation(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: pd.DataFrame) -> str:
+    """What the pre-registration asks for when the interaction test rejects: order against magnitude,
+    the predictor's fit, the weight scale, retained energy and output error, per model."""
+    if inter.empty:
+        return ""
+    om = inter[inter["test"] == "omnibus"]
+    lines = ["Order against magnitude: " + "; ".join(
+        f"{r['level']} budgets Kendall's tau {r['kendall_tau']:.2f}, scale {r['scale']:.2f}" for _, r in om.iterrows())
+        + " (scale: the renormalised model's rule effects over the other's)."]
+    t = table.set_index(["model", "method", "budget"])
+    for model in dict.fromkeys(table["model"]):
+        dense = t.loc[(model, "dense")].iloc[0]
+        base = table[(table["model"] == model) & (table["method"] == REF)].sort_values("budget")
+        loss = ", ".join(f"M={int(b)} {a - dense['accuracy']:+.3f}" for b, a in zip(base["budget"], base["accuracy"]))
+        fit = r2[r2["model"] == model]["r2"] if len(r2) else pd.Series(dtype=float)
+        sec = calls[(calls["family"] == "secondary") & (calls["model"] == model) & (calls["method"] == "base_anchor(k0=1)")]
+        sec_txt = "; ".join(f"{m}: " + ", ".join(f"M={int(r['budget'])} {r['diff']:+.3f} {r['call']}"
+                                                 for _, r in sec[sec["metric"] == m].sort_values("budget").iterrows())
+                            for m in SECONDARY)
+        lines.append(f"`{model}` ({_family(model)}): dense accuracy {dense['accuracy']:.3f}, base minus dense {loss}; "
+                     f"weight scale {dense['weight_scale']:.3f}"
+                     + (f"; predictor held-out R^2 {fit.min():.3f}–{fit.max():.3f} over layers" if len(fit) else "")
+                     + f"; base_anchor(k0=1) minus base, {sec_txt}.")
+    return "\n".join(f"- {x}" for x in lines) + "\n"
+
+
 # ---- writing -------------------------------------------------------------------------------------------
 
 def _prereg_commit(root: Path = ROOT) -> str:
@@ -492,6 +534,8 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
             f"and Tango's 95 % interval; Holm over all {len(prim)}; higher/lower where the Holm-adjusted p < "
             f"{S.ALPHA:g}, else inconclusive (not detected: the difference may be anything below the row's minimal "
             f"detectable difference, `mdd_exact`, 80 % power at Holm's strictest level); no accuracy tie is claimed. "
+            f"The interval is each comparison's own 95 % interval, not Holm-adjusted: it can exclude 0 where the "
+            f"corrected test does not reject. "
             f"{counts['higher']} higher, {counts['lower']} lower, {counts['inconclusive']} inconclusive.\n"]
     p = prim.assign(difference=[_ci(r) for _, r in prim.iterrows()])
     p = p[["model", "level", "budget", "method", "difference", "a_only", "b_only", "p", "p_holm", "call", "mdd_exact"]]
@@ -509,7 +553,8 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
             f"error; Holm over all {len(sec)}. {scount['higher']} higher, {scount['lower']} lower, "
             f"{scount['inconclusive']} inconclusive. Lower out_error and higher energy_retained are better.\n"]
     s = sec.assign(cell=[f"{_ci(r)} {r['call']}" for _, r in sec.iterrows()]).pivot_table(
-        index=["model", "level", "budget", "method"], columns="metric", values="cell", aggfunc="first").reset_index()
+        index=["model", "budget", "level", "method"], columns="metric", values="cell", aggfunc="first").reset_index()
+    s = s.assign(_r=s["method"].map(RULES.index)).sort_values(["model", "budget", "_r"]).drop(columns="_r")
     out.append(s.to_markdown(index=False))
     if len(inter):
         om = inter[inter["test"] == "omnibus"]
@@ -520,12 +565,14 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
                 "Holm over the 3 levels; per rule: t test of the mean interaction, Holm over "
                 f"{int((inter['test'] == 'per rule').sum())}. One model per family: a difference found is a difference "
                 "between these two models.\n",
-                om[["level", "budgets", "statistic", "p", "p_holm", "call", "detail"]].to_markdown(index=False,
-                                                                                                   floatfmt=".3g"),
+                om[["level", "budgets", "statistic", "p", "p_holm", "call", "kendall_tau", "scale", "detail"]]
+                .to_markdown(index=False, floatfmt=".3g"),
                 ""]
         pr = inter[inter["test"] == "per rule"].assign(interaction=lambda d: [_ci(r) for _, r in d.iterrows()])
         out.append(pr[["level", "method", "interaction", "p", "p_holm", "call", "detail"]].to_markdown(
             index=False, floatfmt=".3g"))
+    if len(inter):
+        out += ["\n## Investigation (the interaction test rejected at some level)\n", investigation(table, calls, inter, r2)]
     if len(r2):
         out += ["\n## Diagnostics\n",
                 "Predictor fit: held-out R^2 of log||E_u(z)|| per layer (the fit stage's committed tables, "
@@ -559,6 +606,10 @@ def main(argv: list[str] | None = None) -> None:
     for g in args.grids:
         for path in write_records(g, Path(args.records) / Path(g).name):
             print(f"wrote {path}")
+    if args.grids:
+        runs = pd.concat([pd.read_csv(Path(g) / "sweep_summary.csv").assign(grid=Path(g).name) for g in args.grids])
+        runs[["grid", "run", "status", "started", "ended", "wall_s"]].to_csv(RUNS if args.out == "results/replication"
+                                                                           else f"{args.out}_runs.csv", index=False)
     table, calls, inter, _ = analyse([Path(args.records) / n for n in names])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

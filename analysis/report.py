@@ -100,7 +100,7 @@ def _paired_md(grid: pd.DataFrame, variants: list[str] | None = None) -> str:
             + wide.to_markdown(index=False) + "\n")
 
 
-def replication_md(results: Path) -> str:
+def replication_md(results: Path, out: Path) -> str:
     """Which rule to use: the pre-registered replication's recommendation (analysis/replication.py, the
     same text README.md's "Which rule to use" shows), when its calls are committed."""
     from analysis import replication
@@ -109,17 +109,18 @@ def replication_md(results: Path) -> str:
     if not path.exists():
         return (f"No pre-registered recommendation yet: `{path}` is missing (`make replication`, "
                 f"docs/preregistration.md).\n")
-    return (replication.recommendation_text(pd.read_csv(path)) + "\n\nThe per-grid table below is each committed "
+    return (replication.recommendation_text(pd.read_csv(path), link=os.path.relpath(replication.ROOT, out) + "/") + "\n\nThe per-grid table below is each committed "
             "grid on its own (Holm per grid, pools reused across analyses): exploratory beside the replication.\n")
 
 
-def recommendations_md(grids: dict[str, pd.DataFrame], points: pd.DataFrame, results: Path = Path("results")) -> str:
+def recommendations_md(grids: dict[str, pd.DataFrame], points: pd.DataFrame, results: Path = Path("results"),
+                       out: Path = Path("outputs/report")) -> str:
     """The report's Recommendations section: the replication's recommendation, then
     tables.recommendations over every grid."""
     paired = pd.concat([g.assign(exp=e) for e, g in grids.items()], ignore_index=True) if grids else pd.DataFrame()
     rec = T.recommendations(paired, points)
     margins = ", ".join(f"{m} ±{v:g}" for m, v in S.MARGINS.items())
-    text = ["\n## Recommendations\n", replication_md(results),
+    text = ["\n## Recommendations\n", replication_md(results, out),
             ("Per experiment and budget, from each rule's accuracy minus base's at the same budget, paired over the "
              "same prompts: where rules are higher than base, the most accurate of them; else base together with "
              "every rule tied with it. Calls (analysis/stats.py): per grid, every test of no difference is "
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> Path:
     header = (f"# Report\n\nMade by `{cmd}` (`python -m analysis.report {' '.join(argv or [])}`) from {sources}; "
               "no model was run. An experiment found in both is read from the one holding more runs.\n\n"
               + markdown_table(T.exp_info(points).rename(columns={"seeds": "most seeds"})) + "\n"
-              + recommendations_md(grids, points, Path(args.results)))
+              + recommendations_md(grids, points, Path(args.results), Path(args.out).resolve()))
     path = write(plots, Path(args.out), header)
     drawn = sum(not p.empty for p, _ in plots)
     print(f"{path}: {drawn} figures, {len(plots) - drawn} without data")
