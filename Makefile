@@ -129,13 +129,15 @@ rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and
 
 # Issue 27's pre-registered replication grid (docs/preregistration.md): both embedded models on the
 # replication pool, continuous batching, one one-thread process at a time (REPL_JOBS=N on a many-core
-# host); then the pre-registered calls. REPL_EXP=replication_mini128: the 128-expert model (make mini128).
+# host); then the pre-registered calls. REPL_EXP=replication_mini128 REPL_OUT=results/replication_mini128: the
+# 128-expert model (make mini128; its own family).
 REPL_EXP ?= replication_mini replication_mini_olmoe
 REPL_JOBS ?= 1
-replication: $(STAMP)  ## the pre-registered replication grid and its calls (REPL_EXP=..., REPL_JOBS=N) -> results/replication_*
+REPL_OUT ?= results/replication
+replication: $(STAMP)  ## the pre-registered replication grid and its calls (REPL_EXP=..., REPL_JOBS=N, REPL_OUT=...) -> results/replication*
 	$(RUNENV) $(PY) -m experiments.run_points --jobs $(REPL_JOBS) $(REPL_EXP) \
 		--extra "method=base_anchor method.k0=2" --extra "method=dense budget=null"
-	$(PY) -m analysis.replication $(addprefix outputs/,$(REPL_EXP)) --out results/replication
+	$(PY) -m analysis.replication $(addprefix outputs/,$(REPL_EXP)) --out $(REPL_OUT)
 
 # Figures and report.md from results/ (committed) and outputs/ (when present); no model runs.
 # REFRESH=1: from results/ alone into results/figures/ (the committed figures the README shows).

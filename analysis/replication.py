@@ -399,7 +399,8 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, l
     m = len(prim)
     n = int(prim["n"].iloc[0])
     picks = sorted({v["rule"] for v in rec["models"].values()})
-    head = (f"`{picks[0]}` on both models" if rec["same"] else
+    head = (f"`{picks[0]}` on " + ("both models" if len(rec["models"]) > 1 else f"`{next(iter(rec['models']))}`")
+            if rec["same"] else
             "per model family: " + _list([f"`{v['rule']}` on `{k}`" for k, v in rec["models"].items()]))
     lower = "; ".join(f"`{r}` at " + ", ".join(f"{_where(b)} on `{mo}`" for mo, b in w)
                       for r, w in sorted(rec["lower"].items()))

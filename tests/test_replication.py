@@ -250,3 +250,13 @@ def test_committed_replication_calls_re_derive_from_the_committed_records():
         d = derived.loc[key]
         assert (d["a_only"], d["b_only"], d["call"]) == (r["a_only"], r["b_only"], r["call"]), key
         assert d["p"] == pytest.approx(r["p"], rel=1e-9) and d["p_holm"] == pytest.approx(r["p_holm"], rel=1e-9)
+
+
+def test_one_model_is_its_own_family():
+    """replication_mini128 run alone (docs/preregistration.md): Holm over its 18, no interaction."""
+    prompts = {"mini": _prompt_frames()["mini"]}
+    prim = A.primary(prompts)
+    assert len(prim) == 18 and np.allclose(prim["p_holm"], multipletests(prim["p"], method="holm")[1])
+    assert A.interaction(prompts).empty
+    calls = prim.assign(family="primary")
+    assert "`base_anchor(k0=1)` on `mini` —" in A.recommendation_text(calls)

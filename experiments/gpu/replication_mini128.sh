@@ -10,6 +10,7 @@
 # call waits up to WAIT_S seconds (default 540), then packs outputs/replication_mini128 and the
 # trained model into $OUT. Unpack here, then
 #   python -m analysis.replication outputs/replication_mini128 --out results/replication_mini128
+# (or on a many-core host without the script: make replication REPL_EXP=replication_mini128 REPL_OUT=results/replication_mini128 REPL_JOBS=16)
 set -u
 WAIT_S=${1:-540}
 t0=$(date +%s)
