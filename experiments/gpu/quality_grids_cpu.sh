@@ -35,13 +35,6 @@ if ! pgrep -f "experiments.run_points" >/dev/null; then
   sleep 5
 fi
 
-while pgrep -f "experiments.run_points" >/dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT_S" ]; do
-  sleep 10
-done
-echo "runner alive: $(pgrep -f experiments.run_points >/dev/null && echo yes || echo no); $(grep -c '^ok' outputs/run_points.log) ok, $(grep -c '^FAIL' outputs/run_points.log) failed"
-tail -n 5 outputs/run_points.log
-for e in $EXPS; do
-  [ -d "outputs/$e" ] && tar czf "$OUT/$e.tgz" "outputs/$e"
-done
+source experiments/gpu/wait_runner.sh
 tar czf "$OUT/logs.tgz" outputs/run_points.log outputs/run_points_logs outputs/prefit_*.log 2>/dev/null
 ls -la "$OUT"

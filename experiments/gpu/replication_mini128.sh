@@ -34,11 +34,8 @@ if ! pgrep -f "experiments.run_points" >/dev/null; then
     > outputs/run_points.log 2>&1 < /dev/null &
   sleep 5
 fi
-while pgrep -f "experiments.run_points" >/dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT_S" ]; do
-  sleep 10
-done
-echo "runner alive: $(pgrep -f experiments.run_points >/dev/null && echo yes || echo no); $(grep -c '^ok' outputs/run_points.log) ok, $(grep -c '^FAIL' outputs/run_points.log) failed"
-[ -d outputs/replication_mini128 ] && tar czf "$OUT/replication_mini128.tgz" outputs/replication_mini128
+EXPS=replication_mini128
+source experiments/gpu/wait_runner.sh
 # the checkpoint (23 MB) stays on the host: the returned files are capped at 16 MiB, and the analysis needs only the runs
 tar czf "$OUT/mini128_logs.tgz" outputs/mini128/*.json outputs/mini128/train_log.csv outputs/mini128_train.log \
   outputs/run_points.log outputs/run_points_logs 2>/dev/null
