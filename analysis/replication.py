@@ -64,7 +64,7 @@ PAIRED = "results/replication_paired.csv"
 RUNS = "results/replication_runs.csv"  # each run's wall time (the grid folders' sweep_summary.csv)
 STATIC = {"mini": ("results/quality_seeds_mini_paired.csv", "results/rules_mini_paired.csv"),
           "mini_olmoe": ("results/quality_seeds_mini_olmoe_paired.csv", "results/rules_mini_olmoe_paired.csv")}
-THROUGHPUT = "results/throughput/summary.csv"  # where the recommended rule's speed will come from (issue 25)
+THROUGHPUT = "results/roofline/summary.csv"  # the recommended rules' speed (issue 25's H200 grid, every rule on the kernel)
 # What was done differently from docs/preregistration.md, and why (results/replication.md prints it).
 DEVIATIONS = """
 - Calls that do not reject are labelled `inconclusive` (the project's word, analysis/stats.py), which the
@@ -388,6 +388,32 @@ def _family(model: str) -> str:
         RENORMALISED.get(model), "family unknown")
 
 
+def speed_text(rules: list[str], root: Path = ROOT, budget: int = 16) -> str:
+    """The recommended rules' decode speed from the committed H200 grid (THROUGHPUT): ms per step at
+    `budget` and each batch size, against dense and base in the same run."""
+    df = pd.read_csv(root / THROUGHPUT)
+    g = df[(df["mode"] == "graph") & (df["model"] == "qwen3_30b") & (df["routing"] == "uniform")]
+
+    def ms(variant: str, bs: int, b: float | None) -> float | None:
+        sel = g[(g["variant"] == variant) & (g["batch_size"] == bs)
+                & (g["budget"].isna() if b is None else g["budget"] == b)]
+        return float(sel["ms_per_step"].iloc[0]) if len(sel) else None
+
+    parts = []
+    for rule in rules:
+        cells = []
+        for bs in sorted(g["batch_size"].unique()):
+            r, d, b = ms(rule, bs, budget), ms("dense", bs, None), ms("base", bs, budget)
+            if None not in (r, d, b):
+                cells.append(f"batch {bs}: {r:.2f} ms per step, {d / r:.2f}× dense and {b / r:.2f}× base's speed")
+        if cells:
+            parts.append(f"`{rule}` at M={budget}: " + "; ".join(cells))
+    return (f"- **Speed of the recommended rules** (Qwen3-30B-A3B shape, random bf16 weights, uniform routing, an "
+            f"H200, every rule on the selection kernel; median of five interleaved timed passes; `{THROUGHPUT}`, "
+            f"from `bash experiments/gpu/roofline.sh` as `results/roofline/README.md` gives it): "
+            + "; ".join(parts) + ". Skewed routing and the other model shapes were not run for them.")
+
+
 def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, link: str = "") -> str:
     """README.md's "Which rule to use" bullets (and `make report`'s recommendations), from the
     replication's calls (default: results/replication_paired.csv) and the committed static grids;
@@ -418,8 +444,7 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, l
     static = (f"- **Static batches** (from the committed static grids, `results/quality_seeds_mini{{,_olmoe}}.md` "
               f"and `results/rules_mini{{,_olmoe}}.md`, Holm per grid on their own pools; **not replicated on fresh "
               f"prompts**): {shead} — {_sentence(srec, {m_: _family(m_) for m_ in srec['models']})}.")
-    speed = (f"- **Speed of the recommended rule**: SPEED-PENDING — the lead adds it from `{THROUGHPUT}` once the "
-             "throughput grid runs every rule on the fused GPU path (issue 25); no figure is given until then.")
+    speed = speed_text(sorted(set(picks) | set(spicks)), root)
     return "\n".join([serving, static, speed])
 
 

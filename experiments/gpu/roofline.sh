@@ -19,14 +19,15 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 
 if [[ " $PARTS " == *" tests "* ]]; then
   stamp "GPU tests"
-  timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_route_kernel.py \
-    tests/test_kernels.py tests/test_budget_triton.py tests/test_engine.py > "$LOG/gpu_tests.log" 2>&1
+  timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_FILES:-tests/test_route_kernel.py \
+    tests/test_kernels.py tests/test_budget_triton.py tests/test_engine.py} > "$LOG/gpu_tests.log" 2>&1
   echo "rc=$?" >> "$LOG/gpu_tests.log"; tail -3 "$LOG/gpu_tests.log"
 fi
 if [[ " $PARTS " == *" kernels "* ]]; then
   stamp "kernel benchmark"
   timeout "${KERNELS_S:-240}" python3 -m tools.bench_kernels --out "$LOG/kernels" --skip-tests --tune-paths v3 \
     --ts ${KERNEL_TS:-1 16 64} --impls base_triton_v3 base_triton grouped_mm --budget-s "${BENCH_S:-170}" \
+    ${KERNEL_MODELS:+--models $KERNEL_MODELS} \
     --tune-s "${TUNE_S:-70}" > "$LOG/bench.log" 2>&1
   echo "rc=$?" >> "$LOG/bench.log"; tail -40 "$LOG/bench.log"
   cp kernels/configs/NVIDIA_H200.json "$LOG/kernels/installed_configs.json" 2>/dev/null
