@@ -17,6 +17,12 @@ from transformers import (
 from base.config import ConfigError, ModelConfig
 from base.hf.families import FAMILIES
 
+try:  # transformers' configs validate their fields through huggingface_hub's strict dataclasses
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # an older huggingface_hub raises ValueError itself
+    class StrictDataclassError(Exception):
+        pass
+
 
 def resolve_path(path: str, root: Path) -> str:
     """Local directories resolve against the repo root; anything else is a hub id."""
@@ -31,8 +37,9 @@ def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
     if cfg.init == "random":
         try:
             return AutoConfig.for_model(family.model_type, **cfg.arch)
-        except (TypeError, ValueError) as err:  # transformers validates some fields when building the config
-            raise ConfigError(f"model.arch of {cfg.name} is not a valid {family.model_type} config: {err}") from None
+        except (TypeError, ValueError, StrictDataclassError) as err:  # transformers validates fields on building
+            cause = err.__cause__ if isinstance(err, StrictDataclassError) and err.__cause__ is not None else err
+            raise ConfigError(f"model.arch of {cfg.name} is not a valid {family.model_type} config: {cause}") from None
     if not isinstance(cfg.trust_remote_code, bool):  # only the boolean true lets a checkpoint's code run
         raise ConfigError(f"model.trust_remote_code={cfg.trust_remote_code!r} must be true or false")
     local = Path(resolve_path(cfg.path, root))
