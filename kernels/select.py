@@ -127,6 +127,7 @@ def _route_select_kernel(
     COVERAGE: tl.constexpr,
     REASSIGN: tl.constexpr,  # 0 backfill, 1 drop, 2 similar
     RENORMALIZE: tl.constexpr,
+    SELECT: tl.constexpr,  # False: nothing can be dropped (the union fits); tokens keep their routing
 ):
     """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
     # ---------------------------------------------------------------- the router GEMV (GEMV)
@@ -175,12 +176,14 @@ def _route_select_kernel(
             energy_E = tl.load(energy_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
         if HAS_LBIAS:
             lb_E = tl.load(lbias_ptr + offs_e, mask=e_ok, other=0.0)
+        n_idle = 0  # inactive tokens: reassign moves their pairs onto kept experts, so they need pass 2
         for t0 in range(0, T, TB):
             offs_t = t0 + tl.arange(0, TB)
             t_ok = offs_t < T
             te_ok = t_ok[:, None] & e_ok[None, :]
             tk_ok = t_ok[:, None] & k_ok[None, :]
             act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
+            n_idle += tl.sum((t_ok & ~act_T).to(tl.int32), axis=0)
             if SCORE_IN_KERNEL and KIND == 4:
                 # the whole tile, issued first so its latency overlaps the routing
                 g_TE = tl.load(g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=te_ok, other=0.0,
@@ -210,14 +213,21 @@ def _route_select_kernel(
                 w_TK = (w_TK * route_scale).to(w_ptr.dtype.element_ty)  # the weights as stored
                 tl.store(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], idx_TK, mask=tk_ok)
                 tl.store(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], w_TK, mask=tk_ok)
+                if not SELECT:
+                    tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
                 w_TK = w_TK.to(tl.float32)
             else:
                 idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=-1)
-                w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok,
-                               other=0.0).to(tl.float32)
+                w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
+                if not SELECT:
+                    tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
+                w_TK = w_TK.to(tl.float32)
                 if TIER != 0:  # the probabilities of the routed pairs rank a token's choices
                     p_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0),
                                    mask=tk_ok, other=-1.0)
+            if not SELECT:  # the routing is the decision: written here, no pass 2
+                tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :],
+                         idx_TK.to(new_idx_ptr.dtype.element_ty), mask=tk_ok)
             hits_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
             wsum_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
             wsq_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
@@ -306,7 +316,10 @@ def _route_select_kernel(
         best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
 
         # --- pass 2: reassign the tokens (base.method.routing.reassign, branch-free) ---
-        for t0 in range(0, T, TB):
+        t_end = T
+        if not SELECT:  # pass 1 wrote the routing as the decision; redone only for inactive tokens
+            t_end = tl.where(n_idle > 0, T, 0)
+        for t0 in range(0, t_end, TB):
             offs_t = t0 + tl.arange(0, TB)
             t_ok = offs_t < T
             tk_ok = t_ok[:, None] & k_ok[None, :]
@@ -411,6 +424,17 @@ class Rule:
     renormalize: bool = True
 
 
+def union_fits(rule: Rule, budget: int | None, T: int, K: int, E: int) -> bool:
+    """Whether the rule must keep every routed expert: its kept set is the union whenever the union
+    fits in the budget, and T tokens' K choices (at most E experts) always fit. The kernel then
+    skips the reassignment (every token keeps its routing), so a step of 1 token, or of 2 at
+    budget 16 and top-8, costs what dense costs. Not `oea` (it keeps only the anchors' union) nor a
+    coverage rule (it keeps the fewest that cover the share)."""
+    if rule.tier == "oea" or rule.coverage is not None:
+        return False
+    return budget is None or min(T * K, E) <= budget
+
+
 def arrival_counter(device: torch.device) -> Tensor:
     """The GEMV form's counter: allocate once per layer (outside any graph capture)."""
     return torch.zeros(1, dtype=torch.int32, device=device)
@@ -493,6 +517,7 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
         SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
         REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
+        SELECT=not union_fits(rule, budget, T, K, E),
         num_warps=4 if E_BLOCK <= 64 else 8,
     )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)

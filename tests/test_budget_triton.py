@@ -103,6 +103,26 @@ def test_every_rule_runs_on_the_kernels_as_the_reference(selector, k0, coverage,
     assert kept == kept_ref
 
 
+@pytest.mark.parametrize("selector,k0", [("base", None), ("base_anchor", 1)])
+def test_a_batch_whose_choices_fit_the_budget_decodes_as_the_reference(selector, k0):
+    """One row, budget = top-k: every decode step's union fits, so the budgeted layer runs dense's
+    route (kernels.select.union_fits: router rows only, no reassignment) and decodes as the
+    reference and as dense."""
+    cfg, model = _model("tiny_qwen3")
+    torch.manual_seed(3)
+    ids_BS = torch.randint(3, 250, (1, 6))
+    mask_BS = torch.ones_like(ids_BS)
+    sel = build_selector(selector, model_artifacts(model), k0=k0)
+    budget = model.config.num_experts_per_tok
+    ref, kept_ref, _ = _decode(model, cfg.family, sel, "torch", ids_BS, mask_BS, budget)
+    out, kept, fused = _decode(model, cfg.family, sel, "triton", ids_BS, mask_BS, budget)
+    dense, _, _ = _decode(model, cfg.family, None, "triton", ids_BS, mask_BS, None)
+    assert fused and torch.equal(out.sequences, ref.sequences) and torch.equal(out.sequences, dense.sequences)
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert kept == kept_ref and max(kept) == budget
+
+
 @pytest.mark.slow  # fast representatives: tests/test_route_kernel.py (dense route), tests/test_kernels.py (v3)
 def test_dense_on_the_kernels_equals_the_model_with_the_two_launch_experts():
     """Dense with backend triton: the router in one launch, the union kept, and base_triton's

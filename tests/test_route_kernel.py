@@ -23,6 +23,7 @@ from kernels.select import (
     route_select,
     route_select_gemv,
     select_reassign,
+    union_fits,
 )
 
 
@@ -167,6 +168,34 @@ def test_dense_route_keeps_the_union_and_the_model_routing_bit_identical():
     a = active_T
     assert torch.equal(sel.topk_idx_TK[a], routing.topk_idx_TK[a]) and torch.equal(sel.topk_w_TK[a], routing.topk_w_TK[a])
     assert sel.keep_M.shape == (E,) and int((sel.keep_M >= 0).sum()) == int(union_E.sum())
+
+
+@pytest.mark.parametrize("name,k0", [("router_sum", None), ("base", None), ("base_anchor", 1), ("top1_union", None),
+                                     ("oea", 1)])
+@pytest.mark.parametrize("all_active", [True, False])
+def test_a_union_that_fits_in_the_budget_keeps_every_routed_expert(name, k0, all_active):
+    """T*K <= budget: no rule but oea (anchors only) can drop an expert, so the kernel skips the
+    reassignment (pass 2) unless a token is inactive; either way it decides as the reference."""
+    T, E, K, H, M = 3, 32, 4, 16, 12
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=21)
+    active_T = torch.ones(T, dtype=torch.bool) if all_active else torch.tensor([True, False, True])
+    art = _artifacts(E, H, seed=4)
+    kind, rule = _kernel_rule(name, k0)
+    assert union_fits(rule, M, T, K, E) == (name != "oea")
+    assert not union_fits(rule, M - 1, T, K, E) and not union_fits(Rule(coverage=0.9), M, T, K, E)
+    routing, sel = route_select(F.linear(x_TH, w_EH), K, active_T, M, norm_topk=True, kind=kind,
+                                g_TE=x_TH @ art.pred_w_LHE[1], pred_b_E=art.pred_b_LE[1], rule=rule)  # fmt: skip
+    batch = RoutedBatch(x_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer=1)
+    selector = build_selector(name, art, k0=k0)
+    keep_E, score_E = selector.keep(batch, M if selector.uses_budget else None)
+    assert torch.equal(sel.keep_E, keep_E)
+    r_idx, r_w = reassign(batch, keep_E, score_E)
+    _same_routing(sel.topk_idx_TK, sel.topk_w_TK, r_idx, r_w)
+    if name != "oea":
+        assert torch.equal(keep_E, pair_counts_E(routing.topk_idx_TK, active_T, E) > 0)  # the whole union
+        a = active_T
+        assert torch.equal(sel.topk_idx_TK[a], routing.topk_idx_TK[a])
+        assert torch.equal(sel.topk_w_TK[a], routing.topk_w_TK[a])
 
 
 def test_bad_rules_are_refused():

@@ -147,7 +147,15 @@ class TritonSelection(TorchSelection):
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
         """The router's GEMM (for `base` over [router; predictor]), softmax/top-k and the
         selection in one launch. Returns the model's own routing (for statistics) and the decision."""
+        from kernels.select import union_fits
+
         budget = self.budget if self.policy.selector.uses_budget else None
+        E = self.router.weight_EH.shape[0]
+        if union_fits(self.rule, budget, z_TH.shape[0], self.router.top_k, E):
+            # nothing can be dropped: dense's route (no predictor rows, no score), the same decision
+            sim = {"sim_EE": self.extra["sim_EE"]} if "sim_EE" in self.extra else {}
+            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer, rule=self.rule,
+                               **sim)
         return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer,
                            kind=self.term or "router_sum", rule=self.rule, **self.extra)
 

@@ -7,6 +7,7 @@
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
 #   bash experiments/gpu/roofline.sh                       # all three, Qwen3-30B-A3B uniform
 #   PARTS="grid" MODEL=olmoe ROUTING=skewed bash experiments/gpu/roofline.sh
+#   PARTS=grid SPECS="qwen3_30b:uniform qwen3_30b:skewed:[16,64]" bash experiments/gpu/roofline.sh  # several runs
 #   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
 # Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
 set -uo pipefail
@@ -34,11 +35,16 @@ if [[ " $PARTS " == *" kernels "* ]]; then
   tar czf "$OUT/kernels.tgz" -C "$LOG" kernels bench.log
 fi
 if [[ " $PARTS " == *" grid "* ]]; then
-  stamp "grid $MODEL $ROUTING"
-  timeout "${GRID_S:-330}" python3 run.py experiment=throughput model="$MODEL" model.routing="$ROUTING" \
-    ${GRID_EXTRA:-} > "$LOG/grid_${MODEL}_${ROUTING}.log" 2>&1
-  echo "rc=$?" >> "$LOG/grid_${MODEL}_${ROUTING}.log"
-  grep -E "^\[throughput\] batch|Error|error" "$LOG/grid_${MODEL}_${ROUTING}.log" | tail -60
+  # SPECS: runs of one process each, "model:routing" or "model:routing:[batch,...]" (default MODEL:ROUTING)
+  for spec in ${SPECS:-$MODEL:$ROUTING}; do
+    IFS=: read -r m r b <<< "$spec"
+    stamp "grid $m $r ${b:-}"
+    timeout "${GRID_S:-330}" python3 run.py experiment=throughput model="$m" model.routing="$r" \
+      ${b:+"throughput.batch_sizes=$b"} ${GRID_EXTRA:-} > "$LOG/grid_${m}_${r}.log" 2>&1
+    echo "rc=$?" >> "$LOG/grid_${m}_${r}.log"
+    grep -E "^\[throughput\] batch|Error|error" "$LOG/grid_${m}_${r}.log" | tail -40
+    tar czf "$OUT/grid.tgz" outputs/throughput -C "$(dirname "$LOG")" "$(basename "$LOG")"
+  done
   python3 -m analysis.throughput outputs/throughput "$LOG/throughput" > /dev/null 2>&1 && cp "$LOG/throughput.md" "$OUT/"
   tar czf "$OUT/grid.tgz" outputs/throughput -C "$(dirname "$LOG")" "$(basename "$LOG")"
 fi
