@@ -245,7 +245,20 @@ def test_gpu_every_rule_on_the_kernel_graph_replay_equals_eager(method, k0, cove
     graph, graph_rows = run(True)
     assert graph.eager_steps == 1
     assert torch.equal(graph.tokens_BN, eager.tokens_BN)
-    assert graph_rows == eager_rows
+    _same_stats(graph_rows, eager_rows)
+
+
+def _same_stats(rows: list[dict], ref: list[dict]) -> None:
+    """Counts (union, kept, lost tokens) equal; the weight sums to fp32 rounding: the eager step
+    and the replay sum a row's weights in a different order (seen on an H200: 16.0 and 15.999999)."""
+    assert len(rows) == len(ref)
+    for r, q in zip(rows, ref):
+        assert r.keys() == q.keys()
+        for key in r:
+            if key.startswith("weight_"):
+                assert r[key] == pytest.approx(q[key], rel=1e-6), (key, r, q)
+            else:
+                assert r[key] == q[key], (key, r, q)
 
 
 @pytest.mark.gpu

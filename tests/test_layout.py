@@ -128,3 +128,15 @@ def test_every_package_says_what_it_owns():
     for pkg in ("method", "hf", "runtime", "eval", "run"):
         doc = ast.get_docstring(ast.parse((ROOT / "base" / pkg / "__init__.py").read_text()))
         assert doc and len(doc.split()) >= 15, f"base/{pkg}/__init__.py needs a docstring saying what it owns"
+
+
+def test_the_speed_stages_import_without_lm_eval_or_wandb():
+    """A GPU host may have neither (the throughput and serving stages need neither): every module
+    those stages load imports with both blocked; lm-eval is imported only where it is used."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['lm_eval'] = None; sys.modules['wandb'] = None\n"
+            "import run, base.run.pipeline, base.run.preflight, base.run.context_checks, base.runtime.engine\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]

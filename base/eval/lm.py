@@ -7,35 +7,13 @@ Log-likelihood requests run through HFLM unchanged.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from lm_eval.models.huggingface import HFLM
 
-from base.config import ConfigError, EvalConfig, SchedulerConfig
+from base.config import EvalConfig, SchedulerConfig
 from base.eval.batches import DecodeBatches, Request
+from base.eval.gen_lengths import SHORTEN, new_tokens, overflow
 from base.hf.budget import MoeBudget
-
-HFLM_MAX_GEN_TOKS = 256  # lm-eval's HFLM: new tokens of a task that names no max_gen_toks
-
-
-def new_tokens(gen_kwargs: dict[str, Any], cfg: EvalConfig, default: int = HFLM_MAX_GEN_TOKS) -> int:
-    """A request's new-token limit: its task's max_gen_toks, replaced by eval.gen_toks or capped by
-    eval.max_gen_toks."""
-    if cfg.gen_toks is not None:
-        return cfg.gen_toks  # set: the paper's 384 whatever the task says
-    asked = int(gen_kwargs.get("max_gen_toks", default))
-    return asked if cfg.max_gen_toks is None else min(asked, cfg.max_gen_toks)
-
-
-def overflow(where: str, prompt: int, new: int, context: int, model: str, fix: str) -> ConfigError:
-    """The error for a request that needs more positions than the model has (HFLM would cut its prompt)."""
-    return ConfigError(f"{where}: a prompt of {prompt} tokens plus {new} new tokens needs {prompt + new} positions, "
-                       f"but {model} has {context}; {fix}")
-
-
-SHORTEN = ("shorten the prompts (task.num_fewshot) or the generation (eval.gen_toks / eval.max_gen_toks), or use a "
-           "model with more positions")
 
 
 class BudgetedLM(HFLM):

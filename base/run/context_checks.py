@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from base.config import RunConfig
-from base.eval.lm import SHORTEN, new_tokens, overflow
+from base.eval.gen_lengths import SHORTEN, new_tokens, overflow
 
 
 def check_eval_requests(cfg: RunConfig, leaves: dict[str, Any], tokenizer, context: int) -> None:

@@ -82,7 +82,7 @@ class Logger:
             if name in PLOTS:
                 try:
                     self.run.log(PLOTS[name](rows))
-                except Exception as err:  # a chart must never fail a finished run
+                except Exception as err:  # noqa: BLE001  (a chart must never fail a finished run)
                     print(f"[logger] {name} charts skipped: {err}")
 
     def lm_eval(self, raw: dict[str, Any]) -> None:
@@ -95,7 +95,7 @@ class Logger:
             wl = WandbLogger()  # attaches to the active run
             wl.post_init(raw)
             wl.log_eval_result()
-        except Exception as err:  # logging must never fail a finished evaluation
+        except Exception as err:  # noqa: BLE001  (logging must never fail a finished evaluation)
             print(f"[logger] lm-eval WandbLogger skipped: {err}")
 
     def finish(self, ok: bool = True) -> None:

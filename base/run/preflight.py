@@ -242,7 +242,7 @@ def _moe_layers(cfg: RunConfig, hf) -> int:
 def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
     """Every task name is known to lm-eval and every task builds (its data exists and is not empty),
     and its new tokens fit the model's context (`context` positions)."""
-    from base.eval.lm import new_tokens
+    from base.eval.gen_lengths import new_tokens
     from base.eval.lmeval_logging import quiet_expected_warnings
     from base.eval.tasks import task_manager
 

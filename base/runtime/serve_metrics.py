@@ -18,6 +18,7 @@ second of the same duration.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ def request_metrics(arrival_s: float, token_s: list[float], prompt_tokens: int) 
     n = len(token_s)
     return {"prompt_tokens": prompt_tokens, "output_tokens": n, "ttft_ms": 1e3 * ttft,
             "tpot_ms": 1e3 * (e2el - ttft) / (n - 1) if n > 1 else None, "e2el_ms": 1e3 * e2el,
-            "itl_ms": [1e3 * (b - a) for a, b in zip(token_s, token_s[1:])]}
+            "itl_ms": [1e3 * (b - a) for a, b in itertools.pairwise(token_s)]}
 
 
 def _stats(values: list[float], name: str) -> dict[str, float | None]:
