@@ -152,7 +152,7 @@ def main(exp_dir: str, out: str) -> None:
             "\n\nSpeed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
             speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",
             breakdown_table(df).to_markdown(index=False),
-            "\n\nSelection overhead against `fixed` (same budget, no scoring): (ms - fixed ms) / ms\n",
+            "\n\nSelection overhead against `fixed` (same budget, no scoring): (ms - fixed ms) / fixed ms, median over rounds [min, max]\n",
             overhead_table(df).to_markdown(index=False),
             "\n\nEager decoding (same engine, no graph, no compiled regions), once per run\n",
             eager.round(2).to_markdown(index=False), "\n"]

@@ -123,6 +123,25 @@ def test_a_batch_whose_choices_fit_the_budget_decodes_as_the_reference(selector,
     assert kept == kept_ref and max(kept) == budget
 
 
+@pytest.mark.parametrize("selector", [None, "base"])
+def test_a_skewed_router_routes_on_the_kernels_as_its_own_forward(selector):
+    """The skew's logit bias (base/hf/skew.py) is added inside the selection kernel: decoding on
+    the kernels equals the reference, which calls the skewed router's own forward."""
+    raw = yaml.safe_load((ROOT / "conf/model/tiny_qwen3.yaml").read_text())
+    cfg = ModelConfig(**{**raw, "routing": "skewed", "skew_ratio": 0.6})
+    model = load_model(cfg, ROOT, seed=0, experts_impl="eager")
+    torch.manual_seed(4)
+    ids_BS = torch.randint(3, 250, (5, 6))
+    mask_BS = torch.ones_like(ids_BS)
+    sel = build_selector(selector, model_artifacts(model)) if selector else None
+    budget = 3 if selector else None
+    ref, kept_ref, _ = _decode(model, cfg.family, sel, "torch", ids_BS, mask_BS, budget)
+    out, kept, fused = _decode(model, cfg.family, sel, "triton", ids_BS, mask_BS, budget)
+    assert fused and torch.equal(out.sequences, ref.sequences) and kept == kept_ref
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow  # fast representatives: tests/test_route_kernel.py (dense route), tests/test_kernels.py (v3)
 def test_dense_on_the_kernels_equals_the_model_with_the_two_launch_experts():
     """Dense with backend triton: the router in one launch, the union kept, and base_triton's

@@ -85,10 +85,9 @@ def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: 
     E = router.weight_EH.shape[0]
     out_TC = F.linear(z_TH, weight_CH)
     logits_TE, g_TE = (out_TC[:, :E], out_TC[:, E:]) if weight_CH.shape[0] == 2 * E else (out_TC, None)
-    if router.bias_E is not None:
-        logits_TE = logits_TE + router.bias_E
+    # a skew's bias is added inside the kernel, in the weight dtype as the skewed router adds it (no launch)
     routing, out = route_select(logits_TE, router.top_k, active_T, budget, norm_topk=router.norm_topk,
-                                scale=router.scale, g_TE=g_TE, **kw)  # fmt: skip
+                                scale=router.scale, g_TE=g_TE, logit_bias_E=router.bias_E, **kw)  # fmt: skip
     batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer)
     return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M)
 
