@@ -36,6 +36,11 @@ What a selector is, for the kernel:
            most the budget)
     REASSIGN  backfill | drop | similar (each dropped pair moves to the kept expert most similar
            to it, sim_EE)
+The reassignment (pass 2) has two forms, chosen by the budget: up to KEPT_LIST_MAX kept experts
+it ranks each token's candidates among the kept list by counting, pairwise, the candidates ahead
+of each (a (TB, M, M) comparison, no serial loop); above, and unbounded, K rounds of argmax over
+all E experts. Both give the same routing bit for bit (tests/test_route_kernel.py). When the union
+cannot exceed the budget (`union_fits`) pass 2 runs only for inactive tokens.
 Semantics match the references exactly except where they leave the order unspecified: ties in
 score go to the lower expert id (as `select_top_m`); ties in router probability (top-k, backfill,
 anchors) go to the lower expert id / slot.
@@ -59,6 +64,9 @@ from kernels.terms import (
 )
 
 REASSIGN_MODES = ("backfill", "drop", "similar")
+# Backfill over the kept list (pairwise places, (TB, M, M) in registers) up to this budget; above
+# it (and unbounded) K rounds of argmax over all E experts.
+KEPT_LIST_MAX = 32
 TIERS = {"none": 0, "anchor": 1, "top1_union": 2, "oea": 3}
 
 
@@ -128,6 +136,8 @@ def _route_select_kernel(
     REASSIGN: tl.constexpr,  # 0 backfill, 1 drop, 2 similar
     RENORMALIZE: tl.constexpr,
     SELECT: tl.constexpr,  # False: nothing can be dropped (the union fits); tokens keep their routing
+    M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
+    KEPT_LIST_MAX: tl.constexpr,  # backfill over the kept list when M_BLOCK <= this (else over all E)
 ):
     """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
     # ---------------------------------------------------------------- the router GEMV (GEMV)
@@ -314,6 +324,10 @@ def _route_select_kernel(
         tl.store(keep_e_ptr + offs_e, keep_E, mask=e_ok)
         # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
         best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
+        if M_BLOCK <= KEPT_LIST_MAX:  # the kept ids by rank, as a vector (the backfill's candidates)
+            offs_km = tl.arange(0, M_BLOCK)
+            kid_M = tl.sum(tl.where(keep_E[None, :] & (rank_E[None, :] == offs_km[:, None]), offs_e[None, :], 0), axis=1)
+            kid_ok = offs_km < n_keep
 
         # --- pass 2: reassign the tokens (base.method.routing.reassign, branch-free) ---
         t_end = T
@@ -338,6 +352,54 @@ def _route_select_kernel(
                     out_idx = tl.where(sel_k & ~kept_T[:, None], sub_T[:, None].to(idx_TK.dtype), out_idx)
                 tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
                 tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
+            elif M_BLOCK <= KEPT_LIST_MAX:
+                # backfill over the kept list (M candidates, not E): each candidate's place among a
+                # token's candidates is counted pairwise, so the K picks need no serial argmax
+                p_TM = tl.load(probs_ptr + offs_t[:, None] * stride_pt + kid_M[None, :],
+                               mask=t_ok[:, None] & kid_ok[None, :], other=0.0)
+                orig_TM = tl.zeros((TB, M_BLOCK), dtype=tl.int1)
+                origw_TM = tl.zeros((TB, M_BLOCK), dtype=tl.float32)
+                lost_T = tl.zeros((TB,), dtype=tl.int1)
+                wsum_T = tl.zeros((TB,), dtype=tl.float32)
+                psum_T = tl.zeros((TB,), dtype=tl.float32)
+                for k in tl.static_range(K):
+                    sel_k = offs_k[None, :] == k
+                    i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                    w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
+                    hit = (i_T[:, None] == kid_M[None, :]) & kid_ok[None, :]
+                    orig_TM = orig_TM | hit
+                    origw_TM = tl.where(hit, w_T[:, None], origw_TM)
+                    lost_T = lost_T | (tl.sum(hit.to(tl.int32), axis=1) == 0)
+                    wsum_T += w_T
+                    psum_T += tl.load(probs_ptr + offs_t * stride_pt + i_T, mask=t_ok, other=0.0)
+                rank_TM = tl.where(orig_TM, p_TM + 2.0, -1.0)
+                if REASSIGN == 0:
+                    rank_TM = tl.where(~orig_TM & kid_ok[None, :], p_TM, rank_TM)
+                rank_TM = tl.where(kid_ok[None, :], rank_TM, -3.0)
+                scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
+                # place of candidate m = candidates ahead of it (higher rank, or equal and a lower id)
+                r_TMN = rank_TM[:, None, :]
+                r_TNM = rank_TM[:, :, None]
+                ahead_TMN = (r_TMN > r_TNM) | ((r_TMN == r_TNM) & (kid_M[None, None, :] < kid_M[None, :, None]))
+                place_TM = tl.sum(ahead_TMN.to(tl.int32), axis=2)
+                # slot k takes the candidate in place k, if it exists and ranks >= 0
+                at_TMK = ((place_TM[:, :, None] == offs_k[None, None, :]) & (rank_TM >= 0)[:, :, None]
+                          & k_ok[None, None, :])
+                filled_TK = tl.sum(at_TMK.to(tl.int32), axis=1) > 0
+                nidx_TK = tl.sum(tl.where(at_TMK, kid_M[None, :, None], 0), axis=1)
+                # rank >= 2 marks a kept original (its own weight); else rank is the probability
+                nw_TM = tl.where(rank_TM >= 1.5, origw_TM, rank_TM * scale_T[:, None])
+                nw_TK = tl.sum(tl.where(at_TMK, nw_TM[:, :, None], 0.0), axis=1)
+                first_ok_T = tl.sum((filled_TK & (offs_k[None, :] == 0)).to(tl.int32), axis=1) > 0
+                first_T = tl.where(first_ok_T, tl.sum(tl.where(offs_k[None, :] == 0, nidx_TK, 0), axis=1), best)
+                if RENORMALIZE:
+                    total_T = tl.maximum(tl.sum(nw_TK, axis=1), 1e-30)
+                    nw_TK = nw_TK * (wsum_T / total_T)[:, None]
+                nidx_TK = tl.where(filled_TK, nidx_TK, first_T[:, None])
+                out_idx = tl.where(lost_T[:, None], nidx_TK.to(idx_TK.dtype), idx_TK)
+                out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
+                tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
+                tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
             else:
                 probs_TE = tl.load(probs_ptr + offs_t[:, None] * stride_pt + offs_e[None, :],
                                    mask=t_ok[:, None] & e_ok[None, :], other=0.0)
@@ -517,7 +579,7 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
         SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
         REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
-        SELECT=not union_fits(rule, budget, T, K, E),
+        SELECT=not union_fits(rule, budget, T, K, E), M_BLOCK=next_pow2(M), KEPT_LIST_MAX=KEPT_LIST_MAX,
         num_warps=4 if E_BLOCK <= 64 else 8,
     )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
