@@ -527,8 +527,10 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         raise ValueError("kind 'base' computed in the kernel needs g_TE and pred_b_E")
     if in_kernel and kind == "calib_energy" and energy_E is None:
         raise ValueError("kind 'calib_energy' needs energy_E")
-    unbounded = budget is None or rule.tier == "oea"
-    M = E if unbounded else min(int(budget), E)
+    if rule.tier == "oea":  # no budget, but the anchors' union has at most T * k0 experts
+        M = min(E, T * int(rule.k0))
+    else:
+        M = E if budget is None else min(int(budget), E)
     score_out = empty(E, device=dev, dtype=torch.float32) if in_kernel else score_E.float().contiguous()
     keep_E = empty(E, device=dev, dtype=torch.bool)
     keep_M = empty(M, device=dev, dtype=torch.int64)

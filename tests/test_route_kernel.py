@@ -201,14 +201,15 @@ def test_a_union_that_fits_in_the_budget_keeps_every_routed_expert(name, k0, all
 @pytest.mark.parametrize("T,E,K,M,mode,tier,ties", [(20, 64, 6, 7, "backfill", "none", False),
                                                      (16, 32, 8, 3, "backfill", "anchor", True),
                                                      (9, 48, 4, 12, "drop", "none", True),
-                                                     (33, 128, 8, 32, "backfill", "top1_union", False)])
+                                                     (33, 128, 8, 32, "backfill", "top1_union", False),
+                                                     (16, 64, 6, None, "backfill", "oea", True)])
 def test_backfill_over_the_kept_list_equals_backfill_over_all_experts(monkeypatch, T, E, K, M, mode, tier, ties):
     """The two reassignment paths of the kernel (pairwise places over the M kept experts, for
     budgets up to KEPT_LIST_MAX; K rounds of argmax over all E above) give identical routings,
-    ties in probability included."""
+    ties in probability included. `oea` (no budget) keeps at most T * k0 experts, its kept list's length."""
     import kernels.select as ks
 
-    x_TH, w_EH, active_T = _inputs(T, E, 16, seed=T + M)
+    x_TH, w_EH, active_T = _inputs(T, E, 16, seed=T + (M or 0))
     logits_TE = F.linear(x_TH, w_EH)
     if ties:  # equal logits: equal probabilities, broken by the lower expert id
         logits_TE[:, 1::2] = logits_TE[:, 0::2]
@@ -217,7 +218,8 @@ def test_backfill_over_the_kept_list_equals_backfill_over_all_experts(monkeypatc
     for limit in (ks.KEPT_LIST_MAX, 0):
         monkeypatch.setattr(ks, "KEPT_LIST_MAX", limit)
         out.append(route_select(logits_TE, K, active_T, M, norm_topk=True, rule=rule)[1])
-    assert torch.equal(out[0].keep_E, out[1].keep_E)
+    assert torch.equal(out[0].keep_E, out[1].keep_E) and torch.equal(out[0].keep_M, out[1].keep_M)
+    assert out[0].keep_M.shape == (min(E, T) if tier == "oea" else M,)
     assert torch.equal(out[0].topk_idx_TK, out[1].topk_idx_TK) and torch.equal(out[0].topk_w_TK, out[1].topk_w_TK)
 
 
