@@ -36,10 +36,10 @@ What a selector is, for the kernel:
            most the budget)
     REASSIGN  backfill | drop | similar (each dropped pair moves to the kept expert most similar
            to it, sim_EE)
-The reassignment (pass 2) has two forms, chosen by the budget: up to KEPT_LIST_MAX kept experts
-it ranks each token's candidates among the kept list by counting, pairwise, the candidates ahead
-of each (a (TB, M, M) comparison, no serial loop); above, and unbounded, K rounds of argmax over
-all E experts. Both give the same routing bit for bit (tests/test_route_kernel.py). When the union
+The reassignment (pass 2) ranks a token's candidates (kept originals first, then kept others by
+probability) in one of two forms, chosen by the budget: up to KEPT_LIST_MAX kept experts the
+candidates are the kept list and their places are counted pairwise (a (TB, M, M) comparison, no
+serial loop); above, and unbounded, the candidates are all E experts, picked by K rounds of argmax. Both give the same routing bit for bit (tests/test_route_kernel.py). When the union
 cannot exceed the budget (`union_fits`) pass 2 runs only for inactive tokens.
 Semantics match the references exactly except where they leave the order unspecified: ties in
 score go to the lower expert id (as `select_top_m`); ties in router probability (top-k, backfill,
@@ -353,86 +353,66 @@ def _route_select_kernel(
                 tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
                 tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
             else:
+                # a token's candidates: the kept list (budgets up to KEPT_LIST_MAX), else every expert
                 if M_BLOCK <= KEPT_LIST_MAX:
-                    # backfill over the kept list (M candidates, not E): each candidate's place among a
-                    # token's candidates is counted pairwise, so the K picks need no serial argmax
-                    p_TM = tl.load(probs_ptr + offs_t[:, None] * stride_pt + kid_M[None, :],
-                                   mask=t_ok[:, None] & kid_ok[None, :], other=0.0)
-                    orig_TM = tl.zeros((TB, M_BLOCK), dtype=tl.int1)
-                    origw_TM = tl.zeros((TB, M_BLOCK), dtype=tl.float32)
-                    lost_T = tl.zeros((TB,), dtype=tl.int1)
-                    wsum_T = tl.zeros((TB,), dtype=tl.float32)
-                    psum_T = tl.zeros((TB,), dtype=tl.float32)
-                    for k in tl.static_range(K):
-                        sel_k = offs_k[None, :] == k
-                        i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
-                        w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
-                        hit = (i_T[:, None] == kid_M[None, :]) & kid_ok[None, :]
-                        orig_TM = orig_TM | hit
-                        origw_TM = tl.where(hit, w_T[:, None], origw_TM)
-                        lost_T = lost_T | (tl.sum(hit.to(tl.int32), axis=1) == 0)
-                        wsum_T += w_T
-                        psum_T += tl.load(probs_ptr + offs_t * stride_pt + i_T, mask=t_ok, other=0.0)
-                    rank_TM = tl.where(orig_TM, p_TM + 2.0, -1.0)
-                    if REASSIGN == 0:
-                        rank_TM = tl.where(~orig_TM & kid_ok[None, :], p_TM, rank_TM)
-                    rank_TM = tl.where(kid_ok[None, :], rank_TM, -3.0)
-                    scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
-                    # place of candidate m = candidates ahead of it (higher rank, or equal and a lower id)
-                    r_TMN = rank_TM[:, None, :]
-                    r_TNM = rank_TM[:, :, None]
-                    ahead_TMN = (r_TMN > r_TNM) | ((r_TMN == r_TNM) & (kid_M[None, None, :] < kid_M[None, :, None]))
-                    place_TM = tl.sum(ahead_TMN.to(tl.int32), axis=2)
+                    cand_C, valid_C, kept_C = kid_M, kid_ok, kid_ok
+                else:
+                    cand_C, valid_C, kept_C = offs_e, e_ok, keep_E
+                p_TC = tl.load(probs_ptr + offs_t[:, None] * stride_pt + cand_C[None, :],
+                               mask=t_ok[:, None] & valid_C[None, :], other=0.0)
+                orig_TC = tl.zeros_like(p_TC) != 0
+                origw_TC = tl.zeros_like(p_TC)
+                lost_T = tl.zeros((TB,), dtype=tl.int1)
+                wsum_T = tl.zeros((TB,), dtype=tl.float32)
+                psum_T = tl.zeros((TB,), dtype=tl.float32)
+                for k in tl.static_range(K):
+                    sel_k = offs_k[None, :] == k
+                    i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                    w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
+                    hit = (i_T[:, None] == cand_C[None, :]) & valid_C[None, :]
+                    orig_TC = orig_TC | hit
+                    origw_TC = tl.where(hit, w_T[:, None], origw_TC)
+                    lost_T = lost_T | (tl.sum((hit & kept_C[None, :]).to(tl.int32), axis=1) == 0)
+                    wsum_T += w_T
+                    psum_T += tl.load(probs_ptr + offs_t * stride_pt + i_T, mask=t_ok, other=0.0)
+                # kept originals first (probs + 2 > any prob), then kept others by probability, then none
+                rank_TC = tl.where(orig_TC & kept_C[None, :], p_TC + 2.0, -1.0)
+                if REASSIGN == 0:
+                    rank_TC = tl.where(~orig_TC & kept_C[None, :], p_TC, rank_TC)
+                rank_TC = tl.where(valid_C[None, :], rank_TC, -3.0)
+                scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
+                # rank >= 2 marks a kept original (its own weight); else rank is the probability
+                nw_TC = tl.where(rank_TC >= 1.5, origw_TC, rank_TC * scale_T[:, None])
+                if M_BLOCK <= KEPT_LIST_MAX:
+                    # place of candidate c = candidates ahead of it (higher rank, or equal and a lower
+                    # id): the K picks at once, no serial argmax
+                    r_TCN = rank_TC[:, None, :]
+                    r_TNC = rank_TC[:, :, None]
+                    ahead = (r_TCN > r_TNC) | ((r_TCN == r_TNC) & (cand_C[None, None, :] < cand_C[None, :, None]))
+                    place_TC = tl.sum(ahead.to(tl.int32), axis=2)
                     # slot k takes the candidate in place k, if it exists and ranks >= 0
-                    at_TMK = ((place_TM[:, :, None] == offs_k[None, None, :]) & (rank_TM >= 0)[:, :, None]
+                    at_TCK = ((place_TC[:, :, None] == offs_k[None, None, :]) & (rank_TC >= 0)[:, :, None]
                               & k_ok[None, None, :])
-                    filled_TK = tl.sum(at_TMK.to(tl.int32), axis=1) > 0
-                    nidx_TK = tl.sum(tl.where(at_TMK, kid_M[None, :, None], 0), axis=1)
-                    # rank >= 2 marks a kept original (its own weight); else rank is the probability
-                    nw_TM = tl.where(rank_TM >= 1.5, origw_TM, rank_TM * scale_T[:, None])
-                    nw_TK = tl.sum(tl.where(at_TMK, nw_TM[:, :, None], 0.0), axis=1)
+                    filled_TK = tl.sum(at_TCK.to(tl.int32), axis=1) > 0
+                    nidx_TK = tl.sum(tl.where(at_TCK, cand_C[None, :, None], 0), axis=1)
+                    nw_TK = tl.sum(tl.where(at_TCK, nw_TC[:, :, None], 0.0), axis=1)
                     first_ok_T = tl.sum((filled_TK & (offs_k[None, :] == 0)).to(tl.int32), axis=1) > 0
                     first_T = tl.where(first_ok_T, tl.sum(tl.where(offs_k[None, :] == 0, nidx_TK, 0), axis=1), best)
                 else:
-                    probs_TE = tl.load(probs_ptr + offs_t[:, None] * stride_pt + offs_e[None, :],
-                                       mask=t_ok[:, None] & e_ok[None, :], other=0.0)
-                    orig_TE = tl.zeros((TB, E_BLOCK), dtype=tl.int1)
-                    origw_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-                    wsum_T = tl.zeros((TB,), dtype=tl.float32)
-                    psum_T = tl.zeros((TB,), dtype=tl.float32)
-                    for k in tl.static_range(K):
-                        sel_k = offs_k[None, :] == k
-                        i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
-                        w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
-                        hit = i_T[:, None] == offs_e[None, :]
-                        orig_TE = orig_TE | hit
-                        origw_TE = tl.where(hit, w_T[:, None], origw_TE)
-                        wsum_T += w_T
-                        psum_T += tl.sum(tl.where(hit, probs_TE, 0.0), axis=1)
-                    lost_T = tl.sum((orig_TE & ~keep_E[None, :]).to(tl.int32), axis=1) > 0
-                    # kept originals first (probs + 2 > any prob), then kept others by probability, then none
-                    rank_TE = tl.where(orig_TE & keep_E[None, :], probs_TE + 2.0, -1.0)
-                    if REASSIGN == 0:
-                        rank_TE = tl.where(~orig_TE & keep_E[None, :], probs_TE, rank_TE)
-                    rank_TE = tl.where(e_ok[None, :], rank_TE, -3.0)
-                    scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
-
                     nidx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
                     nw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
                     filled_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int1)
                     first_T = tl.zeros((TB,), dtype=tl.int32)
                     for k in tl.static_range(K):  # K rounds of argmax = topk(K), ties to the lower id
-                        v_T, j_T = tl.max(rank_TE, axis=1, return_indices=True, return_indices_tie_break_left=True)
-                        pick_TE = offs_e[None, :] == j_T[:, None]
+                        v_T, j_T = tl.max(rank_TC, axis=1, return_indices=True, return_indices_tie_break_left=True)
+                        pick_TC = offs_e[None, :] == j_T[:, None]
                         filled_T = v_T >= 0
-                        # rank >= 2 marks a kept original (its own weight); else rank is the probability
-                        ow_T = tl.sum(tl.where(pick_TE, origw_TE, 0.0), axis=1)
-                        nw_T = tl.where(filled_T, tl.where(v_T >= 1.5, ow_T, v_T * scale_T), 0.0)
+                        nw_T = tl.where(filled_T, tl.sum(tl.where(pick_TC, nw_TC, 0.0), axis=1), 0.0)
                         slot = offs_k[None, :] == k
                         nidx_TK = tl.where(slot, j_T[:, None], nidx_TK)
                         nw_TK = tl.where(slot, nw_T[:, None], nw_TK)
                         filled_TK = tl.where(slot, filled_T[:, None], filled_TK)
-                        rank_TE = tl.where(pick_TE, -4.0, rank_TE)
+                        rank_TC = tl.where(pick_TC, -4.0, rank_TC)
                         if k == 0:
                             first_T = tl.where(filled_T, j_T, best)
                 if RENORMALIZE:
