@@ -39,8 +39,9 @@ What a selector is, for the kernel:
 The reassignment (pass 2) ranks a token's candidates (kept originals first, then kept others by
 probability) in one of two forms, chosen by the budget: up to KEPT_LIST_MAX kept experts the
 candidates are the kept list and their places are counted pairwise (a (TB, M, M) comparison, no
-serial loop); above, and unbounded, the candidates are all E experts, picked by K rounds of argmax. Both give the same routing bit for bit (tests/test_route_kernel.py). When the union
-cannot exceed the budget (`union_fits`) pass 2 runs only for inactive tokens.
+serial loop); above, and unbounded, the candidates are all E experts, picked by K rounds of
+argmax. Both give the same routing bit for bit (tests/test_route_kernel.py). When the union cannot
+exceed the budget (`union_fits`) pass 2 runs only for inactive tokens.
 Semantics match the references exactly except where they leave the order unspecified: ties in
 score go to the lower expert id (as `select_top_m`); ties in router probability (top-k, backfill,
 anchors) go to the lower expert id / slot.
@@ -137,7 +138,7 @@ def _route_select_kernel(
     RENORMALIZE: tl.constexpr,
     SELECT: tl.constexpr,  # False: nothing can be dropped (the union fits); tokens keep their routing
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
-    KEPT_LIST_MAX: tl.constexpr,  # backfill over the kept list when M_BLOCK <= this (else over all E)
+    KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
 ):
     """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
     # ---------------------------------------------------------------- the router GEMV (GEMV)
@@ -193,7 +194,8 @@ def _route_select_kernel(
             te_ok = t_ok[:, None] & e_ok[None, :]
             tk_ok = t_ok[:, None] & k_ok[None, :]
             act_T = tl.load(active_ptr + offs_t, mask=t_ok, other=0) != 0
-            n_idle += tl.sum((t_ok & ~act_T).to(tl.int32), axis=0)
+            if not SELECT:
+                n_idle += tl.sum((t_ok & ~act_T).to(tl.int32), axis=0)
             if SCORE_IN_KERNEL and KIND == 4:
                 # the whole tile, issued first so its latency overlaps the routing
                 g_TE = tl.load(g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=te_ok, other=0.0,
@@ -324,7 +326,7 @@ def _route_select_kernel(
         tl.store(keep_e_ptr + offs_e, keep_E, mask=e_ok)
         # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
         best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
-        if M_BLOCK <= KEPT_LIST_MAX:  # the kept ids by rank, as a vector (the backfill's candidates)
+        if KEPT_LIST:  # the kept ids by rank, as a vector (the backfill's candidates)
             offs_km = tl.arange(0, M_BLOCK)
             kid_M = tl.sum(tl.where(keep_E[None, :] & (rank_E[None, :] == offs_km[:, None]), offs_e[None, :], 0), axis=1)
             kid_ok = offs_km < n_keep
@@ -354,7 +356,7 @@ def _route_select_kernel(
                 tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
             else:
                 # a token's candidates: the kept list (budgets up to KEPT_LIST_MAX), else every expert
-                if M_BLOCK <= KEPT_LIST_MAX:
+                if KEPT_LIST:
                     cand_C, valid_C, kept_C = kid_M, kid_ok, kid_ok
                 else:
                     cand_C, valid_C, kept_C = offs_e, e_ok, keep_E
@@ -365,6 +367,9 @@ def _route_select_kernel(
                 lost_T = tl.zeros((TB,), dtype=tl.int1)
                 wsum_T = tl.zeros((TB,), dtype=tl.float32)
                 psum_T = tl.zeros((TB,), dtype=tl.float32)
+                # the probabilities of a token's own choices, in one gather (non-kept ones included)
+                pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0), mask=tk_ok,
+                                other=0.0)
                 for k in tl.static_range(K):
                     sel_k = offs_k[None, :] == k
                     i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
@@ -374,7 +379,7 @@ def _route_select_kernel(
                     origw_TC = tl.where(hit, w_T[:, None], origw_TC)
                     lost_T = lost_T | (tl.sum((hit & kept_C[None, :]).to(tl.int32), axis=1) == 0)
                     wsum_T += w_T
-                    psum_T += tl.load(probs_ptr + offs_t * stride_pt + i_T, mask=t_ok, other=0.0)
+                    psum_T += tl.sum(tl.where(sel_k, pk_TK, 0.0), axis=1)
                 # kept originals first (probs + 2 > any prob), then kept others by probability, then none
                 rank_TC = tl.where(orig_TC & kept_C[None, :], p_TC + 2.0, -1.0)
                 if REASSIGN == 0:
@@ -383,7 +388,7 @@ def _route_select_kernel(
                 scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
                 # rank >= 2 marks a kept original (its own weight); else rank is the probability
                 nw_TC = tl.where(rank_TC >= 1.5, origw_TC, rank_TC * scale_T[:, None])
-                if M_BLOCK <= KEPT_LIST_MAX:
+                if KEPT_LIST:
                     # place of candidate c = candidates ahead of it (higher rank, or equal and a lower
                     # id): the K picks at once, no serial argmax
                     r_TCN = rank_TC[:, None, :]
@@ -554,7 +559,7 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
         SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
         REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
-        SELECT=not union_fits(rule, budget, T, K, E), M_BLOCK=next_pow2(M), KEPT_LIST_MAX=KEPT_LIST_MAX,
+        SELECT=not union_fits(rule, budget, T, K, E), M_BLOCK=next_pow2(M), KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX,
         num_warps=4 if E_BLOCK <= 64 else 8,
     )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
