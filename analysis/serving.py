@@ -33,7 +33,11 @@ CELL = ["model", "routing", "slots", "variant", "method", "budget", "rate"]
 MEASURES = {"output_throughput": "tok_s", "request_throughput": "req_s", "ttft_ms_p50": "ttft_p50",
             "ttft_ms_p99": "ttft_p99", "tpot_ms_p50": "tpot_p50", "tpot_ms_p99": "tpot_p99",
             "itl_ms_p50": "itl_p50", "itl_ms_p99": "itl_p99", "e2el_ms_p50": "e2el_p50", "e2el_ms_p99": "e2el_p99",
-            "goodput": "goodput", "good_fraction": "good_fraction", "speedup_vs_dense": "speedup"}
+            "goodput": "goodput", "good_fraction": "good_fraction", "speedup_vs_dense": "speedup",
+            "occupancy_mean": "occupancy", "step_ms_median": "step_ms", "gap_ms_median": "gap_ms",
+            "launch_ms_median": "launch_ms"}
+# the decode step inside the stream (runs before 2026-12-02's second session lack gap and launch times)
+STEP_COLS = ["occupancy", "step_ms", "gap_ms", "launch_ms"]
 
 
 def load(root: Path) -> pd.DataFrame:
@@ -58,7 +62,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                                         "positions": ",".join(map(str, sorted(g["position"].unique()))),
                                         "captures": g["captures"].max() if "captures" in g else np.nan}
         for col, name in MEASURES.items():
-            v = g[col].dropna()
+            v = g[col].dropna() if col in g else pd.Series(dtype=float)
             row[name] = v.median() if len(v) else np.nan
             row[f"{name}_min"], row[f"{name}_max"] = (v.min(), v.max()) if len(v) else (np.nan, np.nan)
         rows.append(row)
@@ -117,9 +121,23 @@ def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
             "served in (the order rotates); `captures`: the most CUDA graphs any of its streams captured (0: the "
             "warm-up covered every shape); burst: every request at once.\n\n"
             + show[cols].to_markdown(index=False, floatfmt=".1f")
+            + _step_table(t)
             + "\n\nHighest median goodput over the rates run, per variant (`at`: the rate where it was reached; "
               "a coarse grid of rates bounds what it can show):\n\n"
             + best.to_markdown(index=False, floatfmt=".2f") + "\n")
+
+
+def _step_table(t: pd.DataFrame) -> str:
+    have = [c for c in STEP_COLS if t[c].notna().any()]
+    if not have:
+        return ""
+    show = t.assign(rate=t["rate"].map(_rate), budget=t["budget"].map(_budget),
+                    **{c: _spread(t, c, ".2f") for c in have})
+    return ("\n\nThe decode-only steps inside the streams (medians per stream, then the median and range over "
+            "repeats): `occupancy`: requests decoding per step (decode and mixed steps); `step_ms`: device time "
+            "between CUDA events around a replayed step; `gap_ms`: device time from the end of the forward before "
+            "it to its start (the GPU waiting for the host); `launch_ms`: host time to launch it.\n\n"
+            + show[["routing", "slots", "rate", "variant", "budget"] + have].to_markdown(index=False))
 
 
 MARKERS = {None: "o", 16: "o", 10: "s"}

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy import stats
 
 from base.runtime.arrivals import arrival_times
@@ -125,6 +126,12 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     prompts = requests.groupby(key)["prompt_tokens"].sum()
     assert streams.set_index(key)["prompt_tokens"].sort_index().equals(prompts.sort_index())
     assert (streams["packing"] == "packed").all() and (streams["mixed_steps"] == 0).all()
+    # the stream's own step timings, and the probe of each variant's step with every slot decoding
+    assert (streams["gap_ms_median"] >= 0).all() and (streams["launch_ms_median"] > 0).all()
+    probe = pd.read_csv(out / "step_probe.csv")
+    assert probe["variant"].tolist() == ["dense", "base"] and (probe["slots"] == 2).all()
+    assert (probe["full_step_ms"] > 0).all() and (probe["kernels_per_layer"] > 0).all()
+    assert (probe["expert_FFN_ms"] > 0).all() and (probe["attention_kernels_per_layer"] > 0).all()
     # the order rotates: dense first in repeat 0, second in repeat 1
     dense = streams[streams["variant"] == "dense"].drop_duplicates("repeat").set_index("repeat")["position"]
     assert dense.to_dict() == {0: 1, 1: 2}
@@ -150,6 +157,19 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
         assert s["tpot_ms_p50"] == pytest.approx(np.percentile(g["tpot_ms"], 50))
         assert s["output_throughput"] == pytest.approx(s["output_tokens"] / s["duration_s"])
         assert math.isclose(s["goodput"], ((g["ttft_ms"] <= 500) & (g["tpot_ms"] <= 25)).sum() / s["duration_s"])
+
+
+def test_a_token_buffer_reused_before_it_was_read_is_refused():
+    from base.runtime.continuous import TokenRing
+
+    ring = TokenRing(4, torch.long, pin=False)
+    first, gen = ring.next()
+    assert ring.holds(first, gen)
+    for _ in range(TokenRing.SIZE - 1):
+        ring.next()
+    assert ring.holds(first, gen)  # SIZE - 1 later snapshots: its buffer is still its own
+    again, _ = ring.next()
+    assert again is first and not ring.holds(first, gen)
 
 
 # ------------------------------------------------------------------------------------- analysis

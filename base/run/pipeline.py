@@ -213,6 +213,7 @@ def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], lo
     _, streams, info = measure_serving(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream,
                                        cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit, cfg.scheduler)
     logger.table("serve", streams)
+    outputs.write_table(out / "step_probe.csv", [{**tag, **r} for r in info["step_probe"]])
     report["serve"] = streams
     report["serve_info"] = info
     report["serve_config"] = vars(cfg.serve)

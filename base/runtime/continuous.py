@@ -64,12 +64,18 @@ DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 
 
 class HostTokens:
-    """Every slot's newest token on its way to the host (page-locked memory on a GPU)."""
+    """Every slot's newest token on its way to the host: an asynchronous copy into one buffer of
+    the engine's ring of page-locked buffers (a GPU), or a clone (a CPU).
 
-    def __init__(self, tok_B: Tensor) -> None:
-        self.event = None
-        if tok_B.is_cuda:
-            self.host_B = torch.empty(tok_B.shape, dtype=tok_B.dtype, pin_memory=True)
+    Why a ring: a fresh page-locked buffer per step goes through the host allocator (cudaHostAlloc
+    when its cache is empty) on the host's critical path. A buffer is reused `TokenRing.SIZE`
+    snapshots later; `get()` raises if it was reused before it was read (the scheduler reads each
+    snapshot one or two steps after it)."""
+
+    def __init__(self, tok_B: Tensor, ring: TokenRing | None = None) -> None:
+        self.event, self.ring = None, ring
+        if tok_B.is_cuda and ring is not None:
+            self.host_B, self.generation = ring.next()
             self.host_B.copy_(tok_B, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
@@ -80,7 +86,28 @@ class HostTokens:
         """The tokens; waits for this copy (and the forwards before it) only."""
         if self.event is not None:
             self.event.synchronize()
+            if not self.ring.holds(self.host_B, self.generation):
+                raise RuntimeError(f"a token snapshot was read after {TokenRing.SIZE} later snapshots reused its buffer")
         return self.host_B.tolist()
+
+
+class TokenRing:
+    """SIZE page-locked (B,) buffers, handed out in turn, each with a generation count."""
+
+    SIZE = 8
+
+    def __init__(self, B: int, dtype: torch.dtype, pin: bool = True) -> None:
+        self.bufs = [torch.empty(B, dtype=dtype, pin_memory=pin) for _ in range(self.SIZE)]
+        self.taken = 0  # buffers handed out so far
+
+    def next(self) -> tuple[Tensor, int]:
+        buf = self.bufs[self.taken % self.SIZE]
+        self.taken += 1
+        return buf, self.taken
+
+    def holds(self, buf: Tensor, generation: int) -> bool:
+        """Whether `buf` was not handed out again since `generation`."""
+        return self.taken - generation < self.SIZE
 
 
 class ContinuousEngine(DecodeEngine):
@@ -102,6 +129,7 @@ class ContinuousEngine(DecodeEngine):
         self.slot_L = torch.arange(L + 1, device=dev)
         self.mask_1111 = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)  # packed: attention ignores it
         self.graphs = StepGraphs(self.graph_enabled)
+        self.token_ring = TokenRing(B, self.tok_B1.dtype) if dev.type == "cuda" else None
 
     # ---- host-side control ---------------------------------------------------------------------
     @property
@@ -135,7 +163,7 @@ class ContinuousEngine(DecodeEngine):
 
     def snapshot(self) -> HostTokens:
         """Every slot's newest token, copied to the host asynchronously (read with .get())."""
-        return HostTokens(self.tok_B1[:, 0])
+        return HostTokens(self.tok_B1[:, 0], self.token_ring)
 
     def use_eager_capture(self) -> None:
         """Tests on a CPU: 'capture' and 'replay' by running the step, so the capture bookkeeping

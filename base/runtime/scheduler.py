@@ -27,6 +27,7 @@ Shapes: B slots.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -89,6 +90,9 @@ class ServeStats:
     prefill_s: float = 0.0  # the prefill forwards
     prompt_tokens: int = 0  # prompt tokens in prefill forwards
     mixed_prompt_tokens: int = 0  # prompt tokens in mixed steps
+    gap_s: list[float] = field(default_factory=list)  # each decode-only step: device time from the end of
+    # the forward before it to its start (the GPU idle, waiting for the host), 0 for the first forward
+    launch_s: list[float] = field(default_factory=list)  # each decode-only step: host time to launch it
     captures: int = 0  # CUDA graphs captured during the stream (0 after a warm-up that covered every shape)
 
     def summary(self) -> dict[str, float | int | None]:
@@ -105,7 +109,15 @@ class ServeStats:
                 "prefill_s": self.prefill_s, "prompt_tokens": self.prompt_tokens,
                 "prefill_tokens_per_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else None,
                 "mixed_s": sum(self.mixed_s), "mixed_prompt_tokens": self.mixed_prompt_tokens,
-                "eager_steps": sum(self.eager), "captures": self.captures}
+                "eager_steps": sum(self.eager), "captures": self.captures,
+                "gap_ms_median": _median_ms(self.gap_s, self.eager),
+                "launch_ms_median": _median_ms(self.launch_s, self.eager)}
+
+
+def _median_ms(seconds: list[float], eager: list[bool]) -> float | None:
+    """Over the replayed steps (on a CPU, where every step is eager: over all)."""
+    replayed = [s for s, e in zip(seconds, eager) if not e] or seconds
+    return 1e3 * statistics.median(replayed) if replayed else None
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -157,6 +169,13 @@ class _Clock:
             return span[0].elapsed_time(span[1]) / 1e3
         return span
 
+    def gap(self, before, span) -> float:
+        """Device time from the end of `before` to the start of `span` (0 on a CPU, where the
+        host's own gaps are the launch times)."""
+        if self.cuda and before is not None:
+            return max(0.0, before[1].elapsed_time(span[0]) / 1e3)
+        return 0.0
+
 
 @dataclass
 class _Forward:
@@ -166,6 +185,7 @@ class _Forward:
     span: object
     eager: bool
     prompt_tokens: int
+    launch_s: float  # host time the launch took
     occupied: int = 0  # requests that took a token from it as a decode step (set when read)
 
 
@@ -214,6 +234,7 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
     def read(f: _Forward) -> None:
         """Hand a launched forward's tokens to their requests; end those whose stop says so."""
         new = f.tokens.get()
+        f.tokens = None  # its page-locked buffer goes back to the engine's ring
         t = now()
         for slot, i, first in f.emits:
             if i not in live:  # ended before this forward's token (a late host stop): dropped
@@ -235,9 +256,11 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
 
     def launch(kind: str, run: Callable[[], None], emits: list[tuple[int, int, bool]], prompt: int = 0) -> None:
         eager0 = engine.graphs.eager
+        t = time.perf_counter()
         span = clock.around(run)
+        t = time.perf_counter() - t
         f = _Forward(kind, emits, engine.snapshot(), span, engine.graphs.eager > eager0 or kind == "padded",
-                     prompt)
+                     prompt, t)
         forwards.append(f)
         inflight.append(f)
         while len(inflight) > (1 if policy.overlap else 0):
@@ -327,13 +350,17 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             time.sleep(max(0.0, requests[order[0]].arrival_s - now()))
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
+    before = None
     for f in forwards:
         s = clock.seconds(f.span)
+        gap, before = clock.gap(before, f.span), f.span
         if f.kind == "decode":
             stats.steps += 1
             stats.occupied.append(f.occupied)
             stats.step_s.append(s)
             stats.eager.append(f.eager)
+            stats.gap_s.append(gap)
+            stats.launch_s.append(f.launch_s)
         elif f.kind == "mixed":
             stats.mixed_steps += 1
             stats.mixed_occupied.append(f.occupied)

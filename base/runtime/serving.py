@@ -30,7 +30,11 @@ variants' order rotated, per-request latency and goodput.
             forwards and their seconds and prompt tokens/s, mixed steps and their share, the median
             replayed decode step, the steps run eagerly and the graphs captured during the stream
             (0 after a warm-up that covered every shape; on a CPU every step is eager, and the
-            figures check the bookkeeping, not speed)
+            figures check the bookkeeping, not speed); the device time between forwards (`gap`)
+            and the host time to launch each step
+  probe     once per variant and slot count (first repeat, packed prefill), before its streams:
+            the engine's decode step with every slot decoding, replayed back to back, and its
+            kernels by class (base/runtime/step_probe.py) -> report.json's serve_info.step_probe
 
 Statistics are not recorded (the recorder adds kernels to the step): union and kept experts per
 variant are what stream mode measures.
@@ -52,6 +56,7 @@ from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Finished, Request, ServeStats, serve
 from base.runtime.serve_metrics import Slo, request_metrics, stream_metrics
+from base.runtime.step_probe import probe_decode_step
 from base.runtime.stream import make_stream
 from base.runtime.throughput import Variant
 
@@ -136,7 +141,7 @@ def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo
             **stream_metrics(rows, max(r["last_token_s"] for r in rows), slo),
             **{k: counts[k] for k in ("occupancy_mean", "steps", "mixed_steps", "mixed_share", "rounds", "prefills",
                                       "prefill_s", "prompt_tokens", "prefill_tokens_per_s", "eager_steps",
-                                      "captures")},
+                                      "captures", "gap_ms_median", "launch_ms_median")},
             "step_ms_median": 1e3 * statistics.median(replayed) if replayed else None}
 
 
@@ -153,7 +158,7 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
     slo = Slo(cfg.slo_ttft_ms, cfg.slo_tpot_ms)
     request_rows: list[dict] = []
     stream_rows: list[dict] = []
-    info: dict[str, Any] = {"warmup_s": {}, "orders": []}
+    info: dict[str, Any] = {"warmup_s": {}, "orders": [], "step_probe": []}
     for slots in tp.batch_sizes:
         requests = make_stream(cfg.requests, vocab, stream_cfg, seed + slots, lengths)  # stream.rate: null
         schedules = {rate: arrival_times(len(requests), rate, seed + slots) for rate in cfg.rates}
@@ -170,6 +175,12 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
             for position, v in enumerate(order, 1):
                 with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
                     _warm_engine(engine, scheduler, requests)
+                    if repeat == 0 and scheduler.packing == "packed":
+                        probe = probe_decode_step(engine, [r.ids for r in requests])
+                        info["step_probe"].append({"slots": slots, "variant": v.label, "budget": v.budget, **probe})
+                        print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding, "
+                              f"{probe['full_step_ms']:.2f} ms per replayed step, "
+                              f"{probe['kernels_per_layer']:.1f} kernels per layer", flush=True)
                     for rate in cfg.rates:
                         stream = [replace(r, arrival_s=a) for r, a in zip(requests, schedules[rate])]
                         done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
