@@ -6,15 +6,21 @@ filled part of the cache read (split-KV "flash decoding").
 Why: in a decode step the attention reads each layer's K/V once and does almost no arithmetic, so
 its cost is launches and bytes. The PyTorch form (a batched matmul per KV head, a masked softmax,
 another matmul) is four or five kernels reading the whole static cache, most of it empty at the
-start of a generation. This is two launches reading only the slots up to the newest one written:
+start of a generation. This is one launch reading only the slots up to the newest one written:
 
-    _decode_partial  grid (B*K, S): program (bk, s) takes KV head k of row b and the s-th of S
+    _decode_attention  grid (B*K, S): program (bk, s) takes KV head k of row b and the s-th of S
                      equal shares of the first n = last_slot + 1 slots (read on the device, so the
                      share grows as the cache fills without recompiling or syncing). The G query
                      heads of the group are the rows of a [G, D] x [D, N] tile (padded to 16 rows
-                     for tl.dot); online softmax over N-slot blocks; writes the share's running
-                     max, sum and unnormalised output.
-    _decode_combine  grid (B*K): rescales and sums the S shares; writes (B, Hq, E).
+                     for tl.dot); online softmax over N-slot blocks. With S = 1 the program writes
+                     its (G, E) output; else it writes the share's running max, sum and
+                     unnormalised output, and the LAST of the S programs of (b, k) to finish (an
+                     arrival counter per (b, k), incremented with release/acquire semantics, reset
+                     by that program) rescales and sums the S shares into (B, Hq, E).
+
+Why one launch: until 2026-12-02 the combine was a second kernel, one more launch per layer of a
+decode step (48 on Qwen3-30B-A3B), each a few microseconds of launch and ramp-up for a few
+kilobytes of work.
 
 Masking: `allowed_BL` (bool, row b may attend to slot l: filled, not padding, inside a sliding
 window) is applied per slot; slots after last_slot are never read. A row with no allowed slot
@@ -23,7 +29,10 @@ returns zeros (the PyTorch form would return NaN; the engine never asks for one)
 Shapes: B batch rows, Hq query heads, K KV heads, G = Hq / K, L cache slots, D key size, E value
 size (D != E allowed: DeepSeek's MLA). Any float dtype; scores and softmax in float32.
 Graph safety: no host sync, shapes fixed for given (B, Hq, K, L, D, E); S is chosen on the host
-from these shapes only. Scratch buffers come from the caching allocator (the graph's pool).
+from these shapes only. Scratch buffers come from the caching allocator (the graph's pool); the
+arrival counters (`arrival_counters`) live for the process and return to 0 after every launch, so
+a captured launch replays. Launches that may run concurrently on one device must not share
+counters: the engine runs one layer's attention at a time on one stream.
 Reference: `decode_attention_reference` below (per head over K/V repeated per group), tested
 against it in tests/test_kernels.py (interpreter on the CPU, compiled on the GPU).
 Tuning: BLOCK_N = 64 slots, 4 warps; S targets about two programs per SM of an H200 (132 SMs).
@@ -41,11 +50,12 @@ TARGET_PROGRAMS = 264
 
 
 @dual_jit
-def _decode_partial(
-    q_ptr, k_ptr, v_ptr, allowed_ptr, last_ptr, m_ptr, l_ptr, acc_ptr,
+def _decode_attention(
+    q_ptr, k_ptr, v_ptr, allowed_ptr, last_ptr, m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr,
     scaling, K, G, D, E, S,
-    sq_b, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, sa_b,
+    sq_b, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, sa_b, so_b, so_h,
     G_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    ONE_SHARE: tl.constexpr,
 ):
     bk = tl.program_id(0)
     s = tl.program_id(1)
@@ -82,36 +92,45 @@ def _decode_partial(
         acc_GE = acc_GE * alpha[:, None] + tl.dot(p_GN.to(v_NE.dtype), v_NE, input_precision="ieee").to(tl.float32)
         l_G = l_G * alpha + tl.sum(p_GN, axis=1)
         m_G = m_new
-    row = (bk * S + s) * G_BLOCK + g
-    tl.store(m_ptr + row, m_G)
-    tl.store(l_ptr + row, l_G)
-    tl.store(acc_ptr + row[:, None] * E_BLOCK + e[None, :], acc_GE)
-
-
-@dual_jit
-def _decode_combine(
-    m_ptr, l_ptr, acc_ptr, out_ptr, K, G, E, S, so_b, so_h,
-    G_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
-):
-    bk = tl.program_id(0)
-    b = bk // K
-    kh = bk % K
-    g = tl.arange(0, G_BLOCK)
-    e = tl.arange(0, E_BLOCK)
-    m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
-    for s in range(0, S):
-        m_G = tl.maximum(m_G, tl.load(m_ptr + (bk * S + s) * G_BLOCK + g))
-    m_safe = tl.where(m_G == float("-inf"), 0.0, m_G)
-    l_G = tl.zeros((G_BLOCK,), tl.float32)
-    acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
-    for s in range(0, S):
+    out_mask = g_ok[:, None] & (e[None, :] < E)
+    out_at = out_ptr + b * so_b + (kh * G + g)[:, None] * so_h + e[None, :]
+    if ONE_SHARE:  # the whole cache in this program: normalise and write
+        tl.store(out_at, (acc_GE / tl.where(l_G > 0, l_G, 1.0)[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
         row = (bk * S + s) * G_BLOCK + g
-        w_G = tl.exp(tl.load(m_ptr + row) - m_safe)
-        l_G += w_G * tl.load(l_ptr + row)
-        acc_GE += w_G[:, None] * tl.load(acc_ptr + row[:, None] * E_BLOCK + e[None, :])
-    out_GE = acc_GE / tl.where(l_G > 0, l_G, 1.0)[:, None]
-    tl.store(out_ptr + b * so_b + (kh * G + g)[:, None] * so_h + e[None, :],
-             out_GE.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None] & (e[None, :] < E))
+        tl.store(m_ptr + row, m_G)
+        tl.store(l_ptr + row, l_G)
+        tl.store(acc_ptr + row[:, None] * E_BLOCK + e[None, :], acc_GE)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(count_ptr + bk, 1, sem="acq_rel", scope="gpu")
+        if arrived == S - 1:  # the last share of (row, KV head) to finish combines all S
+            tl.store(count_ptr + bk, 0)  # back to 0 for the next launch (a graph replays it)
+            m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
+            for t in range(0, S):
+                m_G = tl.maximum(m_G, tl.load(m_ptr + (bk * S + t) * G_BLOCK + g, cache_modifier=".cg"))
+            m_safe = tl.where(m_G == float("-inf"), 0.0, m_G)
+            l_G = tl.zeros((G_BLOCK,), tl.float32)
+            acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
+            for t in range(0, S):
+                r = (bk * S + t) * G_BLOCK + g
+                w_G = tl.exp(tl.load(m_ptr + r, cache_modifier=".cg") - m_safe)
+                l_G += w_G * tl.load(l_ptr + r, cache_modifier=".cg")
+                acc_GE += w_G[:, None] * tl.load(acc_ptr + r[:, None] * E_BLOCK + e[None, :], cache_modifier=".cg")
+            tl.store(out_at, (acc_GE / tl.where(l_G > 0, l_G, 1.0)[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=out_mask)
+
+
+_COUNTERS: dict[torch.device, list[Tensor]] = {}  # per device: the arrival counters, every one ever made
+
+
+def arrival_counters(n: int, device: torch.device) -> Tensor:
+    """n int32 counters at 0, one per (row, KV head): each launch's last share resets its own.
+    Kept for the process's life, never reallocated under a captured graph: a launch that needs more
+    makes a larger buffer (the graphs captured with the old one keep it alive in the list)."""
+    held = _COUNTERS.setdefault(torch.device(device), [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def splits_for(batch_kv_heads: int, slots: int) -> int:
@@ -136,18 +155,14 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
     m = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
     l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
     acc = empty(B * K * S * G_BLOCK, E_BLOCK, dtype=torch.float32, device=dev)
+    out = torch.empty(B, Hq, E, dtype=q_BHD.dtype, device=dev)
     allowed = allowed_BL.view(torch.uint8) if allowed_BL.dtype == torch.bool else allowed_BL
-    _decode_partial.on(dev)[(B * K, S)](
-        q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc,
+    _decode_attention.on(dev)[(B * K, S)](
+        q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc, arrival_counters(B * K, dev), out,
         float(scaling), K, G, D, E, S,
         q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
-        v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0),
-        G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=BLOCK_N, num_warps=4,
-    )  # fmt: skip
-    out = torch.empty(B, Hq, E, dtype=q_BHD.dtype, device=dev)
-    _decode_combine.on(dev)[(B * K,)](
-        m, l_, acc, out, K, G, E, S, out.stride(0), out.stride(1),
-        G_BLOCK=G_BLOCK, E_BLOCK=E_BLOCK, num_warps=4,
+        v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0), out.stride(0), out.stride(1),
+        G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=BLOCK_N, ONE_SHARE=S == 1, num_warps=4,
     )  # fmt: skip
     return out
 

@@ -466,18 +466,46 @@ def test_decode_attention_matches_reference(B, Hq, K, L, D, E, last):
     assert out[-1].abs().max() == 0
 
 
+def test_decode_attention_in_many_shares_combines_in_the_last_and_leaves_its_counters_at_zero():
+    """Ten shares of one (row, KV head), most of them past the filled slots (empty shares): the
+    last program to arrive combines them; the counters return to 0, so a second launch (a graph
+    replay) gives the same result."""
+    from kernels.attention import arrival_counters, decode_attention, decode_attention_reference, splits_for
+
+    B, Hq, K, L, D, E, last = 1, 4, 2, 640, 16, 16, 150
+    assert splits_for(B * K, L) == 10  # 3 blocks of 64 filled: 7 empty shares
+    q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E)
+    allowed[:] = True
+    first = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3)
+    assert (arrival_counters(B * K, q.device)[: B * K] == 0).all()
+    again = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3)
+    torch.testing.assert_close(first, decode_attention_reference(q, k, v, allowed, last, 0.3), rtol=1e-5, atol=1e-5)
+    assert torch.equal(first, again)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("B,Hq,K,L,D,E,last", ATTN_SHAPES + [(64, 32, 4, 640, 128, 128, 300)])
+@pytest.mark.parametrize("B,Hq,K,L,D,E,last", ATTN_SHAPES + [(64, 32, 4, 640, 128, 128, 300),
+                                                       (16, 32, 4, 1024, 128, 128, 700)])
 def test_gpu_decode_attention(B, Hq, K, L, D, E, last, dtype):
+    """Compiled: as the reference, in one share or many (the last to finish combines), and the same
+    again when replayed in a CUDA graph (the arrival counters reset themselves)."""
     from kernels.attention import decode_attention, decode_attention_reference
 
     q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E, dtype, "cuda")
     k[:, :, last + 1:], v[:, :, last + 1:] = float("nan"), float("nan")
-    out = decode_attention(q, k, v, allowed, torch.tensor([last], device="cuda"), 0.2)
+    last_1 = torch.tensor([last], device="cuda")
+    out = decode_attention(q, k, v, allowed, last_1, 0.2)
     ref = decode_attention_reference(q, k, v, allowed, last, 0.2)
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # (a relative norm: a row may be all zeros)
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = decode_attention(q, k, v, allowed, last_1, 0.2)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, out)
 
 
 # ----------------------------------------------------------------------------- experts v3

@@ -17,7 +17,7 @@ Why not sdpa: with a mask (left padding, empty cache slots), transformers' sdpa 
 for each query head of a group (`repeat_kv`, older versions) or falls back to the math kernel;
 either reads and writes Hq/Hkv times the cache per layer, the part of a decode step that grew with
 batch size. For one query token on a GPU, kernels/attention.py reads each KV head's filled slots
-once for its G query heads (two launches, registered as a custom op so the compiled region calls
+once for its G query heads (one launch, registered as a custom op so the compiled region calls
 it as is); elsewhere, and for attention sinks, the G query heads of a KV head are stacked as G
 rows of one matmul against that head's cache (`grouped_decode_attention`).
 
