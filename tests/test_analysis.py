@@ -252,9 +252,9 @@ def test_profile_attributes_every_kernel_to_the_innermost_class_range_of_its_lau
     def call(cat, ts, corr, tid=1):
         return {"ph": "X", "cat": cat, "name": "launch", "tid": tid, "ts": ts, "dur": 1, "args": {"correlation": corr}}
 
-    def kernel(corr, dur, ext=None):
+    def kernel(corr, dur, ext=None, name="k"):
         args = {"correlation": corr} | ({"External id": ext} if ext is not None else {})
-        return {"ph": "X", "cat": "kernel", "name": "k", "tid": 7, "ts": 10_000 + corr, "dur": dur, "args": args}
+        return {"ph": "X", "cat": "kernel", "name": name, "tid": 7, "ts": 10_000 + corr, "dur": dur, "args": args}
 
     trace = [
         {"ph": "M", "name": "process_name", "args": {}},
@@ -263,15 +263,17 @@ def test_profile_attributes_every_kernel_to_the_innermost_class_range_of_its_lau
         rng("expert FFN", 200, 100), call("cuda_driver", 250, 3),
         call("cuda_runtime", 400, 4),  # no range open
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": 210, "dur": 5, "args": {"External id": 9}},
-        kernel(1, 300.0), kernel(2, 20.0), kernel(3, 500.0), kernel(4, 50.0),
+        kernel(1, 300.0), kernel(2, 20.0), kernel(3, 500.0, name="fused_moe"), kernel(4, 50.0),
         kernel(5, 30.0, ext=9),  # its launch call is not in the trace, its operator is
         kernel(6, 7.0),  # nothing links it
     ]
-    per_class, total, count = attribute_trace(trace)
+    per_class, total, count, names = attribute_trace(trace)
     assert per_class == pytest.approx({"attention": 0.3, "norms": 0.02, "expert FFN": 0.53, "other": 0.05,
                                        "unlinked": 0.007})
     assert total == pytest.approx(0.907)
     assert count == {"attention": 1, "norms": 1, "expert FFN": 2, "other": 1, "unlinked": 1}
+    assert names[("expert FFN", "fused_moe")] == pytest.approx([0.5, 1]) and names[("expert FFN", "k")] == pytest.approx([0.03, 1])
+    assert sum(n for _, n in names.values()) == 6
 
 
 def test_ablation_labels_rule_variants_by_their_options():

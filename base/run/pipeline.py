@@ -213,7 +213,11 @@ def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], lo
     _, streams, info = measure_serving(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream,
                                        cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit, cfg.scheduler)
     logger.table("serve", streams)
-    outputs.write_table(out / "step_probe.csv", [{**tag, **r} for r in info["step_probe"]])
+    outputs.write_table(out / "step_probe.csv", [{**tag, **{k: v for k, v in r.items() if k != "kernels"}}
+                                                 for r in info["step_probe"]])
+    names = [{**tag, "variant": r["variant"], "budget": r["budget"], **k} for r in info["step_probe"] for k in r["kernels"]]
+    if names:  # GPU runs: the probed step's kernels by name
+        outputs.write_table(out / "step_probe_kernels.csv", names)
     report["serve"] = streams
     report["serve_info"] = info
     report["serve_config"] = vars(cfg.serve)
@@ -285,9 +289,11 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
             _serve_stage(cfg, model, make_variant, report, logger)
             _record_hardware(model, report)
             return
-        rows, profile = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
+        rows, profile, kernels = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
         outputs.write_table(out / "throughput.csv", rows)
         outputs.write_table(out / "profile.csv", profile)
+        if kernels:  # GPU runs: the kernels of each class by name
+            outputs.write_table(out / "profile_kernels.csv", kernels)
         report["profile"] = profile
         logger.table("throughput", rows)
         report["throughput"] = rows

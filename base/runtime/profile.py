@@ -91,7 +91,8 @@ def _tag(model: nn.Module) -> list:
     return handles
 
 
-def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -> dict[str, tuple[float, float]]:
+def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int,
+                  by_kernel: list[dict] | None = None) -> dict[str, tuple[float, float]]:
     """(ms, kernels) per step by class over `run_steps()` (which runs `steps` eager decode steps):
     kernel time and kernel launches on a GPU; operator CPU time and operator count on a CPU (there
     the split is of host work, not of device work)."""
@@ -110,7 +111,10 @@ def profile_steps(model: nn.Module, run_steps: Callable[[], None], steps: int) -
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
-            per_class, total, count = attribute_trace(json.loads(path.read_text())["traceEvents"])
+            per_class, total, count, names = attribute_trace(json.loads(path.read_text())["traceEvents"])
+        if by_kernel is not None:  # each kernel name's share, within its class, largest first
+            for (cls, name), (ms, n) in sorted(names.items(), key=lambda kv: -kv[1][0]):
+                by_kernel.append({"class": cls, "kernel": name, "ms_per_step": ms / steps, "kernels_per_step": n / steps})
     else:
         per_class, total, count = attribute_cpu(prof.events())
     out = {cls: (ms / steps, count[cls] / steps) for cls, ms in sorted(per_class.items(), key=lambda kv: -kv[1])}
@@ -140,11 +144,12 @@ def attribute_cpu(events) -> tuple[dict[str, float], float, dict[str, int]]:
     return per_class, total, count
 
 
-def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float, dict[str, int]]:
+def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float, dict[str, int],
+                                                dict[tuple[str, str], list[float]]]:
     """ms of GPU kernel time by class over a chrome trace's events (torch.profiler's
-    export_chrome_trace), their total, and kernels by class: each kernel goes to the innermost
-    `cls:` range that was open on its launching thread when it was launched (none: `other`; launch
-    not found: `unlinked`)."""
+    export_chrome_trace), their total, kernels by class, and [ms, kernels] by (class, kernel name):
+    each kernel goes to the innermost `cls:` range that was open on its launching thread when it
+    was launched (none: `other`; launch not found: `unlinked`)."""
     ranges: dict[int, list[tuple[float, float, str]]] = {}  # tid -> (start, end, class)
     by_ext: dict[int, tuple[int, float]] = {}  # External id -> (tid, host ts) of an op or range
     by_corr: dict[int, tuple[int, float]] = {}  # correlation -> (tid, host ts) of a launch call
@@ -180,6 +185,7 @@ def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float, dict[st
 
     per_class: dict[str, float] = {}
     count: dict[str, int] = {}
+    names: dict[tuple[str, str], list[float]] = {}
     total = 0.0
     for k in kernels:
         args = k.get("args") or {}
@@ -188,5 +194,11 @@ def attribute_trace(trace: list[dict]) -> tuple[dict[str, float], float, dict[st
         t = k["dur"] / 1e3
         per_class[cls] = per_class.get(cls, 0.0) + t
         count[cls] = count.get(cls, 0) + 1
+        name = names.setdefault((cls, k["name"][:_NAME_CHARS]), [0.0, 0])
+        name[0] += t
+        name[1] += 1
         total += t
-    return per_class, total, count
+    return per_class, total, count, names
+
+
+_NAME_CHARS = 120  # kernel names (C++ templates) cut to this length

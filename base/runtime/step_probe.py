@@ -57,11 +57,13 @@ def probe_decode_step(engine: ContinuousEngine, prompts: list[list[int]], steps:
             for _ in range(profiled):
                 engine._step()
 
-    classes = profile_steps(engine.model, eager_steps, profiled)
+    names: list[dict] = []
+    classes = profile_steps(engine.model, eager_steps, profiled, names)
     layers = engine.model.config.num_hidden_layers
     engine.reset()
     row: dict[str, Any] = {"slots": B, "prompt_tokens": prompt_tokens, "full_step_ms": ms,
-                           "kernels_per_layer": classes["total"][1] / layers}
+                           "kernels_per_layer": classes["total"][1] / layers,
+                           "kernels": [{**k, "kernels_per_layer": k["kernels_per_step"] / layers} for k in names]}
     for cls, (cls_ms, n) in classes.items():
         key = cls.replace(" ", "_").replace("/", "_")
         row[f"{key}_ms"], row[f"{key}_kernels_per_layer"] = cls_ms, n / layers

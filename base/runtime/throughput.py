@@ -132,7 +132,7 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
 
 
 def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant, bs: int,
-             cfg: ThroughputConfig, ids_BP: torch.Tensor) -> dict[str, tuple[float, float]]:
+             cfg: ThroughputConfig, ids_BP: torch.Tensor, by_kernel: list[dict]) -> dict[str, tuple[float, float]]:
     """(ms, kernels) per step by kernel class over `stats_steps` eager steps (base/runtime/profile.py)."""
     from base.runtime.profile import profile_steps
 
@@ -144,7 +144,7 @@ def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
         engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
         engine.decode(1)  # warm
         steps = min(cfg.stats_steps, cfg.gen_tokens - 2)
-        return profile_steps(model, lambda: engine.decode(steps), steps)
+        return profile_steps(model, lambda: engine.decode(steps), steps, by_kernel)
     finally:
         engine.release()
         if budget is not None:
@@ -182,9 +182,10 @@ def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
 
 
 def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
-            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict]]:
-    """One row per (batch size, variant), see the module doc for the columns; and at
-    cfg.profile_batch, one row per (variant, kernel class) with ms per step (base/runtime/profile.py)."""
+            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """One row per (batch size, variant), see the module doc for the columns; at cfg.profile_batch,
+    one row per (variant, kernel class) with ms per step (base/runtime/profile.py), and on a GPU
+    one per (variant, class, kernel name)."""
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     if cuda:
@@ -193,6 +194,7 @@ def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
     first_budget = next((v.budget for v in variants if v.budget is not None), None)
     rows: list[dict] = []
     profile: list[dict] = []
+    kernels: list[dict] = []
     for bs in cfg.batch_sizes:
         timed: dict[Variant, dict] = {}  # the graph-timed row of each variant (not the eager reference)
         gen = torch.Generator().manual_seed(seed + bs)
@@ -212,10 +214,13 @@ def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
                                  "moe_share": None})
                 if bs == cfg.profile_batch and extra:
                     layers = model.config.num_hidden_layers
-                    for cls, (ms, n) in _profile(model, make_budget, v, bs, cfg, ids_BP).items():
+                    names: list[dict] = []
+                    for cls, (ms, n) in _profile(model, make_budget, v, bs, cfg, ids_BP, names).items():
                         profile.append({"batch_size": bs, "variant": v.label, "budget": v.budget, "class": cls,
                                         "ms_per_step": ms, "kernels_per_step": n, "kernels_per_layer": n / layers,
                                         "graph_ms_per_step": row["ms_per_step"]})
+                    kernels += [{"batch_size": bs, "variant": v.label, "budget": v.budget, **k,
+                                 "kernels_per_layer": k["kernels_per_step"] / layers} for k in names]
             row["config_s"] = time.perf_counter() - t0
             row["ms_runs"] = [row["ms_per_step"]]
             timed[v] = row
@@ -223,7 +228,7 @@ def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
                   f"({row['config_s']:.1f} s)", flush=True)
         _repeat(model, make_budget, variants, bs, cfg, ids_BP, timed)
     _speedups(rows)
-    return rows, profile
+    return rows, profile, kernels
 
 
 def _repeat(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], variants: list[Variant],
