@@ -4,6 +4,7 @@ and value sizes that differ); the engine decodes every family like transformers'
 and compiled; one compiled graph serves every layer."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,38 @@ def test_prefill_then_decode_equals_attention_over_repeated_kv(window, sinks, he
                              allowed_B1L[..., : t + 1], 0.3, sinks_H)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
+    """Continuous batching's decode step writes row b's K/V at its own slot pos[b]: the same cache
+    as a scatter along the slots, and, compiled by Inductor, written in place: no temporary the size
+    of the cache (a scatter_ compiled to a copy of the whole cache and a copy back, per layer and
+    per K and V: 2 ms of a 7.9 ms step on an H200)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from base.hf.attention import _write
+
+    B, K, L, D = 4, 2, 64, 8
+    new_BK1D, pos_B1 = torch.randn(B, K, 1, D), torch.tensor([[3], [5], [0], [63]])
+    cache = torch.randn(B, K, L, D)
+    expected = cache.clone().scatter_(2, pos_B1.view(B, 1, 1, 1).expand(B, K, 1, D), new_BK1D)
+    assert torch.equal(_write(cache, new_BK1D, pos_B1, None), expected)
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(B, K, L, D))
+
+        def forward(self, new, pos):
+            return _write(self.cache, new, pos, None).sum()
+
+    holder = Holder()
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(holder.forward, dynamic=False), new_BK1D, pos_B1)
+    assert torch.equal(holder.cache, expected.new_zeros(B, K, L, D).scatter_(
+        2, pos_B1.view(B, 1, 1, 1).expand(B, K, 1, D), new_BK1D))
+    allocated = re.findall(r"empty_strided\w*\(\(([0-9, ]*)\)", "\n".join(codes))
+    assert allocated and f"{B}, {K}, {L}, {D}" not in allocated  # no cache-sized buffer
 
 
 def test_attention_outside_an_engine_is_refused():

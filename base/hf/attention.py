@@ -220,8 +220,12 @@ def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | N
         cache_BKLD.transpose(1, 2)[rows_n[:, None], pos[None, :]] = new_BKQD.transpose(1, 2)
         return cache_BKLD[rows_n]
     if pos.dim() == 2:  # one slot per row (continuous batching's decode step)
-        B, K, _, D = new_BKQD.shape
-        cache_BKLD.scatter_(2, pos.view(B, 1, 1, 1).expand(B, K, 1, D), new_BKQD)
+        # index_copy_ over the flattened cache, which Inductor writes in place; a scatter_ along the
+        # slots compiled to a copy of the whole cache, the scatter, and a copy back, for K and V of
+        # every layer: 2 of the 7.9 ms of a replayed base M=16 step on an H200 (2026-12-02)
+        B, K, L, D = cache_BKLD.shape
+        flat_BK = torch.arange(B * K, device=pos.device).view(B, K) * L + pos.view(B, 1)
+        cache_BKLD.view(B * K * L, D).index_copy_(0, flat_BK.reshape(-1), new_BKQD.reshape(B * K, D))
         return cache_BKLD
     cache_BKLD.index_copy_(2, pos, new_BKQD)
     return cache_BKLD
