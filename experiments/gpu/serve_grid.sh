@@ -29,7 +29,7 @@
 # EXTRA='serve.rates=[null,8.0]' (fewer rates) or ROUTINGS=uniform; EXTRA='scheduler.chunked=true' serves
 # with chunked prefill (mixed steps).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; W=/tmp/serve_runs; mkdir -p "$OUT" "$W"
+OUT=${OUT:-/tmp/out}; W=${W:-/tmp/serve_runs}; mkdir -p "$OUT" "$W"  # W: the run folders (one per routing)
 T0=$(date +%s)
 source "$(dirname "$0")/env.sh"
 for r in ${ROUTINGS:-uniform skewed}; do
