@@ -77,9 +77,9 @@ def test_prefill_then_decode_equals_attention_over_repeated_kv(window, sinks, he
 
 def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
     """Continuous batching's decode step writes row b's K/V at its own slot pos[b]: the same cache
-    as a scatter along the slots, and, compiled by Inductor, written in place: no temporary the size
-    of the cache (a scatter_ compiled to a copy of the whole cache and a copy back, per layer and
-    per K and V: 2 ms of a 7.9 ms step on an H200)."""
+    as a scatter along the slots, and inside a compiled function no temporary the size of the cache
+    (Inductor compiled a scatter_ to a copy of the whole cache and a copy back, per layer and per K
+    and V: 2 ms of a 7.9 ms step on an H200; the write now runs eagerly, a graph break)."""
     from torch._inductor.utils import run_and_get_code
 
     from base.hf.attention import _write

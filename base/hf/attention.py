@@ -220,15 +220,26 @@ def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | N
         cache_BKLD.transpose(1, 2)[rows_n[:, None], pos[None, :]] = new_BKQD.transpose(1, 2)
         return cache_BKLD[rows_n]
     if pos.dim() == 2:  # one slot per row (continuous batching's decode step)
-        # index_copy_ over the flattened cache, which Inductor writes in place; a scatter_ along the
-        # slots compiled to a copy of the whole cache, the scatter, and a copy back, for K and V of
-        # every layer: 2 of the 7.9 ms of a replayed base M=16 step on an H200 (2026-12-02)
-        B, K, L, D = cache_BKLD.shape
-        flat_BK = torch.arange(B * K, device=pos.device).view(B, K) * L + pos.view(B, 1)
-        cache_BKLD.view(B * K * L, D).index_copy_(0, flat_BK.reshape(-1), new_BKQD.reshape(B * K, D))
+        _write_rows(cache_BKLD, new_BKQD, pos)
         return cache_BKLD
     cache_BKLD.index_copy_(2, pos, new_BKQD)
     return cache_BKLD
+
+
+@torch.compiler.disable
+def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, pos_B1: Tensor) -> None:
+    """Row b's K (or V) heads into slot pos_B1[b]: one index_copy_ over the flattened cache, run
+    eagerly even inside a compiled region (a graph break), so it writes in place.
+
+    Why not compiled: Inductor made a per-row write into a module's cache buffer out of place, a
+    copy of the whole cache per write and a copy back, for K and V of every layer: as a scatter_
+    (2.0 of the 7.9 ms of a replayed base M=16 step with 16 rows on an H200) and still as this
+    index_copy_ over a view (1.3 ms; in place on a CPU, where tests/test_attention.py checks
+    Inductor's code). The static engine's write (one slot shared by every row, index_copy_ along
+    the slots of the buffer itself) compiles in place and stays in the region."""
+    B, K, L, D = cache_BKLD.shape
+    flat_BK = torch.arange(B * K, device=pos_B1.device).view(B, K) * L + pos_B1.view(B, 1)
+    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_BK.reshape(-1), new_BK1D.reshape(B * K, D))
 
 
 def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,
