@@ -106,12 +106,12 @@ def _decode_attention(
         if arrived == S - 1:  # the last share of (row, KV head) to finish combines all S
             tl.store(count_ptr + bk, 0)  # back to 0 for the next launch (a graph replays it)
             m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
-            for t in range(0, S):
+            for t in range(S):
                 m_G = tl.maximum(m_G, tl.load(m_ptr + (bk * S + t) * G_BLOCK + g, cache_modifier=".cg"))
             m_safe = tl.where(m_G == float("-inf"), 0.0, m_G)
             l_G = tl.zeros((G_BLOCK,), tl.float32)
             acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
-            for t in range(0, S):
+            for t in range(S):
                 r = (bk * S + t) * G_BLOCK + g
                 w_G = tl.exp(tl.load(m_ptr + r, cache_modifier=".cg") - m_safe)
                 l_G += w_G * tl.load(l_ptr + r, cache_modifier=".cg")
@@ -135,7 +135,7 @@ def arrival_counters(n: int, device: torch.device) -> Tensor:
 
 def splits_for(batch_kv_heads: int, slots: int) -> int:
     """Shares of the cache per (row, KV head): about TARGET_PROGRAMS programs, each at least one block."""
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    cdiv = lambda a, b: -(-a // b)
     return max(1, min(cdiv(TARGET_PROGRAMS, batch_kv_heads), cdiv(slots, BLOCK_N), 16))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 import run
@@ -67,6 +68,7 @@ def test_large_files_are_fingerprinted_by_samples_that_see_a_change(tmp_path, mo
     assert content_fingerprint(tmp_path / "missing") is None  # a hub id: nothing to read
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_force_recomputes_calibration_and_predictor_in_evaluate(compose, tmp_path):
     from omegaconf import OmegaConf
 

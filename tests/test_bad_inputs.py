@@ -196,6 +196,7 @@ def test_bad_input_fails_at_start_with_a_clear_message(compose, tmp_path, case, 
     assert not out.exists() and not (tmp_path / "artifacts").exists()  # nothing written
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_run_py_prints_the_message_without_a_traceback(tmp_path):
     import subprocess
     import sys

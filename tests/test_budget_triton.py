@@ -47,6 +47,7 @@ PAIRS = [pytest.param(n, s, marks=() if (n, s) in FAST_PAIRS else pytest.mark.sl
 
 
 @pytest.mark.parametrize("name,selector", PAIRS)
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_triton_backend_matches_torch(name, selector):
     cfg, model = _model(name)
     torch.manual_seed(1)
@@ -104,6 +105,7 @@ def test_every_rule_runs_on_the_kernels_as_the_reference(selector, k0, coverage,
 
 
 @pytest.mark.parametrize("selector,k0", [("base", None), ("base_anchor", 1)])
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_batch_whose_choices_fit_the_budget_decodes_as_the_reference(selector, k0):
     """One row, budget = top-k: every decode step's union fits, so the budgeted layer runs dense's
     route (kernels.select.union_fits: router rows only, no reassignment) and decodes as the
@@ -124,6 +126,7 @@ def test_a_batch_whose_choices_fit_the_budget_decodes_as_the_reference(selector,
 
 
 @pytest.mark.parametrize("selector", [None, "base"])
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_skewed_router_routes_on_the_kernels_as_its_own_forward(selector):
     """The skew's logit bias (base/hf/skew.py) is added inside the selection kernel: decoding on
     the kernels equals the reference, which calls the skewed router's own forward."""

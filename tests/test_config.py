@@ -18,6 +18,7 @@ def _options(group: str) -> list[str]:
 
 
 @pytest.mark.parametrize("group", ["model", "method", "task", "logger"])
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_every_option_composes_and_validates(compose, group, tmp_path):
     for option in _options(group):
         cfg = compose([f"{group}={option}"])

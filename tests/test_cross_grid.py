@@ -50,6 +50,7 @@ def test_q_is_benjamini_hochberg_over_every_table_and_the_headline_family_is_hol
     assert tables["g2_batching"].set_index("method").loc["dense", "call"] == S.EXCLUDED
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_call_that_fails_the_cross_grid_correction_is_exploratory(results):
     tables, _ = F.apply(results)
     g1 = tables["g1_paired"].set_index(["method", "metric"])
@@ -68,6 +69,7 @@ def test_a_call_that_fails_the_cross_grid_correction_is_exploratory(results):
     assert tables["g2_paired"].set_index("method").loc["r2", "scope"] == ""  # inconclusive: no scope
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_written_tables_check_clean_and_a_stale_column_is_reported(tmp_path):
     outputs = tmp_path / "outputs" / "grid"
     rng = np.random.default_rng(1)

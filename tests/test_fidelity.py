@@ -98,6 +98,7 @@ def test_output_error_is_zero_for_the_routers_own_routing_and_counts_active_toke
         assert err <= 1e-12 * dense  # the experts may sum in another order: rounding only
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_eval_seed_changes_the_batching_only(compose, tmp_path):
     runs = {}
     for seed in (0, 1):

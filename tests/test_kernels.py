@@ -193,6 +193,7 @@ def test_route_select_matches_router_and_reference(T, E, K, norm, scale, dtype, 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("T,E,K,H", [(1, 8, 2, 40), (16, 60, 6, 72)])
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_score_matches_selectors(kind, T, E, K, H):
     b = make_batch(T, E, K, H, seed=T + K)
     art = make_artifacts(E, H)
@@ -244,6 +245,7 @@ EXPERT_CASES = [  # T, E, K, H, I, dtype, budget (None: dense routing)
 
 
 @pytest.mark.parametrize("T,E,K,H,I,dtype,budget", EXPERT_CASES)
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_fused_experts_matches_reference(T, E, K, H, I, dtype, budget):
     b = make_batch(T, E, K, H, dtype, seed=T + E)
     gu, dn = make_experts(E, H, I, dtype, seed=E)
@@ -470,7 +472,12 @@ def test_decode_attention_in_many_shares_combines_in_the_last_and_leaves_its_cou
     """Ten shares of one (row, KV head), most of them past the filled slots (empty shares): the
     last program to arrive combines them; the counters return to 0, so a second launch (a graph
     replay) gives the same result."""
-    from kernels.attention import arrival_counters, decode_attention, decode_attention_reference, splits_for
+    from kernels.attention import (
+        arrival_counters,
+        decode_attention,
+        decode_attention_reference,
+        splits_for,
+    )
 
     B, Hq, K, L, D, E, last = 1, 4, 2, 640, 16, 16, 150
     assert splits_for(B * K, L) == 10  # 3 blocks of 64 filled: 7 empty shares

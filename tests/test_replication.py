@@ -177,6 +177,7 @@ def _prompt_frames() -> dict[str, pd.DataFrame]:
     return frames
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_primary_calls_decision_and_interaction_from_prompt_records():
     prompts = _prompt_frames()
     prim = A.primary(prompts)

@@ -267,6 +267,7 @@ def test_make_report_writes_figures_and_a_markdown_that_embeds_them(tmp_path, ou
     assert "Fake GPU" in text and "cpu" in text  # captions name the hardware
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_report_recommends_and_shows_old_and_new_paired_files(tmp_path):
     from analysis.report import main
 

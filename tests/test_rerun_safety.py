@@ -45,6 +45,7 @@ def _whole(out: Path) -> dict:
     return report
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_rerun_killed_midway_leaves_the_finished_result_whole(compose, tmp_path):
     out = tmp_path / BRACKETED
     first = _finish(compose, out, "batch_size=8", f"artifacts_dir={tmp_path}/a")
@@ -104,6 +105,7 @@ def test_a_kill_between_the_swaps_renames_leaves_a_whole_result(compose, tmp_pat
     assert (again is None) == (renames_done == 2) and _whole(out)["batch_size"] == 4 and not _beside(out, "partial")
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_folder_that_is_not_a_run_survives_being_named_as_the_run_folder(compose, tmp_path):
     """A user's folder, or another run's, named as this run's folder: refused, every file kept."""
     mine = tmp_path / "mine"

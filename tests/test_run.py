@@ -56,6 +56,7 @@ def _run_dir(root: Path, *parts: str) -> Path:
     return found
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_evaluate_then_resume_skips(tmp_path):
     proc = _run(tmp_path, "method=base", "budget=4", "batch_size=8")
     assert proc.returncode == 0
@@ -106,6 +107,7 @@ def test_similar_rerouting_runs_with_calibrated_expert_similarity(compose, tmp_p
     assert steps["kept"].max() <= 2 and (steps["executed"] <= 2).all()  # substitutes are kept experts
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_sensitivity_split_keeps_the_mean_budget_with_layers_that_differ(compose, tmp_path):
     report, out = _run_here(compose, tmp_path, "method=base", "method.budget_split=sensitivity", "budget=2",
                             "batch_size=8")
@@ -135,6 +137,7 @@ def test_budget_above_experts_fails_at_start(tmp_path):
     assert not list(tmp_path.rglob("report.json"))
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_fit_and_throughput_stages(compose, tmp_path):
     _, fit = _run_here(compose, tmp_path, "stage=fit")
     r2 = pd.read_csv(fit / "predictor.csv")
@@ -204,6 +207,7 @@ def test_evaluate_through_the_engine_equals_generate(tmp_path):
     pd.testing.assert_frame_equal(on_steps, off_steps)
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_changed_config_in_the_same_folder_reruns(compose, tmp_path, capsys):
     """A folder is named by command-line overrides only, so a value changed another way (an
     experiment file, a default) lands in the same folder: the config hash tells it apart."""
@@ -297,6 +301,7 @@ def test_a_failing_run_finishes_its_logger_as_failed(compose, tmp_path, monkeypa
     assert not (tmp_path / "out" / "report.json").exists()
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_request_stream_mode_reports_latency_and_occupancy(compose, tmp_path):
     """throughput.mode=stream on the CPU (eager): every variant serves the same stream; the table
     has tokens/s, TPOT and TTFT percentiles, occupancy, union and kept experts."""
@@ -312,6 +317,7 @@ def test_request_stream_mode_reports_latency_and_occupancy(compose, tmp_path):
     assert dense["output_tokens"] == sel["output_tokens"]  # the same stream, EOS ignored
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_stream_replays_a_tasks_own_lengths(compose, tmp_path):
     """An evaluate run records every request's prompt and new tokens; stream.lengths_from replays them."""
     _, ev = _run_here(compose, tmp_path, "method=dense", "batch_size=4")

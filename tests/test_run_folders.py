@@ -72,6 +72,7 @@ def test_outside_outputs_dir_with_the_flag_and_a_new_folder(tmp_path):
     assert {"config.yaml", "report.json", ".hydra", "run.log"} <= set(_tree(tmp_path / "elsewhere" / "run"))
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_failed_start_leaves_nothing_behind(tmp_path):
     """No folder, no .hydra/, no log: what the command made for the run goes again; a folder that
     was there before stays."""

@@ -70,6 +70,7 @@ def test_rerun_skips_finished_runs_and_redoes_an_interrupted_one(tmp_path):
     assert json.loads((sweep_dir / killed / "report.json").read_text())["config_hash"] == rows[killed]["config_hash"]
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_failed_jobs_are_listed_with_their_error_lines(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("too short to calibrate on")
@@ -85,6 +86,7 @@ def test_failed_jobs_are_listed_with_their_error_lines(tmp_path):
     assert not (tmp_path / "default" / status["[dense,base]"]["run"] / "report.json").exists()
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_point_that_fails_at_start_is_recorded_and_the_sweep_goes_on(tmp_path):
     """The first point's budget is above the model's experts: it is listed as failed with its error,
     leaves no folder, and the next point runs; the command then ends with exit 2, naming it."""

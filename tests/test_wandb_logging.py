@@ -50,6 +50,7 @@ def test_a_run_logs_to_one_sync_folder_with_group_tags_and_name(compose, tmp_pat
     assert not list(out.rglob("offline-run-*"))
 
 
+@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_finished_run_is_logged_afterwards_from_its_folder(compose, tmp_path):
     import run
     from base.run.log_run import log_folder
