@@ -99,10 +99,11 @@ ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mi
 # QS_EXP=quality_seeds_mini_olmoe for the second embedded model, *_continuous for continuous batching.
 # On a many-core host, python -m experiments.run_points --jobs N runs the same points in parallel.
 QS_EXP ?= quality_seeds_mini
-quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired tests (QS_EXP=quality_seeds_mini_olmoe) -> results/$(QS_EXP).*
-	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=dense budget=null
-	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null
-	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP)
+QS_EXTRA ?=  # e.g. scheduler.overlap=false: the committed continuous grids (made before issue 26)
+quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired tests (QS_EXP=quality_seeds_mini_olmoe; QS_EXTRA: more overrides) -> results/$(QS_EXP).*
+	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=dense budget=null $(QS_EXTRA)
+	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null $(QS_EXTRA)
+	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) $(QS_EXTRA)
 	$(PY) -m analysis.ablation outputs/$(QS_EXP) results/$(QS_EXP)
 	$(PY) -m analysis.records write outputs/$(QS_EXP) results/records/$(QS_EXP)
 	$(PY) -m analysis.cross_grid

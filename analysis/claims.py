@@ -527,11 +527,12 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "serving": _headline(SERVING_GRIDS, "- **Quality at full batches** (the quality grids under continuous batching, as a "
                          "server batches: both models on the quality pool's {n} held-out prompts, 16 slots refilled as "
                          "requests finish; every rule minus `base` at the same budget by the exact McNemar test, Holm "
-                         "over each grid; {cross}; none replicated on other prompts yet; made on the engine "
-                         "before issue 26's scheduler (packed prefill, the host one step behind), which these "
-                         "commands now run: re-run on it, `mini`'s grid changes 3 of its 28 calls and its "
+                         "over each grid; {cross}; none replicated on other prompts yet; made before issue 26, "
+                         "with the host reading each step's tokens before launching the next "
+                         "(`scheduler.overlap=false`; one point re-run so reproduces exactly); with the host one "
+                         "step behind, today's default, `mini`'s grid changes 3 of its 28 calls and its "
                          "retained energy, `results/rerun_2026-12-02/`; "
-                         "`make quality-seeds QS_EXP=quality_seeds_mini_continuous`, "
+                         "`make quality-seeds QS_EXP=quality_seeds_mini_continuous QS_EXTRA=scheduler.overlap=false`, "
                          "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",)),
 }
 def _replication(name: str) -> Callable[[], str]:
