@@ -107,6 +107,30 @@ def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
     assert allocated and f"{B}, {K}, {L}, {D}" not in allocated  # no cache-sized buffer
 
 
+def test_per_row_writes_go_through_the_index_the_cache_refreshes_each_step():
+    """Continuous batching's decode step: each row writes its K/V at its own slot through the flat
+    index StaticKV keeps for every layer; moving the positions in place and calling sync() (what the
+    engine does at the start of every step) moves the writes with them."""
+    B, K, L, D, Hq = 3, 2, 8, 4, 4
+    module, model = nn.Module(), nn.Module()
+    model.config = type("C", (), {"_attn_implementation": "sdpa"})()
+    kv = StaticKV(L, torch.device("cpu"), batch=B)
+    pos_B1 = torch.tensor([[0], [2], [5]])
+    valid_BL = torch.ones(B, L, dtype=torch.bool)
+    with kv.active(model):
+        kv.set_write_pos(pos_B1)
+        for step in range(2):
+            k_BK1D, v_BK1D = torch.randn(B, K, 1, D), torch.randn(B, K, 1, D)
+            engine_attention(module, torch.randn(B, Hq, 1, D), k_BK1D, v_BK1D, valid_BL[:, None, None], scaling=0.5)
+            for b in range(B):
+                assert torch.equal(module.base_k_cache[b, :, pos_B1[b, 0]], k_BK1D[b, :, 0])
+                assert torch.equal(module.base_v_cache[b, :, pos_B1[b, 0]], v_BK1D[b, :, 0])
+            expected = (torch.arange(B * K).view(B, K) * L + pos_B1).reshape(-1)
+            assert torch.equal(module.base_row_index, expected)
+            pos_B1.add_(1)  # the step moves every row on, in place
+            kv.sync()
+
+
 def test_attention_outside_an_engine_is_refused():
     with pytest.raises(RuntimeError, match="StaticKV.active"):
         engine_attention(nn.Module(), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4),

@@ -79,6 +79,9 @@ class StaticKV:
         self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
         self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
         self._mirrors: dict[torch.device, Tensor] = {}  # write_pos on the other GPUs of a spread model
+        # a per-row write position's flat cache rows, (b*K + k)*L + write_pos[b], per (device, K):
+        # (the constant part, the buffer sync() refreshes once per step for every layer)
+        self._rows: dict[tuple[torch.device, int], tuple[Tensor, Tensor]] = {}
 
     def allocate(self, module: nn.Module, key_BKQD: Tensor, value_BKQE: Tensor) -> None:
         """Buffers on the module's own device (each layer of a model spread over GPUs keeps its
@@ -89,9 +92,25 @@ class StaticKV:
         module.register_buffer("base_v_cache", value_BKQE.new_zeros(B, K, self.max_len, value_BKQE.shape[-1]),
                                persistent=False)
         module.register_buffer("base_write_pos", self._pos_on(key_BKQD.device), persistent=False)
+        module.base_row_index = self._row_index(key_BKQD.device, B, K)
         module.base_write_rows = None if self.write_rows is None else self.write_rows.to(key_BKQD.device)
         module.base_packed = _on(self.packed, key_BKQD.device)
         self.modules.append(module)
+
+    def _row_index(self, device: torch.device, B: int, K: int) -> Tensor:
+        key = (torch.device(device), K)
+        if key not in self._rows:
+            base_BK = torch.arange(B * K, device=device).view(B, K) * self.max_len
+            self._rows[key] = (base_BK, torch.zeros(B * K, dtype=torch.long, device=device))
+            self._refresh_rows()
+        return self._rows[key][1]
+
+    def _refresh_rows(self) -> None:
+        """The per-row flat write index from write_pos (B, 1); nothing for a shared (Q,) position."""
+        if self.write_pos.dim() != 2:
+            return
+        for (device, _), (base_BK, flat_N) in self._rows.items():
+            torch.add(base_BK, self._pos_on(device).view(-1, 1), out=flat_N.view(base_BK.shape))
 
     def _pos_on(self, device: torch.device) -> Tensor:
         if device == self.write_pos.device:
@@ -106,6 +125,7 @@ class StaticKV:
         self._mirrors = {}
         for m in self.modules:
             m.base_write_pos = self._pos_on(m.base_k_cache.device)  # a registered buffer: replaced, not copied into
+        self._refresh_rows()
 
     def set_write_rows(self, rows_n: Tensor | None) -> None:
         """The rows the next forward writes (an arrivals' prefill), or None: every row."""
@@ -123,9 +143,12 @@ class StaticKV:
 
     def sync(self) -> None:
         """After write_pos changed in place (a decode step's position += 1): the other devices'
-        copies follow. Nothing to do on one device."""
+        copies follow, and a per-row position's flat write index is recomputed (two small kernels
+        per step, where each layer's K and V writes would otherwise compute it: the continuous
+        engine calls this first in every decode step)."""
         for pos in self._mirrors.values():
             pos.copy_(self.write_pos)
+        self._refresh_rows()
 
     def zero_(self) -> None:
         for m in self.modules:
@@ -140,14 +163,14 @@ class StaticKV:
         (that engine allocates again at its next prefill)."""
         for m in model.modules():
             _drop_buffers(m)
-        self.modules, self._mirrors = [], {}
+        self.modules, self._mirrors, self._rows = [], {}, {}
         model.__dict__["_base_kv_owner"] = self
 
     def release(self, model: nn.Module | None = None) -> None:
         """Drop every module's buffers (another batch size or a later run allocates its own)."""
         for m in self.modules:
             _drop_buffers(m)
-        self.modules, self._mirrors = [], {}
+        self.modules, self._mirrors, self._rows = [], {}, {}
         if model is not None and self.owns(model):
             del model.__dict__["_base_kv_owner"]
 
@@ -175,6 +198,7 @@ def _drop_buffers(module: nn.Module) -> None:
         module._buffers.pop(name, None)
     module.__dict__.pop("base_write_rows", None)
     module.__dict__.pop("base_packed", None)
+    module.__dict__.pop("base_row_index", None)
 
 
 def _write_packed(cache_BKLD: Tensor, new_1KTD: Tensor, row_T: Tensor, slot_T: Tensor) -> None:
@@ -214,20 +238,22 @@ def _allowed(mask_B1QL: Tensor, pos: Tensor, sliding_window: int | None) -> Tens
     return mask_B1QL & (slot_L[None, :] > pos[:, None] - sliding_window)  # as transformers' sliding mask
 
 
-def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | None) -> Tensor:
-    """Write the forward's keys or values into the cache; returns the cache rows it attends over."""
+def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | None,
+           flat_N: Tensor | None = None) -> Tensor:
+    """Write the forward's keys or values into the cache; returns the cache rows it attends over.
+    `flat_N`: a per-row position's flat write index (StaticKV.sync), else computed here."""
     if rows_n is not None:  # an arrivals' prefill: their rows only, slots pos (Q,)
         cache_BKLD.transpose(1, 2)[rows_n[:, None], pos[None, :]] = new_BKQD.transpose(1, 2)
         return cache_BKLD[rows_n]
     if pos.dim() == 2:  # one slot per row (continuous batching's decode step)
-        _write_rows(cache_BKLD, new_BKQD, pos)
+        _write_rows(cache_BKLD, new_BKQD, pos, flat_N)
         return cache_BKLD
     cache_BKLD.index_copy_(2, pos, new_BKQD)
     return cache_BKLD
 
 
 @torch.compiler.disable
-def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, pos_B1: Tensor) -> None:
+def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, pos_B1: Tensor, flat_N: Tensor | None = None) -> None:
     """Row b's K (or V) heads into slot pos_B1[b]: one index_copy_ over the flattened cache, run
     eagerly even inside a compiled region (a graph break), so it writes in place.
 
@@ -238,8 +264,9 @@ def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, pos_B1: Tensor) -> None:
     Inductor's code). The static engine's write (one slot shared by every row, index_copy_ along
     the slots of the buffer itself) compiles in place and stays in the region."""
     B, K, L, D = cache_BKLD.shape
-    flat_BK = torch.arange(B * K, device=pos_B1.device).view(B, K) * L + pos_B1.view(B, 1)
-    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_BK.reshape(-1), new_BK1D.reshape(B * K, D))
+    if flat_N is None:
+        flat_N = (torch.arange(B * K, device=pos_B1.device).view(B, K) * L + pos_B1.view(B, 1)).reshape(-1)
+    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_N, new_BK1D.reshape(B * K, D))
 
 
 def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,
@@ -277,8 +304,9 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
         return packed_attention(module, query_BHQD, key_BKQD, value_BKQE, scaling, sliding_window, s_aux), None
     pos = module.base_write_pos
     rows_n = getattr(module, "base_write_rows", None)
-    k_BKLD = _write(module.base_k_cache, key_BKQD, pos, rows_n)
-    v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n)
+    flat_N = getattr(module, "base_row_index", None)
+    k_BKLD = _write(module.base_k_cache, key_BKQD, pos, rows_n, flat_N)
+    v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n, flat_N)
     allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
     if Q == 1 and s_aux is None and query_BHQD.is_cuda:
