@@ -132,6 +132,8 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     assert probe["variant"].tolist() == ["dense", "base"] and (probe["slots"] == 2).all()
     assert (probe["full_step_ms"] > 0).all() and (probe["kernels_per_layer"] > 0).all()
     assert (probe["expert_FFN_ms"] > 0).all() and (probe["attention_kernels_per_layer"] > 0).all()
+    assert (probe["prefill_tokens"] > 0).all() and (probe["prefill_tokens_per_s"] > 0).all()
+    assert (probe["prefill_expert_FFN_ms"] > 0).all()
     # the order rotates: dense first in repeat 0, second in repeat 1
     dense = streams[streams["variant"] == "dense"].drop_duplicates("repeat").set_index("repeat")["position"]
     assert dense.to_dict() == {0: 1, 1: 2}

@@ -33,8 +33,9 @@ variants' order rotated, per-request latency and goodput.
             figures check the bookkeeping, not speed); the device time between forwards (`gap`)
             and the host time to launch each step
   probe     once per variant and slot count (first repeat, packed prefill), before its streams:
-            the engine's decode step with every slot decoding, replayed back to back, and its
-            kernels by class (base/runtime/step_probe.py) -> report.json's serve_info.step_probe
+            the engine's decode step with every slot decoding and its packed prefill of the largest
+            token bucket, each replayed back to back, and their kernels by class and name
+            (base/runtime/step_probe.py) -> step_probe.csv, step_probe_kernels.csv
 
 Statistics are not recorded (the recorder adds kernels to the step): union and kept experts per
 variant are what stream mode measures.
@@ -56,7 +57,7 @@ from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Finished, Request, ServeStats, serve
 from base.runtime.serve_metrics import Slo, request_metrics, stream_metrics
-from base.runtime.step_probe import probe_decode_step
+from base.runtime.step_probe import probe_forwards
 from base.runtime.stream import make_stream
 from base.runtime.throughput import Variant
 
@@ -176,11 +177,13 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                 with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
                     _warm_engine(engine, scheduler, requests)
                     if repeat == 0 and scheduler.packing == "packed":
-                        probe = probe_decode_step(engine, [r.ids for r in requests])
+                        probe = probe_forwards(engine, [r.ids for r in requests])
                         info["step_probe"].append({"slots": slots, "variant": v.label, "budget": v.budget, **probe})
                         print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding, "
                               f"{probe['full_step_ms']:.2f} ms per replayed step, "
-                              f"{probe['kernels_per_layer']:.1f} kernels per layer", flush=True)
+                              f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
+                              f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
+                              f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
                     for rate in cfg.rates:
                         stream = [replace(r, arrival_s=a) for r, a in zip(requests, schedules[rate])]
                         done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
