@@ -110,9 +110,10 @@ quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired 
 
 # Union-aware admission against FIFO under continuous batching (ADM_EXP=admission_mini_olmoe: the other model).
 ADM_EXP ?= admission_mini
-admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 seeds (ADM_EXP=admission_mini_olmoe) -> results/$(ADM_EXP).*
-	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP)
-	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) method=dense budget=null
+ADM_EXTRA ?=  # e.g. scheduler.overlap=false: the committed admission grids (made before issue 26)
+admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 seeds (ADM_EXP=admission_mini_olmoe; ADM_EXTRA: more overrides) -> results/$(ADM_EXP).*
+	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) $(ADM_EXTRA)
+	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) method=dense budget=null $(ADM_EXTRA)
 	$(PY) -m analysis.admission outputs/$(ADM_EXP) results/$(ADM_EXP)
 	$(PY) -m analysis.records write outputs/$(ADM_EXP) results/records/$(ADM_EXP)
 	$(PY) -m analysis.cross_grid
