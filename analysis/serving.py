@@ -172,14 +172,51 @@ def figure(t: pd.DataFrame, slo_tpot_ms: float | None, caption: str):
     return fig
 
 
+def sustained(df: pd.DataFrame) -> pd.DataFrame:
+    """From the rate search's streams (`arrivals` "search"): per (routing, slots, variant) and
+    repeat, the highest rate whose share of requests meeting both SLOs reached the run's
+    serve.search_attainment (NaN: no rate did); the median and range over repeats, and over
+    dense's in the same repeat."""
+    s = df[df["arrivals"] == "search"] if "arrivals" in df else df.iloc[:0]
+    if s.empty:
+        return pd.DataFrame()
+    s = s.assign(ok=s["good_fraction"] >= s["search_attainment"])
+    key = ["model", "routing", "slots", "variant"]  # a variant's label names its method and budget
+    per = (s[s["ok"]].groupby(key + ["repeat"])["rate"].max()
+           .reindex(s.groupby(key + ["repeat"]).size().index).rename("sustained").reset_index())
+    dense = per[per["variant"] == "dense"].set_index(["model", "routing", "slots", "repeat"])["sustained"]
+    per["over_dense"] = per["sustained"] / per.join(dense.rename("d"), on=["model", "routing", "slots", "repeat"])["d"]
+    rows = []
+    for cell, g in per.groupby(key, sort=True):
+        first = s[(s[key] == pd.Series(dict(zip(key, cell)))).all(axis=1)]
+        row = dict(zip(key, cell)) | {"method": first["method"].iloc[0], "budget": first["budget"].iloc[0],
+                                      "repeats": len(g), "steps": int(first["search_step"].nunique()),
+                                      "attainment": float(first["search_attainment"].iloc[0])}
+        for col in ("sustained", "over_dense"):
+            v = g[col]
+            row[col] = v.median() if v.notna().all() else np.nan  # a repeat with no sustained rate: no median
+            row[f"{col}_min"], row[f"{col}_max"] = v.min(), v.max()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main(src: str, dest: str) -> None:
     df = load(Path(src))
+    search = sustained(df)
+    df = df[df["arrivals"] != "search"] if "arrivals" in df else df
     t = summary(df)
     out = Path(dest)
     out.parent.mkdir(parents=True, exist_ok=True)
     t.to_csv(out.with_suffix(".csv"), index=False)
     slos = sorted(set(zip(df["slo_ttft_ms"], df["slo_tpot_ms"])))
     text = markdown(t, src, dest, "; ".join(f"TTFT <= {a:g} ms and TPOT <= {b:g} ms" for a, b in slos))
+    if not search.empty:
+        search.to_csv(out.parent / f"{out.name}_sustained.csv", index=False)
+        text += ("\nThe rate search (`serve.search_steps` streams per variant and repeat, a geometric "
+                 "bisection): `sustained` is the highest request rate at which at least `attainment` of a "
+                 "stream's requests met both SLOs (median [range] over repeats; NaN where a repeat found "
+                 "none); `over_dense` that rate over dense's in the same repeat. Its resolution is the "
+                 "bisection's last step.\n\n" + search.to_markdown(index=False, floatfmt=".2f") + "\n")
     out.with_suffix(".md").write_text(text)
     slo = df["slo_tpot_ms"].dropna().unique()
     models = ", ".join(sorted(df["model"].unique()))

@@ -343,6 +343,9 @@ class ServeConfig:
     repeats: int = 3  # each repeat serves every (rate, variant), the variants' order rotated
     slo_ttft_ms: float = 500.0  # goodput counts the requests with TTFT and TPOT within these
     slo_tpot_ms: float = 25.0
+    search_steps: int = 0  # > 0: bisect for the highest rate meeting the SLOs, one stream per step
+    search_range: list[float] = field(default_factory=lambda: [1.0, 64.0])  # requests/s, low and high
+    search_attainment: float = 0.9  # a rate is sustained when this share of its requests meet both SLOs
 
     def __post_init__(self) -> None:
         if not self.rates:
@@ -355,6 +358,17 @@ class ServeConfig:
         self.repeats = check_int("serve.repeats", self.repeats, 1)
         self.slo_ttft_ms = check_float("serve.slo_ttft_ms", self.slo_ttft_ms, low=0.0, low_open=True)
         self.slo_tpot_ms = check_float("serve.slo_tpot_ms", self.slo_tpot_ms, low=0.0, low_open=True)
+        self.search_steps = check_int("serve.search_steps", self.search_steps, 0)
+        rng = list(self.search_range) if isinstance(self.search_range, (list, tuple)) else None
+        if rng is None or len(rng) != 2:
+            raise ConfigError(f"serve.search_range={self.search_range!r}: give [low, high] in requests/s, 0 < low < high")
+        low = check_float("serve.search_range[0]", rng[0], low=0.0, low_open=True)
+        high = check_float("serve.search_range[1]", rng[1], low=0.0, low_open=True)
+        if not low < high:
+            raise ConfigError(f"serve.search_range={[low, high]}: low must be below high (requests/s)")
+        self.search_range = [low, high]
+        self.search_attainment = check_float("serve.search_attainment", self.search_attainment, low=0.0,
+                                             low_open=True, high=1.0)
 
 
 @dataclass

@@ -4,6 +4,7 @@ variants' order, and a tiny end-to-end run through run.py's pipeline that fills 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -108,12 +109,23 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     overrides = ["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
                  "stage=throughput", "throughput.mode=serve", "throughput.batch_sizes=[2]",
                  "throughput.methods=[dense,base]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
-                 "stream.output_len=[2,5]", "serve.requests=4", "serve.rates=[null,400]", "serve.repeats=2", "seed=5"]
+                 "stream.output_len=[2,5]", "serve.requests=4", "serve.rates=[null,400]", "serve.repeats=2", "seed=5",
+                 "serve.search_steps=2"]
     cfg = compose(overrides)
     out = tmp_path / "run"
     report = run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True))
     streams = pd.read_csv(out / "serve.csv")
     requests = pd.read_json(out / "requests.jsonl", lines=True)
+    # the rate search: two bisection steps per (repeat, variant) after the rates, from sqrt(1 * 64)
+    search = streams[streams["arrivals"] == "search"]
+    assert len(search) == 2 * 2 * 2 and (search[search["search_step"] == 0]["rate"] == 8.0).all()
+    for _, g in search.groupby(["repeat", "variant"]):
+        first = g.sort_values("search_step").iloc[0]
+        assert g.sort_values("search_step")["rate"].iloc[1] == pytest.approx(
+            (8.0 * 64) ** 0.5 if first["good_fraction"] >= 0.9 else (8.0 * 1) ** 0.5)
+    keep = streams["arrivals"] != "search"
+    requests = requests[requests["arrivals"] != "search"]
+    streams = streams[keep].reset_index(drop=True)
     assert len(streams) == 2 * 2 * 2 and len(requests) == 4 * len(streams)  # repeats x variants x rates
     for col in ("output_throughput", "request_throughput", "goodput", "good_fraction", "duration_s",
                 *(f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "p50", "p99"))):
@@ -207,3 +219,51 @@ def test_the_serving_table_pairs_each_repeat_with_dense_and_takes_medians(tmp_pa
     serving.main(str(tmp_path), str(tmp_path / "out" / "summary"))
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"summary.csv", "summary.md", "summary_tpot.png",
                                                               "summary_tpot.svg"}
+
+
+# ----------------------------------------------------------------------------------- rate search
+
+
+def test_the_rate_search_bisects_to_the_highest_rate_that_attains():
+    """Geometric bisection: each step halves log(high / low) around the threshold; the highest
+    attaining rate ends within the last step's factor of it, and a threshold below the range
+    attains nowhere."""
+    from base.runtime.serving import bisect_rates
+
+    calls = []
+    tried = bisect_rates(1.0, 64.0, 8, lambda rate, step: calls.append(step) or rate <= 7.3)
+    assert calls == list(range(8)) and tried[0][0] == pytest.approx(8.0)  # sqrt(1 * 64)
+    best = max(r for r, ok in tried if ok)
+    assert best <= 7.3 and 7.3 / best < 64 ** (1 / 2 ** 8) * 1.0001
+    assert all(ok == (r <= 7.3) for r, ok in tried)
+    assert not any(ok for _, ok in bisect_rates(1.0, 64.0, 5, lambda rate, step: rate <= 0.5))
+
+
+def test_a_bad_search_range_is_refused_with_its_valid_range(compose):
+    import run
+    from base.config import ConfigError
+
+    for bad, match in ((["serve.search_range=[8.0,2.0]"], "low must be below high"),
+                       (["serve.search_range=[0.0,2.0]"], "search_range"),
+                       (["serve.search_attainment=1.5"], "search_attainment"),
+                       (["serve.search_steps=-1"], "search_steps")):
+        with pytest.raises(ConfigError, match=match):
+            run.build_config(compose(["model=tiny_qwen3", "task=smoke", "logger=none", *bad]), Path("/tmp/unused"))
+
+
+def test_the_sustained_rate_table_from_search_streams():
+    from analysis.serving import sustained
+
+    def row(variant, repeat, step, rate, good):
+        return {"model": "m", "routing": "uniform", "slots": 4, "variant": variant, "method": variant,
+                "budget": None if variant == "dense" else 16, "repeat": repeat, "arrivals": "search",
+                "search_step": step, "search_attainment": 0.9, "rate": rate, "good_fraction": good}
+
+    df = pd.DataFrame([row("dense", 0, 0, 8.0, 1.0), row("dense", 0, 1, 22.6, 0.5),
+                       row("base", 0, 0, 8.0, 1.0), row("base", 0, 1, 22.6, 0.95),
+                       row("dense", 1, 0, 8.0, 0.95), row("dense", 1, 1, 22.6, 0.2),
+                       row("base", 1, 0, 8.0, 0.5), row("base", 1, 1, 2.8, 0.91)])
+    t = sustained(df).set_index("variant")
+    assert t.loc["dense", "sustained"] == 8.0 and t.loc["dense", "steps"] == 2
+    assert t.loc["base", "sustained_min"] == 2.8 and t.loc["base", "sustained_max"] == 22.6
+    assert t.loc["base", "over_dense_min"] == pytest.approx(2.8 / 8) and t.loc["base", "over_dense_max"] == pytest.approx(22.6 / 8)

@@ -19,6 +19,10 @@ variants' order rotated, per-request latency and goodput.
             decode steps, `method.apply_to=decode`); then per engine its warm-up, which captures the
             decode step and every token bucket's packed prefill (and mixed step) before its first
             stream (`scheduler.packing=padded`: one round, which captures the decode step)
+  search    with serve.search_steps > 0, after the rates: a geometric bisection over
+            serve.search_range (requests/s) for the highest rate at which at least
+            serve.search_attainment of a stream's requests meet both SLOs, one stream per step
+            (`arrivals` "search"; analysis/serving.py reads the sustained rate from them)
   order     repeat r serves the variants in the list's order started at variant (r x V) // R
             (V variants, R = serve.repeats), so the first place rotates; each variant serves every
             rate in the listed order through one engine, reset before each stream
@@ -43,6 +47,7 @@ variant are what stream mode measures.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -68,6 +73,20 @@ def rotated(items: list, repeat: int, repeats: int) -> list:
     """Repeat `repeat`'s order of `items`: the list started at item (repeat x len) // repeats."""
     start = (repeat * len(items)) // repeats % len(items)
     return items[start:] + items[:start]
+
+
+def bisect_rates(low: float, high: float, steps: int,
+                 attained: Callable[[float, int], bool]) -> list[tuple[float, bool]]:
+    """The highest request rate in [low, high] at which `attained(rate, step)` holds, by `steps`
+    geometric bisections (each serves one stream): (rate, attained) per step. The sustained rate is
+    the highest rate that attained; none did if every step failed (the rate is below `low`)."""
+    tried = []
+    for step in range(steps):
+        rate = math.sqrt(low * high)
+        ok = attained(rate, step)
+        tried.append((rate, ok))
+        low, high = (rate, high) if ok else (low, rate)
+    return tried
 
 
 def round_sizes(slots: int) -> list[int]:
@@ -162,7 +181,6 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
     info: dict[str, Any] = {"warmup_s": {}, "orders": [], "step_probe": []}
     for slots in tp.batch_sizes:
         requests = make_stream(cfg.requests, vocab, stream_cfg, seed + slots, lengths)  # stream.rate: null
-        schedules = {rate: arrival_times(len(requests), rate, seed + slots) for rate in cfg.rates}
         if not info["warmup_s"]:  # calibration and predictor fits, before anything is timed
             for v in variants:
                 budget = make_budget(v, False)
@@ -184,22 +202,33 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                               f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
                               f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
                               f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
-                    for rate in cfg.rates:
-                        stream = [replace(r, arrival_s=a) for r, a in zip(requests, schedules[rate])]
+                    def serve_at(rate: float | None, arrivals: str, extra: dict[str, Any]) -> dict:
+                        times = arrival_times(len(requests), rate, seed + slots)  # one draw, scaled
+                        stream = [replace(r, arrival_s=a) for r, a in zip(requests, times)]
                         done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
                         keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
                                 "method": v.method, "budget": v.budget, "k0": v.k0, "rate": rate,
-                                "arrivals": "burst" if rate is None else "poisson", "packing": scheduler.packing,
-                                "chunked": scheduler.chunked}
+                                "arrivals": arrivals, "packing": scheduler.packing, "chunked": scheduler.chunked,
+                                **extra}
                         rows = _records(done, stream, keys)
                         summary = _summary(rows, stats, keys, slo)
-                        request_rows += rows
+                        request_rows.extend(rows)
                         stream_rows.append(summary)
                         if emit is not None:
                             emit(request_rows, stream_rows)
                         print(f"[serve] {slots} slots, repeat {repeat}, {v.label} budget={v.budget}, "
-                              f"{'burst' if rate is None else f'{rate:g} req/s'}: "
+                              f"{'burst' if rate is None else f'{rate:g} req/s'}"
+                              f"{' (search)' if arrivals == 'search' else ''}: "
                               f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
                               f"TPOT p50 {summary['tpot_ms_p50'] or float('nan'):.2f} ms, "
                               f"goodput {summary['goodput']:.2f} req/s", flush=True)
+                        return summary
+
+                    for rate in cfg.rates:
+                        serve_at(rate, "burst" if rate is None else "poisson", {})
+                    if cfg.search_steps:
+                        bisect_rates(*cfg.search_range, cfg.search_steps,
+                                     lambda rate, step: serve_at(rate, "search", {
+                                         "search_step": step, "search_attainment": cfg.search_attainment,
+                                     })["good_fraction"] >= cfg.search_attainment)
     return request_rows, stream_rows, info
