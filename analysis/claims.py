@@ -529,7 +529,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
                          "requests finish; every rule minus `base` at the same budget by the exact McNemar test, Holm "
                          "over each grid; {cross}; none replicated on other prompts yet; made before issue 26, "
                          "with the host reading each step's tokens before launching the next "
-                         "(`scheduler.overlap=false`; one point re-run so reproduces exactly); with the host one "
+                         "(`scheduler.overlap=false`; `mini`'s grid re-run so reproduces every accuracy and call); with the host one "
                          "step behind, today's default, `mini`'s grid changes 3 of its 28 calls and its "
                          "retained energy, `results/rerun_2026-12-02/`; "
                          "`make quality-seeds QS_EXP=quality_seeds_mini_continuous QS_EXTRA=scheduler.overlap=false`, "
