@@ -48,6 +48,9 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                  ("stream",): {"requests_per_slot": 8, "prompt_len": [128, 512], "output_len": [32, 256], "rate": None,
                                "admission": "fifo", "max_wait_rounds": 4, "stats_requests_per_slot": 2,
                                "lengths_from": None},
+                 # serve.search_* (2026-12-02) first: a serve run recorded before them keeps its hash too
+                 ("serve", "search_steps"): 0, ("serve", "search_range"): [1.0, 64.0],
+                 ("serve", "search_attainment"): 0.9,
                  ("serve",): {"rates": [None, 4.0, 16.0], "requests": 12, "repeats": 3, "slo_ttft_ms": 500.0,
                               "slo_tpot_ms": 25.0},
                  # the continuous-batching engine before issue 26: padded prefill, a host sync per step
