@@ -120,11 +120,12 @@ admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 se
 
 # RULES_EXP=rules_mini_olmoe: the same comparison on the second embedded model.
 RULES_EXP ?= rules_mini
-rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and adaptive budgets) vs base -> results/$(RULES_EXP).*
-	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP)
-	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.reassign=similar,drop
-	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.budget_split=sensitivity
-	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.coverage=0.9,0.95 budget=null
+RULES_EXTRA ?=  # e.g. scheduler.overlap=false: the committed continuous rules grids (made before issue 26)
+rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and adaptive budgets) vs base (RULES_EXTRA: more overrides) -> results/$(RULES_EXP).*
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) $(RULES_EXTRA)
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.reassign=similar,drop $(RULES_EXTRA)
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.budget_split=sensitivity $(RULES_EXTRA)
+	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.coverage=0.9,0.95 budget=null $(RULES_EXTRA)
 	$(PY) -m analysis.ablation outputs/$(RULES_EXP) results/$(RULES_EXP)
 	$(PY) -m analysis.records write outputs/$(RULES_EXP) results/records/$(RULES_EXP)
 	$(PY) -m analysis.cross_grid
