@@ -186,12 +186,11 @@ def sustained(df: pd.DataFrame) -> pd.DataFrame:
            .reindex(s.groupby(key + ["repeat"]).size().index).rename("sustained").reset_index())
     dense = per[per["variant"] == "dense"].set_index(["model", "routing", "slots", "repeat"])["sustained"]
     per["over_dense"] = per["sustained"] / per.join(dense.rename("d"), on=["model", "routing", "slots", "repeat"])["d"]
+    meta = s.groupby(key).agg(method=("method", "first"), budget=("budget", "first"),
+                              steps=("search_step", "nunique"), attainment=("search_attainment", "first"))
     rows = []
     for cell, g in per.groupby(key, sort=True):
-        first = s[(s[key] == pd.Series(dict(zip(key, cell)))).all(axis=1)]
-        row = dict(zip(key, cell)) | {"method": first["method"].iloc[0], "budget": first["budget"].iloc[0],
-                                      "repeats": len(g), "steps": int(first["search_step"].nunique()),
-                                      "attainment": float(first["search_attainment"].iloc[0])}
+        row = dict(zip(key, cell)) | meta.loc[cell].to_dict() | {"repeats": len(g)}
         for col in ("sustained", "over_dense"):
             v = g[col]
             row[col] = v.median() if v.notna().all() else np.nan  # a repeat with no sustained rate: no median

@@ -100,7 +100,8 @@ class StaticKV:
     def _row_index(self, device: torch.device, B: int, K: int) -> Tensor:
         key = (torch.device(device), K)
         if key not in self._rows:
-            base_BK = torch.arange(B * K, device=device).view(B, K) * self.max_len
+            rows_B = torch.arange(B, device=device)
+            base_BK = _flat_slots(rows_B, torch.zeros_like(rows_B), K, self.max_len).view(B, K)
             self._rows[key] = (base_BK, torch.zeros(B * K, dtype=torch.long, device=device))
             self._refresh_rows()
         return self._rows[key][1]
@@ -201,14 +202,24 @@ def _drop_buffers(module: nn.Module) -> None:
     module.__dict__.pop("base_row_index", None)
 
 
-def _write_packed(cache_BKLD: Tensor, new_1KTD: Tensor, row_T: Tensor, slot_T: Tensor) -> None:
-    """Token t's K (or V) heads into cache[row_T[t], :, slot_T[t]]: one index_copy_ over the
-    flattened cache (no host sync; repeated targets, the padding's spare slot, take any one)."""
+def _flat_slots(row_T: Tensor, slot_T: Tensor, K: int, L: int) -> Tensor:
+    """(T*K,) rows of a (B, K, L, D) cache viewed as (B*K*L, D): token t's K heads at row_T[t],
+    slot slot_T[t], token-major (the order of a (T, K, D) tensor's rows)."""
+    k_K = torch.arange(K, device=row_T.device)
+    return ((row_T[:, None] * K + k_K[None, :]) * L + slot_T[:, None]).reshape(-1)
+
+
+def _index_write(cache_BKLD: Tensor, flat_N: Tensor, new_TKD: Tensor) -> None:
+    """new_TKD's (token, head) rows into the flattened cache at flat_N: one index_copy_, no host
+    sync (repeated targets, the padding's spare slot, take any one)."""
     B, K, L, D = cache_BKLD.shape
-    T = new_1KTD.shape[2]
-    k_K = torch.arange(K, device=cache_BKLD.device)
-    flat_TK = (row_T[:, None] * K + k_K[None, :]) * L + slot_T[:, None]
-    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_TK.reshape(-1), new_1KTD[0].transpose(0, 1).reshape(T * K, D))
+    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_N, new_TKD.reshape(-1, D))
+
+
+def _write_packed(cache_BKLD: Tensor, new_1KTD: Tensor, row_T: Tensor, slot_T: Tensor) -> None:
+    """Token t's K (or V) heads into cache[row_T[t], :, slot_T[t]]."""
+    _, K, L, _ = cache_BKLD.shape
+    _index_write(cache_BKLD, _flat_slots(row_T, slot_T, K, L), new_1KTD[0].transpose(0, 1))
 
 
 def packed_attention(module: nn.Module, query_1HTD: Tensor, key_1KTD: Tensor, value_1KTE: Tensor, scaling: float,
@@ -246,15 +257,18 @@ def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | N
         cache_BKLD.transpose(1, 2)[rows_n[:, None], pos[None, :]] = new_BKQD.transpose(1, 2)
         return cache_BKLD[rows_n]
     if pos.dim() == 2:  # one slot per row (continuous batching's decode step)
-        _write_rows(cache_BKLD, new_BKQD, pos, flat_N)
+        if flat_N is None:
+            B, K, L, _ = cache_BKLD.shape
+            flat_N = _flat_slots(torch.arange(B, device=pos.device), pos[:, 0], K, L)
+        _write_rows(cache_BKLD, new_BKQD, flat_N)
         return cache_BKLD
     cache_BKLD.index_copy_(2, pos, new_BKQD)
     return cache_BKLD
 
 
 @torch.compiler.disable
-def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, pos_B1: Tensor, flat_N: Tensor | None = None) -> None:
-    """Row b's K (or V) heads into slot pos_B1[b]: one index_copy_ over the flattened cache, run
+def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, flat_N: Tensor) -> None:
+    """Row b's K (or V) heads into its slot (flat_N: `_flat_slots` of the rows and their slots), run
     eagerly even inside a compiled region (a graph break), so it writes in place.
 
     Why not compiled: Inductor made a per-row write into a module's cache buffer out of place, a
@@ -263,10 +277,7 @@ def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, pos_B1: Tensor, flat_N: Te
     index_copy_ over a view (1.3 ms; in place on a CPU, where tests/test_attention.py checks
     Inductor's code). The static engine's write (one slot shared by every row, index_copy_ along
     the slots of the buffer itself) compiles in place and stays in the region."""
-    B, K, L, D = cache_BKLD.shape
-    if flat_N is None:
-        flat_N = (torch.arange(B * K, device=pos_B1.device).view(B, K) * L + pos_B1.view(B, 1)).reshape(-1)
-    cache_BKLD.view(B * K * L, D).index_copy_(0, flat_N, new_BK1D.reshape(B * K, D))
+    _index_write(cache_BKLD, flat_N, new_BK1D[:, :, 0])
 
 
 def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,

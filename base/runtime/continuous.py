@@ -86,7 +86,7 @@ class HostTokens:
         """The tokens; waits for this copy (and the forwards before it) only."""
         if self.event is not None:
             self.event.synchronize()
-            if not self.ring.holds(self.host_B, self.generation):
+            if not self.ring.holds(self.generation):
                 raise RuntimeError(f"a token snapshot was read after {TokenRing.SIZE} later snapshots reused its buffer")
         return self.host_B.tolist()
 
@@ -105,8 +105,8 @@ class TokenRing:
         self.taken += 1
         return buf, self.taken
 
-    def holds(self, buf: Tensor, generation: int) -> bool:
-        """Whether `buf` was not handed out again since `generation`."""
+    def holds(self, generation: int) -> bool:
+        """Whether the buffer handed out as `generation` was not handed out again since."""
         return self.taken - generation < self.SIZE
 
 

@@ -110,6 +110,7 @@ class ServeStats:
                 "prefill_tokens_per_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else None,
                 "mixed_s": sum(self.mixed_s), "mixed_prompt_tokens": self.mixed_prompt_tokens,
                 "eager_steps": sum(self.eager), "captures": self.captures,
+                "step_ms_median": _median_ms(self.step_s, self.eager),
                 "gap_ms_median": _median_ms(self.gap_s, self.eager),
                 "launch_ms_median": _median_ms(self.launch_s, self.eager)}
 

@@ -46,9 +46,9 @@ variant are what stream mode measures.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -155,14 +155,34 @@ def _records(done: list[Finished], requests: list[Request], keys: dict[str, Any]
 
 
 def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo) -> dict:
-    replayed = [s for s, e in zip(stats.step_s, stats.eager) if not e] or stats.step_s
     counts = stats.summary()
     return {**keys, "requests": len(rows),
             **stream_metrics(rows, max(r["last_token_s"] for r in rows), slo),
             **{k: counts[k] for k in ("occupancy_mean", "steps", "mixed_steps", "mixed_share", "rounds", "prefills",
                                       "prefill_s", "prompt_tokens", "prefill_tokens_per_s", "eager_steps",
-                                      "captures", "gap_ms_median", "launch_ms_median")},
-            "step_ms_median": 1e3 * statistics.median(replayed) if replayed else None}
+                                      "captures", "step_ms_median", "gap_ms_median", "launch_ms_median")}}
+
+
+def _serve_stream(engine: ContinuousEngine, requests: list[Request], seed: int, scheduler: SchedulerConfig,
+                  slo: Slo, request_rows: list[dict], stream_rows: list[dict], emit: Emit | None,
+                  keys: dict[str, Any]) -> dict:
+    """Serve `requests` arriving at keys["rate"] (None: the burst; the seeded draw, scaled) through
+    the engine; the rows go to request_rows / stream_rows (and `emit`); returns the stream's row."""
+    rate = keys["rate"]
+    stream = [replace(r, arrival_s=a) for r, a in zip(requests, arrival_times(len(requests), rate, seed))]
+    done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
+    rows = _records(done, stream, keys)
+    summary = _summary(rows, stats, keys, slo)
+    request_rows.extend(rows)
+    stream_rows.append(summary)
+    if emit is not None:
+        emit(request_rows, stream_rows)
+    print(f"[serve] {keys['slots']} slots, repeat {keys['repeat']}, {keys['variant']} budget={keys['budget']}, "
+          f"{'burst' if rate is None else f'{rate:g} req/s'}{' (search)' if keys['arrivals'] == 'search' else ''}: "
+          f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
+          f"TPOT p50 {summary['tpot_ms_p50'] or float('nan'):.2f} ms, goodput {summary['goodput']:.2f} req/s",
+          flush=True)
+    return summary
 
 
 def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
@@ -202,33 +222,17 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                               f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
                               f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
                               f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
-                    def serve_at(rate: float | None, arrivals: str, extra: dict[str, Any]) -> dict:
-                        times = arrival_times(len(requests), rate, seed + slots)  # one draw, scaled
-                        stream = [replace(r, arrival_s=a) for r, a in zip(requests, times)]
-                        done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
-                        keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
-                                "method": v.method, "budget": v.budget, "k0": v.k0, "rate": rate,
-                                "arrivals": arrivals, "packing": scheduler.packing, "chunked": scheduler.chunked,
-                                **extra}
-                        rows = _records(done, stream, keys)
-                        summary = _summary(rows, stats, keys, slo)
-                        request_rows.extend(rows)
-                        stream_rows.append(summary)
-                        if emit is not None:
-                            emit(request_rows, stream_rows)
-                        print(f"[serve] {slots} slots, repeat {repeat}, {v.label} budget={v.budget}, "
-                              f"{'burst' if rate is None else f'{rate:g} req/s'}"
-                              f"{' (search)' if arrivals == 'search' else ''}: "
-                              f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
-                              f"TPOT p50 {summary['tpot_ms_p50'] or float('nan'):.2f} ms, "
-                              f"goodput {summary['goodput']:.2f} req/s", flush=True)
-                        return summary
-
+                    keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
+                            "method": v.method, "budget": v.budget, "k0": v.k0, "packing": scheduler.packing,
+                            "chunked": scheduler.chunked}
+                    stream_at = functools.partial(_serve_stream, engine, requests, seed + slots, scheduler, slo,
+                                                  request_rows, stream_rows, emit)
                     for rate in cfg.rates:
-                        serve_at(rate, "burst" if rate is None else "poisson", {})
+                        stream_at({**keys, "rate": rate, "arrivals": "burst" if rate is None else "poisson"})
                     if cfg.search_steps:
                         bisect_rates(*cfg.search_range, cfg.search_steps,
-                                     lambda rate, step: serve_at(rate, "search", {
-                                         "search_step": step, "search_attainment": cfg.search_attainment,
+                                     lambda rate, step, at=stream_at, keys=keys: at({
+                                         **keys, "rate": rate, "arrivals": "search", "search_step": step,
+                                         "search_attainment": cfg.search_attainment,
                                      })["good_fraction"] >= cfg.search_attainment)
     return request_rows, stream_rows, info

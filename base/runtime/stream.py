@@ -26,7 +26,6 @@ On a CPU the same code runs eagerly: a check of the bookkeeping, not a speed fig
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
@@ -157,8 +156,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
                 "ttft_ms_p50": 1e3 * _quantile([d.ttft_s for d in done], 0.5),
                 "ttft_ms_p90": 1e3 * _quantile([d.ttft_s for d in done], 0.9),
                 "occupancy_mean": steady["occupancy_mean"], "rounds": stats.rounds, "steps": stats.steps,
-                "step_ms_median": 1e3 * statistics.median([s for s, e in zip(stats.step_s, stats.eager) if not e]
-                                                          or stats.step_s),
+                "step_ms_median": steady["step_ms_median"],
                 "prefill_s": stats.prefill_s, "predict_s": predict_s,
                 "prompt_tokens": stats.prompt_tokens, "prefill_tokens_per_s": steady["prefill_tokens_per_s"],
                 "prefill_floor_s": floor_s, "prefill_over_floor": stats.prefill_s / floor_s if floor_s else None,
