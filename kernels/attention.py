@@ -35,18 +35,46 @@ a captured launch replays. Launches that may run concurrently on one device must
 counters: the engine runs one layer's attention at a time on one stream.
 Reference: `decode_attention_reference` below (per head over K/V repeated per group), tested
 against it in tests/test_kernels.py (interpreter on the CPU, compiled on the GPU).
-Tuning: BLOCK_N = 64 slots, 4 warps; S targets about two programs per SM of an H200 (132 SMs).
+Tuning (`AttentionLaunch`): slots per block, warps, and the programs S is sized for; tuned per GPU
+in kernels/configs/<gpu>.json ("attention:G=<G_BLOCK>,D=<D_BLOCK>", tools/tune_step_kernels.py),
+else 64 slots, 4 warps and 264 programs (about two per SM of an H200).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton.language as tl
 from torch import Tensor
 
 from kernels._triton import dual_jit, empty, next_pow2
+from kernels.tuned import tuned_entry
 
-BLOCK_N = 64
-TARGET_PROGRAMS = 264
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """BLOCK_N cache slots per inner step, the warps of a program, and the number of programs
+    the shares S are sized for (more shares: more parallel reads, a longer combine)."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    target_programs: int = 264
+
+    def __post_init__(self) -> None:
+        if self.block_n not in (16, 32, 64, 128, 256):
+            raise ValueError(f"block_n must be a power of two in [16, 256], got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+        if self.target_programs < 1:
+            raise ValueError(f"target_programs must be >= 1, got {self.target_programs}")
+
+
+def attention_launch(G: int, D: int, device: torch.device) -> AttentionLaunch:
+    """The tuned launch for G query heads per KV head and key size D on this device, else the default."""
+    entry = tuned_entry(f"attention:G={next_pow2(G, 16)},D={next_pow2(D, 16)}", device)
+    default = AttentionLaunch()
+    return AttentionLaunch(block_n=entry.get("BLOCK_N", default.block_n), num_warps=entry.get("num_warps", default.num_warps),
+                           target_programs=entry.get("target_programs", default.target_programs))
 
 
 @dual_jit
@@ -133,25 +161,27 @@ def arrival_counters(n: int, device: torch.device) -> Tensor:
     return held[-1]
 
 
-def splits_for(batch_kv_heads: int, slots: int) -> int:
-    """Shares of the cache per (row, KV head): about TARGET_PROGRAMS programs, each at least one block."""
+def splits_for(batch_kv_heads: int, slots: int, launch: AttentionLaunch = AttentionLaunch()) -> int:
+    """Shares of the cache per (row, KV head): about `target_programs` programs, each at least one block."""
     cdiv = lambda a, b: -(-a // b)
-    return max(1, min(cdiv(TARGET_PROGRAMS, batch_kv_heads), cdiv(slots, BLOCK_N), 16))
+    return max(1, min(cdiv(launch.target_programs, batch_kv_heads), cdiv(slots, launch.block_n), 16))
 
 
 def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_slot_1: Tensor,
-                     scaling: float) -> Tensor:
+                     scaling: float, launch: AttentionLaunch | None = None) -> Tensor:
     """softmax(q k^T * scaling over allowed slots <= last_slot) v, per query head; returns
     (B, Hq, E) in q's dtype. `allowed_BL` is bool (unit last stride); `last_slot_1` an int tensor
-    of one element on the device: the newest slot written (later slots are not read)."""
+    of one element on the device: the newest slot written (later slots are not read). `launch`:
+    the tuned one for (G, D) on this device when None."""
     B, Hq, D = q_BHD.shape
     K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
     if Hq % K or k_BKLD.stride(-1) != 1 or v_BKLE.stride(-1) != 1 or q_BHD.stride(-1) != 1:
         raise ValueError("decode_attention needs Hq divisible by K and unit-stride head dimensions")
     G = Hq // K
     G_BLOCK, D_BLOCK, E_BLOCK = next_pow2(G, 16), next_pow2(D, 16), next_pow2(E, 16)
-    S = splits_for(B * K, L)
     dev = q_BHD.device
+    launch = launch or attention_launch(G, D, dev)
+    S = splits_for(B * K, L, launch)
     m = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
     l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
     acc = empty(B * K * S * G_BLOCK, E_BLOCK, dtype=torch.float32, device=dev)
@@ -162,7 +192,8 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
         float(scaling), K, G, D, E, S,
         q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
         v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0), out.stride(0), out.stride(1),
-        G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=BLOCK_N, ONE_SHARE=S == 1, num_warps=4,
+        G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=launch.block_n, ONE_SHARE=S == 1,
+        num_warps=launch.num_warps,
     )  # fmt: skip
     return out
 

@@ -25,11 +25,9 @@ step that calls this can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 
 import torch
 import triton
@@ -37,8 +35,9 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._triton import dual_jit, empty, next_pow2
+from kernels.tuned import CONFIG_DIR, device_name  # noqa: F401 - CONFIG_DIR: tools/tune_kernels.py
+from kernels.tuned import load_configs as _load_configs
 
-CONFIG_DIR = Path(__file__).parent / "configs"
 ACTS = {"silu": 0, "gptoss": 1}
 
 
@@ -457,18 +456,6 @@ def num_sms(device: torch.device) -> int:
 
 def config_key(H: int, I: int, T: int) -> str:
     return f"H={H},I={I},T={min(next_pow2(T), 128)}"
-
-
-def device_name(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "cpu"
-    return torch.cuda.get_device_name(device).replace(" ", "_")
-
-
-@cache
-def _load_configs(name: str) -> dict:
-    path = CONFIG_DIR / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:

@@ -63,6 +63,7 @@ from kernels._triton import dual_jit, empty, next_pow2
 from kernels.terms import (
     TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
 )
+from kernels.tuned import tuned_entry
 
 REASSIGN_MODES = ("backfill", "drop", "similar")
 # Backfill over the kept list (pairwise places, (TB, M, M) in registers) up to this budget; above
@@ -464,6 +465,32 @@ class Rule:
     renormalize: bool = True
 
 
+@dataclass(frozen=True)
+class SelectLaunch:
+    """How the kernel's one program runs (the GEMV form's other programs excepted): its warps,
+    and TB, the tokens per step of its loops. Tuned per GPU (kernels/configs/<gpu>.json,
+    "select:E=<E_BLOCK>,T=<T>", by tools/tune_step_kernels.py): the program is latency-bound, so
+    fewer warps (reductions within a warp) can beat more."""
+
+    num_warps: int = 8
+    tokens_per_tile: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+        if self.tokens_per_tile not in (1, 2, 4, 8, 16, 32, 64):
+            raise ValueError(f"tokens_per_tile must be a power of two in [1, 64], got {self.tokens_per_tile}")
+
+
+def select_launch(E: int, T: int, device: torch.device) -> SelectLaunch:
+    """The tuned launch for E experts and T tokens on this device, else the built-in default
+    (8 warps above 64 experts, 4 up to 64; 16 tokens per tile)."""
+    E_BLOCK = next_pow2(E, 16)
+    entry = tuned_entry(f"select:E={E_BLOCK}", device, T)
+    return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),
+                        tokens_per_tile=entry.get("TB", 16))
+
+
 def union_fits(rule: Rule, budget: int | None, T: int, K: int, E: int) -> bool:
     """Whether the rule must keep every routed expert: its kept set is the union whenever the union
     fits in the budget, and T tokens' K choices (at most E experts) always fit. The kernel then
@@ -505,8 +532,10 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
             w_TK: Tensor, active_T: Tensor, score_E: Tensor | None, g_TE: Tensor | None, g_stride: int,
             pred_b_E: Tensor | None, energy_E: Tensor | None, sim_EE: Tensor | None, route: bool,
             norm: bool = False, route_scale: float = 1.0, logits_TE: Tensor | None = None,
-            logit_bias_E: Tensor | None = None, gemv: tuple | None = None) -> Selection:
+            logit_bias_E: Tensor | None = None, gemv: tuple | None = None,
+            launch: SelectLaunch | None = None) -> Selection:
     dev = probs_TE.device
+    launch = launch or select_launch(E, T, dev)
     in_kernel = score_E is None
     if in_kernel and kind == "base" and (g_TE is None or pred_b_E is None):
         raise ValueError("kind 'base' computed in the kernel needs g_TE and pred_b_E")
@@ -555,12 +584,12 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         T, E, H, C, M, M, int(rule.k0), float(route_scale), float(rule.coverage or 1.0),
         sx, sw, logits_TE.stride(0) if logits_TE is not None else 0, probs_TE.stride(0), idx_TK.stride(0),
         w_TK.stride(0), g_stride, sim_EE.stride(0) if sim_EE is not None else 0, new_idx.stride(0), new_w.stride(0),
-        K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=16, GEMV=gemv is not None, **gemv_meta,
+        K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=launch.tokens_per_tile, GEMV=gemv is not None, **gemv_meta,
         ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
         SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
         REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
         SELECT=not union_fits(rule, budget, T, K, E), M_BLOCK=next_pow2(M), KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX,
-        num_warps=4 if E_BLOCK <= 64 else 8,
+        num_warps=launch.num_warps,
     )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
 
@@ -581,6 +610,7 @@ def select_reassign(
     reassign_mode: str = "backfill",
     renormalize: bool = True,
     rule: Rule | None = None,
+    launch: SelectLaunch | None = None,
 ) -> Selection:
     """Keep the `budget` union experts with the largest score_E and reroute every token to them
     (after the model's own router).
@@ -599,7 +629,7 @@ def select_reassign(
     return _launch(T=T, K=K, E=E, budget=budget, kind=kind, rule=rule, probs_TE=probs_TE.float().contiguous(),
                    idx_TK=topk_idx_TK.contiguous(), w_TK=topk_w_TK.contiguous(), active_T=active_T, score_E=score_E,
                    g_TE=g_TE, g_stride=g_TE.stride(0) if g_TE is not None else 0, pred_b_E=pred_b_E,
-                   energy_E=energy_E, sim_EE=sim_EE, route=False)  # fmt: skip
+                   energy_E=energy_E, sim_EE=sim_EE, route=False, launch=launch)  # fmt: skip
 
 
 def _routing_buffers(T: int, E: int, top_k: int, dev: torch.device, w_dtype: torch.dtype) -> Routing:
@@ -626,6 +656,7 @@ def route_select(
     reassign_mode: str = "backfill",
     renormalize: bool = True,
     rule: Rule | None = None,
+    launch: SelectLaunch | None = None,
 ) -> tuple[Routing, Selection]:
     """The router's softmax + top-k (+ renormalisation, scaling) and the selection in ONE launch,
     after the router's GEMM (`route_select_gemv` does the GEMM too).
@@ -646,7 +677,7 @@ def route_select(
                   idx_TK=routing.topk_idx_TK, w_TK=routing.topk_w_TK, active_T=active_T, score_E=score_E, g_TE=g_TE,
                   g_stride=g_TE.stride(0) if g_TE is not None else 0, pred_b_E=pred_b_E, energy_E=energy_E,
                   sim_EE=sim_EE, route=True, norm=norm_topk, route_scale=scale, logits_TE=logits_TE,
-                  logit_bias_E=logit_bias_E)  # fmt: skip
+                  logit_bias_E=logit_bias_E, launch=launch)  # fmt: skip
     return routing, sel
 
 
@@ -668,6 +699,7 @@ def route_select_gemv(
     logit_bias_E: Tensor | None = None,
     rule: Rule | None = None,
     counter: Tensor | None = None,
+    launch: SelectLaunch | None = None,
 ) -> tuple[Routing, Selection]:
     """`route_select` with the router's GEMM in the same launch: weight_CH is the router's (E, H)
     weight, or for `base` [router; predictor] (2E, H) from `kernels.score.fuse_router_predictor`
@@ -693,5 +725,5 @@ def route_select_gemv(
                   idx_TK=routing.topk_idx_TK, w_TK=routing.topk_w_TK, active_T=active_T, score_E=score_E, g_TE=g_TE,
                   g_stride=C, pred_b_E=pred_b_E, energy_E=energy_E, sim_EE=sim_EE, route=True, norm=norm_topk,
                   route_scale=scale, logits_TE=ws_TC, logit_bias_E=logit_bias_E,
-                  gemv=(x_TH, weight_CH.contiguous(), ws_TC, counter))  # fmt: skip
+                  gemv=(x_TH, weight_CH.contiguous(), ws_TC, counter), launch=launch)  # fmt: skip
     return routing, sel

@@ -110,7 +110,8 @@ def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
 def test_per_row_writes_go_through_the_index_the_cache_refreshes_each_step():
     """Continuous batching's decode step: each row writes its K/V at its own slot through the flat
     index StaticKV keeps for every layer; moving the positions in place and calling sync() (what the
-    engine does at the start of every step) moves the writes with them."""
+    engine does at the start of every step) moves the writes with them, and the last slot decode
+    attention reads (the largest position) with them."""
     B, K, L, D, Hq = 3, 2, 8, 4, 4
     module, model = nn.Module(), nn.Module()
     model.config = type("C", (), {"_attn_implementation": "sdpa"})()
@@ -127,6 +128,7 @@ def test_per_row_writes_go_through_the_index_the_cache_refreshes_each_step():
                 assert torch.equal(module.base_v_cache[b, :, pos_B1[b, 0]], v_BK1D[b, :, 0])
             expected = (torch.arange(B * K).view(B, K) * L + pos_B1).reshape(-1)
             assert torch.equal(module.base_row_index, expected)
+            assert module.base_last_slot.tolist() == [int(pos_B1.max())]
             pos_B1.add_(1)  # the step moves every row on, in place
             kv.sync()
 

@@ -490,6 +490,34 @@ def test_decode_attention_in_many_shares_combines_in_the_last_and_leaves_its_cou
     assert torch.equal(first, again)
 
 
+@pytest.mark.parametrize("block_n,target", [(16, 1), (32, 40), (128, 4)])
+def test_decode_attention_under_every_launch_matches_the_reference(block_n, target):
+    """A tuned launch (slots per block, programs targeted) changes how the cache is cut into
+    shares, not the result: one share, several, and shares past the filled slots."""
+    from kernels.attention import (
+        AttentionLaunch,
+        decode_attention,
+        decode_attention_reference,
+        splits_for,
+    )
+
+    B, Hq, K, L, D, E, last = 2, 4, 2, 300, 16, 16, 170
+    launch = AttentionLaunch(block_n=block_n, num_warps=2, target_programs=target)
+    q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E)
+    out = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=launch)
+    assert splits_for(B * K, L, launch) == {1: 1, 40: 10, 4: 1}[target]
+    torch.testing.assert_close(out, decode_attention_reference(q, k, v, allowed, last, 0.3), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_attention_launches_are_refused():
+    from kernels.attention import AttentionLaunch
+
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        AttentionLaunch(block_n=48)
+    with pytest.raises(ValueError, match="target_programs must be >= 1"):
+        AttentionLaunch(target_programs=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B,Hq,K,L,D,E,last", ATTN_SHAPES + [(64, 32, 4, 640, 128, 128, 300),

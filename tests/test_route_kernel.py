@@ -223,6 +223,48 @@ def test_backfill_over_the_kept_list_equals_backfill_over_all_experts(monkeypatc
     assert torch.equal(out[0].topk_idx_TK, out[1].topk_idx_TK) and torch.equal(out[0].topk_w_TK, out[1].topk_w_TK)
 
 
+@pytest.mark.parametrize("tier,M", [("none", 6), ("anchor", 12)])
+def test_the_tile_size_changes_no_routing_bit(tier, M):
+    """The launch's tokens per tile (tuned per GPU) only splits the kernel's loops over tokens:
+    1, 4 and 32 tokens per step route, keep and reassign exactly as 16 do (T = 21: a partial last
+    tile); the score, a sum over tokens, only up to float rounding (another summation order)."""
+    from kernels.select import SelectLaunch
+
+    T, E, K, H = 21, 64, 6, 16
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=5)
+    art = _artifacts(E, H, seed=2)
+    logits_TE = F.linear(x_TH, w_EH)
+    kw = dict(norm_topk=True, kind="base", g_TE=x_TH @ art.pred_w_LHE[0], pred_b_E=art.pred_b_LE[0],  # noqa: C408
+              rule=Rule(tier=tier))
+    ref_routing, ref = route_select(logits_TE, K, active_T, M, launch=SelectLaunch(tokens_per_tile=16), **kw)
+    for tb in (1, 4, 32):
+        routing, sel = route_select(logits_TE, K, active_T, M, launch=SelectLaunch(num_warps=1, tokens_per_tile=tb), **kw)
+        assert torch.equal(routing.topk_idx_TK, ref_routing.topk_idx_TK)
+        assert torch.equal(sel.keep_M, ref.keep_M)
+        torch.testing.assert_close(sel.score_E, ref.score_E, rtol=1e-6, atol=0)
+        assert torch.equal(sel.topk_idx_TK, ref.topk_idx_TK) and torch.equal(sel.topk_w_TK, ref.topk_w_TK)
+
+
+def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(monkeypatch):
+    from kernels import tuned
+    from kernels.select import SelectLaunch, select_launch
+
+    table = {"select:E=128,T=16": {"num_warps": 2, "TB": 8}, "select:E=128,T=64": {"num_warps": 4, "TB": 32}}
+    monkeypatch.setattr(tuned, "load_configs", lambda name: table)
+    dev = torch.device("cpu")
+    assert select_launch(128, 16, dev) == SelectLaunch(num_warps=2, tokens_per_tile=8)
+    assert select_launch(100, 12, dev) == SelectLaunch(num_warps=2, tokens_per_tile=8)  # E 100 -> block 128, T 12 -> 16
+    assert select_launch(128, 1, dev) == SelectLaunch(num_warps=2, tokens_per_tile=8)  # nearest bucket: 16
+    assert select_launch(128, 50, dev) == SelectLaunch(num_warps=4, tokens_per_tile=32)
+    assert select_launch(64, 16, dev) == SelectLaunch(num_warps=4, tokens_per_tile=16)  # untuned: the default
+    monkeypatch.setenv("BASE_KERNELS_NO_TUNED", "1")
+    assert select_launch(128, 16, dev) == SelectLaunch()
+    with pytest.raises(ValueError, match="num_warps must be one of"):
+        SelectLaunch(num_warps=3)
+    with pytest.raises(ValueError, match="tokens_per_tile must be a power of two"):
+        SelectLaunch(tokens_per_tile=12)
+
+
 def test_bad_rules_are_refused():
     x_TH, w_EH, active_T = _inputs(4, 16, 8, seed=0)
     with pytest.raises(ValueError, match="top1_union"):

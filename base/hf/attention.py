@@ -82,6 +82,9 @@ class StaticKV:
         # a per-row write position's flat cache rows, (b*K + k)*L + write_pos[b], per (device, K):
         # (the constant part, the buffer sync() refreshes once per step for every layer)
         self._rows: dict[tuple[torch.device, int], tuple[Tensor, Tensor]] = {}
+        # a per-row write position's largest slot, per device: the last slot decode attention
+        # reads (refreshed with the rows, once per step, instead of a reduction in every layer)
+        self._last: dict[torch.device, Tensor] = {}
 
     def allocate(self, module: nn.Module, key_BKQD: Tensor, value_BKQE: Tensor) -> None:
         """Buffers on the module's own device (each layer of a model spread over GPUs keeps its
@@ -93,6 +96,7 @@ class StaticKV:
                                persistent=False)
         module.register_buffer("base_write_pos", self._pos_on(key_BKQD.device), persistent=False)
         module.base_row_index = self._row_index(key_BKQD.device, B, K)
+        module.base_last_slot = self._last_slot(key_BKQD.device)
         module.base_write_rows = None if self.write_rows is None else self.write_rows.to(key_BKQD.device)
         module.base_packed = _on(self.packed, key_BKQD.device)
         self.modules.append(module)
@@ -106,12 +110,22 @@ class StaticKV:
             self._refresh_rows()
         return self._rows[key][1]
 
+    def _last_slot(self, device: torch.device) -> Tensor:
+        device = torch.device(device)
+        if device not in self._last:
+            self._last[device] = torch.zeros(1, dtype=torch.long, device=device)
+            self._refresh_rows()
+        return self._last[device]
+
     def _refresh_rows(self) -> None:
-        """The per-row flat write index from write_pos (B, 1); nothing for a shared (Q,) position."""
+        """The per-row flat write index and the largest slot from write_pos (B, 1); nothing for a
+        shared (Q,) position."""
         if self.write_pos.dim() != 2:
             return
         for (device, _), (base_BK, flat_N) in self._rows.items():
             torch.add(base_BK, self._pos_on(device).view(-1, 1), out=flat_N.view(base_BK.shape))
+        for device, last_1 in self._last.items():
+            torch.amax(self._pos_on(device).view(-1), dim=0, keepdim=True, out=last_1)
 
     def _pos_on(self, device: torch.device) -> Tensor:
         if device == self.write_pos.device:
@@ -144,9 +158,9 @@ class StaticKV:
 
     def sync(self) -> None:
         """After write_pos changed in place (a decode step's position += 1): the other devices'
-        copies follow, and a per-row position's flat write index is recomputed (two small kernels
-        per step, where each layer's K and V writes would otherwise compute it: the continuous
-        engine calls this first in every decode step)."""
+        copies follow, and a per-row position's flat write index and largest slot are recomputed
+        (three small kernels per step, where each layer's K and V writes and its decode attention
+        would otherwise compute them: the continuous engine calls this first in every decode step)."""
         for pos in self._mirrors.values():
             pos.copy_(self.write_pos)
         self._refresh_rows()
@@ -164,14 +178,14 @@ class StaticKV:
         (that engine allocates again at its next prefill)."""
         for m in model.modules():
             _drop_buffers(m)
-        self.modules, self._mirrors, self._rows = [], {}, {}
+        self.modules, self._mirrors, self._rows, self._last = [], {}, {}, {}
         model.__dict__["_base_kv_owner"] = self
 
     def release(self, model: nn.Module | None = None) -> None:
         """Drop every module's buffers (another batch size or a later run allocates its own)."""
         for m in self.modules:
             _drop_buffers(m)
-        self.modules, self._mirrors, self._rows = [], {}, {}
+        self.modules, self._mirrors, self._rows, self._last = [], {}, {}, {}
         if model is not None and self.owns(model):
             del model.__dict__["_base_kv_owner"]
 
@@ -200,6 +214,7 @@ def _drop_buffers(module: nn.Module) -> None:
     module.__dict__.pop("base_write_rows", None)
     module.__dict__.pop("base_packed", None)
     module.__dict__.pop("base_row_index", None)
+    module.__dict__.pop("base_last_slot", None)
 
 
 def _flat_slots(row_T: Tensor, slot_T: Tensor, K: int, L: int) -> Tensor:
@@ -321,7 +336,7 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
     allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
     if Q == 1 and s_aux is None and query_BHQD.is_cuda:
-        last_1 = pos.max().reshape(1) if pos.dim() == 2 else pos  # the last slot any row reads
+        last_1 = module.base_last_slot if pos.dim() == 2 else pos  # the last slot any row reads
         out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], last_1, scaling)
         return out_BHE[:, None], None
     if Q == 1 or s_aux is not None:

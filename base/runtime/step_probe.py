@@ -48,7 +48,7 @@ def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: in
     row.update(_profiled(engine, engine.step, profiled, layers, "", names, "decode"))
 
     fill = _fill(prompts, B, engine.buckets[-1])
-    prefill = lambda: engine.run_packed(fill, mixed=False)  # noqa: E731
+    prefill = lambda: engine.run_packed(fill, mixed=False)
     engine.reset(stop_at_eos=False)
     prefill()  # the bucket's graph was captured by the warm-up; one replay first
     row["prefill_tokens"] = sum(len(c.ids) for c in fill)

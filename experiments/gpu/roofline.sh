@@ -3,6 +3,8 @@
 #   1. the GPU tests of what the issue changed (selection kernel, v3 experts, Triton backend, engine)
 #   2. the kernel benchmark: v3 launch configs tuned, v3 against v2 expert FFN, the selection step
 #      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
+#   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py,
+#      installed into kernels/configs/NVIDIA_H200.json before the grid) -> $OUT/tune_step.csv, installed_configs.json
 #   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
 #   bash experiments/gpu/roofline.sh                       # all three, Qwen3-30B-A3B uniform
@@ -33,6 +35,13 @@ if [[ " $PARTS " == *" kernels "* ]]; then
   echo "rc=$?" >> "$LOG/bench.log"; tail -40 "$LOG/bench.log"
   cp kernels/configs/NVIDIA_H200.json "$LOG/kernels/installed_configs.json" 2>/dev/null
   tar czf "$OUT/kernels.tgz" -C "$LOG" kernels bench.log
+fi
+if [[ " $PARTS " == *" steptune "* ]]; then
+  stamp "step kernels tuned"
+  timeout "${STEPTUNE_S:-150}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" > "$LOG/tune_step.log" 2>&1
+  echo "rc=$?" >> "$LOG/tune_step.log"; tail -30 "$LOG/tune_step.log"
+  cp kernels/configs/NVIDIA_H200.json "$LOG/installed_configs.json"
+  cp "$LOG/tune_step.csv" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" grid "* ]]; then
   # SPECS: runs of one process each, "model:routing" or "model:routing:[batch,...]" (default MODEL:ROUTING)

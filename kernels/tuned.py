@@ -1,0 +1,58 @@
+"""Tuned launch parameters, per GPU, beside the kernels: kernels/configs/<gpu>.json.
+
+One JSON object per GPU name (spaces as '_'); `default.json` holds fallbacks. Keys:
+    "H=<H>,I=<I>,T=<T>"         the expert FFN (kernels/experts.py, tools/tune_kernels.py)
+    "select:E=<E_BLOCK>,T=<T>"  the selection kernel's num_warps and tokens per tile
+                                (kernels/select.py, tools/tune_step_kernels.py)
+    "attention:G=<G>,D=<D>"     decode attention's slots per block, num_warps and programs
+                                targeted (kernels/attention.py, tools/tune_step_kernels.py)
+T is a token bucket: the next power of two, at most 128. A missing key falls back to the nearest
+bucket of the same prefix, then to the kernel's built-in default. BASE_KERNELS_NO_TUNED=1 ignores
+every table (the built-in defaults everywhere: for A/B timing).
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from kernels._triton import next_pow2
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+@cache
+def load_configs(name: str) -> dict:
+    path = CONFIG_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def token_bucket(T: int) -> int:
+    return min(next_pow2(T), 128)
+
+
+def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:
+    """The table's entry `prefix` (",T=<bucket>" appended when T is given; else the nearest
+    bucket of that prefix), or {} when nothing is tuned for it."""
+    if os.environ.get("BASE_KERNELS_NO_TUNED"):
+        return {}
+    table = load_configs(device_name(device))
+    if T is None:
+        return dict(table.get(prefix, {}))
+    head = f"{prefix},T="
+    key = f"{head}{token_bucket(T)}"
+    if key not in table:
+        near = [k for k in table if k.startswith(head)]
+        if not near:
+            return {}
+        key = min(near, key=lambda k: abs(int(k[len(head):]).bit_length() - token_bucket(T).bit_length()))
+    return dict(table[key])

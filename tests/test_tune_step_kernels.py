@@ -1,0 +1,39 @@
+"""tools/tune_step_kernels.py on the CPU (interpreter, eager timing): the harness times every
+candidate, picks the fastest per key, and merges its entries into the GPU's config file, where the
+kernels' launch lookups then find them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels import tuned
+from kernels.attention import AttentionLaunch, attention_launch
+from kernels.select import SelectLaunch, select_launch
+from tools import tune_step_kernels as tsk
+
+
+@pytest.mark.slow
+def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeypatch):
+    dev = torch.device("cpu")
+    rows, table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1, 2), (4,), reps=1)
+    assert len(rows) == 2 and {r["num_warps"] for r in rows} == {1, 2}
+    fastest = min(rows, key=lambda r: r["us"])
+    assert table == {"select:E=16,T=4": {"num_warps": fastest["num_warps"], "TB": 4, "us": fastest["us"]}}
+    att_rows, att_table = tsk.tune_attention(dev, (("m", 2, 1, 16),), (1,), 64, (20, 64), (32, 64), (4,), (2,), reps=1)
+    assert len(att_rows) == 4  # 2 filled lengths x 2 block sizes
+    (key, entry), = att_table.items()
+    assert key == "attention:G=16,D=16" and entry["BLOCK_N"] in (32, 64) and entry["objective"] >= 1.0
+
+    monkeypatch.setattr(tsk, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(tsk, "device_name", lambda device: "gpu")
+    (tmp_path / "gpu.json").write_text(json.dumps({"H=1,I=1,T=1": {"gate_up": {"TB": 16}}}))
+    path = tsk.install({**table, **att_table}, dev)
+    written = json.loads(path.read_text())
+    assert written["H=1,I=1,T=1"] == {"gate_up": {"TB": 16}}  # the experts' entries stay
+    assert "us" not in written["select:E=16,T=4"]
+
+    monkeypatch.setattr(tuned, "load_configs", lambda name: written)
+    assert select_launch(16, 3, dev) == SelectLaunch(num_warps=fastest["num_warps"], tokens_per_tile=4)
+    assert attention_launch(2, 16, dev) == AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=4, target_programs=2)

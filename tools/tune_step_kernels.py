@@ -1,0 +1,158 @@
+"""Tune the decode step's two latency-bound kernels on this GPU -> kernels/configs/<gpu>.json.
+
+    python -m tools.tune_step_kernels --csv /tmp/tune_step.csv       # on a CUDA machine
+    python -m tools.tune_step_kernels --smoke --no-install           # CPU check of the harness
+
+The selection kernel (kernels/select.py) runs as one program per layer: its time is a chain of
+reductions, so its warps (reductions inside one warp need no shared memory) and its tokens per
+tile decide it. Decode attention (kernels/attention.py) reads a few MB per layer in a few
+microseconds: slots per block, warps and how many shares the cache is cut into decide it.
+
+Selection: `route_select` as the budgeted model calls it (kind base, logits and the predictor's g
+from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB) candidate; the
+fastest is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
+Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
+and three filled lengths of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
+and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
+the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>".
+Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`.
+Every timing goes to --csv (the candidates' table); the chosen entries are merged into the GPU's
+config file unless --no-install.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from kernels._triton import next_pow2
+from kernels.attention import AttentionLaunch, decode_attention
+from kernels.score import fuse_router_predictor, fused_router_logits
+from kernels.select import SelectLaunch, route_select
+from kernels.tuned import CONFIG_DIR, device_name, load_configs
+from tools.timing import time_graph
+
+SELECT_WARPS = (1, 2, 4, 8)
+SELECT_TB = (4, 8, 16, 32)
+SELECT_TS = (1, 16, 64)
+ATTN_BLOCK_N = (32, 64, 128)
+ATTN_WARPS = (2, 4, 8)
+ATTN_TARGETS = (64, 132, 264, 528)
+ATTN_BATCHES = (1, 16, 64)
+ATTN_SLOTS = 640
+ATTN_FILLED = (256, 448, 640)
+# (name, query heads, KV heads, head size)
+ATTN_MODELS = (("qwen3_30b_a3b", 32, 4, 128), ("olmoe", 16, 16, 128))
+SELECT_MODEL = {"H": 2048, "E": 128, "K": 8, "budget": 16}
+SMOKE = {"select_model": {"H": 32, "E": 16, "K": 4, "budget": 4}, "select_ts": (4,), "select_warps": (1, 4),
+         "select_tb": (4, 16), "attn_models": (("smoke", 4, 2, 16),), "attn_batches": (2,), "attn_slots": 96,
+         "attn_filled": (40,), "attn_block_n": (32, 64), "attn_warps": (4,), "attn_targets": (4,)}  # fmt: skip
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tuple[list[dict], dict]:
+    H, E, K, M = model["H"], model["E"], model["K"], model["budget"]
+    g = torch.Generator(device="cpu").manual_seed(7)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    router_EH = (torch.randn(E, H, generator=g) / H**0.5).to(dev, dtype)
+    pred_w_HE = (torch.randn(H, E, generator=g) * 0.02).to(dev)
+    pred_b_E = (torch.randn(E, generator=g) * 0.1).to(dev)
+    wcat_CH = fuse_router_predictor(router_EH, pred_w_HE)
+    rows, table = [], {}
+    for T in ts:
+        z_TH = torch.randn(T, H, generator=g).to(dev, dtype)
+        active_T = torch.ones(T, dtype=torch.bool, device=dev)
+        logits_TE, g_TE = fused_router_logits(z_TH, wcat_CH)
+        for nw, tb in itertools.product(warps, tbs):
+            if tb > max(next_pow2(T), min(tbs)):  # a tile larger than the tokens only pads
+                continue
+            launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb)
+            fn = partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base", g_TE=g_TE,
+                         pred_b_E=pred_b_E, launch=launch)
+            us, how = time_graph([fn] * 20, reps, dev)
+            rows.append({"kernel": "select", "E": E, "T": T, "num_warps": nw, "TB": tb, "us": round(us, 3), "timing": how})
+        best = min((r for r in rows if r["kernel"] == "select" and r["T"] == T), key=lambda r: r["us"])
+        table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"], "us": best["us"]}
+        log(f"select T={T}: best {table[f'select:E={next_pow2(E, 16)},T={T}']}")
+    return rows, table
+
+
+def tune_attention(dev: torch.device, models, batches, slots: int, filled, block_ns, warps, targets,
+                   reps: int) -> tuple[list[dict], dict]:
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    g = torch.Generator(device="cpu").manual_seed(3)
+    rows = []
+    for name, Hq, K, D in models:
+        for B, n in itertools.product(batches, filled):
+            q = torch.randn(B, Hq, D, generator=g).to(dev, dtype)
+            k = torch.randn(B, K, slots, D, generator=g).to(dev, dtype)
+            v = torch.randn(B, K, slots, D, generator=g).to(dev, dtype)
+            allowed = torch.zeros(B, slots, dtype=torch.bool, device=dev)
+            allowed[:, :n] = True
+            last = torch.tensor([n - 1], device=dev)
+            for bn, nw, tg in itertools.product(block_ns, warps, targets):
+                launch = AttentionLaunch(block_n=bn, num_warps=nw, target_programs=tg)
+                fn = partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch)
+                us, how = time_graph([fn] * 20, reps, dev)
+                rows.append({"kernel": "attention", "model": name, "G": Hq // K, "D": D, "B": B, "filled": n,
+                             "BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3), "timing": how})
+        log(f"attention {name}: {len(rows)} timings so far")
+    t = pd.DataFrame(rows)
+    t["G_BLOCK"] = [next_pow2(x, 16) for x in t["G"]]
+    t["rel"] = t["us"] / t.groupby(["model", "B", "filled"])["us"].transform("min")
+    table = {}
+    for (gb, D), part in t.groupby(["G_BLOCK", "D"]):
+        score = part.groupby(["BLOCK_N", "num_warps", "target_programs"])["rel"].mean()
+        bn, nw, tg = score.idxmin()
+        table[f"attention:G={gb},D={next_pow2(int(D), 16)}"] = {"BLOCK_N": int(bn), "num_warps": int(nw),
+                                                                 "target_programs": int(tg),
+                                                                 "objective": round(float(score.min()), 4)}  # fmt: skip
+        log(f"attention G_BLOCK={gb} D={D}: best {table[f'attention:G={gb},D={next_pow2(int(D), 16)}']}")
+    return t.to_dict("records"), table
+
+
+def install(table: dict, device: torch.device) -> Path:
+    """Merge the entries into configs/<gpu>.json; later launches in this process use them."""
+    path = CONFIG_DIR / f"{device_name(device)}.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged.update({k: {kk: vv for kk, vv in v.items() if kk != "us"} for k, v in table.items()})
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+    load_configs.cache_clear()
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--csv", type=Path, default=None, help="every candidate's timing")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and two candidates (a CPU check)")
+    ap.add_argument("--no-install", action="store_true", help="do not write kernels/configs/<gpu>.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    s = SMOKE if args.smoke else {}
+    sel_rows, sel_table = tune_select(dev, s.get("select_model", SELECT_MODEL), s.get("select_ts", SELECT_TS),
+                                      s.get("select_warps", SELECT_WARPS), s.get("select_tb", SELECT_TB), args.reps)
+    att_rows, att_table = tune_attention(dev, s.get("attn_models", ATTN_MODELS), s.get("attn_batches", ATTN_BATCHES),
+                                         s.get("attn_slots", ATTN_SLOTS), s.get("attn_filled", ATTN_FILLED),
+                                         s.get("attn_block_n", ATTN_BLOCK_N), s.get("attn_warps", ATTN_WARPS),
+                                         s.get("attn_targets", ATTN_TARGETS), args.reps)  # fmt: skip
+    if args.csv:
+        pd.DataFrame(sel_rows + att_rows).to_csv(args.csv, index=False)
+        log(f"wrote {args.csv}")
+    table = {**sel_table, **att_table}
+    print(json.dumps(table, indent=1))
+    if not args.no_install:
+        log(f"installed into {install(table, dev)}")
+
+
+if __name__ == "__main__":
+    main()
