@@ -12,12 +12,13 @@ Selection: `route_select` as the budgeted model calls it (kind base, logits and 
 from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB) candidate; the
 fastest is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
 Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
-and three filled lengths of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
+and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
 the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>".
 Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`.
-Every timing goes to --csv (the candidates' table); the chosen entries are merged into the GPU's
-config file unless --no-install.
+Every timing goes to --csv (the candidates' table, rewritten after each kernel); each kernel's
+chosen entries are merged into the GPU's config file as soon as it is tuned, unless --no-install
+(a run stopped early keeps what it finished). About 3 minutes on an H200, most of it compiling.
 """
 from __future__ import annotations
 
@@ -38,15 +39,15 @@ from kernels.select import SelectLaunch, route_select
 from kernels.tuned import CONFIG_DIR, device_name, load_configs
 from tools.timing import time_graph
 
-SELECT_WARPS = (1, 2, 4, 8)
-SELECT_TB = (4, 8, 16, 32)
+SELECT_WARPS = (2, 4, 8)
+SELECT_TB = (4, 16, 32)
 SELECT_TS = (1, 16, 64)
 ATTN_BLOCK_N = (32, 64, 128)
 ATTN_WARPS = (2, 4, 8)
 ATTN_TARGETS = (64, 132, 264, 528)
 ATTN_BATCHES = (1, 16, 64)
 ATTN_SLOTS = 640
-ATTN_FILLED = (256, 448, 640)
+ATTN_FILLED = (256, 640)
 # (name, query heads, KV heads, head size)
 ATTN_MODELS = (("qwen3_30b_a3b", 32, 4, 128), ("olmoe", 16, 16, 128))
 SELECT_MODEL = {"H": 2048, "E": 128, "K": 8, "budget": 16}
@@ -139,19 +140,22 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     s = SMOKE if args.smoke else {}
-    sel_rows, sel_table = tune_select(dev, s.get("select_model", SELECT_MODEL), s.get("select_ts", SELECT_TS),
-                                      s.get("select_warps", SELECT_WARPS), s.get("select_tb", SELECT_TB), args.reps)
-    att_rows, att_table = tune_attention(dev, s.get("attn_models", ATTN_MODELS), s.get("attn_batches", ATTN_BATCHES),
-                                         s.get("attn_slots", ATTN_SLOTS), s.get("attn_filled", ATTN_FILLED),
-                                         s.get("attn_block_n", ATTN_BLOCK_N), s.get("attn_warps", ATTN_WARPS),
-                                         s.get("attn_targets", ATTN_TARGETS), args.reps)  # fmt: skip
-    if args.csv:
-        pd.DataFrame(sel_rows + att_rows).to_csv(args.csv, index=False)
-        log(f"wrote {args.csv}")
-    table = {**sel_table, **att_table}
-    print(json.dumps(table, indent=1))
-    if not args.no_install:
-        log(f"installed into {install(table, dev)}")
+    rows: list[dict] = []
+
+    def keep(new_rows: list[dict], table: dict) -> None:
+        rows.extend(new_rows)
+        if args.csv:
+            pd.DataFrame(rows).to_csv(args.csv, index=False)
+        print(json.dumps(table, indent=1), flush=True)
+        if not args.no_install:
+            log(f"installed into {install(table, dev)}")
+
+    keep(*tune_select(dev, s.get("select_model", SELECT_MODEL), s.get("select_ts", SELECT_TS),
+                      s.get("select_warps", SELECT_WARPS), s.get("select_tb", SELECT_TB), args.reps))
+    keep(*tune_attention(dev, s.get("attn_models", ATTN_MODELS), s.get("attn_batches", ATTN_BATCHES),
+                         s.get("attn_slots", ATTN_SLOTS), s.get("attn_filled", ATTN_FILLED),
+                         s.get("attn_block_n", ATTN_BLOCK_N), s.get("attn_warps", ATTN_WARPS),
+                         s.get("attn_targets", ATTN_TARGETS), args.reps))  # fmt: skip
 
 
 if __name__ == "__main__":
