@@ -9,8 +9,9 @@ DeepSeek-V2/3, GPT-OSS, ...) then calls `base_triton_experts_forward(self, x_TH,
 Budgeted decoding needs nothing more: the MoE block passes reassign's (idx_TK, w_TK), whose empty
 slots carry weight 0, and only experts with a nonzero-weight pair are read.
 
-Falls back to transformers' `grouped_mm` (same numerics class, bf16 GEMMs) where the kernel is not
-the right tool or does not apply: more than DECODE_MAX_TOKENS tokens (prefill: dense-ish GEMMs),
+Falls back to two grouped GEMMs (base/hf/grouped_experts.py: transformers' `grouped_mm` path
+without its expert-parallel masks; transformers' own where that does not apply, e.g. fp32) where
+the kernel is not the right tool or does not apply: more than DECODE_MAX_TOKENS tokens (prefill: dense-ish GEMMs),
 an activation other than SiLU / GPT-OSS's clamped SwiGLU, no gate, a post-expert norm, expert
 parallelism. The choice depends on shapes and module flags only (no host sync).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from base.hf.grouped_experts import grouped_experts_forward
 from kernels.experts import V3_MAX_TOKENS, ExpertsLayout, fused_experts
 
 DECODE_MAX_TOKENS = 128
@@ -49,6 +51,9 @@ def base_triton_experts_forward(
 ) -> Tensor:
     layout = _layout(self)
     if layout is None or hidden_states.shape[0] > DECODE_MAX_TOKENS:
+        out = grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+        if out is not None:
+            return out
         from transformers.integrations.moe import grouped_mm_experts_forward
 
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
