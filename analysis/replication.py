@@ -76,8 +76,21 @@ DEVIATIONS = """
   the Python environment: the first attempt at the first point died when the shared environment was being
   reinstalled by other work (`ModuleNotFoundError: pandas.core.methods.to_dict`, after 643 s); nothing of it
   was kept and the grid was restarted from its first point.
-- `mini128` was not run (as the pre-registration says: no usable CPU-trained model);
-  `experiments/gpu/replication_mini128.sh` runs its own family on a GPU host.
+- `mini128` is not in this family (as the pre-registration says: no usable CPU-trained model): its own
+  family, run later, is in `results/replication_mini128.md`.
+"""
+# What was done differently for the 128-expert model's own family (results/replication_mini128.md).
+DEVIATIONS_MINI128 = """
+- The model: trained on one H200 on 2026-12-02 by the command of `make mini128` (120 s, 822 steps; the
+  trainer's own evaluation: mean exact match 0.747 over its eight tasks), not the checkpoint of issue 20's
+  held-out check (not kept). Its config, metrics and training log are in `results/replication_mini128_model/`;
+  the checkpoint (23 MB) is not committed.
+- Its 22 runs ran one at a time on this project's own 2-core machine (one torch thread each, from a worktree
+  at commit 270ce4d), not on the GPU host's CPU cores as `experiments/gpu/replication_mini128.sh` planned:
+  CPU work does not take device time.
+- The analysis code was written after the pre-registration (as for the primary family); this family is the
+  18 accuracy comparisons the pre-registration names, Holm over 18, and changes neither the primary calls
+  nor the recommendation.
 """
 
 
@@ -489,7 +502,8 @@ def predictor_r2(root: Path = ROOT) -> pd.DataFrame:
     """Held-out R^2 of each layer's predictor of log||E_u(z)|| (the fit stage's committed tables)."""
     frames = []
     for model, rel in (("mini", "results/quality_mini_predictor_r2.csv"),
-                       ("mini_olmoe", "results/quality_mini_olmoe_predictor_r2.csv")):
+                       ("mini_olmoe", "results/quality_mini_olmoe_predictor_r2.csv"),
+                       ("mini128", "results/replication_mini128_predictor_r2.csv")):
         if (root / rel).exists():
             frames.append(pd.read_csv(root / rel).assign(model=model))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -537,13 +551,16 @@ def _ci(r, digits: int = 3) -> str:
 
 
 def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: pd.DataFrame,
-             grids: list[str], deviations: str = "") -> str:
+             grids: list[str], deviations: str = "", out_path: str = "results/replication") -> str:
     prim, sec = calls[calls["family"] == "primary"], calls[calls["family"] == "secondary"]
-    out = [f"Made by `make replication` (`python -m experiments.run_points --jobs 1 {' '.join(grids)} --extra "
+    make = "make replication" + ("" if out_path == "results/replication"
+                                 else f" REPL_EXP=\"{' '.join(grids)}\" REPL_OUT={out_path}")
+    names = "" if tuple(grids) == GRIDS else " --names " + " ".join(grids)
+    out = [f"Made by `{make}` (`python -m experiments.run_points --jobs 1 {' '.join(grids)} --extra "
            "\"method=base_anchor method.k0=2\" --extra \"method=dense budget=null\"`), then `python -m "
-           "analysis.replication " + " ".join(f"outputs/{g}" for g in grids) + " --out results/replication`; "
-           "re-derived from the committed records by `python -m analysis.replication --records results/records "
-           f"--out results/replication`. Pre-registered in `{PREREG}`, added in commit {_prereg_commit()}.\n",
+           "analysis.replication " + " ".join(f"outputs/{g}" for g in grids) + f" --out {out_path}`; "
+           f"re-derived from the committed records by `python -m analysis.replication --records results/records{names} "
+           f"--out {out_path}`. Pre-registered in `{PREREG}`, added in commit {_prereg_commit()}.\n",
            "## Runs\n",
            "Accuracy [Wilson 95 %]; union_mean: distinct experts the active tokens route to per layer and decode step; "
            "occupancy_mean: requests decoding per step; kept_mean: experts kept; out_error, energy_retained: mean over "
@@ -642,7 +659,8 @@ def main(argv: list[str] | None = None) -> None:
     table.to_csv(out.with_suffix(".csv"), index=False)
     calls.to_csv(out.parent / f"{out.name}_paired.csv", index=False)
     inter.to_csv(out.parent / f"{out.name}_interaction.csv", index=False)
-    text = markdown(table, calls, inter, predictor_r2(), names, DEVIATIONS)
+    deviations = DEVIATIONS_MINI128 if names == ["replication_mini128"] else DEVIATIONS
+    text = markdown(table, calls, inter, predictor_r2(), names, deviations, args.out)
     out.with_suffix(".md").write_text(text)
     print(text)
 
