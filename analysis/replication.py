@@ -6,8 +6,9 @@ per-prompt and per-step records.
     python -m analysis.replication --records results/records --out results/replication   # from the committed records
 
 From the grid folders it first writes the records (analysis/records.py: results/records/<grid>.csv.gz,
-one row per run and prompt; plus <grid>.steps.csv.gz, one row per run, decode step and layer: the
-sums behind the MoE-output error, the retained energy and the weight scale), then computes everything
+one row per run and prompt; plus <grid>.steps.parquet, one row per run, decode step and layer: the
+float32 sums behind the MoE-output error, the retained energy and the weight scale; records written
+before 2026-12-02 as <grid>.steps.csv.gz are read too), then computes everything
 from the records, so the committed tables re-derive from them.
 
 Written (<out> = results/replication):
@@ -97,12 +98,19 @@ DEVIATIONS_MINI128 = """
 # ---- records -------------------------------------------------------------------------------------
 
 def steps_path(dest: str | Path) -> Path:
+    return Path(str(dest).removesuffix(".csv.gz") + ".steps.parquet")
+
+
+def _legacy_steps_path(dest: str | Path) -> Path:
+    """Step records written before 2026-12-02 (gzipped CSV, the float32 sums printed to 7 digits)."""
     return Path(str(dest).removesuffix(".csv.gz") + ".steps.csv.gz")
 
 
 def write_records(root: str | Path, dest: str | Path) -> list[Path]:
     """The grid's prompt records (analysis.records.write) and its step records: per run, decode
-    step and layer, the sums of selection_steps.csv (float32 precision)."""
+    step and layer, the sums of selection_steps.csv as float32, in Parquet (zstd, the floats'
+    bytes split by significance: about 0.6 of the gzipped CSV, which matters because the
+    repository travels to the GPU host whole, under 64 MiB). `pd.read_parquet` reads them."""
     written = list(R.write(root, dest))
     frames = []
     for _, r in R.runs(root).iterrows():
@@ -114,18 +122,36 @@ def write_records(root: str | Path, dest: str | Path) -> list[Path]:
         steps[c] = steps[c].astype(np.float32)
     steps = R._typed(R._order(steps, [*R.RUN, "step", "layer"]))
     path = steps_path(dest)
-    steps.to_csv(path, index=False, compression=R.GZIP, float_format="%.7g")
+    _write_parquet(steps, path)
     return [*written, path]
+
+
+def _write_parquet(steps: pd.DataFrame, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    floats = [c for c in steps.columns if steps[c].dtype == np.float32]
+    strings = [c for c in steps.columns if pd.api.types.is_string_dtype(steps[c])]
+    # dictionary encoding only for the strings: on a float column it takes precedence over the split
+    pq.write_table(pa.Table.from_pandas(steps, preserve_index=False), path, compression="zstd", compression_level=19,
+                   use_dictionary=strings or False, use_byte_stream_split=floats or False)
 
 
 def read_records(dest: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(prompts, steps) of one grid's records."""
     prompts, _ = R.read(dest)
-    path = steps_path(dest)
-    if not path.exists():
+    path, legacy = steps_path(dest), _legacy_steps_path(dest)
+    if path.exists():
+        steps = pd.read_parquet(path)
+        for c in ("method", "batching", "admission"):
+            steps[c] = steps[c].astype("string")
+        for c in STEP_FIELDS:  # the float32 sums, added up in float64 as the CSV's were
+            steps[c] = steps[c].astype(np.float64)
+    elif legacy.exists():
+        steps = pd.read_csv(legacy, dtype={"method": "string", "batching": "string", "admission": "string"})
+    else:
         raise SystemExit(f"{path} is missing: `python -m analysis.replication <grid folders> --out ...` writes it")
-    steps = R._typed(pd.read_csv(path, dtype={"method": "string", "batching": "string", "admission": "string"}))
-    return prompts, steps
+    return prompts, R._typed(steps)
 
 
 def _points(frame: pd.DataFrame) -> dict[tuple[str, int | None], pd.DataFrame]:
@@ -660,7 +686,9 @@ def main(argv: list[str] | None = None) -> None:
     calls.to_csv(out.parent / f"{out.name}_paired.csv", index=False)
     inter.to_csv(out.parent / f"{out.name}_interaction.csv", index=False)
     deviations = DEVIATIONS_MINI128 if names == ["replication_mini128"] else DEVIATIONS
-    text = markdown(table, calls, inter, predictor_r2(), names, deviations, args.out)
+    models = set(table["model"])
+    r2 = predictor_r2()
+    text = markdown(table, calls, inter, r2[r2["model"].isin(models)] if len(r2) else r2, names, deviations, args.out)
     out.with_suffix(".md").write_text(text)
     print(text)
 
