@@ -551,6 +551,16 @@ RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
                                                for g in (*ABLATION_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
                                                          *HELDOUT_GRIDS)}
 RESULT_BLOCKS["replication"] = _replication("reading")
+MINI128_PAIRED = "results/replication_mini128_paired.csv"  # the 128-expert model's own family
+
+
+def _mini128_reading() -> str:
+    from analysis import replication
+
+    return replication.reading(paired_rel=MINI128_PAIRED) + "\n" if (ROOT / MINI128_PAIRED).exists() else ""
+
+
+RESULT_BLOCKS["replication_mini128"] = _mini128_reading
 
 
 def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:

@@ -487,14 +487,15 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, l
     return "\n".join([serving, static, speed])
 
 
-def reading(root: Path = ROOT) -> str:
+def reading(root: Path = ROOT, paired_rel: str = PAIRED) -> str:
     """results/README.md's replication reading: every primary call that rejects, the secondary counts
-    and the interaction, from the committed replication tables."""
-    paired = pd.read_csv(root / PAIRED)
-    inter_path = root / PAIRED.replace("_paired.csv", "_interaction.csv")
-    inter = pd.read_csv(inter_path) if inter_path.exists() else pd.DataFrame()
+    and the interaction, from the committed replication tables (`paired_rel`: another family's, e.g.
+    the 128-expert model's own)."""
+    paired = pd.read_csv(root / paired_rel)
+    inter_path = root / paired_rel.replace("_paired.csv", "_interaction.csv")
+    inter = pd.read_csv(inter_path) if inter_path.exists() and inter_path.stat().st_size > 1 else pd.DataFrame()
     prim, sec = paired[paired["family"] == "primary"], paired[paired["family"] == "secondary"]
-    lines = [f"`{PAIRED}`: {len(prim)} pre-registered accuracy comparisons on {int(prim['n'].iloc[0]):,} fresh prompts "
+    lines = [f"`{paired_rel}`: {len(prim)} pre-registered accuracy comparisons on {int(prim['n'].iloc[0]):,} fresh prompts "
              f"(exact McNemar, Holm over {len(prim)}; median minimal detectable difference "
              f"{prim['mdd_exact'].median():.3f}, {prim['mdd_exact'].min():.3f}–{prim['mdd_exact'].max():.3f} by row)."]
     for model, g in prim.groupby("model", sort=False):
@@ -610,7 +611,11 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
     p = p[["model", "level", "budget", "method", "difference", "a_only", "b_only", "p", "p_holm", "call", "mdd_exact"]]
     out.append(p.rename(columns={"a_only": "rule only", "b_only": "base only"}).to_markdown(index=False, floatfmt=".3g"))
     rec, srec = recommend(prim), static_recommendation()
-    out += ["\n## Recommendation (the pre-registered decision rule)\n", recommendation_text(calls), "",
+    heading = ("\n## Recommendation (the pre-registered decision rule)\n" if out_path == "results/replication" else
+               "\n## The decision rule on this family alone\n\nA held-out confirmation: the project's recommendation "
+               "stays the primary family's (`results/replication.md`); this is what the same rule picks from these "
+               "calls (its `results/replication.md` and `make replication` references name the primary grid).\n")
+    out += [heading, recommendation_text(calls), "",
             "Qualifying rules per model (higher than base somewhere, lower nowhere): " + "; ".join(
                 f"`{m}`: {', '.join(v['qualifying']) or 'none'}" for m, v in rec["models"].items())
             + ". Static grids: " + "; ".join(f"`{m}`: {', '.join(v['qualifying']) or 'none'}"
