@@ -26,8 +26,10 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
     (key, entry), = att_table.items()
     assert key == "attention:G=16,D=16" and entry["BLOCK_N"] in (32, 64) and entry["objective"] >= 1.0
 
-    monkeypatch.setattr(tsk, "CONFIG_DIR", tmp_path)
-    monkeypatch.setattr(tsk, "device_name", lambda device: "gpu")
+    from tools import tune_kernels
+
+    monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(tune_kernels, "device_name", lambda device: "gpu")
     (tmp_path / "gpu.json").write_text(json.dumps({"H=1,I=1,T=1": {"gate_up": {"TB": 16}}}))
     path = tsk.install({**table, **att_table}, dev)
     written = json.loads(path.read_text())

@@ -36,8 +36,8 @@ from kernels._triton import next_pow2
 from kernels.attention import AttentionLaunch, decode_attention
 from kernels.score import fuse_router_predictor, fused_router_logits
 from kernels.select import SelectLaunch, route_select
-from kernels.tuned import CONFIG_DIR, device_name, load_configs
 from tools.timing import time_graph
+from tools.tune_kernels import install as install_table
 
 SELECT_WARPS = (2, 4, 8)
 SELECT_TB = (4, 16, 32)
@@ -122,13 +122,9 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
 
 
 def install(table: dict, device: torch.device) -> Path:
-    """Merge the entries into configs/<gpu>.json; later launches in this process use them."""
-    path = CONFIG_DIR / f"{device_name(device)}.json"
-    merged = json.loads(path.read_text()) if path.exists() else {}
-    merged.update({k: {kk: vv for kk, vv in v.items() if kk != "us"} for k, v in table.items()})
-    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
-    load_configs.cache_clear()
-    return path
+    """Merge the entries (their timings dropped) into configs/<gpu>.json as the expert tuner does;
+    later launches in this process use them."""
+    return install_table({k: {kk: vv for kk, vv in v.items() if kk != "us"} for k, v in table.items()}, device)
 
 
 def main() -> None:
