@@ -29,6 +29,7 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 # the logit ranges of trained models (~30): noise, not the model's text.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
+REGION_KINDS = ("layer", "modules")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
 
@@ -228,6 +229,9 @@ class ThroughputConfig:
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
     profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
+    regions: str = "layer"  # with compile: layer (each layer's attention half one region, its MoE
+    # residual add in the expert kernel) | modules (attention and norms one by one, adds eager: the
+    # ablation of the fusion)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
     # through continuous batching with latency (base/runtime/stream.py; `stream.*`), batch_sizes = slots |
     # serve: a serving benchmark after `vllm bench serve` (base/runtime/serving.py; `serve.*`, requests
@@ -252,6 +256,7 @@ class ThroughputConfig:
         self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
         check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
+        check_choice("throughput.regions", self.regions, REGION_KINDS)
 
 
 

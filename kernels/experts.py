@@ -20,6 +20,8 @@ the work items (routed expert, column block), so unrouted experts cost no progra
 over K in slot order: deterministic, no atomics anywhere). Decode is memory-bound (a few tokens
 per expert): a work item streams a tile of one expert's weights once and applies it to all of
 that expert's pairs, so each weight byte is read once per step.
+With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder layer's residual
+stream, rounded as the eager add (the layer's own add launch folded in: base/runtime/regional.py).
 No host synchronisation (counts stay on the device and bound the device-side loops): a decode
 step that calls this can be captured in a CUDA graph.
 """
@@ -238,17 +240,22 @@ def _reduce_kernel(
     # Pointers
     y_ptr,  # (P, H) fp32
     w_ptr,  # (T, K)
+    res_ptr,  # (T, H) residual (HAS_RES)
     out_ptr,  # (T, H)
     # Dimensions
     H,
     # Strides
     stride_yp,
+    stride_rt,
     stride_ot,
     # Meta-parameters
     K: tl.constexpr,
     BR: tl.constexpr,
+    HAS_RES: tl.constexpr,
 ):
-    """Grid (T, cdiv(H, BR)): out_t = sum over slots k (in order) with w_tk != 0 of y_(t,k)."""
+    """Grid (T, cdiv(H, BR)): out_t = sum over slots k (in order) with w_tk != 0 of y_(t,k)
+    (+ residual_t: the sum rounded to the output dtype, then added in fp32 and rounded again, as
+    PyTorch adds two tensors of that dtype: bit for bit the eager layer's residual stream)."""
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BR + tl.arange(0, BR)
     h_ok = offs_h < H
@@ -258,6 +265,9 @@ def _reduce_kernel(
         # slots with weight 0 were never computed: their rows hold garbage
         y = tl.load(y_ptr + (t * K + k) * stride_yp + offs_h, mask=h_ok & (offs_h < tl.where(w != 0, H, 0)), other=0.0)
         acc += y
+    if HAS_RES:
+        r = tl.load(res_ptr + t * stride_rt + offs_h, mask=h_ok, other=0.0)
+        acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32) + r.to(tl.float32)  # as the reduce's doc
     tl.store(out_ptr + t * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 
@@ -360,6 +370,7 @@ def _down_kept_kernel(
     keep_ptr,  # (M,) int64
     idx_ptr,  # (T, K)
     w_ptr,  # (T, K)
+    res_ptr,  # (T, H) residual (HAS_RES)
     out_ptr,  # (T, H) out, dtype of x
     # Dimensions
     T,
@@ -372,6 +383,7 @@ def _down_kept_kernel(
     stride_dh,
     stride_di,
     stride_be,
+    stride_rt,
     stride_ot,
     # Meta-parameters
     K: tl.constexpr,
@@ -379,6 +391,7 @@ def _down_kept_kernel(
     T_BLOCK: tl.constexpr,
     M_BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
     BHO: tl.constexpr,  # output columns per program
     BI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
@@ -424,6 +437,10 @@ def _down_kept_kernel(
         # the token's weight on u (summed: `similar` re-routing may give a token u twice)
         wt_T = tl.sum(tl.where(hit_TK, w_TK, 0.0), axis=1)
         acc_TH += tl.where(j == n_ib - 1, done_TH * wt_T[:, None], 0.0)
+    if HAS_RES:
+        r_TH = tl.load(res_ptr + offs_t[:, None] * stride_rt + offs_h[None, :], mask=t_ok[:, None] & h_ok[None, :],
+                       other=0.0)
+        acc_TH = acc_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)  # as _reduce_kernel
     tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :], acc_TH.to(out_ptr.dtype.element_ty),
              mask=t_ok[:, None] & h_ok[None, :])
 
@@ -513,9 +530,12 @@ def fused_experts(
     down_bias: Tensor | None = None,
     config: ExpertsConfig | None = None,
     keep_M: Tensor | None = None,
+    residual_TH: Tensor | None = None,
     _stages: int = 4,
 ) -> Tensor:
     """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped.
+    With residual_TH (T, H), residual_TH + that sum, rounded as PyTorch's add of the two in x's
+    dtype: the decoder layer's residual add in the last launch instead of a launch of its own.
 
     keep_M (the selection kernel's kept ids, -1 padded; every nonzero-weight pair must be on one
     of them), T <= V3_MAX_TOKENS and the config's `use_kept` (the tuned table's choice): two
@@ -527,7 +547,10 @@ def fused_experts(
     cfg = config or get_config(H, I, T, x_TH.device)
     if keep_M is not None and T <= V3_MAX_TOKENS and _stages == 4 and cfg.use_kept:
         return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
-                                   gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg)
+                                   gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg,
+                                   residual_TH=residual_TH)
+    if residual_TH is not None and residual_TH.stride(1) != 1:
+        residual_TH = residual_TH.contiguous()
     K = topk_idx_TK.shape[1]
     E = gate_up.shape[0]
     P = T * K
@@ -573,8 +596,10 @@ def fused_experts(
     if _stages < 4:
         return out_TH
     BR = min(next_pow2(H), 1024)
+    res = residual_TH if residual_TH is not None else out_TH
     _reduce_kernel.on(dev)[(T, triton.cdiv(H, BR))](
-        y_PH, w_P, out_TH, H, y_PH.stride(0), out_TH.stride(0), K=K, BR=BR
+        y_PH, w_P, res, out_TH, H, y_PH.stride(0), res.stride(0), out_TH.stride(0), K=K, BR=BR,
+        HAS_RES=residual_TH is not None,
     )
     return out_TH
 
@@ -584,7 +609,8 @@ V3_MAX_TOKENS = 64  # above: the four-launch path (its pair lists beat token til
 
 def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK: Tensor, topk_w_TK: Tensor,
                         keep_M: Tensor, *, layout: ExpertsLayout, gate_up_bias: Tensor | None,
-                        down_bias: Tensor | None, config: ExpertsConfig | None) -> Tensor:
+                        down_bias: Tensor | None, config: ExpertsConfig | None,
+                        residual_TH: Tensor | None = None) -> Tensor:
     """v3: gate_up over the kept experts, then down straight into the output (two launches)."""
     T, H = x_TH.shape
     K = topk_idx_TK.shape[1]
@@ -614,12 +640,14 @@ def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK
         ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None, ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),
         **common, **gu,
     )  # fmt: skip
+    res = out_TH if residual_TH is None else residual_TH if residual_TH.stride(1) == 1 else residual_TH.contiguous()
     _down_kept_kernel.on(dev)[(triton.cdiv(H, dn["BHO"]),)](
-        act_PI, down, down_bias if down_bias is not None else x_TH, keep_M, idx_TK, w_TK, out_TH,
+        act_PI, down, down_bias if down_bias is not None else x_TH, keep_M, idx_TK, w_TK, res, out_TH,
         T, H, I, M,
         act_PI.stride(0), down.stride(0), s_dh, s_di, down_bias.stride(0) if down_bias is not None else 0,
-        out_TH.stride(0),
-        HAS_BIAS=down_bias is not None, DOT_PRECISION=_precision(x_TH), **common, **dn,
+        res.stride(0), out_TH.stride(0),
+        HAS_BIAS=down_bias is not None, HAS_RES=residual_TH is not None, DOT_PRECISION=_precision(x_TH),
+        **common, **dn,
     )  # fmt: skip
     return out_TH
 

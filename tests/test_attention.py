@@ -154,9 +154,12 @@ def _generate_ref(model, ids, mask, n):
     return out[:, ids.shape[1]:]
 
 
-def _engine_tokens(model, ids, mask, n, compile: bool):
-    """Greedy tokens of the decode engine (batch one row larger than the prompts), then released."""
+def _engine_tokens(model, ids, mask, n, compile: bool, halves: int | None = None):
+    """Greedy tokens of the decode engine (batch one row larger than the prompts), then released;
+    `halves`: the compiled attention halves the engine must hold."""
     engine = DecodeEngine(model, ids.shape[0] + 1, 32, compile=compile)
+    if halves is not None:
+        assert len(engine.regions.layers) == halves
     try:
         return engine.generate(ids, mask, n, stop_at_eos=False).tokens_BN
     finally:
@@ -183,16 +186,41 @@ def test_engine_decodes_every_family_like_generate(name):
                                   pytest.param("tiny_deepseek", marks=pytest.mark.slow)])
 def test_compiled_regions_decode_like_generate_with_one_graph_for_all_layers(name):
     """Regional compilation (Inductor on the CPU here) of a 4-layer model: same tokens, and the
-    layers share the compiled attention and norm (no recompilation per layer: one graph per region
+    layers share the compiled attention half and the final norm (no recompilation per layer: one graph per region
     kind and attention type, whatever the depth)."""
     model = _model(name, layers=4)
     ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=True), _generate_ref(model, ids, mask, 14))
+    assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=True, halves=4), _generate_ref(model, ids, mask, 14))
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     attention_types = len(set(getattr(model.config, "layer_types", None) or ["full"]))
-    assert 0 < graphs <= 1 + attention_types  # the norm, and attention per type
+    assert 0 < graphs <= 1 + attention_types  # the final norm, and the attention half per type
     assert all("forward" not in m.__dict__ for m in model.modules())  # original forwards restored
     assert all(type(m.k_proj) is torch.nn.Linear for m in model.modules() if hasattr(m, "k_proj"))  # q/k/v unfused
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_layer_runs_as_one_attention_half_with_the_same_output(name):
+    """The compiled region is a decoder layer's attention half (base/runtime/regional.py): every
+    supported family's layers qualify, and the layer run as half + MoE block + add gives the model's
+    logits bit for bit (eagerly here; what Inductor makes of the half is the compiled test's)."""
+    from base.runtime.regional import _half_layers, half_layer_forward
+
+    model = _model(name)
+    layers = _half_layers(model)
+    assert len(layers) == model.config.num_hidden_layers
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+        for layer in layers:
+            layer.forward = lambda hidden_states, _l=layer, **kw: half_layer_forward(_l, hidden_states, kw)
+        try:
+            got = model(input_ids=ids, attention_mask=mask).logits
+        finally:
+            for layer in layers:
+                del layer.forward
+    assert torch.equal(got, expected)

@@ -195,3 +195,39 @@ def test_gpu_triton_backend_and_base_triton_match_torch(name, selector):
     rel = (out.logits[-1] - ref.logits[-1]).norm() / ref.logits[-1].norm()
     assert rel < 1e-2, rel
     assert kept == kept_ref and max(kept) <= 5
+
+
+def test_the_layers_residual_add_in_the_expert_kernel_leaves_the_logits_unchanged(monkeypatch):
+    """The compiled decode step runs each layer as its attention half, then the budgeted block with
+    the residual stream (base/runtime/regional.py): the expert kernel adds it in its last launch.
+    Run eagerly here, a budgeted step gives the model's own layer forward's logits bit for bit, and
+    every layer's add went to the kernel."""
+    import base.hf.experts_impl as impl
+    from base.hf.moe_block import StepInputs
+    from base.runtime.regional import _half_layers, half_layer_forward
+
+    cfg = ModelConfig(**yaml.safe_load((ROOT / "conf/model/tiny_qwen3.yaml").read_text()))
+    model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
+    moe = install_budget(model, cfg.family, build_selector("base", model_artifacts(model)),
+                         BudgetOptions(budget=3, backend="triton"))
+    ids_BS = torch.randint(3, 250, (4, 5), generator=torch.Generator().manual_seed(4))
+    step = StepInputs(active_T=torch.ones(ids_BS.numel(), dtype=torch.bool), select=True, recorder=None)
+    folded = []
+    fused = impl.fused_experts
+    monkeypatch.setattr(impl, "fused_experts",
+                        lambda *a, **kw: folded.append(kw.get("residual_TH") is not None) or fused(*a, **kw))
+    layers = _half_layers(model)
+    try:
+        with torch.no_grad(), moe.bound(step):
+            expected = model(ids_BS).logits
+            assert folded and not any(folded)
+            folded.clear()
+            for layer in layers:
+                layer.forward = lambda hidden_states, _l=layer, **kw: half_layer_forward(_l, hidden_states, kw)
+            got = model(ids_BS).logits
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+        moe.remove()
+    assert folded == [True] * cfg.arch["num_hidden_layers"]
+    assert torch.equal(got, expected)

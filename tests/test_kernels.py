@@ -591,6 +591,46 @@ def test_fused_experts_kept_list_gptoss_layout_with_bias():
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("kept", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_residual_add_in_the_last_launch_equals_adding_the_output(kept, dtype):
+    """residual_TH folded into reduce (four launches) or v3's down: bit for bit the output of the
+    same launches without it plus the residual, as PyTorch adds two tensors of that dtype."""
+    from kernels.select import route_select
+
+    T, E, K, H, I = 6, 16, 4, 48, 24
+    b = make_batch(T, E, K, H, dtype, seed=11)
+    gu, dn = make_experts(E, H, I, dtype, seed=12)
+    g = torch.Generator().manual_seed(13)
+    _, sel = route_select(torch.randn(T, E, generator=g), K, b.active_T, 5, norm_topk=True)
+    residual_TH = (torch.randn(T, H, generator=g) * 3).to(dtype)
+    keep_M = sel.keep_M if kept else None
+    plain = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M)
+    folded = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M, residual_TH=residual_TH)
+    assert folded.dtype == dtype and torch.equal(folded, residual_TH + plain)
+    assert not torch.equal(folded, plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kept", [False, True])
+def test_gpu_residual_add_in_the_last_launch_is_the_bf16_add(kept):
+    """On the GPU in bf16 (which the interpreter gets wrong): the folded add is PyTorch's add."""
+    from kernels.select import route_select
+
+    T, E, K, H, I = 16, 128, 8, 2048, 768
+    dev = torch.device("cuda")
+    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=11)
+    gu, dn = make_experts(E, H, I, torch.bfloat16, seed=12, device=dev)
+    g = torch.Generator().manual_seed(13)
+    _, sel = route_select(torch.randn(T, E, generator=g).to(dev), K, b.active_T.to(dev), 16, norm_topk=True)
+    residual_TH = torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
+    keep_M = sel.keep_M if kept else None
+    plain = fused_experts(b.z_TH.to(dev, torch.bfloat16), gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M)
+    folded = fused_experts(b.z_TH.to(dev, torch.bfloat16), gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M,
+                           residual_TH=residual_TH)
+    assert torch.equal(folded, residual_TH + plain)
+
+
 def test_the_tuned_table_picks_the_faster_expert_path(monkeypatch):
     """use_kept (v3 with a kept list) follows the table's two objectives; without both: v3 on the
     CPU, the four-launch path on a GPU."""

@@ -71,10 +71,11 @@ def base_triton_experts_forward(
 
 
 def kept_experts_forward(module: torch.nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
-                         keep_M: Tensor) -> Tensor | None:
+                         keep_M: Tensor, residual: Tensor | None = None) -> Tensor | None:
     """The two-launch kernel with the selection's kept list (kernels/experts.py v3) when the module
     runs `base_triton` and the kernel applies (decode-sized batches); None otherwise (the caller
-    then runs the module as usual)."""
+    then runs the module as usual). With `residual`, residual + the experts' output, added in the
+    kernel's last launch."""
     if getattr(getattr(module, "config", None), "_experts_implementation", None) != NAME:
         return None
     layout = _layout(module)
@@ -83,7 +84,8 @@ def kept_experts_forward(module: torch.nn.Module, hidden_states: Tensor, top_k_i
     has_bias = getattr(module, "has_bias", False)
     return fused_experts(hidden_states, module.gate_up_proj, module.down_proj, top_k_index, top_k_weights,
                          layout=layout, gate_up_bias=module.gate_up_proj_bias if has_bias else None,
-                         down_bias=module.down_proj_bias if has_bias else None, keep_M=keep_M)
+                         down_bias=module.down_proj_bias if has_bias else None, keep_M=keep_M,
+                         residual_TH=residual)
 
 
 def register_base_triton() -> str:

@@ -88,17 +88,31 @@ class BudgetedMoE(nn.Module):
         self.dense_route = dense_route  # dense on the kernels (selection None, backend triton)
         self.step: StepInputs | None = None  # this forward's inputs (MoeBudget.bound)
 
-    def forward(self, hidden_BSH: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, hidden_BSH: Tensor, residual_BSH: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """The block's output; with `residual_BSH` (the decoder layer's residual stream, what
+        base/runtime/regional.py passes), residual + output, in the expert kernel's last launch
+        where it can (no shared experts, the kernel's kept list), else as the layer would add it."""
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
         idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
-        y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M)
-        out_BSH = self.family.combine(self, hidden_BSH, x_TH, y_TH)
+        folded_TH = None
+        if residual_BSH is not None and not self.family.shared:
+            folded_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape))
+        if folded_TH is not None:
+            out_BSH = folded_TH.view(hidden_BSH.shape)
+        else:
+            out_BSH = self.family.combine(self, hidden_BSH, x_TH, self.run_experts(x_TH, idx_TK, w_TK, keep_M))
+            if residual_BSH is not None:
+                out_BSH = residual_BSH + out_BSH
         return (out_BSH, w_TK) if self.family.returns_router_scores else out_BSH
 
-    def run_experts(self, x_TH: Tensor, idx_TK: Tensor, w_TK: Tensor, keep_M: Tensor | None) -> Tensor:
+    def run_experts(self, x_TH: Tensor, idx_TK: Tensor, w_TK: Tensor, keep_M: Tensor | None,
+                    residual_TH: Tensor | None = None) -> Tensor | None:
         """The routed experts' output: with the kernel's kept list and base_triton, the two-launch
-        expert kernel (kernels/experts.py v3) directly; else the experts module as the model runs it."""
-        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M)
+        expert kernel (kernels/experts.py v3) directly; else the experts module as the model runs it.
+        With `residual_TH`, residual + output from the kernel, or None where the kernel does not run."""
+        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M, residual_TH)
+        if residual_TH is not None:
+            return y_TH
         return self.experts(x_TH, idx_TK, w_TK) if y_TH is None else y_TH
 
     def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -69,7 +69,7 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, batch_size: int, max_len: int, budget: MoeBudget | None = None,
                  eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
-                 sampling: Sampling | None = None, compile: bool | None = None) -> None:
+                 sampling: Sampling | None = None, compile: bool | None = None, regions: str = "layer") -> None:
         self.model, self.budget, self.B, self.L = model, budget, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
@@ -90,7 +90,7 @@ class DecodeEngine:
         # compile the attention/norm regions where the step is replayed as a CUDA graph (None: auto)
         if compile is None:
             compile = self.graph_enabled and self.device.type == "cuda"
-        self.regions = RegionalCompile(model) if compile else None
+        self.regions = RegionalCompile(model, layers=regions == "layer") if compile else None
         # with the compiled regions, q/k/v in one GEMM per layer (base/hf/fused_qkv.py)
         self.fused_qkv = FusedQKV(model) if compile else None
         dev, B, L = self.device, batch_size, max_len
