@@ -47,11 +47,14 @@ def load(root: Path) -> pd.DataFrame:
         raise SystemExit(f"no serve.csv under {root} (runs of throughput.mode=serve)")
     df = pd.concat(frames, ignore_index=True)
     df["rate"] = df["rate"].astype(float)  # NaN: the closed burst
-    key = ["model", "routing", "slots", "rate", "repeat"]
+    # the burst's NaN rate as a number for the join: pandas 2 (the GPU host's) fails to join on a
+    # level that is all NaN ("cannot do a non-empty take from an empty axes") when only the burst ran
+    df["_rate"] = df["rate"].fillna(-1.0)
+    key = ["model", "routing", "slots", "_rate", "repeat"]
     dense = df[df["variant"] == "dense"].set_index(key)["output_throughput"].rename("dense_tok_s")
     df = df.join(dense, on=key)
     df["speedup_vs_dense"] = df["output_throughput"] / df["dense_tok_s"]
-    return df.drop(columns="dense_tok_s")
+    return df.drop(columns=["dense_tok_s", "_rate"])
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:

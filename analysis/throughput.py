@@ -30,7 +30,7 @@ def profile_rows(exp_dir: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-CLASSES = ("attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP", "LM head",
+CLASSES = ("attention + norms", "attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP", "LM head",
            "embedding", "other", "unlinked", "total")
 
 

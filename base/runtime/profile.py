@@ -30,6 +30,9 @@ from torch import nn
 
 # (class, attribute names of the modules it covers)
 CLASSES = (
+    # a decoder layer's compiled attention half (base/runtime/regional.py), tagged by its own range:
+    # attention, the norms around it and the residual add, which Inductor fuses across
+    ("attention + norms", ()),
     ("attention", ("self_attn",)),
     ("norms", ("input_layernorm", "post_attention_layernorm", "norm")),
     ("router/selection", ("gate", "router")),

@@ -56,9 +56,15 @@ def attention_half(layer: nn.Module, hidden_BSH: Tensor, kwargs: dict) -> tuple[
     return hidden_BSH, layer.post_attention_layernorm(hidden_BSH)
 
 
+# the profiler range of the half (base/runtime/profile.py's class "attention + norms": inside a
+# compiled region the modules' own hooks do not run)
+HALF_RANGE = "cls:attention + norms"
+
+
 def half_layer_forward(layer: nn.Module, hidden_BSH: Tensor, kwargs: dict, half=attention_half) -> Tensor:
     """The decoder layer's forward with its attention half as one call (compiled by the engine)."""
-    hidden_BSH, h_BSH = half(layer, hidden_BSH, kwargs)
+    with torch.profiler.record_function(HALF_RANGE):
+        hidden_BSH, h_BSH = half(layer, hidden_BSH, kwargs)
     if isinstance(layer.mlp, BudgetedMoE):  # the residual add in the expert kernel's last launch
         out = layer.mlp(h_BSH, residual_BSH=hidden_BSH)
         return out[0] if isinstance(out, tuple) else out

@@ -1,0 +1,34 @@
+"""analysis/regions.py: the compiled-regions ablation pairs every modules run with every layer run."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from analysis.regions import main, ratios, run_rows
+
+
+def _run(folder, regions, ms, kernels):
+    folder.mkdir(parents=True)
+    rows = [{"batch_size": 16, "variant": v, "mode": "graph", "regions": regions, "ms_per_step": m,
+             "ms_min": m * 0.99, "ms_max": m * 1.01, "repeats": 5} for v, m in ms.items()]
+    rows.append({"batch_size": 16, "variant": "dense", "mode": "eager", "regions": regions, "ms_per_step": 99.0,
+                 "ms_min": None, "ms_max": None, "repeats": None})
+    pd.DataFrame(rows).to_csv(folder / "throughput.csv", index=False)
+    profile = [{"variant": v, "class": c, "kernels_per_layer": k} for v in ms for c, k in
+               (("expert FFN", 4.0), ("total", kernels))]
+    (folder / "report.json").write_text(json.dumps({"profile": profile}))
+
+
+def test_each_modules_run_pairs_with_each_layer_run(tmp_path):
+    _run(tmp_path / "a", "modules", {"dense": 12.0, "base": 6.0}, 17.5)
+    _run(tmp_path / "b", "layer", {"dense": 10.0, "base": 5.0}, 15.5)
+    _run(tmp_path / "c", "layer", {"dense": 12.0, "base": 4.0}, 15.5)
+    df = run_rows(tmp_path)
+    assert len(df) == 6 and set(df.regions) == {"modules", "layer"}  # eager rows left out
+    assert set(df.kernels_per_layer) == {17.5, 15.5}  # the profile's total, not the sum of classes
+    r = ratios(df).set_index("variant")
+    assert r.loc["base", "ratio_min"] == 6.0 / 5.0 and r.loc["base", "ratio_max"] == 6.0 / 4.0
+    assert r.loc["dense", "ratio_min"] == 1.0 and r.loc["dense", "layer_ms"] == 11.0
+    main(str(tmp_path), str(tmp_path / "out" / "summary"))
+    assert (tmp_path / "out" / "summary.md").read_text().count("| modules") == 2
