@@ -6,8 +6,10 @@
     experts.py  fused_experts: the kept experts' FFN, each weight byte read once per step
     step.py     select_step: one layer's selection from plain tensors
     attention.py decode_attention: split-KV decode attention over a static cache (the engine's)
-CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled.
+CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled; on sm90+ GPUs
+the decode kernels launch with programmatic dependent launch (`pdl`, `pdl_active`: _triton.py).
 """
+from kernels._triton import pdl, pdl_active
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
 from kernels.score import (
     fuse_router_predictor,
@@ -23,6 +25,8 @@ __all__ = [
     "Routing",
     "Selection",
     "experts_reference",
+    "pdl",
+    "pdl_active",
     "fuse_router_predictor",
     "fused_experts",
     "fused_router_logits",

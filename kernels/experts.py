@@ -56,8 +56,12 @@ def _route_kernel(
     stride_pe,
     # Meta-parameters
     PB: tl.constexpr,  # pairs per step
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (E,): program u lists, in pair order, the pairs routed to u with nonzero weight."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     u = tl.program_id(0)
     base = 0
     for p0 in range(0, P, PB):
@@ -106,10 +110,14 @@ def _gate_up_kernel(
     BI: tl.constexpr,
     BH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
     of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
     A fixed number of programs walks the items, so unrouted experts cost no program at all."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_e = tl.arange(0, E_BLOCK)
     cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -190,9 +198,13 @@ def _down_kernel(
     BHO: tl.constexpr,  # output columns per work item
     BI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid: work item (slot, h) = rows [h, h + BHO) of the slot-th routed expert's
     down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_e = tl.arange(0, E_BLOCK)
     cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -252,10 +264,14 @@ def _reduce_kernel(
     K: tl.constexpr,
     BR: tl.constexpr,
     HAS_RES: tl.constexpr,
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (T, cdiv(H, BR)): out_t = sum over slots k (in order) with w_tk != 0 of y_(t,k)
     (+ residual_t: the sum rounded to the output dtype, then added in fp32 and rounded again, as
     PyTorch adds two tensors of that dtype: bit for bit the eager layer's residual stream)."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BR + tl.arange(0, BR)
     h_ok = offs_h < H
@@ -310,10 +326,14 @@ def _gate_up_kept_kernel(
     BI: tl.constexpr,
     BH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid over work items (kept slot, i) = rows [i, i + BI) of the gate and up
     projections of the slot's expert u, streamed once; the tokens routed to u (a nonzero-weight
     slot on u) are found in the routing itself, so no route launch precedes this one."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # the kept list, the routing and the weights' signs live in registers: an item's expert and
     # tokens come from them without a memory round trip, so the weight loads can be issued ahead
     offs_m = tl.arange(0, M_BLOCK)
@@ -395,11 +415,15 @@ def _down_kept_kernel(
     BHO: tl.constexpr,  # output columns per program
     BI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (cdiv(H, BHO),): a program owns output columns [h, h + BHO) of every token and walks
     the kept experts, streaming rows [h, h + BHO) of each one's down projection once; the
     weighted sum over experts stays in fp32 registers and is written once, in the output dtype
     (no per-pair buffer, no reduce launch, no atomics: deterministic)."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_h = tl.program_id(0) * BHO + tl.arange(0, BHO)
     h_ok = offs_h < H
     offs_m = tl.arange(0, M_BLOCK)

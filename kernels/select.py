@@ -140,8 +140,12 @@ def _route_select_kernel(
     SELECT: tl.constexpr,  # False: nothing can be dropped (the union fits); tokens keep their routing
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
+    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
+    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # ---------------------------------------------------------------- the router GEMV (GEMV)
     if GEMV:
         offs_c = tl.program_id(0) * CB + tl.arange(0, CB)

@@ -53,7 +53,7 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                   "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16"}  # fmt: skip
     base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,  # noqa: C408
                 NORM=True, HAS_LBIAS=False, SCORE_IN_KERNEL=True, KIND=4, TIER=0, COVERAGE=False, REASSIGN=0,
-                RENORMALIZE=True)  # fmt: skip
+                RENORMALIZE=True, SELECT=True, M_BLOCK=16, KEPT_LIST=True)  # fmt: skip
     floats = ("route_scale", "coverage")
     out = [
         ("route_select gemv base", _route_select_kernel, route_ptrs, floats, base, {"num_warps": 8}),
@@ -73,7 +73,7 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     gu_ptrs = {"x_ptr": "*bf16", "gu_ptr": "*bf16", "gub_ptr": "*bf16", "keep_ptr": "*i64", "idx_ptr": "*i64",
                "w_ptr": "*bf16", "act_ptr": "*bf16"}
     dn_ptrs = {"act_ptr": "*bf16", "dw_ptr": "*bf16", "db_ptr": "*bf16", "keep_ptr": "*i64", "idx_ptr": "*i64",
-               "w_ptr": "*bf16", "out_ptr": "*bf16"}
+               "w_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16"}
     for T_BLOCK in (16, 64):
         common = dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16, HAS_BIAS=False, DOT_PRECISION="tf32")  # noqa: C408
         for bi, bh, st in ((32, 128, 4), (64, 128, 3)):
@@ -82,7 +82,14 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                         {"num_warps": 4, "num_stages": st}))
         for bho, bi, st in ((16, 128, 4), (16, 256, 3), (32, 128, 4)):
             out.append((f"down_kept T={T_BLOCK} BHO={bho} BI={bi} st={st}", _down_kept_kernel, dn_ptrs, (),
-                        {**common, "BHO": bho, "BI": bi, "stride_di": 1}, {"num_warps": 4, "num_stages": st}))
+                        {**common, "BHO": bho, "BI": bi, "stride_di": 1, "HAS_RES": False},
+                        {"num_warps": 4, "num_stages": st}))
+    # programmatic dependent launch (kernels/_triton.py) and the folded residual add
+    out.append(("route_select select-after-router PDL", _route_select_kernel, route_ptrs, floats,
+                {**base, "GEMV": False, "PDL": True}, {"num_warps": 8, "launch_pdl": True}))
+    out.append(("down_kept T=16 residual PDL", _down_kept_kernel, dn_ptrs, (),
+                {**common, "T_BLOCK": 16, "BHO": 16, "BI": 128, "stride_di": 1, "HAS_RES": True, "PDL": True},
+                {"num_warps": 4, "num_stages": 4, "launch_pdl": True}))
     return out
 
 

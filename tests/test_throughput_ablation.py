@@ -1,11 +1,11 @@
-"""analysis/regions.py: the compiled-regions ablation pairs every modules run with every layer run."""
+"""analysis/throughput_ablation.py: an ablation pairs every run without the feature with every run with it."""
 from __future__ import annotations
 
 import json
 
 import pandas as pd
 
-from analysis.regions import main, ratios, run_rows
+from analysis.throughput_ablation import main, ratios, run_rows
 
 
 def _run(folder, regions, ms, kernels):
@@ -25,10 +25,22 @@ def test_each_modules_run_pairs_with_each_layer_run(tmp_path):
     _run(tmp_path / "b", "layer", {"dense": 10.0, "base": 5.0}, 15.5)
     _run(tmp_path / "c", "layer", {"dense": 12.0, "base": 4.0}, 15.5)
     df = run_rows(tmp_path)
-    assert len(df) == 6 and set(df.regions) == {"modules", "layer"}  # eager rows left out
+    assert len(df) == 6 and set(df.setting) == {"modules", "layer"}  # eager rows left out
     assert set(df.kernels_per_layer) == {17.5, 15.5}  # the profile's total, not the sum of classes
     r = ratios(df).set_index("variant")
     assert r.loc["base", "ratio_min"] == 6.0 / 5.0 and r.loc["base", "ratio_max"] == 6.0 / 4.0
     assert r.loc["dense", "ratio_min"] == 1.0 and r.loc["dense", "layer_ms"] == 11.0
     main(str(tmp_path), str(tmp_path / "out" / "summary"))
     assert (tmp_path / "out" / "summary.md").read_text().count("| modules") == 2
+
+
+def test_the_pdl_ablation_reads_each_rows_flag(tmp_path):
+    for name, flag, ms in (("a", False, 6.0), ("b", True, 5.0), ("c", True, 4.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        pd.DataFrame([{"batch_size": 16, "variant": "base", "mode": "graph", "pdl": flag, "ms_per_step": ms,
+                       "ms_min": ms, "ms_max": ms, "repeats": 5}]).to_csv(folder / "throughput.csv", index=False)
+        (folder / "report.json").write_text(json.dumps({"profile": []}))
+    r = ratios(run_rows(tmp_path, "pdl"), "pdl").iloc[0]
+    assert (r["runs"], r["False_ms"], r["True_ms"]) == ("1 + 2", 6.0, 4.5)
+    assert (r["ratio_min"], r["ratio_max"]) == (6.0 / 5.0, 6.0 / 4.0)
