@@ -115,9 +115,8 @@ def _gate_up_kernel(
     """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
     of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
     A fixed number of programs walks the items, so unrouted experts cost no program at all."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     offs_e = tl.arange(0, E_BLOCK)
     cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -167,6 +166,8 @@ def _gate_up_kernel(
                 a_JI.to(act_ptr.dtype.element_ty),
                 mask=j_ok[:, None] & i_ok[None, :],
             )
+    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dual_jit
@@ -202,9 +203,8 @@ def _down_kernel(
 ):
     """Persistent grid: work item (slot, h) = rows [h, h + BHO) of the slot-th routed expert's
     down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     offs_e = tl.arange(0, E_BLOCK)
     cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -245,6 +245,8 @@ def _down_kernel(
                 acc * w_J[:, None],
                 mask=j_ok[:, None] & h_ok[None, :],
             )
+    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dual_jit
@@ -331,9 +333,8 @@ def _gate_up_kept_kernel(
     """Persistent grid over work items (kept slot, i) = rows [i, i + BI) of the gate and up
     projections of the slot's expert u, streamed once; the tokens routed to u (a nonzero-weight
     slot on u) are found in the routing itself, so no route launch precedes this one."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     # the kept list, the routing and the weights' signs live in registers: an item's expert and
     # tokens come from them without a memory round trip, so the weight loads can be issued ahead
     offs_m = tl.arange(0, M_BLOCK)
@@ -379,6 +380,8 @@ def _gate_up_kept_kernel(
             a_TI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
         tl.store(act_ptr + p_T[:, None] * stride_ap + offs_i[None, :], a_TI.to(act_ptr.dtype.element_ty),
                  mask=routed_T[:, None] & i_ok[None, :])
+    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dual_jit
@@ -421,9 +424,8 @@ def _down_kept_kernel(
     the kept experts, streaming rows [h, h + BHO) of each one's down projection once; the
     weighted sum over experts stays in fp32 registers and is written once, in the output dtype
     (no per-pair buffer, no reduce launch, no atomics: deterministic)."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
+    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     offs_h = tl.program_id(0) * BHO + tl.arange(0, BHO)
     h_ok = offs_h < H
     offs_m = tl.arange(0, M_BLOCK)
@@ -467,6 +469,8 @@ def _down_kept_kernel(
         acc_TH = acc_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)  # as _reduce_kernel
     tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :], acc_TH.to(out_ptr.dtype.element_ty),
              mask=t_ok[:, None] & h_ok[None, :])
+    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 # ----------------------------------------------------------------------------- launch configs
