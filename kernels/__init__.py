@@ -7,7 +7,7 @@
     step.py     select_step: one layer's selection from plain tensors
     attention.py decode_attention: split-KV decode attention over a static cache (the engine's)
 CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled; on sm90+ GPUs
-the decode kernels launch with programmatic dependent launch (`pdl`, `pdl_active`: _triton.py).
+the decode kernels can launch with programmatic dependent launch (`pdl`, `pdl_active`: _triton.py; off by default).
 """
 from kernels._triton import pdl, pdl_active
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts

@@ -8,11 +8,12 @@ interpreted by accident because some test set that variable. Kernels here call n
 
 Programmatic dependent launch (PDL, sm90+): a kernel with a `PDL: tl.constexpr` parameter starts
 with `gdc_wait()` (nothing of the previous grid's output is read before it has finished and its
-writes are visible) and `gdc_launch_dependents()` (the next kernel may be scheduled now). On such
-a GPU its launcher passes PDL=True and `launch_pdl=True`, so a chain of these kernels (selection,
-route, gate_up, down, reduce; decode attention) overlaps each launch with the kernel before it,
-in eager steps and in a captured CUDA graph alike. Elsewhere (CPU, older GPUs, or `pdl(False)`,
-the ablation) PDL=False and the launch is the usual one.
+writes are visible) and `gdc_launch_dependents()` (the next kernel may be scheduled now). Under `pdl(True)`
+(throughput.pdl=true) on such a GPU its launcher passes PDL=True and `launch_pdl=True`, so a chain
+of these kernels (selection, route, gate_up, down, reduce; decode attention) overlaps each launch
+with the kernel before it, in eager steps and in a captured CUDA graph alike; the persistent
+expert kernels let the next one in only at their end. Otherwise (the default, a CPU, an older
+GPU) PDL=False and the launch is the usual one.
 """
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ class _CpuLauncher:
         return launch
 
 
-_PDL = {"on": True}  # pdl(False) turns it off for an ablation; read at launch time
+# Off by default: measured on an H200 (results/roofline/grid_2026-12-02e/pdl_*), it made base M=16's
+# step 0.3-0.6 % faster and dense's 0.6-0.9 % slower. pdl(True) turns it on; read at launch time.
+_PDL = {"on": False}
 
 
 @contextmanager

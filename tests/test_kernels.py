@@ -669,9 +669,10 @@ def test_pdl_launcher_adds_the_flag_and_the_launch_option_and_never_on_a_cpu():
 
     for k in (_decode_attention, _route_kernel, _gate_up_kernel, _down_kernel, _reduce_kernel, _route_select_kernel):
         assert k.takes_pdl and k.on(cpu) is k.cpu
-    with kt.pdl(False):
-        assert not kt._PDL["on"]
-    assert kt._PDL["on"]
+    before = kt._PDL["on"]
+    with kt.pdl(not before):
+        assert kt._PDL["on"] is (not before)
+    assert kt._PDL["on"] is before
 
 
 @pytest.mark.gpu
@@ -692,9 +693,10 @@ def test_gpu_pdl_launches_give_the_plain_launches_results_eager_and_replayed():
 
     with kt.pdl(False):
         plain = step()
-    assert kt.pdl_active(dev) == (torch.cuda.get_device_capability()[0] >= 9)
-    assert torch.equal(step(), plain)
-    replay, out = capture_graph(step)
+    with kt.pdl(True):
+        assert kt.pdl_active(dev) == (torch.cuda.get_device_capability()[0] >= 9)
+        assert torch.equal(step(), plain)
+        replay, out = capture_graph(step)
     for _ in range(3):
         replay()
         torch.cuda.synchronize()
