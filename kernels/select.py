@@ -97,6 +97,7 @@ def _route_select_kernel(
     keep_m_ptr,  # (M_OUT,) int64
     new_idx_ptr,  # (T, K), dtype of idx
     new_w_ptr,  # (T, K), dtype of w
+    part_ptr,  # (n_tiles, 5, E_BLOCK) fp32: each tile's partial sums (PHASE 1 writes, PHASE 2 reads)
     # Dimensions
     T,
     E,
@@ -107,6 +108,7 @@ def _route_select_kernel(
     K0,  # anchors per token (TIER anchor / top1_union / oea)
     route_scale,  # ROUTE: factor on the top-k weights (DeepSeek's routed_scaling_factor)
     coverage,  # COVERAGE: the share of the union's score to keep
+    n_tiles,  # PHASE 2: tiles of PHASE 1 (cdiv(T, TB))
     # Strides (the last dimension of every 2-D tensor is contiguous)
     stride_xt,
     stride_wc,
@@ -140,6 +142,7 @@ def _route_select_kernel(
     SELECT: tl.constexpr,  # False: nothing can be dropped (the union fits); tokens keep their routing
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
+    PHASE: tl.constexpr = 0,  # 0: one program does it all | 1: pass 1 of tile pid | 2: the rest for tile pid
     PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
@@ -193,7 +196,12 @@ def _route_select_kernel(
         if HAS_LBIAS:
             lb_E = tl.load(lbias_ptr + offs_e, mask=e_ok, other=0.0)
         n_idle = 0  # inactive tokens: reassign moves their pairs onto kept experts, so they need pass 2
-        for t0 in range(0, T, TB):
+        # the tokens this program routes and scores: all (PHASE 0), its tile (1), none (2: the partials)
+        pid = tl.program_id(0)
+        first = (offs_e * 0 + pid == 0) if PHASE == 2 else (offs_e >= 0)  # which programs write the kept set
+        p_lo = pid * TB if PHASE != 0 else 0
+        p_hi = tl.minimum(T, p_lo + TB) if PHASE == 1 else (T if PHASE == 0 else p_lo)
+        for t0 in range(p_lo, p_hi, TB):
             offs_t = t0 + tl.arange(0, TB)
             t_ok = offs_t < T
             te_ok = t_ok[:, None] & e_ok[None, :]
@@ -283,157 +291,176 @@ def _route_select_kernel(
                 else:  # router_sum, and count's tie-breaker
                     term_TE = wsum_TE
                 acc_E += tl.sum(term_TE, axis=0)
-        if ROUTE:
-            tl.debug_barrier()  # the routing this CTA wrote is visible to its reassignment below
-        union_E = cnt_E > 0
-        if SCORE_IN_KERNEL:
-            if KIND == 2:
-                # as base/selectors.Count: one more token outranks any router_sum difference
-                score_E = cnt_E * (tl.sum(acc_E, axis=0) + 1.0) + acc_E
-            else:
-                score_E = acc_E
-            if TIER == 2:  # Top1Union.score: first choices above every router_sum (KIND router_sum)
-                score_E = tl.where(anchor_E > 0, tl.sum(acc_E, axis=0) + 1.0 + first_w_E, acc_E)
-            tl.store(score_ptr + offs_e, score_E, mask=e_ok)
-        else:
-            score_E = tl.load(score_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
-
-        # --- the kept set: rank = candidates ahead (higher score, or equal and lower id) ---
-        rank_score_E = score_E
-        if TIER == 1:  # Anchored.keep: every anchor outranks every other expert
-            rank_score_E = tl.where(anchor_E > 0, score_E + tl.sum(tl.where(e_ok, score_E, 0.0), axis=0) + 1.0,
-                                    score_E)
-        if TIER == 3:  # oea: the anchors, all of them
-            cand_E = (anchor_E > 0) & e_ok
-        else:
-            cand_E = union_E
-        s_E = tl.where(cand_E, rank_score_E, float("-inf"))
-        s_U = s_E[:, None]  # the ranked expert u along axis 0, every other expert v along axis 1
-        s_V = s_E[None, :]
-        ahead_UV = (s_V > s_U) | ((s_V == s_U) & (offs_e[None, :] < offs_e[:, None]))
-        rank_E = tl.sum((ahead_UV & cand_E[None, :]).to(tl.int32), axis=1)
-        m = M
-        if COVERAGE:  # selectors.coverage_count: the top-ranked prefix reaching the share
-            sc_E = tl.where(union_E, tl.maximum(score_E, 0.0), 0.0)
-            upto_UV = (rank_E[None, :] <= rank_E[:, None]) & union_E[None, :]
-            cum_E = tl.sum(tl.where(upto_UV, sc_E[None, :], 0.0), axis=1)
-            thr = coverage * tl.sum(sc_E, axis=0) * (1 - 1e-6)
-            m = tl.sum((union_E & (cum_E < thr)).to(tl.int32), axis=0) + 1
-            m = tl.minimum(m, tl.maximum(tl.sum(union_E.to(tl.int32), axis=0), 1))
-            m = tl.minimum(m, M)
-        keep_E = cand_E & (rank_E < m)
-        n_keep = tl.sum(keep_E.to(tl.int32), axis=0)
-        # kept ids by rank (unique positions < n_keep), then -1 up to M_OUT: two disjoint stores
-        tl.store(keep_m_ptr + rank_E, offs_e.to(tl.int64), mask=keep_E)
-        for m0 in range(0, M_OUT, E_BLOCK):
-            offs_m = m0 + offs_e
-            tl.store(keep_m_ptr + offs_m, tl.full((E_BLOCK,), -1, tl.int64), mask=(offs_m >= n_keep) & (offs_m < M_OUT))
-        tl.store(keep_e_ptr + offs_e, keep_E, mask=e_ok)
-        # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
-        best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
-        if KEPT_LIST:  # the kept ids by rank, as a vector (the backfill's candidates)
-            offs_km = tl.arange(0, M_BLOCK)
-            kid_M = tl.sum(tl.where(keep_E[None, :] & (rank_E[None, :] == offs_km[:, None]), offs_e[None, :], 0), axis=1)
-            kid_ok = offs_km < n_keep
-
-        # --- pass 2: reassign the tokens (base.method.routing.reassign, branch-free) ---
-        t_end = T
-        if not SELECT:  # pass 1 wrote the routing as the decision; redone only for inactive tokens
-            t_end = tl.where(n_idle > 0, T, 0)
-        for t0 in range(0, t_end, TB):
-            offs_t = t0 + tl.arange(0, TB)
-            t_ok = offs_t < T
-            tk_ok = t_ok[:, None] & k_ok[None, :]
-            idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
-            w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
-            if REASSIGN == 2:
-                # similar: a dropped pair moves, with its weight, to the kept expert most like it
-                out_idx = idx_TK
-                for k in tl.static_range(K):
-                    sel_k = offs_k[None, :] == k
-                    i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
-                    kept_T = tl.sum(((i_T[:, None] == offs_e[None, :]) & keep_E[None, :]).to(tl.int32), axis=1) > 0
-                    sim_TE = tl.load(sim_ptr + i_T[:, None] * stride_se + offs_e[None, :],
-                                     mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
-                    sub_T = tl.argmax(tl.where(keep_E[None, :], sim_TE, float("-inf")), axis=1, tie_break_left=True)
-                    out_idx = tl.where(sel_k & ~kept_T[:, None], sub_T[:, None].to(idx_TK.dtype), out_idx)
-                tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
-                tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
-            else:
-                # a token's candidates: the kept list (budgets up to KEPT_LIST_MAX), else every expert
-                if KEPT_LIST:
-                    cand_C, valid_C, kept_C = kid_M, kid_ok, kid_ok
+        if PHASE == 1:  # this tile's partial sums, for the launch that finishes the selection
+            part = part_ptr + pid * 5 * E_BLOCK
+            tl.store(part + offs_e, cnt_E)
+            tl.store(part + E_BLOCK + offs_e, acc_E)
+            tl.store(part + 2 * E_BLOCK + offs_e, anchor_E)
+            tl.store(part + 3 * E_BLOCK + offs_e, first_w_E)
+            tl.store(part + 4 * E_BLOCK + offs_e, tl.where(offs_e == 0, n_idle, 0).to(tl.float32))
+        if PHASE == 2:  # every tile's partials, added in tile order: the sums one program makes
+            for j in range(0, n_tiles):
+                part = part_ptr + j * 5 * E_BLOCK
+                cnt_E += tl.load(part + offs_e)
+                acc_E += tl.load(part + E_BLOCK + offs_e)
+                anchor_E += tl.load(part + 2 * E_BLOCK + offs_e)
+                first_w_E += tl.load(part + 3 * E_BLOCK + offs_e)
+                n_idle += tl.sum(tl.load(part + 4 * E_BLOCK + offs_e), axis=0).to(tl.int32)
+        if PHASE != 1:  # the kept set (every program of PHASE 2 the same; its first writes it) and pass 2
+            if ROUTE:
+                tl.debug_barrier()  # the routing this CTA wrote is visible to its reassignment below
+            union_E = cnt_E > 0
+            if SCORE_IN_KERNEL:
+                if KIND == 2:
+                    # as base/selectors.Count: one more token outranks any router_sum difference
+                    score_E = cnt_E * (tl.sum(acc_E, axis=0) + 1.0) + acc_E
                 else:
-                    cand_C, valid_C, kept_C = offs_e, e_ok, keep_E
-                p_TC = tl.load(probs_ptr + offs_t[:, None] * stride_pt + cand_C[None, :],
-                               mask=t_ok[:, None] & valid_C[None, :], other=0.0)
-                orig_TC = tl.zeros_like(p_TC) != 0
-                origw_TC = tl.zeros_like(p_TC)
-                lost_T = tl.zeros((TB,), dtype=tl.int1)
-                wsum_T = tl.zeros((TB,), dtype=tl.float32)
-                psum_T = tl.zeros((TB,), dtype=tl.float32)
-                # the probabilities of a token's own choices, in one gather (non-kept ones included)
-                pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0), mask=tk_ok,
-                                other=0.0)
-                for k in tl.static_range(K):
-                    sel_k = offs_k[None, :] == k
-                    i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
-                    w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
-                    hit = (i_T[:, None] == cand_C[None, :]) & valid_C[None, :]
-                    orig_TC = orig_TC | hit
-                    origw_TC = tl.where(hit, w_T[:, None], origw_TC)
-                    lost_T = lost_T | (tl.sum((hit & kept_C[None, :]).to(tl.int32), axis=1) == 0)
-                    wsum_T += w_T
-                    psum_T += tl.sum(tl.where(sel_k, pk_TK, 0.0), axis=1)
-                # kept originals first (probs + 2 > any prob), then kept others by probability, then none
-                rank_TC = tl.where(orig_TC & kept_C[None, :], p_TC + 2.0, -1.0)
-                if REASSIGN == 0:
-                    rank_TC = tl.where(~orig_TC & kept_C[None, :], p_TC, rank_TC)
-                rank_TC = tl.where(valid_C[None, :], rank_TC, -3.0)
-                scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
-                # rank >= 2 marks a kept original (its own weight); else rank is the probability
-                nw_TC = tl.where(rank_TC >= 1.5, origw_TC, rank_TC * scale_T[:, None])
-                if KEPT_LIST:
-                    # place of candidate c = candidates ahead of it (higher rank, or equal and a lower
-                    # id): the K picks at once, no serial argmax
-                    r_TCN = rank_TC[:, None, :]
-                    r_TNC = rank_TC[:, :, None]
-                    ahead = (r_TCN > r_TNC) | ((r_TCN == r_TNC) & (cand_C[None, None, :] < cand_C[None, :, None]))
-                    place_TC = tl.sum(ahead.to(tl.int32), axis=2)
-                    # slot k takes the candidate in place k, if it exists and ranks >= 0
-                    at_TCK = ((place_TC[:, :, None] == offs_k[None, None, :]) & (rank_TC >= 0)[:, :, None]
-                              & k_ok[None, None, :])
-                    filled_TK = tl.sum(at_TCK.to(tl.int32), axis=1) > 0
-                    nidx_TK = tl.sum(tl.where(at_TCK, cand_C[None, :, None], 0), axis=1)
-                    nw_TK = tl.sum(tl.where(at_TCK, nw_TC[:, :, None], 0.0), axis=1)
-                    first_ok_T = tl.sum((filled_TK & (offs_k[None, :] == 0)).to(tl.int32), axis=1) > 0
-                    first_T = tl.where(first_ok_T, tl.sum(tl.where(offs_k[None, :] == 0, nidx_TK, 0), axis=1), best)
+                    score_E = acc_E
+                if TIER == 2:  # Top1Union.score: first choices above every router_sum (KIND router_sum)
+                    score_E = tl.where(anchor_E > 0, tl.sum(acc_E, axis=0) + 1.0 + first_w_E, acc_E)
+                tl.store(score_ptr + offs_e, score_E, mask=e_ok & first)
+            else:
+                score_E = tl.load(score_ptr + offs_e, mask=e_ok, other=0.0).to(tl.float32)
+
+            # --- the kept set: rank = candidates ahead (higher score, or equal and lower id) ---
+            rank_score_E = score_E
+            if TIER == 1:  # Anchored.keep: every anchor outranks every other expert
+                rank_score_E = tl.where(anchor_E > 0, score_E + tl.sum(tl.where(e_ok, score_E, 0.0), axis=0) + 1.0,
+                                        score_E)
+            if TIER == 3:  # oea: the anchors, all of them
+                cand_E = (anchor_E > 0) & e_ok
+            else:
+                cand_E = union_E
+            s_E = tl.where(cand_E, rank_score_E, float("-inf"))
+            s_U = s_E[:, None]  # the ranked expert u along axis 0, every other expert v along axis 1
+            s_V = s_E[None, :]
+            ahead_UV = (s_V > s_U) | ((s_V == s_U) & (offs_e[None, :] < offs_e[:, None]))
+            rank_E = tl.sum((ahead_UV & cand_E[None, :]).to(tl.int32), axis=1)
+            m = M
+            if COVERAGE:  # selectors.coverage_count: the top-ranked prefix reaching the share
+                sc_E = tl.where(union_E, tl.maximum(score_E, 0.0), 0.0)
+                upto_UV = (rank_E[None, :] <= rank_E[:, None]) & union_E[None, :]
+                cum_E = tl.sum(tl.where(upto_UV, sc_E[None, :], 0.0), axis=1)
+                thr = coverage * tl.sum(sc_E, axis=0) * (1 - 1e-6)
+                m = tl.sum((union_E & (cum_E < thr)).to(tl.int32), axis=0) + 1
+                m = tl.minimum(m, tl.maximum(tl.sum(union_E.to(tl.int32), axis=0), 1))
+                m = tl.minimum(m, M)
+            keep_E = cand_E & (rank_E < m)
+            n_keep = tl.sum(keep_E.to(tl.int32), axis=0)
+            # kept ids by rank (unique positions < n_keep), then -1 up to M_OUT: two disjoint stores
+            tl.store(keep_m_ptr + rank_E, offs_e.to(tl.int64), mask=keep_E & first)
+            for m0 in range(0, M_OUT, E_BLOCK):
+                offs_m = m0 + offs_e
+                tl.store(keep_m_ptr + offs_m, tl.full((E_BLOCK,), -1, tl.int64),
+                         mask=(offs_m >= n_keep) & (offs_m < M_OUT) & first)
+            tl.store(keep_e_ptr + offs_e, keep_E, mask=e_ok & first)
+            # fallback target of a token left with no kept expert: the top-scored kept one (first on ties)
+            best = tl.argmax(tl.where(keep_E, score_E, float("-inf")), axis=0, tie_break_left=True)
+            if KEPT_LIST:  # the kept ids by rank, as a vector (the backfill's candidates)
+                offs_km = tl.arange(0, M_BLOCK)
+                kid_M = tl.sum(tl.where(keep_E[None, :] & (rank_E[None, :] == offs_km[:, None]), offs_e[None, :], 0), axis=1)
+                kid_ok = offs_km < n_keep
+
+            # --- pass 2: reassign the tokens (base.method.routing.reassign, branch-free) ---
+            t_end = T
+            if not SELECT:  # pass 1 wrote the routing as the decision; redone only for inactive tokens
+                t_end = tl.where(n_idle > 0, T, 0)
+            q_lo = pid * TB if PHASE == 2 else 0
+            q_hi = tl.minimum(t_end, q_lo + TB) if PHASE == 2 else t_end
+            for t0 in range(q_lo, q_hi, TB):
+                offs_t = t0 + tl.arange(0, TB)
+                t_ok = offs_t < T
+                tk_ok = t_ok[:, None] & k_ok[None, :]
+                idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
+                w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
+                if REASSIGN == 2:
+                    # similar: a dropped pair moves, with its weight, to the kept expert most like it
+                    out_idx = idx_TK
+                    for k in tl.static_range(K):
+                        sel_k = offs_k[None, :] == k
+                        i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                        kept_T = tl.sum(((i_T[:, None] == offs_e[None, :]) & keep_E[None, :]).to(tl.int32), axis=1) > 0
+                        sim_TE = tl.load(sim_ptr + i_T[:, None] * stride_se + offs_e[None, :],
+                                         mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+                        sub_T = tl.argmax(tl.where(keep_E[None, :], sim_TE, float("-inf")), axis=1, tie_break_left=True)
+                        out_idx = tl.where(sel_k & ~kept_T[:, None], sub_T[:, None].to(idx_TK.dtype), out_idx)
+                    tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
+                    tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], w_TK, mask=tk_ok)
                 else:
-                    nidx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
-                    nw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
-                    filled_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int1)
-                    first_T = tl.zeros((TB,), dtype=tl.int32)
-                    for k in tl.static_range(K):  # K rounds of argmax = topk(K), ties to the lower id
-                        v_T, j_T = tl.max(rank_TC, axis=1, return_indices=True, return_indices_tie_break_left=True)
-                        pick_TC = offs_e[None, :] == j_T[:, None]
-                        filled_T = v_T >= 0
-                        nw_T = tl.where(filled_T, tl.sum(tl.where(pick_TC, nw_TC, 0.0), axis=1), 0.0)
-                        slot = offs_k[None, :] == k
-                        nidx_TK = tl.where(slot, j_T[:, None], nidx_TK)
-                        nw_TK = tl.where(slot, nw_T[:, None], nw_TK)
-                        filled_TK = tl.where(slot, filled_T[:, None], filled_TK)
-                        rank_TC = tl.where(pick_TC, -4.0, rank_TC)
-                        if k == 0:
-                            first_T = tl.where(filled_T, j_T, best)
-                if RENORMALIZE:
-                    total_T = tl.maximum(tl.sum(nw_TK, axis=1), 1e-30)
-                    nw_TK = nw_TK * (wsum_T / total_T)[:, None]
-                # empty slots point at a kept expert with weight 0 (no sentinel ids), as reassign does
-                nidx_TK = tl.where(filled_TK, nidx_TK, first_T[:, None])
-                out_idx = tl.where(lost_T[:, None], nidx_TK.to(idx_TK.dtype), idx_TK)
-                out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
-                tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
-                tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
+                    # a token's candidates: the kept list (budgets up to KEPT_LIST_MAX), else every expert
+                    if KEPT_LIST:
+                        cand_C, valid_C, kept_C = kid_M, kid_ok, kid_ok
+                    else:
+                        cand_C, valid_C, kept_C = offs_e, e_ok, keep_E
+                    p_TC = tl.load(probs_ptr + offs_t[:, None] * stride_pt + cand_C[None, :],
+                                   mask=t_ok[:, None] & valid_C[None, :], other=0.0)
+                    orig_TC = tl.zeros_like(p_TC) != 0
+                    origw_TC = tl.zeros_like(p_TC)
+                    lost_T = tl.zeros((TB,), dtype=tl.int1)
+                    wsum_T = tl.zeros((TB,), dtype=tl.float32)
+                    psum_T = tl.zeros((TB,), dtype=tl.float32)
+                    # the probabilities of a token's own choices, in one gather (non-kept ones included)
+                    pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0), mask=tk_ok,
+                                    other=0.0)
+                    for k in tl.static_range(K):
+                        sel_k = offs_k[None, :] == k
+                        i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
+                        w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
+                        hit = (i_T[:, None] == cand_C[None, :]) & valid_C[None, :]
+                        orig_TC = orig_TC | hit
+                        origw_TC = tl.where(hit, w_T[:, None], origw_TC)
+                        lost_T = lost_T | (tl.sum((hit & kept_C[None, :]).to(tl.int32), axis=1) == 0)
+                        wsum_T += w_T
+                        psum_T += tl.sum(tl.where(sel_k, pk_TK, 0.0), axis=1)
+                    # kept originals first (probs + 2 > any prob), then kept others by probability, then none
+                    rank_TC = tl.where(orig_TC & kept_C[None, :], p_TC + 2.0, -1.0)
+                    if REASSIGN == 0:
+                        rank_TC = tl.where(~orig_TC & kept_C[None, :], p_TC, rank_TC)
+                    rank_TC = tl.where(valid_C[None, :], rank_TC, -3.0)
+                    scale_T = wsum_T / tl.maximum(psum_T, 1e-30)
+                    # rank >= 2 marks a kept original (its own weight); else rank is the probability
+                    nw_TC = tl.where(rank_TC >= 1.5, origw_TC, rank_TC * scale_T[:, None])
+                    if KEPT_LIST:
+                        # place of candidate c = candidates ahead of it (higher rank, or equal and a lower
+                        # id): the K picks at once, no serial argmax
+                        r_TCN = rank_TC[:, None, :]
+                        r_TNC = rank_TC[:, :, None]
+                        ahead = (r_TCN > r_TNC) | ((r_TCN == r_TNC) & (cand_C[None, None, :] < cand_C[None, :, None]))
+                        place_TC = tl.sum(ahead.to(tl.int32), axis=2)
+                        # slot k takes the candidate in place k, if it exists and ranks >= 0
+                        at_TCK = ((place_TC[:, :, None] == offs_k[None, None, :]) & (rank_TC >= 0)[:, :, None]
+                                  & k_ok[None, None, :])
+                        filled_TK = tl.sum(at_TCK.to(tl.int32), axis=1) > 0
+                        nidx_TK = tl.sum(tl.where(at_TCK, cand_C[None, :, None], 0), axis=1)
+                        nw_TK = tl.sum(tl.where(at_TCK, nw_TC[:, :, None], 0.0), axis=1)
+                        first_ok_T = tl.sum((filled_TK & (offs_k[None, :] == 0)).to(tl.int32), axis=1) > 0
+                        first_T = tl.where(first_ok_T, tl.sum(tl.where(offs_k[None, :] == 0, nidx_TK, 0), axis=1), best)
+                    else:
+                        nidx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
+                        nw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
+                        filled_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int1)
+                        first_T = tl.zeros((TB,), dtype=tl.int32)
+                        for k in tl.static_range(K):  # K rounds of argmax = topk(K), ties to the lower id
+                            v_T, j_T = tl.max(rank_TC, axis=1, return_indices=True, return_indices_tie_break_left=True)
+                            pick_TC = offs_e[None, :] == j_T[:, None]
+                            filled_T = v_T >= 0
+                            nw_T = tl.where(filled_T, tl.sum(tl.where(pick_TC, nw_TC, 0.0), axis=1), 0.0)
+                            slot = offs_k[None, :] == k
+                            nidx_TK = tl.where(slot, j_T[:, None], nidx_TK)
+                            nw_TK = tl.where(slot, nw_T[:, None], nw_TK)
+                            filled_TK = tl.where(slot, filled_T[:, None], filled_TK)
+                            rank_TC = tl.where(pick_TC, -4.0, rank_TC)
+                            if k == 0:
+                                first_T = tl.where(filled_T, j_T, best)
+                    if RENORMALIZE:
+                        total_T = tl.maximum(tl.sum(nw_TK, axis=1), 1e-30)
+                        nw_TK = nw_TK * (wsum_T / total_T)[:, None]
+                    # empty slots point at a kept expert with weight 0 (no sentinel ids), as reassign does
+                    nidx_TK = tl.where(filled_TK, nidx_TK, first_T[:, None])
+                    out_idx = tl.where(lost_T[:, None], nidx_TK.to(idx_TK.dtype), idx_TK)
+                    out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
+                    tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
+                    tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
         if GEMV:
             tl.atomic_xchg(arrive_ptr, 0)  # ready for the next launch (or graph replay)
 
@@ -474,10 +501,15 @@ class SelectLaunch:
     """How the kernel's one program runs (the GEMV form's other programs excepted): its warps,
     and TB, the tokens per step of its loops. Tuned per GPU (kernels/configs/<gpu>.json,
     "select:E=<E_BLOCK>,T=<T>", by tools/tune_step_kernels.py): the program is latency-bound, so
-    fewer warps (reductions within a warp) can beat more."""
+    fewer warps (reductions within a warp) can beat more. `split`: above one tile of tokens,
+    two launches of one program per tile instead (PHASE 1: each tile's routing and partial
+    scores; PHASE 2: every program sums the partials in tile order, ranks, and reassigns its own
+    tile; the first one writes the kept set): the same outputs bit for bit, the per-token work
+    spread over cdiv(T, tokens_per_tile) programs (the GEMV form never splits)."""
 
     num_warps: int = 8
     tokens_per_tile: int = 16
+    split: bool = False
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -492,7 +524,7 @@ def select_launch(E: int, T: int, device: torch.device) -> SelectLaunch:
     E_BLOCK = next_pow2(E, 16)
     entry = tuned_entry(f"select:E={E_BLOCK}", device, T)
     return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),
-                        tokens_per_tile=entry.get("TB", 16))
+                        tokens_per_tile=entry.get("TB", 16), split=bool(entry.get("split", False)))
 
 
 def union_fits(rule: Rule, budget: int | None, T: int, K: int, E: int) -> bool:
@@ -575,27 +607,34 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         gemv_args = (dummy, dummy, dummy, dummy)
         gemv_meta = dict(CB=16, BK=16, TBG=16, DOT_PRECISION="tf32")  # noqa: C408
         sx = sw = 0
-    _route_select_kernel.on(dev)[grid](
-        *gemv_args,
-        logits_TE if logits_TE is not None else dummy,
-        logit_bias_E if logit_bias_E is not None else dummy,
-        probs_TE, idx_TK, w_TK, active_T, score_out,
-        g_TE if g_TE is not None else dummy,
-        pred_b_E if pred_b_E is not None else dummy,
-        energy_E if energy_E is not None else dummy,
-        sim_EE if sim_EE is not None else dummy,
-        keep_E, keep_M, new_idx, new_w,
-        T, E, H, C, M, M, int(rule.k0), float(route_scale), float(rule.coverage or 1.0),
-        sx, sw, logits_TE.stride(0) if logits_TE is not None else 0, probs_TE.stride(0), idx_TK.stride(0),
-        w_TK.stride(0), g_stride, sim_EE.stride(0) if sim_EE is not None else 0, new_idx.stride(0), new_w.stride(0),
-        K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=launch.tokens_per_tile, GEMV=gemv is not None, **gemv_meta,
-        ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
-        SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
-        REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
-        SELECT=not union_fits(rule, budget, T, K, E), M_BLOCK=next_pow2(M), KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX,
-        num_warps=launch.num_warps,
-    )  # fmt: skip
+    TB = launch.tokens_per_tile
+    n_tiles = triton.cdiv(T, TB)
+    phases = (1, 2) if (launch.split and gemv is None and n_tiles > 1) else (0,)
+    part = empty(n_tiles * 5 * E_BLOCK, device=dev, dtype=torch.float32) if phases != (0,) else dummy
+    for phase in phases:
+        _route_select_kernel.on(dev)[grid if phase == 0 else (n_tiles,)](
+            *_args(gemv_args, logits_TE, logit_bias_E, probs_TE, idx_TK, w_TK, active_T, score_out, g_TE,
+                   pred_b_E, energy_E, sim_EE, keep_E, keep_M, new_idx, new_w, part, dummy),
+            T, E, H, C, M, M, int(rule.k0), float(route_scale), float(rule.coverage or 1.0), n_tiles,
+            sx, sw, logits_TE.stride(0) if logits_TE is not None else 0, probs_TE.stride(0), idx_TK.stride(0),
+            w_TK.stride(0), g_stride, sim_EE.stride(0) if sim_EE is not None else 0, new_idx.stride(0),
+            new_w.stride(0),
+            K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=TB, GEMV=gemv is not None, **gemv_meta,
+            ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
+            SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=TIERS[rule.tier], COVERAGE=rule.coverage is not None,
+            REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
+            SELECT=not union_fits(rule, budget, T, K, E), M_BLOCK=next_pow2(M),
+            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, PHASE=phase, num_warps=launch.num_warps,
+        )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
+
+
+def _args(gemv_args: tuple, logits_TE, logit_bias_E, probs_TE, idx_TK, w_TK, active_T, score_out, g_TE, pred_b_E,
+          energy_E, sim_EE, keep_E, keep_M, new_idx, new_w, part, dummy) -> tuple:
+    """The kernel's pointer arguments in order, `dummy` for the absent ones."""
+    opt = lambda t: t if t is not None else dummy  # noqa: E731
+    return (*gemv_args, opt(logits_TE), opt(logit_bias_E), probs_TE, idx_TK, w_TK, active_T, score_out, opt(g_TE),
+            opt(pred_b_E), opt(energy_E), opt(sim_EE), keep_E, keep_M, new_idx, new_w, part)
 
 
 def select_reassign(

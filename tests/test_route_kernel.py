@@ -245,6 +245,54 @@ def test_the_tile_size_changes_no_routing_bit(tier, M):
         assert torch.equal(sel.topk_idx_TK, ref.topk_idx_TK) and torch.equal(sel.topk_w_TK, ref.topk_w_TK)
 
 
+SPLIT_RULES = [  # kind, tier, coverage, reassign, budget, inactive rows, after the router (no ROUTE)
+    ("base", "none", None, "backfill", 6, True, False), ("router_sum", "anchor", None, "backfill", 12, True, False),
+    ("router_sum", "top1_union", None, "backfill", 9, False, False), ("router_sq", "oea", None, "backfill", None, True, False),
+    ("router_sum", "none", 0.8, "drop", 10, True, False), ("count", "none", None, "similar", 7, False, False),
+    ("router_sum", "none", None, "backfill", 64, True, False), ("base", "none", None, "backfill", 6, True, True),
+]
+
+
+@pytest.mark.parametrize("kind,tier,coverage,mode,M,idle,after", SPLIT_RULES)
+def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, coverage, mode, M, idle, after):
+    """SelectLaunch(split=True): one program per tile of tokens in two launches (each tile's routing
+    and partial sums, then every program ranks from the partials and reassigns its tile) against
+    the one-program launch at T = 37 (three tiles of 16, the last partial): routing, score, kept set
+    and reassignment equal bit for bit, for every tier, coverage, `drop`/`similar`, a budget the union
+    fits (64: pass 2 only for inactive rows), and after the model's own router (select_reassign)."""
+    from kernels.select import SelectLaunch, select_reassign
+
+    T, E, K, H = 37, 64, 6, 16
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=7)
+    if not idle:
+        active_T = torch.ones_like(active_T)
+    art = _artifacts(E, H, seed=3)
+    logits_TE = F.linear(x_TH, w_EH)
+    sim = torch.rand(E, E, generator=torch.Generator().manual_seed(4)) if mode == "similar" else None
+    rule = Rule(tier=tier, k0=1, coverage=coverage, reassign_mode=mode)
+    kw = dict(kind=kind, rule=rule, sim_EE=sim)  # noqa: C408
+    if kind == "base":
+        kw.update(g_TE=x_TH @ art.pred_w_LHE[0], pred_b_E=art.pred_b_LE[0])
+    outs = []
+    for split in (False, True):
+        launch = SelectLaunch(tokens_per_tile=16, split=split)
+        if after:
+            probs_TE = logits_TE.softmax(-1)
+            w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+            outs.append((None, select_reassign(probs_TE, idx_TK, w_TK / w_TK.sum(-1, keepdim=True), active_T, M,
+                                               launch=launch, **kw)))
+        else:
+            outs.append(route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, **kw))
+    (r1, s1), (r2, s2) = outs
+    if r1 is not None:
+        for a, b in zip((r1.probs_TE, r1.topk_idx_TK, r1.topk_w_TK), (r2.probs_TE, r2.topk_idx_TK, r2.topk_w_TK)):
+            assert torch.equal(a, b)
+    for a, b in zip((s1.score_E, s1.keep_E, s1.keep_M, s1.topk_idx_TK, s1.topk_w_TK),
+                    (s2.score_E, s2.keep_E, s2.keep_M, s2.topk_idx_TK, s2.topk_w_TK)):
+        assert torch.equal(a, b)
+    assert int(s2.keep_E.sum()) <= (M or E)
+
+
 def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(monkeypatch):
     from kernels import tuned
     from kernels.select import SelectLaunch, select_launch

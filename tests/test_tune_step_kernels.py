@@ -20,7 +20,11 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
     rows, table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1, 2), (4,), reps=1)
     assert len(rows) == 2 and {r["num_warps"] for r in rows} == {1, 2}
     fastest = min(rows, key=lambda r: r["us"])
-    assert table == {"select:E=16,T=4": {"num_warps": fastest["num_warps"], "TB": 4, "us": fastest["us"]}}
+    assert table == {"select:E=16,T=4": {"num_warps": fastest["num_warps"], "TB": 4, "split": False, "us": fastest["us"]}}
+    # two tiles of 4 tokens: the split launch is a candidate too, and the faster form is the entry
+    split_rows, split_table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (8,), (1,), (4,), reps=1)
+    assert sorted(r["split"] for r in split_rows) == [False, True]
+    assert split_table["select:E=16,T=8"]["split"] == min(split_rows, key=lambda r: r["us"])["split"]
     att_rows, att_table = tsk.tune_attention(dev, (("m", 2, 1, 16),), (1,), 64, (20, 64), (32, 64), (4,), (2,), reps=1)
     assert len(att_rows) == 4  # 2 filled lengths x 2 block sizes
     (key, entry), = att_table.items()
@@ -31,11 +35,14 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
     monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
     monkeypatch.setattr(tune_kernels, "device_name", lambda device: "gpu")
     (tmp_path / "gpu.json").write_text(json.dumps({"H=1,I=1,T=1": {"gate_up": {"TB": 16}}}))
-    path = tsk.install({**table, **att_table}, dev)
+    path = tsk.install({**table, **split_table, **att_table}, dev)
     written = json.loads(path.read_text())
     assert written["H=1,I=1,T=1"] == {"gate_up": {"TB": 16}}  # the experts' entries stay
     assert "us" not in written["select:E=16,T=4"]
 
+
     monkeypatch.setattr(tuned, "load_configs", lambda name: written)
     assert select_launch(16, 3, dev) == SelectLaunch(num_warps=fastest["num_warps"], tokens_per_tile=4)
+    assert select_launch(16, 8, dev) == SelectLaunch(num_warps=1, tokens_per_tile=4,
+                                                     split=split_table["select:E=16,T=8"]["split"])
     assert attention_launch(2, 16, dev) == AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=4, target_programs=2)

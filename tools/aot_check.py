@@ -50,7 +50,8 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     route_ptrs = {"x_ptr": "*bf16", "wr_ptr": "*bf16", "ws_ptr": "*fp32", "arrive_ptr": "*i32", "logits_ptr": "*fp32",
                   "lbias_ptr": "*bf16", "probs_ptr": "*fp32", "idx_ptr": "*i64", "w_ptr": "*bf16", "active_ptr": "*i1",
                   "score_ptr": "*fp32", "g_ptr": "*fp32", "bias_ptr": "*fp32", "energy_ptr": "*fp32", "sim_ptr": "*fp32",
-                  "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16"}  # fmt: skip
+                  "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16",
+                  "part_ptr": "*fp32"}  # fmt: skip
     base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,  # noqa: C408
                 NORM=True, HAS_LBIAS=False, SCORE_IN_KERNEL=True, KIND=4, TIER=0, COVERAGE=False, REASSIGN=0,
                 RENORMALIZE=True, SELECT=True, M_BLOCK=16, KEPT_LIST=True)  # fmt: skip
@@ -84,6 +85,10 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
             out.append((f"down_kept T={T_BLOCK} BHO={bho} BI={bi} st={st}", _down_kept_kernel, dn_ptrs, (),
                         {**common, "BHO": bho, "BI": bi, "stride_di": 1, "HAS_RES": False},
                         {"num_warps": 4, "num_stages": st}))
+    # the split selection (SelectLaunch.split): each tile's pass 1, then ranking and its tile's pass 2
+    for phase in (1, 2):
+        out.append((f"route_select split PHASE={phase}", _route_select_kernel, route_ptrs, floats,
+                    {**base, "GEMV": False, "PHASE": phase}, {"num_warps": 8}))
     # programmatic dependent launch (kernels/_triton.py) and the folded residual add
     out.append(("route_select select-after-router PDL", _route_select_kernel, route_ptrs, floats,
                 {**base, "GEMV": False, "PDL": True}, {"num_warps": 8, "launch_pdl": True}))

@@ -9,8 +9,9 @@ tile decide it. Decode attention (kernels/attention.py) reads a few MB per layer
 microseconds: slots per block, warps and how many shares the cache is cut into decide it.
 
 Selection: `route_select` as the budgeted model calls it (kind base, logits and the predictor's g
-from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB) candidate; the
-fastest is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
+from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB, split) candidate
+(split: one program per tile in two launches, where T spans more than one tile); the fastest is
+the bucket's entry "select:E=<E_BLOCK>,T=<T>".
 Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
 and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
@@ -73,16 +74,20 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
         z_TH = torch.randn(T, H, generator=g).to(dev, dtype)
         active_T = torch.ones(T, dtype=torch.bool, device=dev)
         logits_TE, g_TE = fused_router_logits(z_TH, wcat_CH)
-        for nw, tb in itertools.product(warps, tbs):
+        for nw, tb, split in itertools.product(warps, tbs, (False, True)):
             if tb > max(next_pow2(T), min(tbs)):  # a tile larger than the tokens only pads
                 continue
-            launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb)
+            if split and tb >= T:  # one tile: the split launch is the one-program launch
+                continue
+            launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=split)
             fn = partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base", g_TE=g_TE,
                          pred_b_E=pred_b_E, launch=launch)
             us, how = time_graph([fn] * 20, reps, dev)
-            rows.append({"kernel": "select", "E": E, "T": T, "num_warps": nw, "TB": tb, "us": round(us, 3), "timing": how})
+            rows.append({"kernel": "select", "E": E, "T": T, "num_warps": nw, "TB": tb, "split": split,
+                         "us": round(us, 3), "timing": how})
         best = min((r for r in rows if r["kernel"] == "select" and r["T"] == T), key=lambda r: r["us"])
-        table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"], "us": best["us"]}
+        table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"],
+                                                       "split": best["split"], "us": best["us"]}
         log(f"select T={T}: best {table[f'select:E={next_pow2(E, 16)},T={T}']}")
     return rows, table
 
