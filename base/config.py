@@ -29,7 +29,7 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 # the logit ranges of trained models (~30): noise, not the model's text.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
-REGION_KINDS = ("layer", "modules")  # base/runtime/regional.py
+REGION_KINDS = ("layer", "modules", "layer_combo")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
 
@@ -231,7 +231,7 @@ class ThroughputConfig:
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
     regions: str = "layer"  # with compile: layer (each layer's attention half one region, its MoE
     # residual add in the expert kernel) | modules (attention and norms one by one, adds eager: the
-    # ablation of the fusion)
+    # ablation of the fusion) | layer_combo (layer, with Inductor's combo kernels; not yet measured)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream

@@ -154,10 +154,10 @@ def _generate_ref(model, ids, mask, n):
     return out[:, ids.shape[1]:]
 
 
-def _engine_tokens(model, ids, mask, n, compile: bool, halves: int | None = None):
+def _engine_tokens(model, ids, mask, n, compile: bool, halves: int | None = None, regions: str = "layer"):
     """Greedy tokens of the decode engine (batch one row larger than the prompts), then released;
     `halves`: the compiled attention halves the engine must hold."""
-    engine = DecodeEngine(model, ids.shape[0] + 1, 32, compile=compile)
+    engine = DecodeEngine(model, ids.shape[0] + 1, 32, compile=compile, regions=regions)
     if halves is not None:
         assert len(engine.regions.layers) == halves
     try:
@@ -224,3 +224,16 @@ def test_every_family_layer_runs_as_one_attention_half_with_the_same_output(name
             for layer in layers:
                 del layer.forward
     assert torch.equal(got, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("regions,halves", [("modules", 0), ("layer_combo", 4)])
+def test_the_other_region_kinds_decode_like_generate(regions, halves):
+    """throughput.regions=modules (attention and norms compiled one by one, the ablation) and
+    layer_combo (the halves with Inductor's combo kernels, which apply to GPU kernels: on the CPU
+    the option is only accepted) decode a 4-layer model like generate."""
+    model = _model("tiny_qwen3", layers=4)
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    got = _engine_tokens(model, ids, torch.ones_like(ids), 14, compile=True, halves=halves, regions=regions)
+    assert torch.equal(got, _generate_ref(model, ids, torch.ones_like(ids), 14))

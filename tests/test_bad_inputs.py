@@ -128,7 +128,7 @@ CASES = [
     (["model=mini", "task=paper_standin", "method=dense", "eval.confirm_unsafe_code=true"],
      "would generate 384 new tokens, but mini has 256 positions in all"),
     (["eval.admission=union", "eval.batching=static"], "eval.admission=union chooses who takes a free slot: it needs"),
-    (["stage=throughput", "throughput.regions=fused"], "throughput.regions='fused' is not valid; choose one of: layer, modules"),
+    (["stage=throughput", "throughput.regions=fused"], "throughput.regions='fused' is not valid; choose one of: layer, modules, layer_combo"),
     (["stage=throughput", "throughput.mode=stream", "stream.prompt_len=[10,5]"], "stream.prompt_len=[10, 5]: low 10 is above high 5"),
     (["stage=throughput", "throughput.mode=stream", "stream.rate=0"], "stream.rate=0.0 is out of range: must be a number > 0.0"),
     (["stage=throughput", "throughput.mode=stream", "stream.lengths_from=nowhere/samples.jsonl"],

@@ -92,9 +92,11 @@ def _regions(model: nn.Module, skip: set[int]) -> list[nn.Module]:
 class RegionalCompile:
     """Wraps the forward of each region module: compiled while `enabled()`, the original otherwise."""
 
-    def __init__(self, model: nn.Module, layers: bool = True) -> None:
+    def __init__(self, model: nn.Module, layers: bool = True, combo: bool = False) -> None:
         """layers: each qualifying decoder layer as one attention half (the default); False: every
-        attention and norm module compiled alone, the adds eager (the fusion's ablation)."""
+        attention and norm module compiled alone, the adds eager (the fusion's ablation). combo:
+        the halves compiled with Inductor's combo kernels (independent kernels of a half, such as
+        the q and k norm + rotary and the cache writes, in one launch; GPU only, experimental)."""
         for key in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, key):
                 setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), RECOMPILE_LIMIT))
@@ -104,15 +106,16 @@ class RegionalCompile:
         self.modules = _regions(model, in_halves)
         if not self.modules and not self.layers:
             raise ValueError(f"no {REGION_ATTRS} modules to compile in {type(model).__name__}")
-        if self.layers and "half" not in _COMPILED:
-            _COMPILED["half"] = torch.compile(attention_half, dynamic=False,
-                                              options={"emulate_precision_casts": True})
+        half = "half_combo" if combo else "half"
+        if self.layers and half not in _COMPILED:
+            _COMPILED[half] = torch.compile(attention_half, dynamic=False,
+                                            options={"emulate_precision_casts": True, "combo_kernels": combo})
         for layer in self.layers:
 
             def layer_forward(hidden_states, *args, _l=layer, _orig=layer.forward, **kwargs):
                 if not self.on or args:
                     return _orig(hidden_states, *args, **kwargs)
-                return half_layer_forward(_l, hidden_states, kwargs, _COMPILED["half"])
+                return half_layer_forward(_l, hidden_states, kwargs, _COMPILED[half])
 
             layer.forward = layer_forward
         for module in self.modules:
