@@ -1,8 +1,9 @@
 """A throughput ablation across runs: each run's replayed step per variant and its kernels per
 decoder layer, and the step without a feature against the step with it.
 
-    python -m analysis.throughput_ablation <runs> <out> [regions|pdl]
+    python -m analysis.throughput_ablation <runs> <out> [regions|combo|pdl]
     regions   throughput.regions: modules (off) against layer (on); the default
+    combo     throughput.regions: layer (off) against layer_combo (on)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch)
 
@@ -19,8 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-# the run column of each ablation, and its (off, on) values
-ABLATIONS = {"regions": ("modules", "layer"), "pdl": (False, True)}
+# each ablation's run column, and its (off, on) values
+ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
+             "pdl": ("pdl", False, True)}
 
 
 def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
@@ -35,7 +37,8 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
         total = prof[prof["class"] == "total"] if not prof.empty else prof
         per_layer = total.set_index("variant")["kernels_per_layer"] if not total.empty else pd.Series(dtype=float)
         for _, r in df.iterrows():
-            rows.append({"run": csv.parent.name, "setting": r.get(by, ABLATIONS[by][1]),
+            column, _, on_value = ABLATIONS[by]
+            rows.append({"run": csv.parent.name, "setting": r.get(column, on_value),
                          "batch_size": r["batch_size"], "variant": r["variant"], "ms_per_step": r["ms_per_step"],
                          "ms_min": r["ms_min"], "ms_max": r["ms_max"], "repeats": r["repeats"],
                          "kernels_per_layer": per_layer.get(r["variant"], float("nan"))})
@@ -44,7 +47,7 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
 
 def ratios(df: pd.DataFrame, by: str = "regions") -> pd.DataFrame:
     """Per (batch, variant): median ms off and on, and off / on over every pair of runs."""
-    off_value, on_value = ABLATIONS[by]
+    _, off_value, on_value = ABLATIONS[by]
     out = []
     for (bs, variant), g in df.groupby(["batch_size", "variant"]):
         setting = g["setting"].astype(str)
@@ -69,9 +72,9 @@ def main(runs: str, out: str, by: str = "regions") -> None:
     out_p = Path(out)
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)
-    off_value, on_value = ABLATIONS[by]
+    column, off_value, on_value = ABLATIONS[by]
     text = ["Each run (median of its interleaved passes [min, max], ms per replayed step; `setting`: "
-            f"throughput.{by})\n", df.round(4).to_markdown(index=False),
+            f"throughput.{column})\n", df.round(4).to_markdown(index=False),
             f"\n\n{by}: {off_value} over {on_value} (ratio > 1: {on_value} is faster), over every pair of runs\n",
             ratios(df, by).round(4).to_markdown(index=False), "\n"]
     out_p.with_suffix(".md").write_text("\n".join(text))

@@ -44,3 +44,15 @@ def test_the_pdl_ablation_reads_each_rows_flag(tmp_path):
     r = ratios(run_rows(tmp_path, "pdl"), "pdl").iloc[0]
     assert (r["runs"], r["False_ms"], r["True_ms"]) == ("1 + 2", 6.0, 4.5)
     assert (r["ratio_min"], r["ratio_max"]) == (6.0 / 5.0, 6.0 / 4.0)
+
+
+def test_the_combo_ablation_pairs_layer_with_layer_combo_and_bad_names_are_refused(tmp_path):
+    import pytest
+
+    _run(tmp_path / "a", "layer", {"base": 5.0}, 15.5)
+    _run(tmp_path / "b", "layer_combo", {"base": 4.0}, 13.5)
+    _run(tmp_path / "c", "modules", {"base": 9.0}, 17.5)
+    r = ratios(run_rows(tmp_path, "combo"), "combo").iloc[0]
+    assert (r["runs"], r["ratio"], r["layer_combo_kernels_per_layer"]) == ("1 + 1", 5.0 / 4.0, 13.5)
+    with pytest.raises(SystemExit, match="choose one of: regions, combo, pdl"):
+        main(str(tmp_path), str(tmp_path / "out"), "fusion")
