@@ -227,6 +227,8 @@ def load_results(root: str | Path | None = "results") -> Results:
     present = root is not None and root.is_dir()
     runs, points, paired, pred = [], [], [], []
     for path in sorted(root.glob("*.csv")) if present else []:
+        if path.stat().st_size <= 1:  # an empty table (e.g. a one-model family's interaction tests)
+            continue
         name = path.stem
         if name.endswith("_predictor_r2"):
             exp = name.removesuffix("_predictor_r2")

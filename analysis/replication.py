@@ -65,7 +65,10 @@ PAIRED = "results/replication_paired.csv"
 RUNS = "results/replication_runs.csv"  # each run's wall time (the grid folders' sweep_summary.csv)
 STATIC = {"mini": ("results/quality_seeds_mini_paired.csv", "results/rules_mini_paired.csv"),
           "mini_olmoe": ("results/quality_seeds_mini_olmoe_paired.csv", "results/rules_mini_olmoe_paired.csv")}
-THROUGHPUT = "results/roofline/summary.csv"  # the recommended rules' speed (issue 25's H200 grid, every rule on the kernel)
+# the recommended rules' speed: issue 25's H200 grids (every rule on the kernel), newest first; each
+# batch size is read from the newest grid that timed the rule, dense and base at it
+THROUGHPUT = ("results/roofline/grid_2026-12-02e/main/summary.csv", "results/roofline/grid_2026-12-02d/tuned/summary.csv",
+              "results/roofline/grid_2026-12-02/summary.csv", "results/roofline/summary.csv")
 # What was done differently from docs/preregistration.md, and why (results/replication.md prints it).
 DEVIATIONS = """
 - Calls that do not reject are labelled `inconclusive` (the project's word, analysis/stats.py), which the
@@ -428,29 +431,39 @@ def _family(model: str) -> str:
 
 
 def speed_text(rules: list[str], root: Path = ROOT, budget: int = 16) -> str:
-    """The recommended rules' decode speed from the committed H200 grid (THROUGHPUT): ms per step at
-    `budget` and each batch size, against dense and base in the same run."""
-    df = pd.read_csv(root / THROUGHPUT)
-    g = df[(df["mode"] == "graph") & (df["model"] == "qwen3_30b") & (df["routing"] == "uniform")]
+    """The recommended rules' decode speed from the committed H200 grids (THROUGHPUT, newest first):
+    ms per step at `budget` for each batch size, against dense and base in the same run, from the
+    newest grid that timed all three at that batch size."""
+    grids = []
+    for path in THROUGHPUT:
+        df = pd.read_csv(root / path)
+        grids.append((path, df[(df["mode"] == "graph") & (df["model"] == "qwen3_30b") & (df["routing"] == "uniform")]))
 
-    def ms(variant: str, bs: int, b: float | None) -> float | None:
+    def ms(g: pd.DataFrame, variant: str, bs: int, b: float | None) -> float | None:
         sel = g[(g["variant"] == variant) & (g["batch_size"] == bs)
                 & (g["budget"].isna() if b is None else g["budget"] == b)]
         return float(sel["ms_per_step"].iloc[0]) if len(sel) else None
 
-    parts = []
+    sizes = sorted({int(bs) for _, g in grids for bs in g["batch_size"].unique()})
+    parts, used = [], []
     for rule in rules:
         cells = []
-        for bs in sorted(g["batch_size"].unique()):
-            r, d, b = ms(rule, bs, budget), ms("dense", bs, None), ms("base", bs, budget)
-            if None not in (r, d, b):
-                cells.append(f"batch {bs}: {r:.2f} ms per step, {d / r:.2f}× dense and {b / r:.2f}× base's speed")
+        for bs in sizes:
+            for path, g in grids:
+                r, d, b = ms(g, rule, bs, budget), ms(g, "dense", bs, None), ms(g, "base", bs, budget)
+                if None not in (r, d, b):
+                    folder = Path(path).parent.relative_to("results/roofline").as_posix()
+                    cells.append(f"batch {bs}: {r:.2f} ms per step, {d / r:.2f}× dense and {b / r:.2f}× base's speed"
+                                 f" (`{folder}`)")
+                    used += [path] if path not in used else []
+                    break
         if cells:
             parts.append(f"`{rule}` at M={budget}: " + "; ".join(cells))
-    return (f"- **Speed of the recommended rules** (Qwen3-30B-A3B shape, random bf16 weights, uniform routing, an "
-            f"H200, every rule on the selection kernel; median of five interleaved timed passes; `{THROUGHPUT}`, "
-            f"from `bash experiments/gpu/roofline.sh` as `results/roofline/README.md` gives it): "
-            + "; ".join(parts) + ". Skewed routing and the other model shapes were not run for them.")
+    return ("- **Speed of the recommended rules** (Qwen3-30B-A3B shape, random bf16 weights, uniform routing, an "
+            "H200, every rule on the selection kernel; median of five interleaved timed passes; each batch size "
+            "from the newest grid under `results/roofline/` that timed the rule, dense and base at it, commands "
+            "in its README; `.` is `results/roofline/` itself): " + "; ".join(parts)
+            + ". Skewed routing and the other model shapes were not run for them.")
 
 
 def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, link: str = "") -> str:
