@@ -29,7 +29,7 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
     """One row per (run, variant) of graph-replayed steps, with kernels per layer from the profile;
     `setting`: the run's value of the ablation's column."""
     rows = []
-    for csv in sorted(runs.glob("*/throughput.csv")):
+    for csv in sorted(runs.rglob("throughput.csv")):  # runs/<run>/ or runs/<run>/throughput/<hydra folder>/
         df = pd.read_csv(csv)
         df = df[df["mode"] == "graph"]
         prof = pd.DataFrame(json.loads((csv.parent / "report.json").read_text()).get("profile") or [])
@@ -38,7 +38,7 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
         per_layer = total.set_index("variant")["kernels_per_layer"] if not total.empty else pd.Series(dtype=float)
         for _, r in df.iterrows():
             column, _, on_value = ABLATIONS[by]
-            rows.append({"run": csv.parent.name, "setting": r.get(column, on_value),
+            rows.append({"run": csv.parent.relative_to(runs).parts[0], "setting": r.get(column, on_value),
                          "batch_size": r["batch_size"], "variant": r["variant"], "ms_per_step": r["ms_per_step"],
                          "ms_min": r["ms_min"], "ms_max": r["ms_max"], "repeats": r["repeats"],
                          "kernels_per_layer": per_layer.get(r["variant"], float("nan"))})

@@ -11,6 +11,8 @@
 #   PARTS="grid" MODEL=olmoe ROUTING=skewed bash experiments/gpu/roofline.sh
 #   PARTS=grid SPECS="qwen3_30b:uniform qwen3_30b:skewed:[16,64]" bash experiments/gpu/roofline.sh  # several runs
 #   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
+#   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.regions AB_VALUES="layer layer_combo"
+#      (or AB_KEY=throughput.pdl AB_VALUES="false true") -> $OUT/ab.tgz
 # Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; LOG=/tmp/roofline; mkdir -p "$OUT" "$LOG"
@@ -56,6 +58,21 @@ if [[ " $PARTS " == *" grid "* ]]; then
   done
   python3 -m analysis.throughput outputs/throughput "$LOG/throughput" > /dev/null 2>&1 && cp "$LOG/throughput.md" "$OUT/"
   tar czf "$OUT/grid.tgz" outputs/throughput -C "$(dirname "$LOG")" "$(basename "$LOG")"
+fi
+if [[ " $PARTS " == *" ab "* ]]; then
+  # an A/B of one throughput key on one machine: AB_KEY's two AB_VALUES in the order a b b a, each
+  # a run of AB_METHODS at batch 16 (analysis: python -m analysis.throughput_ablation <runs> <out> <name>)
+  AB_KEY=${AB_KEY:-throughput.regions}; read -r va vb <<< "${AB_VALUES:-layer layer_combo}"
+  i=0
+  for v in "$va" "$vb" "$vb" "$va"; do
+    i=$((i + 1)); stamp "ab $i $AB_KEY=$v"
+    timeout "${AB_S:-100}" python3 run.py experiment=throughput model="$MODEL" model.routing="$ROUTING" \
+      throughput.batch_sizes=[16] "throughput.methods=${AB_METHODS:-[dense,base]}" throughput.budgets=[16] \
+      "$AB_KEY=$v" outputs_dir="outputs/ab/${i}_$v" ${AB_EXTRA:-} > "$LOG/ab_${i}_$v.log" 2>&1
+    echo "rc=$?" >> "$LOG/ab_${i}_$v.log"
+    grep -E "^\[throughput\] batch|Error" "$LOG/ab_${i}_$v.log" | tail -4
+  done
+  tar czf "$OUT/ab.tgz" outputs/ab -C "$(dirname "$LOG")" "$(basename "$LOG")"
 fi
 cp "$LOG/gpu_tests.log" "$OUT/" 2>/dev/null
 stamp "done"
