@@ -445,7 +445,7 @@ def speed_text(rules: list[str], root: Path = ROOT, budget: int = 16) -> str:
         return float(sel["ms_per_step"].iloc[0]) if len(sel) else None
 
     sizes = sorted({int(bs) for _, g in grids for bs in g["batch_size"].unique()})
-    parts, used = [], []
+    parts = []
     for rule in rules:
         cells = []
         for bs in sizes:
@@ -455,7 +455,6 @@ def speed_text(rules: list[str], root: Path = ROOT, budget: int = 16) -> str:
                     folder = Path(path).parent.relative_to("results/roofline").as_posix()
                     cells.append(f"batch {bs}: {r:.2f} ms per step, {d / r:.2f}× dense and {b / r:.2f}× base's speed"
                                  f" (`{folder}`)")
-                    used += [path] if path not in used else []
                     break
         if cells:
             parts.append(f"`{rule}` at M={budget}: " + "; ".join(cells))

@@ -573,12 +573,12 @@ def fused_experts(
     T, H = x_TH.shape
     I = down.shape[1] if layout.transposed else down.shape[2]
     cfg = config or get_config(H, I, T, x_TH.device)
+    if residual_TH is not None and residual_TH.stride(1) != 1:
+        residual_TH = residual_TH.contiguous()
     if keep_M is not None and T <= V3_MAX_TOKENS and _stages == 4 and cfg.use_kept:
         return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
                                    gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg,
                                    residual_TH=residual_TH)
-    if residual_TH is not None and residual_TH.stride(1) != 1:
-        residual_TH = residual_TH.contiguous()
     K = topk_idx_TK.shape[1]
     E = gate_up.shape[0]
     P = T * K
@@ -668,7 +668,7 @@ def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK
         ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None, ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),
         **common, **gu,
     )  # fmt: skip
-    res = out_TH if residual_TH is None else residual_TH if residual_TH.stride(1) == 1 else residual_TH.contiguous()
+    res = out_TH if residual_TH is None else residual_TH  # contiguous rows: fused_experts
     _down_kept_kernel.on(dev)[(triton.cdiv(H, dn["BHO"]),)](
         act_PI, down, down_bias if down_bias is not None else x_TH, keep_M, idx_TK, w_TK, res, out_TH,
         T, H, I, M,

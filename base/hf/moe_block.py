@@ -94,26 +94,26 @@ class BudgetedMoE(nn.Module):
         where it can (no shared experts, the kernel's kept list), else as the layer would add it."""
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
         idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
-        folded_TH = None
-        if residual_BSH is not None and not self.family.shared:
-            folded_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape))
-        if folded_TH is not None:
-            out_BSH = folded_TH.view(hidden_BSH.shape)
+        fold = residual_BSH is not None and not self.family.shared
+        y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape) if fold else None)
+        if fold:
+            out_BSH = y_TH.view(hidden_BSH.shape)
         else:
-            out_BSH = self.family.combine(self, hidden_BSH, x_TH, self.run_experts(x_TH, idx_TK, w_TK, keep_M))
+            out_BSH = self.family.combine(self, hidden_BSH, x_TH, y_TH)
             if residual_BSH is not None:
                 out_BSH = residual_BSH + out_BSH
         return (out_BSH, w_TK) if self.family.returns_router_scores else out_BSH
 
     def run_experts(self, x_TH: Tensor, idx_TK: Tensor, w_TK: Tensor, keep_M: Tensor | None,
-                    residual_TH: Tensor | None = None) -> Tensor | None:
+                    residual_TH: Tensor | None = None) -> Tensor:
         """The routed experts' output: with the kernel's kept list and base_triton, the two-launch
         expert kernel (kernels/experts.py v3) directly; else the experts module as the model runs it.
-        With `residual_TH`, residual + output from the kernel, or None where the kernel does not run."""
+        With `residual_TH`, residual + output (added in the kernel's last launch when it runs)."""
         y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M, residual_TH)
-        if residual_TH is not None:
+        if y_TH is not None:
             return y_TH
-        return self.experts(x_TH, idx_TK, w_TK) if y_TH is None else y_TH
+        y_TH = self.experts(x_TH, idx_TK, w_TK)
+        return y_TH if residual_TH is None else residual_TH + y_TH
 
     def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(topk_idx_TK, topk_w_TK, keep_M) the experts run: the router's own, or the selection's;

@@ -45,7 +45,7 @@ REGION_ATTRS = ("self_attn", "input_layernorm", "post_attention_layernorm")
 # a decoder layer with exactly these children runs norm -> attention -> add -> norm -> MoE -> add
 HALF_LAYER_CHILDREN = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"})
 RECOMPILE_LIMIT = 64  # (batch sizes) x (region kinds: attention, norm; sliding-window layers)
-_COMPILED: dict[type, object] = {}  # one compiled forward per module class, shared by engines
+_COMPILED: dict[type | str, object] = {}  # one compiled forward per module class (and per half kind), shared
 
 
 def attention_half(layer: nn.Module, hidden_BSH: Tensor, kwargs: dict) -> tuple[Tensor, Tensor]:
@@ -65,13 +65,10 @@ def half_layer_forward(layer: nn.Module, hidden_BSH: Tensor, kwargs: dict, half=
     """The decoder layer's forward with its attention half as one call (compiled by the engine)."""
     with torch.profiler.record_function(HALF_RANGE):
         hidden_BSH, h_BSH = half(layer, hidden_BSH, kwargs)
-    if isinstance(layer.mlp, BudgetedMoE):  # the residual add in the expert kernel's last launch
-        out = layer.mlp(h_BSH, residual_BSH=hidden_BSH)
-        return out[0] if isinstance(out, tuple) else out
-    out = layer.mlp(h_BSH)
-    if isinstance(out, tuple):  # GPT-OSS's block also returns its router scores
-        out = out[0]
-    return hidden_BSH + out
+    fold = isinstance(layer.mlp, BudgetedMoE)  # the residual add in the expert kernel's last launch
+    out = layer.mlp(h_BSH, residual_BSH=hidden_BSH) if fold else layer.mlp(h_BSH)
+    out = out[0] if isinstance(out, tuple) else out  # GPT-OSS's block also returns its router scores
+    return out if fold else hidden_BSH + out
 
 
 def _half_layers(model: nn.Module) -> list[nn.Module]:
