@@ -383,3 +383,41 @@ def experts_ref_rows(x_TH, gu, dn, sel, rows: int = 4):
 
     r = min(rows, x_TH.shape[0])
     return experts_reference(x_TH[:r].cpu(), gu.cpu(), dn.cpu(), sel.topk_idx_TK[:r].cpu(), sel.topk_w_TK[:r].cpu())
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("T,tb,tier", [(64, 16, "none"), (64, 32, "anchor"), (16, 4, "none")])
+def test_gpu_split_launch_equals_the_one_program_launch_eagerly_and_replayed(T, tb, tier):
+    """On the GPU, in bf16 at the Qwen3-30B-A3B router's shape (E = 128, K = 8, M = 16): the split
+    selection (two launches, one program per tile) gives the one-program launch's routing, score,
+    kept set and reassignment bit for bit, eagerly and replayed in one CUDA graph."""
+    from kernels.select import SelectLaunch
+
+    E, K, H, M = 128, 8, 2048, 16
+    dev = "cuda"
+    x_TH, w_EH, active_T = (t.to(dev) for t in _inputs(T, E, H, seed=T + tb))
+    art = _artifacts(E, H, seed=1)
+    wcat = fuse_router_predictor(w_EH.bfloat16(), art.pred_w_LHE[0].to(dev))
+    from kernels.score import fused_router_logits
+
+    logits_TE, g_TE = fused_router_logits(x_TH.bfloat16(), wcat)
+    kw = dict(norm_topk=True, kind="base", g_TE=g_TE, pred_b_E=art.pred_b_LE[0].to(dev), rule=Rule(tier=tier))  # noqa: C408
+
+    def run(split: bool):
+        routing, sel = route_select(logits_TE, K, active_T, M, launch=SelectLaunch(tokens_per_tile=tb, split=split), **kw)
+        return [routing.topk_idx_TK, routing.topk_w_TK, sel.score_E, sel.keep_E, sel.keep_M, sel.topk_idx_TK,
+                sel.topk_w_TK]
+
+    one = [t.clone() for t in run(False)]
+    split = [t.clone() for t in run(True)]
+    for a, b in zip(one, split):
+        assert torch.equal(a, b)
+    kt.POISON = False
+    replay, static = capture_graph(lambda: run(True))
+    for _ in range(3):
+        replay()
+    torch.cuda.synchronize()
+    for a, b in zip(static, one):
+        assert torch.equal(a, b)
+    assert int((one[4] >= 0).sum()) == M

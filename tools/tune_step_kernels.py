@@ -2,6 +2,7 @@
 
     python -m tools.tune_step_kernels --csv /tmp/tune_step.csv       # on a CUDA machine
     python -m tools.tune_step_kernels --smoke --no-install           # CPU check of the harness
+    python -m tools.tune_step_kernels --kernels select --select-ts 64 # one kernel, one bucket
 
 The selection kernel (kernels/select.py) runs as one program per layer: its time is a chain of
 reductions, so its warps (reductions inside one warp need no shared memory) and its tokens per
@@ -138,6 +139,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and two candidates (a CPU check)")
     ap.add_argument("--no-install", action="store_true", help="do not write kernels/configs/<gpu>.json")
+    ap.add_argument("--kernels", nargs="+", choices=("select", "attention"), default=["select", "attention"],
+                    help="which kernels to tune (default both)")
+    ap.add_argument("--select-ts", nargs="+", type=int, choices=SELECT_TS, default=None,
+                    help=f"the selection's token buckets to tune (default all of {SELECT_TS})")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     s = SMOKE if args.smoke else {}
@@ -151,12 +156,15 @@ def main() -> None:
         if not args.no_install:
             log(f"installed into {install(table, dev)}")
 
-    keep(*tune_select(dev, s.get("select_model", SELECT_MODEL), s.get("select_ts", SELECT_TS),
-                      s.get("select_warps", SELECT_WARPS), s.get("select_tb", SELECT_TB), args.reps))
-    keep(*tune_attention(dev, s.get("attn_models", ATTN_MODELS), s.get("attn_batches", ATTN_BATCHES),
-                         s.get("attn_slots", ATTN_SLOTS), s.get("attn_filled", ATTN_FILLED),
-                         s.get("attn_block_n", ATTN_BLOCK_N), s.get("attn_warps", ATTN_WARPS),
-                         s.get("attn_targets", ATTN_TARGETS), args.reps))  # fmt: skip
+    if "select" in args.kernels:
+        ts = s.get("select_ts", tuple(args.select_ts or SELECT_TS))
+        keep(*tune_select(dev, s.get("select_model", SELECT_MODEL), ts, s.get("select_warps", SELECT_WARPS),
+                          s.get("select_tb", SELECT_TB), args.reps))
+    if "attention" in args.kernels:
+        keep(*tune_attention(dev, s.get("attn_models", ATTN_MODELS), s.get("attn_batches", ATTN_BATCHES),
+                             s.get("attn_slots", ATTN_SLOTS), s.get("attn_filled", ATTN_FILLED),
+                             s.get("attn_block_n", ATTN_BLOCK_N), s.get("attn_warps", ATTN_WARPS),
+                             s.get("attn_targets", ATTN_TARGETS), args.reps))  # fmt: skip
 
 
 if __name__ == "__main__":

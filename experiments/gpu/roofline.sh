@@ -3,7 +3,8 @@
 #   1. the GPU tests of what the issue changed (selection kernel, v3 experts, Triton backend, engine)
 #   2. the kernel benchmark: v3 launch configs tuned, v3 against v2 expert FFN, the selection step
 #      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
-#   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py,
+#   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py; STEPTUNE_ARGS
+#      e.g. "--kernels select --select-ts 64",
 #      installed into kernels/configs/NVIDIA_H200.json before the grid) -> $OUT/tune_step.csv, installed_configs.json
 #   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 
 if [[ " $PARTS " == *" tests "* ]]; then
   stamp "GPU tests"
-  timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_FILES:-tests/test_route_kernel.py \
+  timeout "${TESTS_S:-180}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=15 ${TEST_FILES:-tests/test_route_kernel.py \
     tests/test_kernels.py tests/test_budget_triton.py tests/test_engine.py} > "$LOG/gpu_tests.log" 2>&1
   echo "rc=$?" >> "$LOG/gpu_tests.log"; tail -3 "$LOG/gpu_tests.log"
 fi
@@ -40,7 +41,7 @@ if [[ " $PARTS " == *" kernels "* ]]; then
 fi
 if [[ " $PARTS " == *" steptune "* ]]; then
   stamp "step kernels tuned"
-  timeout "${STEPTUNE_S:-150}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" > "$LOG/tune_step.log" 2>&1
+  timeout "${STEPTUNE_S:-150}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" ${STEPTUNE_ARGS:-} > "$LOG/tune_step.log" 2>&1
   echo "rc=$?" >> "$LOG/tune_step.log"; tail -30 "$LOG/tune_step.log"
   cp kernels/configs/NVIDIA_H200.json "$LOG/installed_configs.json"
   cp "$LOG/tune_step.csv" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
