@@ -229,9 +229,10 @@ class ThroughputConfig:
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
     profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
-    regions: str = "layer"  # with compile: layer (each layer's attention half one region, its MoE
-    # residual add in the expert kernel) | modules (attention and norms one by one, adds eager: the
-    # ablation of the fusion) | layer_combo (layer, with Inductor's combo kernels; not yet measured)
+    regions: str = "layer_combo"  # with compile: layer_combo (layer, with Inductor's combo kernels:
+    # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer) |
+    # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
+    # modules (attention and norms one by one, adds eager: the ablation of the fusion)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
@@ -384,8 +385,10 @@ class SchedulerConfig:
     with eval.batching=continuous and throughput.mode=stream both serve through it.
 
     A prefill (a round of its own, or chunks riding in mixed steps) starts when a slot is free and
-    `min_prompt_tokens` prompt tokens wait, or the oldest waiting request has waited
-    `max_wait_steps` steps, or no slot is decoding; otherwise the running slots decode first."""
+    the round it would admit (the first waiting requests the free slots take) holds
+    `min_prompt_tokens` prompt tokens, or a free slot and a waiting request have both waited
+    `max_wait_steps` steps, or no slot is decoding; otherwise the running slots decode first.
+    Fewer, larger rounds stream each layer's expert weights fewer times; the price is TTFT."""
 
     packing: str = "packed"  # packed: a round's prompts as one token stream, no padding, varlen
     # attention (kernels/varlen_attention.py), one CUDA graph per token bucket | padded: left-padded
@@ -394,8 +397,8 @@ class SchedulerConfig:
     chunk_tokens: int = 256  # prompt tokens per mixed step at most
     buckets: list[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])  # packed stream
     # lengths: a forward is padded to the smallest bucket that holds it (one graph per bucket)
-    min_prompt_tokens: int = 1  # waiting prompt tokens that start a prefill (1: at once)
-    max_wait_steps: int = 0  # ... or steps the oldest waiting request has waited
+    min_prompt_tokens: int = 1  # prompt tokens of the round admitted now that start a prefill (1: at once)
+    max_wait_steps: int = 0  # ... or steps a free slot and a waiting request have both waited
     overlap: bool = True  # the host reads step i's tokens while step i+1 runs (no per-step sync):
     # token limits and EOS end a request on time, a host stop check (stop strings) one step late
 

@@ -120,6 +120,27 @@ def test_decode_first_admits_only_when_the_policy_says(model):
     assert prefill_due(SchedulerConfig(min_prompt_tokens=50, max_wait_steps=4), False, 0, 0) is True
 
 
+def test_in_a_burst_the_thresholds_count_what_a_round_can_take(model):
+    """All requests arrive at once, so the queue always holds more tokens than any threshold and
+    its oldest request has waited since the start: the thresholds must count the round the free
+    slots can take, and the steps a free slot has stood empty. 3-token prompts in 3 slots that free
+    one at a time: `min_prompt_tokens=6` admits two or more at a time while others decode (a lone
+    leftover only last), and
+    `max_wait_steps=2` lets a free slot stand two steps first; both take fewer rounds than
+    admitting at once, and every request still decodes as alone."""
+    reqs = [Request([5 + i, 6, 7], 2 + (i * 5) % 7) for i in range(12)]
+    _, eager, _ = run(model, reqs, slots=3)
+    done, by_tokens, _ = run(model, reqs, slots=3, min_prompt_tokens=6, max_wait_steps=10**6)
+    _, by_wait, _ = run(model, reqs, slots=3, min_prompt_tokens=10**6, max_wait_steps=2)
+    assert by_tokens.rounds < eager.rounds and by_wait.rounds < eager.rounds
+    sizes = {}
+    for d in done:
+        sizes[d.round] = sizes.get(d.round, 0) + 1
+    assert sizes[0] == 3 and all(n >= 2 for r, n in sizes.items() if r < max(sizes))  # the last: what is left
+    for r, d in zip(reqs, done):
+        assert d.tokens == alone(model, r)
+
+
 def test_the_budget_binds_in_decode_only_steps_and_mixed_steps_are_recorded(model):
     reqs = requests(9, seed=3)
     with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:

@@ -69,7 +69,7 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, batch_size: int, max_len: int, budget: MoeBudget | None = None,
                  eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
-                 sampling: Sampling | None = None, compile: bool | None = None, regions: str = "layer") -> None:
+                 sampling: Sampling | None = None, compile: bool | None = None, regions: str = "layer_combo") -> None:
         self.model, self.budget, self.B, self.L = model, budget, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype

@@ -7,9 +7,13 @@
 A request waits until it has arrived (`arrival_s` after the start; 0: all at once) and a slot is
 free. Each turn the scheduler launches one forward of the engine (base/runtime/continuous.py):
 
-- decode first: while requests decode, a waiting request is admitted only when the policy says
-  so (`SchedulerConfig`: enough prompt tokens wait, or the oldest has waited `max_wait_steps` steps,
-  or no slot is decoding). The requests admitted together are one admission round (FIFO in the
+- decode first: while requests decode, waiting requests are admitted only when the policy says
+  so (`SchedulerConfig`: the round that would be admitted now, the first waiting requests that the
+  free slots take in arrival order, holds `min_prompt_tokens` prompt tokens; or a free slot and a waiting request
+  have both waited `max_wait_steps` steps; or no slot is decoding). Both count what a round can
+  take, not the whole queue: in a burst the queue always holds enough tokens and its oldest
+  request has waited since the start, so a threshold on the queue would admit every freed slot
+  at once, one small round each. The requests admitted together are one admission round (FIFO in the
   given order, or base/runtime/admission.py's policies).
 - prefill: `packing=packed` prefills a round's prompts as packed streams (each at most the largest
   bucket; a longer prompt continues in the next stream) and, with `chunked`, as chunks of at most
@@ -139,11 +143,12 @@ def forwards_bound(requests: list[Request], buckets: tuple[int, ...] | list[int]
     return sum(r.max_new + 2 + len(r.ids) // buckets[0] for r in requests) + 8
 
 
-def prefill_due(policy: SchedulerConfig, decoding: bool, waiting_tokens: int, oldest_waited_steps: int) -> bool:
-    """Decode first: admit waiting requests into free slots when nothing decodes, enough prompt
-    tokens wait, or the oldest has waited long enough (in decode or mixed steps)."""
-    return (not decoding or waiting_tokens >= policy.min_prompt_tokens
-            or oldest_waited_steps >= policy.max_wait_steps)
+def prefill_due(policy: SchedulerConfig, decoding: bool, round_tokens: int, waited_steps: int) -> bool:
+    """Decode first: admit waiting requests into free slots when nothing decodes, the round
+    admitted now would prefill enough prompt tokens (`round_tokens`), or a free slot and a waiting
+    request have both waited long enough (`waited_steps`, in decode or mixed steps)."""
+    return (not decoding or round_tokens >= policy.min_prompt_tokens
+            or waited_steps >= policy.max_wait_steps)
 
 
 class _Clock:
@@ -206,7 +211,7 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
     captures0 = engine.graphs.captures
     order = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival_s))  # stable: ties keep their order
     waiting: list[int] = []
-    arrived_at: dict[int, int] = {}  # request -> decoding steps launched when it arrived
+    due_since: int | None = None  # decoding steps launched when a free slot and a waiting request last met
     running: dict[int, int] = {}  # slot -> request decoding there, as launched
     prefilling: dict[int, list[int]] = {}  # slot -> [request, prompt tokens in so far] (admission order)
     free = list(range(engine.B))
@@ -320,10 +325,15 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
         while order and requests[order[0]].arrival_s <= now():
             i = order.popleft()
             waiting.append(i)
-            arrived_at[i] = steps_launched
-        if free and waiting and prefill_due(policy, bool(running), sum(len(requests[i].ids) for i in waiting),
-                                            steps_launched - arrived_at[waiting[0]]):
+        if not (free and waiting):
+            due_since = None
+        elif due_since is None:
+            due_since = steps_launched
+        if due_since is not None and prefill_due(policy, bool(running), sum(len(requests[i].ids) for i in
+                                                                            waiting[:len(free)]),
+                                                 steps_launched - due_since):
             admit()
+            due_since = None
         if prefilling and packed:
             if policy.chunked and running:
                 emits = decoding_emits()

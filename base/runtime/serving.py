@@ -108,7 +108,8 @@ class _Engine:
         self.budget = make_budget(v, False)
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
-                                           compile=None if tp.compile else False, buckets=scheduler.buckets)
+                                           compile=None if tp.compile else False, regions=tp.regions,
+                                           buckets=scheduler.buckets)
         except BaseException:
             self._remove()
             raise
