@@ -6,8 +6,8 @@
 # rotated; the run's scheduler.* defaults: packed prefill, the host one step behind) for uniform, then
 # skewed routing, one process each. Everything lands in $OUT:
 #   serve.tgz                 the run folders (serve.csv, requests.jsonl, report.json, config) and logs
-#   serve_summary.{md,csv}    analysis/serving.py over both routings (a first look; commit the host's)
-#   serve_summary_tpot.png    TPOT p50 / p99 against achieved tokens/s
+#   serve_summary.md          analysis/serving.py over both routings (a first look; commit the host's;
+#                             its .csv and TPOT plot are in serve.tgz: a call returns at most 8 files)
 # On the host afterwards:
 #   mkdir -p results/serve/runs && tar xzf serve.tgz -C results/serve/runs --strip-components=1
 #   python -m analysis.serving results/serve/runs results/serve/summary
@@ -43,7 +43,10 @@ for r in ${ROUTINGS:-uniform skewed}; do
   echo "[serve-grid] $r: done at $(( $(date +%s) - T0 )) s"
   tar czf "$OUT/serve.tgz" -C "$(dirname "$W")" "$(basename "$W")"
 done
-python3 -m analysis.serving "$W" "$OUT/serve_summary" > "$W/analysis.log" 2>&1 || tail -5 "$W/analysis.log"
+# the summary goes inside the tarball, only its .md beside it: a device call returns at most 8 files,
+# so two bursts (OUT=$OUT/a, OUT=$OUT/b) and a grid fit one call
+python3 -m analysis.serving "$W" "$W/serve_summary" > "$W/analysis.log" 2>&1 || tail -5 "$W/analysis.log"
+cp "$W/serve_summary.md" "$OUT/" 2>/dev/null
 tar czf "$OUT/serve.tgz" -C "$(dirname "$W")" "$(basename "$W")"
 [ -f "$W/failed.log" ] && cat "$W/failed.log"
 echo "[serve-grid] all done at $(( $(date +%s) - T0 )) s"
