@@ -29,7 +29,7 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 # the logit ranges of trained models (~30): noise, not the model's text.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
-REGION_KINDS = ("layer", "modules", "layer_combo")  # base/runtime/regional.py
+REGION_KINDS = ("layer", "modules", "layer_combo", "layer_autotune")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
 
@@ -80,6 +80,8 @@ class MethodConfig:
     apply_to: str = "decode"  # decode: prefill stays dense; all: every forward
     k0: int | None = None  # oea, base_anchor: each token keeps its top-k0
     backend: str = "torch"  # torch reference, or triton kernels (kernels/)
+    route_in_select: bool = False  # triton: the selection launch writes the expert kernel's pair lists
+    # (its route launch skipped where the selection runs as one program; not yet timed on a GPU)
     coverage: float | None = None  # adaptive budget: keep the fewest experts covering this share of the score
     budget_split: str = "uniform"  # uniform: `budget` in every layer; sensitivity: L x budget split by calibration
 
@@ -92,6 +94,11 @@ class MethodConfig:
         check_choice("method.renormalize", self.renormalize, RENORMALIZE_MODES)
         check_choice("method.apply_to", self.apply_to, APPLY_TO)
         check_choice("method.backend", self.backend, ("torch", "triton"))
+        if not isinstance(self.route_in_select, bool):
+            raise ConfigError(f"method.route_in_select={self.route_in_select!r} must be true or false")
+        if self.route_in_select and self.backend != "triton":
+            raise ConfigError("method.route_in_select=true folds the experts' route launch into the selection "
+                              "kernel: it needs method.backend=triton")
         self.k0 = check_int("method.k0", self.k0, 1, allow_none=True)
         cls = SELECTORS.get(self.name) if self.name != "dense" else None
         if cls is not None and cls.needs_k0 and self.k0 is None:
@@ -232,7 +239,8 @@ class ThroughputConfig:
     regions: str = "layer_combo"  # with compile: layer_combo (layer, with Inductor's combo kernels:
     # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer) |
     # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
-    # modules (attention and norms one by one, adds eager: the ablation of the fusion)
+    # modules (attention and norms one by one, adds eager: the ablation of the fusion) |
+    # layer_autotune (layer_combo, the halves' GEMMs autotuned among cuBLAS and Triton templates; not yet timed)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream

@@ -67,7 +67,7 @@ def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = N
         opts = BudgetOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
                              apply_to=m.apply_to, record_stats=record,
                              energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
-                             layer_budgets=layer_budgets(budget))
+                             layer_budgets=layer_budgets(budget), route_in_select=m.route_in_select)
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
         sel = selector if (budget is not None or adaptive) else None

@@ -90,8 +90,8 @@ class DecodeEngine:
         # compile the attention/norm regions where the step is replayed as a CUDA graph (None: auto)
         if compile is None:
             compile = self.graph_enabled and self.device.type == "cuda"
-        self.regions = (RegionalCompile(model, layers=regions != "modules", combo=regions == "layer_combo")
-                        if compile else None)
+        self.regions = (RegionalCompile(model, layers=regions != "modules", combo=regions.startswith("layer_"),
+                                        autotune=regions == "layer_autotune") if compile else None)
         # with the compiled regions, q/k/v in one GEMM per layer (base/hf/fused_qkv.py)
         self.fused_qkv = FusedQKV(model) if compile else None
         dev, B, L = self.device, batch_size, max_len

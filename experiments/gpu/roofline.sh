@@ -62,14 +62,15 @@ if [[ " $PARTS " == *" grid "* ]]; then
 fi
 if [[ " $PARTS " == *" ab "* ]]; then
   # an A/B of one throughput key on one machine: AB_KEY's two AB_VALUES in the order a b b a, each
-  # a run of AB_METHODS at batch 16 (analysis: python -m analysis.throughput_ablation <runs> <out> <name>)
+  # a run of AB_METHODS at batch 16 (analysis: python -m analysis.throughput_ablation <runs> <out> <name>);
+  # AB_NAME: a subfolder of outputs/ab for this A/B, so two A/Bs of one call stay apart
   AB_KEY=${AB_KEY:-throughput.regions}; read -r va vb <<< "${AB_VALUES:-layer layer_combo}"
   i=0
   for v in "$va" "$vb" "$vb" "$va"; do
     i=$((i + 1)); stamp "ab $i $AB_KEY=$v"
     timeout "${AB_S:-100}" python3 run.py experiment=throughput model="$MODEL" model.routing="$ROUTING" \
       throughput.batch_sizes=[16] "throughput.methods=${AB_METHODS:-[dense,base]}" throughput.budgets=[16] \
-      "$AB_KEY=$v" outputs_dir="outputs/ab/${i}_$v" ${AB_EXTRA:-} > "$LOG/ab_${i}_$v.log" 2>&1
+      "$AB_KEY=$v" outputs_dir="outputs/ab/${AB_NAME:+$AB_NAME/}${i}_$v" ${AB_EXTRA:-} > "$LOG/ab_${AB_NAME:-}${i}_$v.log" 2>&1
     echo "rc=$?" >> "$LOG/ab_${i}_$v.log"
     grep -E "^\[throughput\] batch|Error" "$LOG/ab_${i}_$v.log" | tail -4
   done
