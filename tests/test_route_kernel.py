@@ -246,6 +246,21 @@ def test_the_tile_size_changes_no_routing_bit(tier, M):
         assert torch.equal(sel.topk_idx_TK, ref.topk_idx_TK) and torch.equal(sel.topk_w_TK, ref.topk_w_TK)
 
 
+def _rule_case(kind: str, tier: str, coverage, mode: str, idle: bool, seeds: tuple[int, int, int]):
+    """(logits_TE, active_T, route_select keywords) of one rule at T = 37, E = 64, H = 16: the
+    inputs of the tests that compare two launch forms of the same rule."""
+    T, E, H = 37, 64, 16
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=seeds[0])
+    if not idle:
+        active_T = torch.ones_like(active_T)
+    art = _artifacts(E, H, seed=seeds[1])
+    sim = torch.rand(E, E, generator=torch.Generator().manual_seed(seeds[2])) if mode == "similar" else None
+    kw = dict(kind=kind, rule=Rule(tier=tier, k0=1, coverage=coverage, reassign_mode=mode), sim_EE=sim)  # noqa: C408
+    if kind == "base":
+        kw.update(g_TE=x_TH @ art.pred_w_LHE[0], pred_b_E=art.pred_b_LE[0])
+    return F.linear(x_TH, w_EH), active_T, kw
+
+
 SPLIT_RULES = [  # kind, tier, coverage, reassign, budget, inactive rows, after the router (no ROUTE)
     ("base", "none", None, "backfill", 6, True, False), ("router_sum", "anchor", None, "backfill", 12, True, False),
     ("router_sum", "top1_union", None, "backfill", 9, False, False), ("router_sq", "oea", None, "backfill", None, True, False),
@@ -263,17 +278,8 @@ def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, c
     fits (64: pass 2 only for inactive rows), and after the model's own router (select_reassign)."""
     from kernels.select import SelectLaunch, select_reassign
 
-    T, E, K, H = 37, 64, 6, 16
-    x_TH, w_EH, active_T = _inputs(T, E, H, seed=7)
-    if not idle:
-        active_T = torch.ones_like(active_T)
-    art = _artifacts(E, H, seed=3)
-    logits_TE = F.linear(x_TH, w_EH)
-    sim = torch.rand(E, E, generator=torch.Generator().manual_seed(4)) if mode == "similar" else None
-    rule = Rule(tier=tier, k0=1, coverage=coverage, reassign_mode=mode)
-    kw = dict(kind=kind, rule=rule, sim_EE=sim)  # noqa: C408
-    if kind == "base":
-        kw.update(g_TE=x_TH @ art.pred_w_LHE[0], pred_b_E=art.pred_b_LE[0])
+    E, K = 64, 6
+    logits_TE, active_T, kw = _rule_case(kind, tier, coverage, mode, idle, seeds=(7, 3, 4))
     outs = []
     for split in (False, True):
         launch = SelectLaunch(tokens_per_tile=16, split=split)
@@ -446,16 +452,8 @@ def test_the_selection_writes_the_expert_kernels_pair_lists(kind, tier, mode, M,
     inactive rows; T = 37 with K = 6 (a partial last step, padded slots)."""
     from kernels.select import SelectLaunch
 
-    T, E, K, H = 37, 64, 6, 16
-    x_TH, w_EH, active_T = _inputs(T, E, H, seed=11)
-    if not idle:
-        active_T = torch.ones_like(active_T)
-    art = _artifacts(E, H, seed=5)
-    logits_TE = F.linear(x_TH, w_EH)
-    sim = torch.rand(E, E, generator=torch.Generator().manual_seed(2)) if mode == "similar" else None
-    kw = dict(kind=kind, rule=Rule(tier=tier, k0=1, reassign_mode=mode), sim_EE=sim)  # noqa: C408
-    if kind == "base":
-        kw.update(g_TE=x_TH @ art.pred_w_LHE[0], pred_b_E=art.pred_b_LE[0])
+    E, K = 64, 6
+    logits_TE, active_T, kw = _rule_case(kind, tier, None, mode, idle, seeds=(11, 5, 2))
     launch = SelectLaunch(tokens_per_tile=tb)
     _, plain = route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, **kw)
     _, sel = route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, pairs=True, **kw)
