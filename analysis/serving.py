@@ -29,15 +29,19 @@ import pandas as pd
 from analysis import style
 
 ROUTING_ORDER = {"uniform": 0, "skewed": 1}  # tables and panels: uniform first
-CELL = ["model", "routing", "slots", "variant", "method", "budget", "rate"]
+# a cell: one configuration served; runs with other scheduler thresholds are other cells
+CELL = ["model", "routing", "slots", "min_prompt_tokens", "max_wait_steps", "variant", "method", "budget", "rate"]
+# the scheduler's defaults, for runs made before serve.csv recorded its thresholds
+THRESHOLD_DEFAULTS = {"min_prompt_tokens": 1, "max_wait_steps": 0}
 MEASURES = {"output_throughput": "tok_s", "request_throughput": "req_s", "ttft_ms_p50": "ttft_p50",
             "ttft_ms_p99": "ttft_p99", "tpot_ms_p50": "tpot_p50", "tpot_ms_p99": "tpot_p99",
             "itl_ms_p50": "itl_p50", "itl_ms_p99": "itl_p99", "e2el_ms_p50": "e2el_p50", "e2el_ms_p99": "e2el_p99",
             "goodput": "goodput", "good_fraction": "good_fraction", "speedup_vs_dense": "speedup",
             "occupancy_mean": "occupancy", "step_ms_median": "step_ms", "gap_ms_median": "gap_ms",
-            "launch_ms_median": "launch_ms"}
-# the decode step inside the stream (runs before 2026-12-02's second session lack gap and launch times)
-STEP_COLS = ["occupancy", "step_ms", "gap_ms", "launch_ms"]
+            "launch_ms_median": "launch_ms", "rounds": "rounds", "prefill_s": "prefill_s"}
+# the decode step inside the stream (runs before 2026-12-02's second session lack gap and launch
+# times), and the stream's admission rounds and their prefill time
+STEP_COLS = ["occupancy", "step_ms", "gap_ms", "launch_ms", "rounds", "prefill_s"]
 
 
 def load(root: Path) -> pd.DataFrame:
@@ -45,16 +49,24 @@ def load(root: Path) -> pd.DataFrame:
     frames = [pd.read_csv(p) for p in sorted(root.rglob("serve.csv"))]
     if not frames:
         raise SystemExit(f"no serve.csv under {root} (runs of throughput.mode=serve)")
-    df = pd.concat(frames, ignore_index=True)
+    df = _with_thresholds(pd.concat(frames, ignore_index=True))
     df["rate"] = df["rate"].astype(float)  # NaN: the closed burst
     # the burst's NaN rate as a number for the join: pandas 2 (the GPU host's) fails to join on a
     # level that is all NaN ("cannot do a non-empty take from an empty axes") when only the burst ran
     df["_rate"] = df["rate"].fillna(-1.0)
-    key = ["model", "routing", "slots", "_rate", "repeat"]
+    key = ["model", "routing", "slots", *THRESHOLD_DEFAULTS, "_rate", "repeat"]
     dense = df[df["variant"] == "dense"].set_index(key)["output_throughput"].rename("dense_tok_s")
     df = df.join(dense, on=key)
     df["speedup_vs_dense"] = df["output_throughput"] / df["dense_tok_s"]
     return df.drop(columns=["dense_tok_s", "_rate"])
+
+
+def _with_thresholds(df: pd.DataFrame) -> pd.DataFrame:
+    """The scheduler thresholds of every row, the defaults where a run did not record them."""
+    df = df.copy()
+    for col, default in THRESHOLD_DEFAULTS.items():
+        df[col] = (df[col] if col in df else pd.Series(default, index=df.index)).fillna(default).astype(int)
+    return df
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
@@ -74,21 +86,23 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     # rows by rate (the burst last: the highest load), dense first, then each method by falling budget
     rank = out.assign(_routing=out["routing"].map(ROUTING_ORDER).fillna(len(ROUTING_ORDER)),
                       _rate=out["rate"].fillna(np.inf), _dense=out["variant"] != "dense", _budget=-out["budget"])
-    keys = ["model", "_routing", "routing", "slots", "_rate", "_dense", "variant", "_budget"]
+    keys = ["model", "_routing", "routing", "slots", *THRESHOLD_DEFAULTS, "_rate", "_dense", "variant", "_budget"]
     return out.loc[rank.sort_values(keys).index].reset_index(drop=True)
 
 
 def best_goodput(t: pd.DataFrame) -> pd.DataFrame:
     """Per (routing, slots, variant): the highest median goodput over the rates, and over dense's."""
     rows = []
-    for key, g in t.groupby(["model", "routing", "slots", "variant", "budget"], dropna=False, sort=True):
+    run = ["model", "routing", "slots", *THRESHOLD_DEFAULTS]
+    for key, g in t.groupby([*run, "variant", "budget"], dropna=False, sort=True):
         top = g.loc[g["goodput"].idxmax()]
-        rows.append(dict(zip(["model", "routing", "slots", "variant", "budget"], key))
+        rows.append(dict(zip([*run, "variant", "budget"], key))
                     | {"goodput_req_s": top["goodput"], "at": _rate(top["rate"]), "rates": len(g)})
     out = pd.DataFrame(rows)
-    dense = out[out["variant"] == "dense"].set_index(["model", "routing", "slots"])["goodput_req_s"]
-    out["over_dense"] = out["goodput_req_s"] / out.join(dense.rename("d"), on=["model", "routing", "slots"])["d"]
-    return out
+    dense = out[out["variant"] == "dense"].set_index(run)["goodput_req_s"]
+    out["over_dense"] = out["goodput_req_s"] / out.join(dense.rename("d"), on=run)["d"]
+    shown = [c for c in out.columns if c not in THRESHOLD_DEFAULTS or c in _thresholds(t)]
+    return out[shown]
 
 
 def _rate(r: float) -> str:
@@ -110,7 +124,8 @@ def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
                     tpot_p50=_spread(t, "tpot_p50", ".1f"), tpot_p99=_spread(t, "tpot_p99", ".1f"),
                     ttft_p50=_spread(t, "ttft_p50", ".0f"), ttft_p99=_spread(t, "ttft_p99", ".0f"),
                     goodput=_spread(t, "goodput", ".2f"))
-    cols = ["routing", "slots", "rate", "variant", "budget", "repeats", "positions", "tok_s", "speedup", "req_s",
+    cols = ["routing", "slots", *_thresholds(t), "rate", "variant", "budget", "repeats", "positions", "tok_s",
+            "speedup", "req_s",
             "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99", "goodput",
             "captures"]
     best = best_goodput(t).assign(budget=lambda d: d["budget"].map(_budget))
@@ -130,17 +145,23 @@ def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
             + best.to_markdown(index=False, floatfmt=".2f") + "\n")
 
 
+def _thresholds(t: pd.DataFrame) -> list[str]:
+    """The scheduler's threshold columns, shown where the runs differ from the defaults."""
+    return [c for c, d in THRESHOLD_DEFAULTS.items() if (t[c] != d).any()]
+
+
 def _step_table(t: pd.DataFrame) -> str:
-    have = [c for c in STEP_COLS if t[c].notna().any()]
+    have = [c for c in STEP_COLS if c in t and t[c].notna().any()]
     if not have:
         return ""
     show = t.assign(rate=t["rate"].map(_rate), budget=t["budget"].map(_budget),
-                    **{c: _spread(t, c, ".2f") for c in have})
+                    **{c: _spread(t, c, ".0f" if c == "rounds" else ".2f") for c in have})
     return ("\n\nThe decode-only steps inside the streams (medians per stream, then the median and range over "
             "repeats): `occupancy`: requests decoding per step (decode and mixed steps); `step_ms`: device time "
             "between CUDA events around a replayed step; `gap_ms`: device time from the end of the forward before "
-            "it to its start (the GPU waiting for the host); `launch_ms`: host time to launch it.\n\n"
-            + show[["routing", "slots", "rate", "variant", "budget"] + have].to_markdown(index=False))
+            "it to its start (the GPU waiting for the host); `launch_ms`: host time to launch it; `rounds`: "
+            "admission rounds of the stream; `prefill_s`: device time of its prefill forwards.\n\n"
+            + show[["routing", "slots", *_thresholds(t), "rate", "variant", "budget"] + have].to_markdown(index=False))
 
 
 MARKERS = {None: "o", 16: "o", 10: "s"}
@@ -180,15 +201,17 @@ def sustained(df: pd.DataFrame) -> pd.DataFrame:
     repeat, the highest rate whose share of requests meeting both SLOs reached the run's
     serve.search_attainment (NaN: no rate did); the median and range over repeats, and over
     dense's in the same repeat."""
+    df = _with_thresholds(df)
     s = df[df["arrivals"] == "search"] if "arrivals" in df else df.iloc[:0]
     if s.empty:
         return pd.DataFrame()
     s = s.assign(ok=s["good_fraction"] >= s["search_attainment"])
-    key = ["model", "routing", "slots", "variant"]  # a variant's label names its method and budget
+    key = ["model", "routing", "slots", *THRESHOLD_DEFAULTS, "variant"]  # a variant's label names its method and budget
     per = (s[s["ok"]].groupby(key + ["repeat"])["rate"].max()
            .reindex(s.groupby(key + ["repeat"]).size().index).rename("sustained").reset_index())
-    dense = per[per["variant"] == "dense"].set_index(["model", "routing", "slots", "repeat"])["sustained"]
-    per["over_dense"] = per["sustained"] / per.join(dense.rename("d"), on=["model", "routing", "slots", "repeat"])["d"]
+    run = ["model", "routing", "slots", *THRESHOLD_DEFAULTS, "repeat"]
+    dense = per[per["variant"] == "dense"].set_index(run)["sustained"]
+    per["over_dense"] = per["sustained"] / per.join(dense.rename("d"), on=run)["d"]
     meta = s.groupby(key).agg(method=("method", "first"), budget=("budget", "first"),
                               steps=("search_step", "nunique"), attainment=("search_attainment", "first"))
     rows = []

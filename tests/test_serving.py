@@ -267,3 +267,30 @@ def test_the_sustained_rate_table_from_search_streams():
     assert t.loc["dense", "sustained"] == 8.0 and t.loc["dense", "steps"] == 2
     assert t.loc["base", "sustained_min"] == 2.8 and t.loc["base", "sustained_max"] == 22.6
     assert t.loc["base", "over_dense_min"] == pytest.approx(2.8 / 8) and t.loc["base", "over_dense_max"] == pytest.approx(22.6 / 8)
+
+
+def test_runs_with_other_scheduler_thresholds_are_other_cells(tmp_path):
+    """Two runs of the same variants, one with the default scheduler (a run from before serve.csv
+    recorded its thresholds: the columns absent) and one with scheduler.min_prompt_tokens=1024:
+    two cells per variant, each paired with its own dense, the thresholds and the stream's rounds
+    and prefill time in the tables."""
+    from analysis import serving
+
+    old = [_stream_row("dense", None, None, 0, 1, 100, 20.0, 2.0), _stream_row("base", 16, None, 0, 2, 150, 10.0, 3.0)]
+    new = [{**_stream_row("dense", None, None, 0, 1, 110, 19.0, 2.0), "min_prompt_tokens": 1024, "max_wait_steps": 8},
+           {**_stream_row("base", 16, None, 0, 2, 220, 9.0, 3.0), "min_prompt_tokens": 1024, "max_wait_steps": 8}]
+    for rows, rounds, prefill in ((old, 45, 1.36), (new, 15, 0.8)):
+        for r in rows:
+            r.update(rounds=rounds, prefill_s=prefill)
+    for name, rows in (("old", old), ("new", new)):
+        (tmp_path / name).mkdir()
+        pd.DataFrame(rows).to_csv(tmp_path / name / "serve.csv", index=False)
+    t = serving.summary(serving.load(tmp_path)).set_index(["variant", "min_prompt_tokens"])
+    assert len(t) == 4 and t.loc[("base", 1), "speedup"] == pytest.approx(1.5)
+    assert t.loc[("base", 1024), "speedup"] == pytest.approx(2.0) and t.loc[("base", 1024), "max_wait_steps"] == 8
+    assert t.loc[("base", 1024), "rounds"] == 15 and t.loc[("base", 1), "prefill_s"] == pytest.approx(1.36)
+    best = serving.best_goodput(serving.summary(serving.load(tmp_path)))
+    assert len(best) == 4 and "min_prompt_tokens" in best
+    serving.main(str(tmp_path), str(tmp_path / "out" / "summary"))
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "min_prompt_tokens" in text and "prefill_s" in text and "1024" in text

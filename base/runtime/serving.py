@@ -225,7 +225,8 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                               f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
                     keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
                             "method": v.method, "budget": v.budget, "k0": v.k0, "packing": scheduler.packing,
-                            "chunked": scheduler.chunked}
+                            "chunked": scheduler.chunked, "min_prompt_tokens": scheduler.min_prompt_tokens,
+                            "max_wait_steps": scheduler.max_wait_steps}
                     stream_at = functools.partial(_serve_stream, engine, requests, seed + slots, scheduler, slo,
                                                   request_rows, stream_rows, emit)
                     for rate in cfg.rates:
