@@ -252,3 +252,24 @@ def test_a_step_that_cannot_be_captured_says_which_and_why(model):
             engine.step()
     finally:
         engine.release()
+
+
+def test_the_step_probe_fills_every_slot_over_as_many_prefills_as_it_takes(model):
+    """The probe's rows hold `prompt_tokens` each even when all of them exceed the largest token
+    bucket (3 slots x 12 tokens in buckets of at most 16: three packed prefills) and it times the
+    step there; a context the largest bucket cannot hold is refused."""
+    from base.runtime.packing import Chunk
+    from base.runtime.step_probe import _rounds, probe_forwards
+
+    prompts = [list(range(5 + i, 17 + i)) for i in range(3)]
+    assert [[c.slot for c in r] for r in _rounds([Chunk(s, p, 0, True) for s, p in enumerate(prompts)], 16)] == [
+        [0], [1], [2]]
+    engine = ContinuousEngine(model, 3, 64, pad_id=0, buckets=[8, 16])
+    try:
+        with torch_threads(1):
+            row = probe_forwards(engine, prompts, steps=2, prompt_tokens=12, profiled=1, prefills=1)
+            assert row["prompt_tokens"] == 12 and row["full_step_ms"] > 0 and row["kernels_per_layer"] > 0
+            with pytest.raises(ValueError, match="prompt_tokens=17 must be in 1..16"):
+                probe_forwards(engine, prompts, steps=2, prompt_tokens=17, profiled=1, prefills=1)
+    finally:
+        engine.release()

@@ -146,6 +146,12 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     assert (probe["expert_FFN_ms"] > 0).all() and (probe["attention_kernels_per_layer"] > 0).all()
     assert (probe["prefill_tokens"] > 0).all() and (probe["prefill_tokens_per_s"] > 0).all()
     assert (probe["prefill_expert_FFN_ms"] > 0).all()
+    # the probe decodes at the requests' median prompt length (the stream's context), not a fixed one
+    lengths = sorted(requests[(requests["repeat"] == 0) & (requests["variant"] == "dense")
+                              & (requests["arrivals"] == "burst")]["prompt_tokens"])
+    assert (probe["prompt_tokens"] == lengths[len(lengths) // 2]).all()
+    # the thresholds each stream ran with
+    assert (streams["min_prompt_tokens"] == 1).all() and (streams["max_wait_steps"] == 0).all()
     # the order rotates: dense first in repeat 0, second in repeat 1
     dense = streams[streams["variant"] == "dense"].drop_duplicates("repeat").set_index("repeat")["position"]
     assert dense.to_dict() == {0: 1, 1: 2}

@@ -140,6 +140,16 @@ def warm_prefill(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
     return time.perf_counter() - t0
 
 
+PROBE_STEPS = 32 + 3  # base/runtime/step_probe.py's timed and profiled steps (its defaults)
+
+
+def _probe_context(requests: list[Request], engine: ContinuousEngine) -> int:
+    """The step probe's prompt length: the requests' median prompt, the context a stream's rows
+    decode at (decode attention grows with it), within what the engine can hold."""
+    median = sorted(len(r.ids) for r in requests)[len(requests) // 2]
+    return max(1, min(median, engine.buckets[-1], engine.L - PROBE_STEPS - 3))
+
+
 def _warm_engine(engine: ContinuousEngine, scheduler: SchedulerConfig, requests: list[Request]) -> None:
     """Capture every forward shape of the engine before its first timed stream."""
     if scheduler.packing == "packed":
@@ -216,9 +226,11 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                 with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
                     _warm_engine(engine, scheduler, requests)
                     if repeat == 0 and scheduler.packing == "packed":
-                        probe = probe_forwards(engine, [r.ids for r in requests])
+                        probe = probe_forwards(engine, [r.ids for r in requests],
+                                               prompt_tokens=_probe_context(requests, engine))
                         info["step_probe"].append({"slots": slots, "variant": v.label, "budget": v.budget, **probe})
-                        print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding, "
+                        print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding at "
+                              f"{probe['prompt_tokens']} tokens of context, "
                               f"{probe['full_step_ms']:.2f} ms per replayed step, "
                               f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
                               f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "

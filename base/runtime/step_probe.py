@@ -10,9 +10,12 @@ and masks, each row's bookkeeping) and the stream around it (the host, the gaps 
 fewer rows occupied). This measures the first alone, in the units of the throughput benchmark
 (base/runtime/throughput.py):
 
-  decode   every slot holds a prompt of at most `prompt_tokens` tokens (one packed prefill); ms per
-           replayed decode step over `steps` replays, then `profiled` eager steps (compiled regions
-           as captured) by kernel class and name (base/runtime/profile.py)
+  decode   every slot holds a prompt of at most `prompt_tokens` tokens (packed prefills of at most
+           the largest bucket each); ms per replayed decode step over `steps` replays, then
+           `profiled` eager steps (compiled regions as captured) by kernel class and name
+           (base/runtime/profile.py). Decode attention reads every row up to the longest row's
+           slot, so the step grows with the context: the serving benchmark probes at its
+           requests' median prompt length, the context a stream's rows decode at
   prefill  the largest token bucket filled with prompt tokens (whole prompts, cut to fit); ms per
            replayed packed prefill over `prefills` replays, prompt tokens/s, one eager prefill by
            kernel class and name (columns prefixed `prefill_`)
@@ -34,12 +37,14 @@ from base.runtime.packing import Chunk
 def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: int = 32, prompt_tokens: int = 64,
                    profiled: int = 3, prefills: int = 5) -> dict[str, Any]:
     """The decode and prefill probes of the module doc; the engine is left reset (every slot empty)."""
-    B, layers = engine.B, engine.model.config.num_hidden_layers
+    B, layers, big = engine.B, engine.model.config.num_hidden_layers, engine.buckets[-1]
+    if not 1 <= prompt_tokens <= min(big, engine.L - steps - profiled - 3):
+        raise ValueError(f"prompt_tokens={prompt_tokens} must be in 1..{min(big, engine.L - steps - profiled - 3)} "
+                         f"(the largest token bucket, and the cache's {engine.L} slots less the probe's steps)")
     chunks = [Chunk(slot, prompts[slot % len(prompts)][:prompt_tokens], 0, True) for slot in range(B)]
-    if sum(len(c.ids) for c in chunks) > engine.buckets[-1]:
-        raise ValueError(f"{B} prompts of {prompt_tokens} tokens exceed the largest token bucket {engine.buckets[-1]}")
     engine.reset(stop_at_eos=False)
-    engine.run_packed(chunks, mixed=False)
+    for round_ in _rounds(chunks, big):
+        engine.run_packed(round_, mixed=False)
     for _ in range(2):
         engine.step()
     row: dict[str, Any] = {"slots": B, "prompt_tokens": prompt_tokens,
@@ -58,6 +63,16 @@ def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: in
     row["kernels"] = names
     engine.reset()
     return row
+
+
+def _rounds(chunks: list[Chunk], bucket: int) -> list[list[Chunk]]:
+    """Whole chunks in order, as few packed prefills of at most `bucket` tokens as that takes."""
+    rounds: list[list[Chunk]] = [[]]
+    for c in chunks:
+        if rounds[-1] and sum(len(x.ids) for x in rounds[-1]) + len(c.ids) > bucket:
+            rounds.append([])
+        rounds[-1].append(c)
+    return rounds
 
 
 def _fill(prompts: list[list[int]], slots: int, bucket: int) -> list[Chunk]:
