@@ -36,8 +36,10 @@ counters: the engine runs one layer's attention at a time on one stream.
 Reference: `decode_attention_reference` below (per head over K/V repeated per group), tested
 against it in tests/test_kernels.py (interpreter on the CPU, compiled on the GPU).
 Tuning (`AttentionLaunch`): slots per block, warps, and the programs S is sized for; tuned per GPU
-in kernels/configs/<gpu>.json ("attention:G=<G_BLOCK>,D=<D_BLOCK>", tools/tune_step_kernels.py),
-else 64 slots, 4 warps and 264 programs (about two per SM of an H200).
+in kernels/configs/<gpu>.json (tools/tune_step_kernels.py): per group size and batch bucket
+("attention:G=<G>,D=<D_BLOCK>,T=<rows bucket>"), else one entry per G block for every batch
+("attention:G=<G_BLOCK>,D=<D_BLOCK>"), else 64 slots, 4 warps and 264 programs (about two per SM of
+an H200).
 """
 from __future__ import annotations
 
@@ -69,9 +71,13 @@ class AttentionLaunch:
             raise ValueError(f"target_programs must be >= 1, got {self.target_programs}")
 
 
-def attention_launch(G: int, D: int, device: torch.device) -> AttentionLaunch:
-    """The tuned launch for G query heads per KV head and key size D on this device, else the default."""
-    entry = tuned_entry(f"attention:G={next_pow2(G, 16)},D={next_pow2(D, 16)}", device)
+def attention_launch(G: int, D: int, device: torch.device, B: int | None = None) -> AttentionLaunch:
+    """The tuned launch for G query heads per KV head, key size D and B rows on this device: the
+    entry for this G and B's bucket (the nearest bucket tuned), else the one for G's block over
+    every batch, else the default. Why per batch: the best split of the cache differs between 1
+    and 64 rows (tools/tune_step_kernels.py)."""
+    entry = tuned_entry(f"attention:G={G},D={next_pow2(D, 16)}", device, T=B) if B is not None else {}
+    entry = entry or tuned_entry(f"attention:G={next_pow2(G, 16)},D={next_pow2(D, 16)}", device)
     default = AttentionLaunch()
     return AttentionLaunch(block_n=entry.get("BLOCK_N", default.block_n), num_warps=entry.get("num_warps", default.num_warps),
                            target_programs=entry.get("target_programs", default.target_programs))
@@ -184,7 +190,7 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
     G = Hq // K
     G_BLOCK, D_BLOCK, E_BLOCK = next_pow2(G, 16), next_pow2(D, 16), next_pow2(E, 16)
     dev = q_BHD.device
-    launch = launch or attention_launch(G, D, dev)
+    launch = launch or attention_launch(G, D, dev, B)
     S = splits_for(B * K, L, launch)
     m = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
     l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -27,8 +28,9 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
     assert split_table["select:E=16,T=8"]["split"] == min(split_rows, key=lambda r: r["us"])["split"]
     att_rows, att_table = tsk.tune_attention(dev, (("m", 2, 1, 16),), (1,), 64, (20, 64), (32, 64), (4,), (2,), reps=1)
     assert len(att_rows) == 4  # 2 filled lengths x 2 block sizes
-    (key, entry), = att_table.items()
-    assert key == "attention:G=16,D=16" and entry["BLOCK_N"] in (32, 64) and entry["objective"] >= 1.0
+    assert set(att_table) == {"attention:G=16,D=16", "attention:G=2,D=16,T=1"}  # every batch; this G at 1 row
+    entry = att_table["attention:G=16,D=16"]
+    assert entry["BLOCK_N"] in (32, 64) and entry["objective"] >= 1.0
 
     from tools import tune_kernels
 
@@ -46,3 +48,30 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
     assert select_launch(16, 8, dev) == SelectLaunch(num_warps=1, tokens_per_tile=4,
                                                      split=split_table["select:E=16,T=8"]["split"])
     assert attention_launch(2, 16, dev) == AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=4, target_programs=2)
+    one = att_table["attention:G=2,D=16,T=1"]
+    assert attention_launch(2, 16, dev, B=1).block_n == one["BLOCK_N"]
+    assert attention_launch(2, 16, dev, B=64).block_n == one["BLOCK_N"]  # the nearest batch tuned
+    assert attention_launch(4, 16, dev, B=1).block_n == entry["BLOCK_N"]  # no entry for G=4: the G block's
+
+
+def test_the_attention_entries_per_batch_pick_each_batchs_best(tmp_path, monkeypatch):
+    """From a timing table alone (as `--from-csv` reads it): over all shapes one candidate is best on
+    average, but at 1 row another is; each batch's entry takes its own best, the G block's the mean's,
+    and the CLI installs them into the named GPU's file."""
+    rows = []
+    for B, filled, a_us, b_us in ((1, 256, 10.0, 5.0), (1, 640, 10.0, 5.0), (16, 256, 5.0, 20.0), (16, 640, 5.0, 20.0)):
+        for bn, us in ((32, a_us), (64, b_us)):
+            rows.append({"kernel": "attention", "model": "m", "G": 8, "D": 128, "B": B, "filled": filled,
+                         "BLOCK_N": bn, "num_warps": 4, "target_programs": 64, "us": us})
+    table = tsk.attention_table(pd.DataFrame(rows))
+    assert table["attention:G=8,D=128,T=1"]["BLOCK_N"] == 64 and table["attention:G=8,D=128,T=16"]["BLOCK_N"] == 32
+    assert table["attention:G=16,D=128"]["BLOCK_N"] == 32  # mean rel: 32 -> (2 + 1) / 2, 64 -> (1 + 4) / 2
+    csv = tmp_path / "tune_step.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    from tools import tune_kernels
+
+    monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr("sys.argv", ["tune_step_kernels", "--from-csv", str(csv), "--device-name", "GPU_X"])
+    tsk.main()
+    written = json.loads((tmp_path / "GPU_X.json").read_text())
+    assert written["attention:G=8,D=128,T=16"]["BLOCK_N"] == 32 and "us" not in written["attention:G=8,D=128,T=1"]

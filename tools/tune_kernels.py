@@ -187,7 +187,12 @@ def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: i
 
 def install(table: dict, device: torch.device, out: Path | None = None) -> Path:
     """Merge `table` into configs/<gpu>.json (and copy it to `out`); later launches use it."""
-    path = CONFIG_DIR / f"{device_name(device)}.json"
+    return install_named(table, device_name(device), out)
+
+
+def install_named(table: dict, name: str, out: Path | None = None) -> Path:
+    """`install` into configs/<name>.json (a table made from another machine's timings)."""
+    path = CONFIG_DIR / f"{name}.json"
     merged = json.loads(path.read_text()) if path.exists() else {}
     for key, entry in table.items():  # per path: tuning v3 alone keeps an entry's v2 configs
         merged[key] = {**merged.get(key, {}), **entry}

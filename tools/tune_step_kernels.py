@@ -3,6 +3,8 @@
     python -m tools.tune_step_kernels --csv /tmp/tune_step.csv       # on a CUDA machine
     python -m tools.tune_step_kernels --smoke --no-install           # CPU check of the harness
     python -m tools.tune_step_kernels --kernels select --select-ts 64 # one kernel, one bucket
+    python -m tools.tune_step_kernels --from-csv results/roofline/grid_2026-12-02d/tune_step.csv \
+        --device-name NVIDIA_H200                                     # the attention entries, no timing
 
 The selection kernel (kernels/select.py) runs as one program per layer: its time is a chain of
 reductions, so its warps (reductions inside one warp need no shared memory) and its tokens per
@@ -16,7 +18,8 @@ the bucket's entry "select:E=<E_BLOCK>,T=<T>".
 Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
 and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
-the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>".
+the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>", and the best over each model's shapes at one batch
+size the entry "attention:G=<G>,D=<D_BLOCK>,T=<rows>".
 Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`.
 Every timing goes to --csv (the candidates' table, rewritten after each kernel); each kernel's
 chosen entries are merged into the GPU's config file as soon as it is tuned, unless --no-install
@@ -113,18 +116,35 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
                 rows.append({"kernel": "attention", "model": name, "G": Hq // K, "D": D, "B": B, "filled": n,
                              "BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3), "timing": how})
         log(f"attention {name}: {len(rows)} timings so far")
-    t = pd.DataFrame(rows)
-    t["G_BLOCK"] = [next_pow2(x, 16) for x in t["G"]]
+    return rows, attention_table(pd.DataFrame(rows))
+
+
+ATTN_CANDIDATE = ["BLOCK_N", "num_warps", "target_programs"]
+
+
+def attention_table(t: pd.DataFrame) -> dict:
+    """The attention entries from the candidates' timings: for each (G block, D), the candidate
+    with the lowest mean over every (model, rows, filled) shape of time / the shape's best time;
+    and for each (G, D, rows), the same over that batch's shapes (the launch lookup prefers it:
+    kernels/attention.py)."""
+    t = t[t["kernel"] == "attention"].copy()
+    t["G_BLOCK"] = [next_pow2(int(x), 16) for x in t["G"]]
     t["rel"] = t["us"] / t.groupby(["model", "B", "filled"])["us"].transform("min")
+
+    def best(part: pd.DataFrame) -> dict:
+        score = part.groupby(ATTN_CANDIDATE)["rel"].mean()
+        bn, nw, tg = score.idxmin()
+        return {"BLOCK_N": int(bn), "num_warps": int(nw), "target_programs": int(tg),
+                "objective": round(float(score.min()), 4)}
+
     table = {}
     for (gb, D), part in t.groupby(["G_BLOCK", "D"]):
-        score = part.groupby(["BLOCK_N", "num_warps", "target_programs"])["rel"].mean()
-        bn, nw, tg = score.idxmin()
-        table[f"attention:G={gb},D={next_pow2(int(D), 16)}"] = {"BLOCK_N": int(bn), "num_warps": int(nw),
-                                                                 "target_programs": int(tg),
-                                                                 "objective": round(float(score.min()), 4)}  # fmt: skip
-        log(f"attention G_BLOCK={gb} D={D}: best {table[f'attention:G={gb},D={next_pow2(int(D), 16)}']}")
-    return t.to_dict("records"), table
+        table[f"attention:G={gb},D={next_pow2(int(D), 16)}"] = best(part)
+    for (G, D, B), part in t.groupby(["G", "D", "B"]):
+        table[f"attention:G={int(G)},D={next_pow2(int(D), 16)},T={int(B)}"] = best(part)
+    for key, entry in table.items():
+        log(f"{key}: best {entry}")
+    return table
 
 
 def install(table: dict, device: torch.device) -> Path:
@@ -143,7 +163,21 @@ def main() -> None:
                     help="which kernels to tune (default both)")
     ap.add_argument("--select-ts", nargs="+", type=int, choices=SELECT_TS, default=None,
                     help=f"the selection's token buckets to tune (default all of {SELECT_TS})")
+    ap.add_argument("--from-csv", type=Path, default=None,
+                    help="no timing: the attention entries from an earlier run's --csv (its GPU's table)")
+    ap.add_argument("--device-name", default=None, help="with --from-csv: the config file's GPU name (NVIDIA_H200)")
     args = ap.parse_args()
+    if args.from_csv is not None:
+        if not args.from_csv.exists():
+            raise SystemExit(f"--from-csv {args.from_csv}: no such file")
+        if not args.device_name:
+            raise SystemExit("--from-csv needs --device-name (the GPU the timings were made on, e.g. NVIDIA_H200)")
+        table = attention_table(pd.read_csv(args.from_csv))
+        from tools.tune_kernels import install_named
+
+        print(json.dumps(table, indent=1))
+        log(f"installed into {install_named({k: {kk: vv for kk, vv in v.items() if kk != 'us'} for k, v in table.items()}, args.device_name)}")
+        return
     dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     s = SMOKE if args.smoke else {}
     rows: list[dict] = []
