@@ -4,7 +4,8 @@
 
 Writes <out>.csv (every row of every run, with model and routing) and <out>.md: per model, routing
 and batch size, dense tokens/s and the speed-up of each method over it (same process), and where
-the step's time goes (non-expert ms, MoE share).
+the step's time goes (non-expert ms, MoE share; by kernel class and, from each run's
+profile_kernels.csv, by kernel: <out>_kernels.csv, its largest in the .md).
 """
 from __future__ import annotations
 
@@ -43,6 +44,41 @@ def collect_profiles(exp_dir: Path, values: str = "ms_per_step") -> pd.DataFrame
     wide = df.pivot_table(index=["model", "routing", "batch_size", "variant", "graph_ms_per_step"],
                           columns="class", values=values).round(2)
     return wide[[c for c in CLASSES if c in wide.columns]].reset_index()
+
+
+def kernel_rows(exp_dir: Path) -> pd.DataFrame:
+    """Every kernel of every profiled step (each run's profile_kernels.csv), with its time per
+    launch: us_per_launch = ms per step / launches per step (launches of one name share a time)."""
+    frames = []
+    for report in sorted(exp_dir.glob("*/report.json")):
+        csv = report.parent / "profile_kernels.csv"
+        if not csv.exists():
+            continue
+        rep = json.loads(report.read_text())
+        df = pd.read_csv(csv)
+        df.insert(0, "routing", rep.get("routing", "uniform"))
+        df.insert(0, "model", rep["model"])
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    df["us_per_launch"] = 1e3 * df["ms_per_step"] / df["kernels_per_step"]
+    return df
+
+
+def top_kernels(df: pd.DataFrame, variants: tuple[str, ...] = ("dense", "base"), n: int = 12) -> pd.DataFrame:
+    """The `n` kernels with the most time per step of each (model, routing, batch, variant) among
+    `variants`: ms per step, launches per layer, µs per launch."""
+    if df.empty:
+        return df
+    keep = df[df["variant"].isin(variants)]
+    keep = keep.sort_values("ms_per_step", ascending=False).groupby(
+        ["model", "routing", "batch_size", "variant"], sort=True).head(n)
+    cols = ["model", "routing", "batch_size", "variant", "class", "kernel", "ms_per_step", "kernels_per_layer",
+            "us_per_launch"]
+    out = keep.sort_values(["model", "routing", "batch_size", "variant", "ms_per_step"],
+                           ascending=[True, True, True, True, False])[cols]
+    return out.assign(kernel=out["kernel"].str.slice(0, 60)).round(3)
 
 
 def collect(exp_dir: Path) -> pd.DataFrame:
@@ -165,6 +201,12 @@ def main(exp_dir: str, out: str) -> None:
         text += ["\nKernels per decoder layer and step, by class (total: all kernels of the step / layers)\n",
                  kern.to_markdown(index=False), "\n"]
         profile_rows(Path(exp_dir)).round(4).to_csv(out_p.parent / (out_p.name + "_profile.csv"), index=False)
+    kernels = kernel_rows(Path(exp_dir))
+    if not kernels.empty:
+        kernels.round(4).to_csv(out_p.parent / (out_p.name + "_kernels.csv"), index=False)
+        text += ["\nThe largest kernels of an eager step, dense and base (ms per step; launches per decoder layer; "
+                 "µs per launch; names cut at 60 characters, every kernel in the _kernels.csv)\n",
+                 top_kernels(kernels).to_markdown(index=False), "\n"]
     out_p.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))
 

@@ -284,3 +284,23 @@ def test_ablation_labels_rule_variants_by_their_options():
     assert variant_label("base", {"reassign": "similar"}) == "base+similar"
     assert variant_label("base", {"budget_split": "sensitivity"}) == "base+split"
     assert variant_label("base", {"coverage": 0.9}) == "base@cov0.9"
+
+
+def test_the_kernel_table_reads_each_runs_kernels_and_divides_time_by_launches(tmp_path):
+    from analysis.throughput import kernel_rows, top_kernels
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps({"model": "m", "routing": "uniform", "throughput": []}))
+    pd.DataFrame([
+        {"batch_size": 16, "variant": "base", "budget": 16, "class": "expert FFN", "kernel": "gate_up",
+         "ms_per_step": 1.2, "kernels_per_step": 48, "kernels_per_layer": 1.0},
+        {"batch_size": 16, "variant": "base", "budget": 16, "class": "other", "kernel": "copy",
+         "ms_per_step": 0.01, "kernels_per_step": 2, "kernels_per_layer": 2 / 48},
+        {"batch_size": 16, "variant": "fixed", "budget": 16, "class": "expert FFN", "kernel": "gate_up",
+         "ms_per_step": 1.1, "kernels_per_step": 48, "kernels_per_layer": 1.0},
+    ]).to_csv(run / "profile_kernels.csv", index=False)
+    df = kernel_rows(tmp_path)
+    assert df.loc[df["kernel"] == "gate_up", "us_per_launch"].tolist() == pytest.approx([25.0, 1.1e3 / 48])
+    top = top_kernels(df, n=1)
+    assert top[["variant", "kernel"]].values.tolist() == [["base", "gate_up"]]  # fixed left out; the largest
