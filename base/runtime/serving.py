@@ -62,7 +62,7 @@ from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Finished, Request, ServeStats, serve
 from base.runtime.serve_metrics import Slo, request_metrics, stream_metrics
-from base.runtime.step_probe import probe_forwards
+from base.runtime.step_probe import longest_context, probe_forwards
 from base.runtime.stream import make_stream
 from base.runtime.throughput import Variant
 
@@ -140,14 +140,11 @@ def warm_prefill(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
     return time.perf_counter() - t0
 
 
-PROBE_STEPS = 32 + 3  # base/runtime/step_probe.py's timed and profiled steps (its defaults)
-
-
 def _probe_context(requests: list[Request], engine: ContinuousEngine) -> int:
     """The step probe's prompt length: the requests' median prompt, the context a stream's rows
-    decode at (decode attention grows with it), within what the engine can hold."""
+    decode at (decode attention grows with it), within what the probe can hold."""
     median = sorted(len(r.ids) for r in requests)[len(requests) // 2]
-    return max(1, min(median, engine.buckets[-1], engine.L - PROBE_STEPS - 3))
+    return max(1, min(median, longest_context(engine)))
 
 
 def _warm_engine(engine: ContinuousEngine, scheduler: SchedulerConfig, requests: list[Request]) -> None:

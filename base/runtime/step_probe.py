@@ -34,12 +34,21 @@ from base.runtime.continuous import ContinuousEngine
 from base.runtime.packing import Chunk
 
 
-def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: int = 32, prompt_tokens: int = 64,
-                   profiled: int = 3, prefills: int = 5) -> dict[str, Any]:
+STEPS, PROFILED = 32, 3  # timed replays and profiled eager steps of the decode probe
+
+
+def longest_context(engine: ContinuousEngine, steps: int = STEPS, profiled: int = PROFILED) -> int:
+    """The longest prompt the decode probe can take: one packed prefill's bucket, and room in the
+    cache for the probe's own steps (2 warm-up, `steps` timed, `profiled` eager, one spare)."""
+    return min(engine.buckets[-1], engine.L - steps - profiled - 3)
+
+
+def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: int = STEPS, prompt_tokens: int = 64,
+                   profiled: int = PROFILED, prefills: int = 5) -> dict[str, Any]:
     """The decode and prefill probes of the module doc; the engine is left reset (every slot empty)."""
     B, layers, big = engine.B, engine.model.config.num_hidden_layers, engine.buckets[-1]
-    if not 1 <= prompt_tokens <= min(big, engine.L - steps - profiled - 3):
-        raise ValueError(f"prompt_tokens={prompt_tokens} must be in 1..{min(big, engine.L - steps - profiled - 3)} "
+    if not 1 <= prompt_tokens <= longest_context(engine, steps, profiled):
+        raise ValueError(f"prompt_tokens={prompt_tokens} must be in 1..{longest_context(engine, steps, profiled)} "
                          f"(the largest token bucket, and the cache's {engine.L} slots less the probe's steps)")
     chunks = [Chunk(slot, prompts[slot % len(prompts)][:prompt_tokens], 0, True) for slot in range(B)]
     engine.reset(stop_at_eos=False)
