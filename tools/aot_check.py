@@ -2,7 +2,7 @@
 resources: registers per thread, spills, shared memory. Catches compile errors before a GPU run.
 
     python -m tools.aot_check                 # sm_90 (H100/H200), the launch shapes of Qwen3-30B-A3B
-    python -m tools.aot_check --arch 90 --warps 4 8
+    python -m tools.aot_check --arch 90       # another target (compute capability)
     AOT_VERBOSE=1 python -m tools.aot_check   # a failed compile's whole message, not its first 400 characters
 
 Triton compiles to PTX and runs the bundled ptxas, so this works on a CPU-only machine; the
