@@ -15,9 +15,10 @@ Shapes: T tokens, H hidden, I expert intermediate size, E experts, K top-k, P = 
     y_PH          w_p * expert output of each pair (fp32), summed per token in slot order
 
 Four launches, all with grids fixed by (T, K, E, H, I) and the GPU: route (grid E: compact
-pairs per expert; skipped when the selection kernel wrote the lists, `pairs_EP`/`cnt_E`), gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM walk
-the work items (routed expert, column block), so unrouted experts cost no program), reduce (sum
-over K in slot order: deterministic, no atomics anywhere). Decode is memory-bound (a few tokens
+pairs per expert; skipped when the selection kernel wrote the lists, `pairs_EP`/`cnt_E`),
+gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM walk the work items
+(routed expert, column block), so unrouted experts cost no program), reduce (sum over K in slot
+order: deterministic, no atomics anywhere). Decode is memory-bound (a few tokens
 per expert): a work item streams a tile of one expert's weights once and applies it to all of
 that expert's pairs, so each weight byte is read once per step.
 With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder layer's residual

@@ -156,9 +156,9 @@ class TritonSelection(TorchSelection):
         if union_fits(self.rule, budget, z_TH.shape[0], self.router.top_k, E):
             # nothing can be dropped: dense's route (no predictor rows, no score), the same decision
             sim = {"sim_EE": self.extra["sim_EE"]} if "sim_EE" in self.extra else {}
-            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer, self.pairs,
-                               rule=self.rule, **sim)
-        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer, self.pairs,
+            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer,
+                               pairs=self.pairs, rule=self.rule, **sim)
+        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer, pairs=self.pairs,
                            kind=self.term or "router_sum", rule=self.rule, **self.extra)
 
 
@@ -174,7 +174,7 @@ class DenseRoute:
         return T <= FUSED_ROUTE_MAX_TOKENS
 
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
-        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer, self.pairs)
+        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer, pairs=self.pairs)
 
 
 BACKENDS = ("torch", "triton")

@@ -46,13 +46,14 @@ def longest_context(engine: ContinuousEngine, steps: int = STEPS, profiled: int 
 def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: int = STEPS, prompt_tokens: int = 64,
                    profiled: int = PROFILED, prefills: int = 5) -> dict[str, Any]:
     """The decode and prefill probes of the module doc; the engine is left reset (every slot empty)."""
-    B, layers, big = engine.B, engine.model.config.num_hidden_layers, engine.buckets[-1]
-    if not 1 <= prompt_tokens <= longest_context(engine, steps, profiled):
-        raise ValueError(f"prompt_tokens={prompt_tokens} must be in 1..{longest_context(engine, steps, profiled)} "
+    B, layers = engine.B, engine.model.config.num_hidden_layers
+    longest = longest_context(engine, steps, profiled)
+    if not 1 <= prompt_tokens <= longest:
+        raise ValueError(f"prompt_tokens={prompt_tokens} must be in 1..{longest} "
                          f"(the largest token bucket, and the cache's {engine.L} slots less the probe's steps)")
     chunks = [Chunk(slot, prompts[slot % len(prompts)][:prompt_tokens], 0, True) for slot in range(B)]
     engine.reset(stop_at_eos=False)
-    for round_ in _rounds(chunks, big):
+    for round_ in _rounds(chunks, engine.buckets[-1]):
         engine.run_packed(round_, mixed=False)
     for _ in range(2):
         engine.step()
@@ -77,10 +78,13 @@ def probe_forwards(engine: ContinuousEngine, prompts: list[list[int]], steps: in
 def _rounds(chunks: list[Chunk], bucket: int) -> list[list[Chunk]]:
     """Whole chunks in order, as few packed prefills of at most `bucket` tokens as that takes."""
     rounds: list[list[Chunk]] = [[]]
+    used = 0  # tokens in the last round
     for c in chunks:
-        if rounds[-1] and sum(len(x.ids) for x in rounds[-1]) + len(c.ids) > bucket:
+        if rounds[-1] and used + len(c.ids) > bucket:
             rounds.append([])
+            used = 0
         rounds[-1].append(c)
+        used += len(c.ids)
     return rounds
 
 
