@@ -71,8 +71,8 @@ if [[ " $PARTS " == *" ab "* ]]; then
     timeout "${AB_S:-100}" python3 run.py experiment=throughput model="$MODEL" model.routing="$ROUTING" \
       throughput.batch_sizes=[16] "throughput.methods=${AB_METHODS:-[dense,base]}" throughput.budgets=[16] \
       "$AB_KEY=$v" outputs_dir="outputs/ab/${AB_NAME:+$AB_NAME/}${i}_$v" ${AB_EXTRA:-} > "$LOG/ab_${AB_NAME:-}${i}_$v.log" 2>&1
-    echo "rc=$?" >> "$LOG/ab_${i}_$v.log"
-    grep -E "^\[throughput\] batch|Error" "$LOG/ab_${i}_$v.log" | tail -4
+    echo "rc=$?" >> "$LOG/ab_${AB_NAME:-}${i}_$v.log"
+    grep -E "^\[throughput\] batch|Error" "$LOG/ab_${AB_NAME:-}${i}_$v.log" | tail -4
   done
   tar czf "$OUT/ab.tgz" outputs/ab -C "$(dirname "$LOG")" "$(basename "$LOG")"
 fi
