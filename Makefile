@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	test -x .venv/bin/python || python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q -e '.[dev]'
+	# an earlier install's transformers>=5.25 left Hugging Face's `kernels` behind: its name is ours (base/hf/compat.py)
+	.venv/bin/pip uninstall -q -y kernels 2>/dev/null || true
 	rm -f .venv/.installed-*; touch $(STAMP)
 
 install: $(STAMP)  ## create .venv if missing and install the project (torch pinned to the CPU build)

@@ -15,6 +15,7 @@ import difflib
 
 from base.checks import check_file, check_folder
 from base.config import ConfigError, RunConfig
+from base.hf.compat import check_kernels_name_clash
 from base.hf.families import FAMILIES
 from base.hf.loading import hf_config
 from base.method.selectors import SELECTORS
@@ -29,6 +30,7 @@ from base.run.model_checks import (
 
 
 def preflight(cfg: RunConfig) -> None:
+    check_kernels_name_clash()
     check_names(cfg)
     _check_device(cfg)
     check_folder("artifacts_dir", cfg.artifacts_dir)
