@@ -6,6 +6,7 @@
     experts.py  fused_experts: the kept experts' FFN, each weight byte read once per step
     step.py     select_step: one layer's selection from plain tensors
     attention.py decode_attention: split-KV decode attention over a static cache (the engine's)
+    kv_write.py write_kv_rows: each row's new K/V at its own cache slot (continuous batching), one launch
 CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled; on sm90+ GPUs
 the decode kernels can launch with programmatic dependent launch (`pdl`, `pdl_active`: _triton.py; off by default).
 """

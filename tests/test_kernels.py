@@ -701,3 +701,64 @@ def test_gpu_pdl_launches_give_the_plain_launches_results_eager_and_replayed():
         replay()
         torch.cuda.synchronize()
         assert torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("D,E", [(16, 16), (24, 10)])
+def test_write_kv_rows_matches_the_reference(dtype, D, E):
+    """Interpreted on the CPU: each row's K/V heads land at its own slot of both caches, new
+    values taken through strided views (as attention hands them over) and cast to the cache's
+    dtype; every other slot keeps its value; a slot outside the cache writes nothing."""
+    from kernels.kv_write import write_kv_rows, write_kv_rows_reference
+
+    B, K, L = 5, 3, 40
+    g = torch.Generator().manual_seed(7)
+    k_cache, v_cache = torch.randn(B, K, L, D, generator=g).to(dtype), torch.randn(B, K, L, E, generator=g).to(dtype)
+    k_BQKD = torch.randn(B, 1, K, D, generator=g)  # (B, Q, K, D) viewed as (B, K, D): strided like a transpose
+    v_BQKE = torch.randn(B, 1, K, E, generator=g)
+    k_new, v_new = k_BQKD.transpose(1, 2)[:, :, 0], v_BQKE.transpose(1, 2)[:, :, 0]
+    slot_B = torch.tensor([0, 39, 7, 7, 12])
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    write_kv_rows_reference(want_k, want_v, k_new, v_new, slot_B)
+    write_kv_rows(k_cache, v_cache, k_new, v_new, slot_B)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    write_kv_rows(k_cache, v_cache, k_new, v_new, torch.tensor([0, L, -1, 3, 4]))  # rows 1, 2 out of range
+    assert torch.equal(k_cache[1:3], before_k[1:3]) and torch.equal(v_cache[1:3], before_v[1:3])
+    assert torch.equal(k_cache[3, :, 3], k_new[3].to(dtype)) and torch.equal(v_cache[4, :, 4], v_new[4].to(dtype))
+
+
+def test_write_kv_rows_refuses_shapes_that_do_not_match():
+    from kernels.kv_write import write_kv_rows
+
+    k, v = torch.zeros(2, 2, 8, 4), torch.zeros(2, 2, 8, 4)
+    with pytest.raises(ValueError, match="do not match"):
+        write_kv_rows(k, v, torch.zeros(2, 2, 4), torch.zeros(2, 2, 4), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="contiguous in its last dimension"):
+        write_kv_rows(k, v, torch.zeros(2, 4, 2).transpose(1, 2), torch.zeros(2, 2, 4), torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_write_kv_rows_matches_the_reference_in_bf16_eagerly_and_replayed():
+    """Compiled on the GPU, bf16 caches (the interpreter gets bf16 wrong): the reference's writes,
+    eagerly and in a replayed CUDA graph whose slots move between replays."""
+    from kernels.kv_write import write_kv_rows, write_kv_rows_reference
+
+    B, K, L, D = 16, 4, 640, 128
+    g = torch.Generator().manual_seed(3)
+    k_cache = torch.randn(B, K, L, D, generator=g).to("cuda", torch.bfloat16)
+    v_cache = torch.randn(B, K, L, D, generator=g).to("cuda", torch.bfloat16)
+    k_new, v_new = torch.randn(B, K, D, generator=g).cuda(), torch.randn(B, K, D, generator=g).cuda()
+    slot_B = torch.randint(0, L, (B,), generator=g).cuda()
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    write_kv_rows_reference(want_k, want_v, k_new, v_new, slot_B)
+    write_kv_rows(k_cache, v_cache, k_new, v_new, slot_B)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    replay, _ = capture_graph(lambda: write_kv_rows(k_cache, v_cache, k_new, v_new, slot_B))
+    slot_B.add_(1).remainder_(L)
+    replay()
+    write_kv_rows_reference(want_k, want_v, k_new, v_new, slot_B)
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)

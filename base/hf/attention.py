@@ -26,7 +26,8 @@ sliding windows (cache slots older than the window are masked) and attention sin
 `s_aux`). Prefill (more than one query token) uses sdpa over the repeated cache: it runs once.
 
 Continuous batching (base/runtime/continuous.py) writes per row: a decode step's write position
-is then one slot per row, `write_pos` of shape (B, 1), and an arrivals' prefill writes only their
+is then one slot per row, `write_pos` of shape (B, 1), written for K and V at once by the custom op
+`base_moe::write_kv_rows` (kernels/kv_write.py on a GPU), and an arrivals' prefill writes only their
 rows (`set_write_rows`), attending over those rows alone. A packed forward (`set_packed`: one
 stream of T tokens, batch 1, each token with its cache row, its slot and the last slot it attends
 to) writes every token's K/V at (row, slot) and attends each token to its own row up to that slot
@@ -61,6 +62,23 @@ def _(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling):
     return q_BHD.new_empty(q_BHD.shape[0], q_BHD.shape[1], v_BKLE.shape[-1])
 
 
+@torch.library.custom_op("base_moe::write_kv_rows", mutates_args=("k_cache_BKLD", "v_cache_BKLE"))
+def _write_kv_rows_op(k_cache_BKLD: Tensor, v_cache_BKLE: Tensor, k_BKD: Tensor, v_BKE: Tensor, slot_B: Tensor) -> None:
+    """Continuous batching's decode write: row b's K/V heads at its own slot slot_B[b], both caches
+    in one launch on a GPU (kernels/kv_write.py). An op that declares the caches mutated, so a
+    compiled region keeps the write in place and unbroken (a per-row scatter_ or index_copy_ there
+    became a copy of the whole cache; run eagerly, a graph break through the layer's attention)."""
+    from kernels.kv_write import write_kv_rows, write_kv_rows_reference
+
+    write = write_kv_rows if k_cache_BKLD.is_cuda else write_kv_rows_reference
+    write(k_cache_BKLD, v_cache_BKLE, k_BKD, v_BKE, slot_B)
+
+
+@_write_kv_rows_op.register_fake
+def _(k_cache_BKLD, v_cache_BKLE, k_BKD, v_BKE, slot_B):
+    return None
+
+
 _ACTIVE: list[StaticKV] = []  # the cache of the engine whose forward is running (for allocation)
 
 
@@ -79,11 +97,8 @@ class StaticKV:
         self.modules: list[nn.Module] = []  # attention modules holding this cache's buffers
         self.host_len = 0  # tokens written, as the host knows it (graph replays do not update it)
         self._mirrors: dict[torch.device, Tensor] = {}  # write_pos on the other GPUs of a spread model
-        # a per-row write position's flat cache rows, (b*K + k)*L + write_pos[b], per (device, K):
-        # (the constant part, the buffer sync() refreshes once per step for every layer)
-        self._rows: dict[tuple[torch.device, int], tuple[Tensor, Tensor]] = {}
         # a per-row write position's largest slot, per device: the last slot decode attention
-        # reads (refreshed with the rows, once per step, instead of a reduction in every layer)
+        # reads (refreshed once per step, instead of a reduction in every layer)
         self._last: dict[torch.device, Tensor] = {}
 
     def allocate(self, module: nn.Module, key_BKQD: Tensor, value_BKQE: Tensor) -> None:
@@ -95,35 +110,22 @@ class StaticKV:
         module.register_buffer("base_v_cache", value_BKQE.new_zeros(B, K, self.max_len, value_BKQE.shape[-1]),
                                persistent=False)
         module.register_buffer("base_write_pos", self._pos_on(key_BKQD.device), persistent=False)
-        module.base_row_index = self._row_index(key_BKQD.device, B, K)
         module.base_last_slot = self._last_slot(key_BKQD.device)
         module.base_write_rows = None if self.write_rows is None else self.write_rows.to(key_BKQD.device)
         module.base_packed = _on(self.packed, key_BKQD.device)
         self.modules.append(module)
 
-    def _row_index(self, device: torch.device, B: int, K: int) -> Tensor:
-        key = (torch.device(device), K)
-        if key not in self._rows:
-            rows_B = torch.arange(B, device=device)
-            base_BK = _flat_slots(rows_B, torch.zeros_like(rows_B), K, self.max_len).view(B, K)
-            self._rows[key] = (base_BK, torch.zeros(B * K, dtype=torch.long, device=device))
-            self._refresh_rows()
-        return self._rows[key][1]
-
     def _last_slot(self, device: torch.device) -> Tensor:
         device = torch.device(device)
         if device not in self._last:
             self._last[device] = torch.zeros(1, dtype=torch.long, device=device)
-            self._refresh_rows()
+            self._refresh_last()
         return self._last[device]
 
-    def _refresh_rows(self) -> None:
-        """The per-row flat write index and the largest slot from write_pos (B, 1); nothing for a
-        shared (Q,) position."""
+    def _refresh_last(self) -> None:
+        """The largest slot of a per-row write_pos (B, 1); nothing for a shared (Q,) position."""
         if self.write_pos.dim() != 2:
             return
-        for (device, _), (base_BK, flat_N) in self._rows.items():
-            torch.add(base_BK, self._pos_on(device).view(-1, 1), out=flat_N.view(base_BK.shape))
         for device, last_1 in self._last.items():
             torch.amax(self._pos_on(device).view(-1), dim=0, keepdim=True, out=last_1)
 
@@ -140,7 +142,7 @@ class StaticKV:
         self._mirrors = {}
         for m in self.modules:
             m.base_write_pos = self._pos_on(m.base_k_cache.device)  # a registered buffer: replaced, not copied into
-        self._refresh_rows()
+        self._refresh_last()
 
     def set_write_rows(self, rows_n: Tensor | None) -> None:
         """The rows the next forward writes (an arrivals' prefill), or None: every row."""
@@ -158,12 +160,12 @@ class StaticKV:
 
     def sync(self) -> None:
         """After write_pos changed in place (a decode step's position += 1): the other devices'
-        copies follow, and a per-row position's flat write index and largest slot are recomputed
-        (three small kernels per step, where each layer's K and V writes and its decode attention
-        would otherwise compute them: the continuous engine calls this first in every decode step)."""
+        copies follow, and a per-row position's largest slot is recomputed (one small kernel per
+        step, where each layer's decode attention would otherwise compute it: the continuous engine
+        calls this first in every decode step)."""
         for pos in self._mirrors.values():
             pos.copy_(self.write_pos)
-        self._refresh_rows()
+        self._refresh_last()
 
     def zero_(self) -> None:
         for m in self.modules:
@@ -178,14 +180,14 @@ class StaticKV:
         (that engine allocates again at its next prefill)."""
         for m in model.modules():
             _drop_buffers(m)
-        self.modules, self._mirrors, self._rows, self._last = [], {}, {}, {}
+        self.modules, self._mirrors, self._last = [], {}, {}
         model.__dict__["_base_kv_owner"] = self
 
     def release(self, model: nn.Module | None = None) -> None:
         """Drop every module's buffers (another batch size or a later run allocates its own)."""
         for m in self.modules:
             _drop_buffers(m)
-        self.modules, self._mirrors, self._rows, self._last = [], {}, {}, {}
+        self.modules, self._mirrors, self._last = [], {}, {}
         if model is not None and self.owns(model):
             del model.__dict__["_base_kv_owner"]
 
@@ -213,7 +215,6 @@ def _drop_buffers(module: nn.Module) -> None:
         module._buffers.pop(name, None)
     module.__dict__.pop("base_write_rows", None)
     module.__dict__.pop("base_packed", None)
-    module.__dict__.pop("base_row_index", None)
     module.__dict__.pop("base_last_slot", None)
 
 
@@ -264,35 +265,15 @@ def _allowed(mask_B1QL: Tensor, pos: Tensor, sliding_window: int | None) -> Tens
     return mask_B1QL & (slot_L[None, :] > pos[:, None] - sliding_window)  # as transformers' sliding mask
 
 
-def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | None,
-           flat_N: Tensor | None = None) -> Tensor:
-    """Write the forward's keys or values into the cache; returns the cache rows it attends over.
-    `flat_N`: a per-row position's flat write index (StaticKV.sync), else computed here."""
+def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | None) -> Tensor:
+    """Write the forward's keys or values at the slots pos (Q,) shared by every row, or by the
+    rows rows_n only (an arrivals' prefill); returns the cache rows it attends over. (A slot per
+    row, pos (B, 1), is `_write_kv_rows_op`'s.)"""
     if rows_n is not None:  # an arrivals' prefill: their rows only, slots pos (Q,)
         cache_BKLD.transpose(1, 2)[rows_n[:, None], pos[None, :]] = new_BKQD.transpose(1, 2)
         return cache_BKLD[rows_n]
-    if pos.dim() == 2:  # one slot per row (continuous batching's decode step)
-        if flat_N is None:
-            B, K, L, _ = cache_BKLD.shape
-            flat_N = _flat_slots(torch.arange(B, device=pos.device), pos[:, 0], K, L)
-        _write_rows(cache_BKLD, new_BKQD, flat_N)
-        return cache_BKLD
     cache_BKLD.index_copy_(2, pos, new_BKQD)
     return cache_BKLD
-
-
-@torch.compiler.disable
-def _write_rows(cache_BKLD: Tensor, new_BK1D: Tensor, flat_N: Tensor) -> None:
-    """Row b's K (or V) heads into its slot (flat_N: `_flat_slots` of the rows and their slots), run
-    eagerly even inside a compiled region (a graph break), so it writes in place.
-
-    Why not compiled: Inductor made a per-row write into a module's cache buffer out of place, a
-    copy of the whole cache per write and a copy back, for K and V of every layer: as a scatter_
-    (2.0 of the 7.9 ms of a replayed base M=16 step with 16 rows on an H200) and still as this
-    index_copy_ over a view (1.3 ms; in place on a CPU, where tests/test_attention.py checks
-    Inductor's code). The static engine's write (one slot shared by every row, index_copy_ along
-    the slots of the buffer itself) compiles in place and stays in the region."""
-    _index_write(cache_BKLD, flat_N, new_BK1D[:, :, 0])
 
 
 def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,
@@ -330,9 +311,12 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
         return packed_attention(module, query_BHQD, key_BKQD, value_BKQE, scaling, sliding_window, s_aux), None
     pos = module.base_write_pos
     rows_n = getattr(module, "base_write_rows", None)
-    flat_N = getattr(module, "base_row_index", None)
-    k_BKLD = _write(module.base_k_cache, key_BKQD, pos, rows_n, flat_N)
-    v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n, flat_N)
+    if pos.dim() == 2 and rows_n is None:  # one slot per row (continuous batching's decode step)
+        _write_kv_rows_op(module.base_k_cache, module.base_v_cache, key_BKQD[:, :, 0], value_BKQE[:, :, 0], pos[:, 0])
+        k_BKLD, v_BKLE = module.base_k_cache, module.base_v_cache
+    else:
+        k_BKLD = _write(module.base_k_cache, key_BKQD, pos, rows_n)
+        v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n)
     allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
     if Q == 1 and s_aux is None and query_BHQD.is_cuda:
