@@ -120,7 +120,8 @@ def headline_table(df: pd.DataFrame, batch: int = 16) -> pd.DataFrame:
     for (model, routing), one in g.groupby(["model", "routing"]):
         def at(variant: str, budget: float | None = None, col: str = "speedup_vs_dense", one=one) -> float:
             sel = one[(one["variant"] == variant) & (one["budget"].isna() if budget is None else one["budget"] == budget)]
-            return float(sel[col].iloc[0]) if len(sel) else float("nan")
+            value = sel[col].iloc[0] if len(sel) else None
+            return float("nan") if value is None else float(value)  # a grid without dense has no speed-ups
 
         out.append({
             "model": model, "routing": routing, "dense union": at("dense", col="union_mean"),
