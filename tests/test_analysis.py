@@ -48,6 +48,17 @@ def test_throughput_headline_reads_run_reports(tmp_path):
     assert pd.isna(head["base M=10"])  # not measured: empty, not invented
 
 
+def test_throughput_headline_of_a_grid_without_dense_leaves_the_speed_ups_empty(tmp_path):
+    """A grid of base and fixed alone (the run writes speedup_vs_dense as null): the table is made,
+    the speed-ups empty, base's tokens/s kept."""
+    rows = [{"batch_size": 16, "method": m, "budget": 8, "variant": m, "mode": "graph", "ms_per_step": ms,
+             "tokens_per_s": 16e3 / ms, "union_mean": 60.0, "speedup_vs_dense": None} for m, ms in (("base", 4.9), ("fixed", 4.7))]
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "report.json").write_text(json.dumps({"model": "m", "routing": "uniform", "throughput": rows}))
+    head = headline_table(collect(tmp_path)).iloc[0]
+    assert pd.isna(head["base M=8"]) and pd.isna(head["dense tok/s"])
+
+
 def test_throughput_overhead_is_against_fixed_at_the_same_budget_paired_by_round(tmp_path):
     """(ms - fixed ms) / fixed ms per round of the interleaved repeats (passes pair up by round):
     the median over rounds and its range; a run without repeats has one round."""
