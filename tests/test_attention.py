@@ -142,6 +142,27 @@ def test_per_row_writes_follow_the_positions_the_cache_refreshes_each_step():
             kv.sync()
 
 
+def test_the_last_slot_read_is_the_largest_of_the_active_rows():
+    """sync(active_B): decode attention reads up to the largest slot of a row still decoding; an
+    ended row's old slot (kept until its next admission) and the spare slot past the cache (a row
+    between prompt chunks) do not count; with no row active nothing past slot 0."""
+    B, K, L, D, Hq = 4, 2, 16, 4, 4
+    module, model = nn.Module(), nn.Module()
+    model.config = type("C", (), {"_attn_implementation": "sdpa"})()
+    kv = StaticKV(L + 1, torch.device("cpu"), batch=B)  # slot L: the spare one, as the continuous engine has
+    pos_B1 = torch.tensor([[3], [12], [7], [L]])  # row 1 ended at 12, row 3 writes the spare slot
+    with kv.active(model):
+        kv.set_write_pos(pos_B1)
+        engine_attention(module, torch.randn(B, Hq, 1, D), torch.randn(B, K, 1, D), torch.randn(B, K, 1, D),
+                         torch.ones(B, 1, 1, L + 1, dtype=torch.bool), scaling=0.5)
+        kv.sync()
+        assert module.base_last_slot.tolist() == [L]  # every row, as before
+        kv.sync(torch.tensor([True, False, True, False]))
+        assert module.base_last_slot.tolist() == [7]
+        kv.sync(torch.zeros(B, dtype=torch.bool))
+        assert module.base_last_slot.tolist() == [0]
+
+
 def test_attention_outside_an_engine_is_refused():
     with pytest.raises(RuntimeError, match="StaticKV.active"):
         engine_attention(nn.Module(), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4),

@@ -273,3 +273,28 @@ def test_the_step_probe_fills_every_slot_over_as_many_prefills_as_it_takes(model
                 probe_forwards(engine, prompts, steps=2, prompt_tokens=17, profiled=1, prefills=1)
     finally:
         engine.release()
+
+
+def test_decode_attention_reads_up_to_the_last_slot_of_a_row_still_decoding(model):
+    """A row that has ended keeps its last slot until it is admitted again; the decode step's
+    attention then reads only as far as the rows still decoding (the longest ended row set it
+    before)."""
+    from base.runtime.packing import Chunk
+
+    with budgeted(model, "qwen3_moe", None, BudgetOptions(budget=None)) as budget:
+        engine = ContinuousEngine(model, 2, 32, budget=budget, pad_id=0, buckets=BUCKETS)
+        try:
+            with torch_threads(1):
+                engine.use_eager_capture()
+                engine.reset(stop_at_eos=False)
+                engine.run_packed([Chunk(0, [5, 6, 7], 0, True, 20), Chunk(1, list(range(3, 15)), 0, True, 20)],
+                                  mixed=False)
+                engine.step()
+                last = engine.cache._last[engine.device]
+                assert last.tolist() == [12]  # both rows decoding: row 1 wrote slot 12
+                engine.end(1)
+                engine.step()
+                assert last.tolist() == [4]  # row 0 alone: its slot 4, not row 1's old one
+                assert engine.slot_B1[1, 0].item() == 13  # row 1 stays where it ended
+        finally:
+            engine.release()

@@ -122,12 +122,21 @@ class StaticKV:
             self._refresh_last()
         return self._last[device]
 
-    def _refresh_last(self) -> None:
-        """The largest slot of a per-row write_pos (B, 1); nothing for a shared (Q,) position."""
-        if self.write_pos.dim() != 2:
+    def _refresh_last(self, active_B: Tensor | None = None) -> None:
+        """The largest slot of a per-row write_pos (B, 1), over the active rows when given (a row
+        that has ended keeps its last slot until its next admission, and a row between prompt
+        chunks writes the spare slot past the cache: neither decides how far every row's attention
+        reads); nothing for a shared (Q,) position."""
+        if self.write_pos.dim() != 2 or not self._last:
             return
-        for device, last_1 in self._last.items():
-            torch.amax(self._pos_on(device).view(-1), dim=0, keepdim=True, out=last_1)
+        pos_B = self.write_pos.view(-1)
+        if active_B is not None:
+            pos_B = torch.where(active_B, pos_B, 0)
+        home = self._last.get(self.write_pos.device)
+        last_1 = torch.amax(pos_B, dim=0, keepdim=True, out=home)
+        for out_1 in self._last.values():
+            if out_1 is not last_1:
+                out_1.copy_(last_1)  # the other devices of a spread model
 
     def _pos_on(self, device: torch.device) -> Tensor:
         if device == self.write_pos.device:
@@ -158,14 +167,14 @@ class StaticKV:
         for m in self.modules:
             m.base_packed = _on(packed, m.base_k_cache.device)
 
-    def sync(self) -> None:
+    def sync(self, active_B: Tensor | None = None) -> None:
         """After write_pos changed in place (a decode step's position += 1): the other devices'
-        copies follow, and a per-row position's largest slot is recomputed (one small kernel per
-        step, where each layer's decode attention would otherwise compute it: the continuous engine
-        calls this first in every decode step)."""
+        copies follow, and a per-row position's largest slot is recomputed, over the rows
+        `active_B` marks when given (once per step, where each layer's decode attention would
+        otherwise compute it: the continuous engine calls this first in every decode step)."""
         for pos in self._mirrors.values():
             pos.copy_(self.write_pos)
-        self._refresh_last()
+        self._refresh_last(active_B)
 
     def zero_(self) -> None:
         for m in self.modules:

@@ -229,8 +229,9 @@ class ContinuousEngine(DecodeEngine):
 
     # ---- the steps (captured as they are: no host sync) --------------------------------------------
     def _step(self) -> None:
-        """One decode step of every row at its own slot."""
-        self.cache.sync()
+        """One decode step of every row at its own slot; decode attention reads up to the last
+        slot of an active row."""
+        self.cache.sync(~self.finished_B)
         self.valid_BL.scatter_(1, self.slot_B1, True)
         with self.regions.enabled() if self.regions is not None else nullcontext():
             out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1, True, ~self.finished_B)
