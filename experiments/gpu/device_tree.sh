@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The working tree a device call sends must stay under 64 MiB of disk (tracked and untracked files
+# that git does not ignore, with the carried wheels), and the committed results have grown past
+# that. The GPU scripts read none of the per-prompt records or the figures, so a device call can
+# go without them:
+#   bash experiments/gpu/device_tree.sh slim      # results/records and results/figures out of the working tree
+#   ... the device call(s) ...
+#   bash experiments/gpu/device_tree.sh restore   # both back from git (nothing else is touched)
+#   bash experiments/gpu/device_tree.sh size      # what a call would send, in KiB of disk
+# `slim` refuses when either folder holds changes not yet committed (restore would lose them).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+PATHS=(results/records results/figures)
+size() { (git ls-files; git ls-files -o --exclude-standard) | xargs -d '\n' du -c 2>/dev/null | tail -1 | cut -f1; }
+case "${1:-}" in
+  slim)
+    if [ -n "$(git status --porcelain -- "${PATHS[@]}")" ]; then
+      echo "device_tree: ${PATHS[*]} hold uncommitted changes; commit them first" >&2; exit 2
+    fi
+    rm -rf "${PATHS[@]}"
+    echo "device_tree: ${PATHS[*]} removed from the working tree; $(size) KiB would travel (limit 65536, wheels not counted)" ;;
+  restore)
+    git checkout -- "${PATHS[@]}"
+    echo "device_tree: ${PATHS[*]} restored" ;;
+  size)
+    echo "$(size) KiB" ;;
+  *)
+    echo "usage: bash experiments/gpu/device_tree.sh slim|restore|size" >&2; exit 2 ;;
+esac
