@@ -15,6 +15,10 @@ stopped midway leaves the streams it finished, in its `.partial-*` folder) and w
   <dest>_tpot.png / .svg  TPOT p50 and p99 against achieved output tokens/s, one panel row per
                           (routing, slots), a line per variant through its rates (median over
                           repeats, bars: the range), the TPOT SLO dashed
+  <dest>_probe.csv        where a run has step_probe.csv: per (run, variant) the decode step inside
+                          its first rate's streams (median over repeats) beside the probes' replays
+                          of the same engine with every slot decoding and, where recorded, of the
+                          static engine at the same rows and context, and their ratios
 
 Timings are medians over repeats with their range (no test: the runs are few).
 """
@@ -225,6 +229,42 @@ def sustained(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def probe_table(root: Path) -> pd.DataFrame:
+    """Per run folder holding step_probe.csv and serve.csv, per variant: the in-stream decode step
+    of its first rate (median over repeats of each stream's median step) against the probes."""
+    rows = []
+    for path in sorted(root.rglob("step_probe.csv")):
+        probe, serve = pd.read_csv(path), _with_thresholds(pd.read_csv(path.parent / "serve.csv"))
+        serve = serve[serve["arrivals"] != "search"] if "arrivals" in serve else serve
+        for _, p in probe.iterrows():
+            mine = serve[serve["variant"] == p["variant"]]
+            if mine.empty:
+                continue
+            first = mine.sort_values(["repeat", "position"]).iloc[0]
+            at = mine[mine["rate"].isna()] if pd.isna(first["rate"]) else mine[mine["rate"] == first["rate"]]
+            stream = at["step_ms_median"].median()
+            static = p.get("static_step_ms", np.nan)
+            rows.append({"run": path.parent.name, **{c: first[c] for c in ("routing", "slots", *THRESHOLD_DEFAULTS)},
+                         "rate": first["rate"], "variant": p["variant"], "budget": p["budget"],
+                         "context": p.get("stream_context_median", np.nan), "probe_from": p["prompt_tokens"],
+                         "occupancy": at["occupancy_mean"].median(), "in_stream_ms": stream,
+                         "probe_ms": p["full_step_ms"], "static_ms": static,
+                         "stream_over_probe": stream / p["full_step_ms"] - 1, "stream_over_static": stream / static - 1,
+                         "probe_over_static": p["full_step_ms"] / static - 1})
+    return pd.DataFrame(rows)
+
+
+def _probe_markdown(probes: pd.DataFrame) -> str:
+    show = probes.assign(rate=probes["rate"].map(_rate), budget=probes["budget"].map(_budget))
+    return ("\nThe decode step inside the streams against the probes (base/runtime/step_probe.py, "
+            "one probe per variant, a reading): `in_stream_ms`: the first rate's streams, median over repeats; "
+            "`probe_ms`: the same engine with every slot decoding from `probe_from` tokens of context "
+            "(32 replays); `static_ms`: the static engine at the same rows and context (the grid's timing, "
+            "32 replays); `context`: the median context the variant's first stream's decode steps read "
+            "(blank: a run before it was recorded, probed at the requests' median prompt); the ratios "
+            "less 1.\n\n" + show.to_markdown(index=False, floatfmt=".3f") + "\n")
+
+
 def main(src: str, dest: str) -> None:
     df = load(Path(src))
     search = sustained(df)
@@ -242,6 +282,10 @@ def main(src: str, dest: str) -> None:
                  "stream's requests met both SLOs (median [range] over repeats; NaN where a repeat found "
                  "none); `over_dense` that rate over dense's in the same repeat. Its resolution is the "
                  "bisection's last step.\n\n" + search.to_markdown(index=False, floatfmt=".2f") + "\n")
+    probes = probe_table(Path(src))
+    if not probes.empty:
+        probes.to_csv(out.parent / f"{out.name}_probe.csv", index=False)
+        text += _probe_markdown(probes)
     out.with_suffix(".md").write_text(text)
     slo = df["slo_tpot_ms"].dropna().unique()
     models = ", ".join(sorted(df["model"].unique()))

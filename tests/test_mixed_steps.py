@@ -298,3 +298,14 @@ def test_decode_attention_reads_up_to_the_last_slot_of_a_row_still_decoding(mode
                 assert engine.slot_B1[1, 0].item() == 13  # row 1 stays where it ended
         finally:
             engine.release()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_each_decode_step_records_the_context_its_longest_decoding_row_reads(model, overlap):
+    """Prompts of 3 and 5 tokens, 4 and 2 new tokens, admitted together: the first decode step
+    reads 6 slots (the 5-token prompt and its first token), then the 3-token request decodes
+    alone (5, then 6); the stream's median is theirs."""
+    reqs = [Request([5, 6, 7], 4), Request([8, 9, 10, 11, 12], 2)]
+    _, stats, _ = run(model, reqs, slots=2, overlap=overlap)
+    assert stats.context == [6, 5, 6]
+    assert stats.summary()["context_median"] == 6.0

@@ -146,10 +146,15 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     assert (probe["expert_FFN_ms"] > 0).all() and (probe["attention_kernels_per_layer"] > 0).all()
     assert (probe["prefill_tokens"] > 0).all() and (probe["prefill_tokens_per_s"] > 0).all()
     assert (probe["prefill_expert_FFN_ms"] > 0).all()
-    # the probe decodes at the requests' median prompt length (the stream's context), not a fixed one
-    lengths = sorted(requests[(requests["repeat"] == 0) & (requests["variant"] == "dense")
-                              & (requests["arrivals"] == "burst")]["prompt_tokens"])
-    assert (probe["prompt_tokens"] == lengths[len(lengths) // 2]).all()
+    # the probes decode from the median context the variant's first stream read, less half their
+    # timed steps; the static engine's step at the same rows and context beside the engine's own
+    from base.runtime.step_probe import STEPS
+
+    first = streams[(streams["repeat"] == 0) & (streams["arrivals"] == "burst")].set_index("variant")
+    assert (first["context_median"] > 0).all()
+    assert probe.set_index("variant")["stream_context_median"].equals(first.loc[["dense", "base"], "context_median"])
+    assert (probe["prompt_tokens"] == (probe["stream_context_median"].astype(int) - STEPS // 2).clip(lower=1)).all()
+    assert (probe["static_step_ms"] > 0).all()
     # the thresholds each stream ran with
     assert (streams["min_prompt_tokens"] == 1).all() and (streams["max_wait_steps"] == 0).all()
     # the order rotates: dense first in repeat 0, second in repeat 1
@@ -300,3 +305,27 @@ def test_runs_with_other_scheduler_thresholds_are_other_cells(tmp_path):
     serving.main(str(tmp_path), str(tmp_path / "out" / "summary"))
     text = (tmp_path / "out" / "summary.md").read_text()
     assert "min_prompt_tokens" in text and "prefill_s" in text and "1024" in text
+
+
+def test_the_probe_table_sets_the_first_rates_stream_step_beside_both_probes(tmp_path):
+    """analysis.serving.probe_table: per run and variant, the median over repeats of the streams'
+    step at the variant's first rate (the burst here, not the Poisson rate run after it), against
+    the engine's probe and the static engine's step."""
+    from analysis.serving import probe_table
+
+    run = tmp_path / "uniform"
+    run.mkdir()
+    base = {"routing": "uniform", "slots": 16, "variant": "base", "budget": 16, "occupancy_mean": 13.0}
+    pd.DataFrame([{**base, "repeat": 0, "position": 1, "rate": None, "arrivals": "burst", "step_ms_median": 6.0},
+                  {**base, "repeat": 0, "position": 1, "rate": 4.0, "arrivals": "poisson", "step_ms_median": 9.0},
+                  {**base, "repeat": 1, "position": 2, "rate": None, "arrivals": "burst", "step_ms_median": 6.2},
+                  {**base, "repeat": 1, "position": 2, "rate": 4.0, "arrivals": "poisson", "step_ms_median": 9.0}]
+                 ).to_csv(run / "serve.csv", index=False)
+    pd.DataFrame([{"model": "m", "routing": "uniform", "slots": 16, "variant": "base", "budget": 16, "prompt_tokens": 284,
+                   "full_step_ms": 5.5, "static_step_ms": 5.0, "stream_context_median": 300.0}]
+                 ).to_csv(run / "step_probe.csv", index=False)
+    row = probe_table(tmp_path).iloc[0]
+    assert row["in_stream_ms"] == pytest.approx(6.1) and pd.isna(row["rate"])
+    assert (row["context"], row["probe_from"], row["min_prompt_tokens"]) == (300.0, 284, 1)
+    assert row["stream_over_static"] == pytest.approx(0.22) and row["probe_over_static"] == pytest.approx(0.1)
+    assert row["stream_over_probe"] == pytest.approx(6.1 / 5.5 - 1)

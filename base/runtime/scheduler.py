@@ -97,6 +97,8 @@ class ServeStats:
     gap_s: list[float] = field(default_factory=list)  # each decode-only step: device time from the end of
     # the forward before it to its start (the GPU idle, waiting for the host), 0 for the first forward
     launch_s: list[float] = field(default_factory=list)  # each decode-only step: host time to launch it
+    context: list[int] = field(default_factory=list)  # each decode-only step: the cache slots its longest
+    # decoding row reads (prompt and tokens so far; decode attention reads every row that far)
     captures: int = 0  # CUDA graphs captured during the stream (0 after a warm-up that covered every shape)
 
     def summary(self) -> dict[str, float | int | None]:
@@ -116,13 +118,19 @@ class ServeStats:
                 "eager_steps": sum(self.eager), "captures": self.captures,
                 "step_ms_median": _median_ms(self.step_s, self.eager),
                 "gap_ms_median": _median_ms(self.gap_s, self.eager),
-                "launch_ms_median": _median_ms(self.launch_s, self.eager)}
+                "launch_ms_median": _median_ms(self.launch_s, self.eager),
+                "context_median": _median_int(self.context, self.eager)}
 
 
 def _median_ms(seconds: list[float], eager: list[bool]) -> float | None:
     """Over the replayed steps (on a CPU, where every step is eager: over all)."""
     replayed = [s for s, e in zip(seconds, eager) if not e] or seconds
     return 1e3 * statistics.median(replayed) if replayed else None
+
+
+def _median_int(values: list[int], eager: list[bool]) -> float | None:
+    replayed = [v for v, e in zip(values, eager) if not e] or values
+    return float(statistics.median(replayed)) if replayed else None
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -193,6 +201,7 @@ class _Forward:
     prompt_tokens: int
     launch_s: float  # host time the launch took
     occupied: int = 0  # requests that took a token from it as a decode step (set when read)
+    context: int = 0  # a decode step: the cache slots its longest decoding row reads
 
 
 def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: bool = True,
@@ -260,13 +269,14 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
                     engine.end(slot)
                     free_slot(slot)
 
-    def launch(kind: str, run: Callable[[], None], emits: list[tuple[int, int, bool]], prompt: int = 0) -> None:
+    def launch(kind: str, run: Callable[[], None], emits: list[tuple[int, int, bool]], prompt: int = 0,
+               context: int = 0) -> None:
         eager0 = engine.graphs.eager
         t = time.perf_counter()
         span = clock.around(run)
         t = time.perf_counter() - t
         f = _Forward(kind, emits, engine.snapshot(), span, engine.graphs.eager > eager0 or kind == "padded",
-                     prompt, t)
+                     prompt, t, context=context)
         forwards.append(f)
         inflight.append(f)
         while len(inflight) > (1 if policy.overlap else 0):
@@ -352,8 +362,9 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             launch("padded", lambda s=slots, a=ids, m=mask, n=limits: engine.admit(s, a, m, stop_at_eos, n),
                    firsts, used)
         elif running:
+            context = max(len(requests[i].ids) + launched[i] for i in running.values())
             emits = decoding_emits()
-            launch("decode", engine.step, emits)
+            launch("decode", engine.step, emits, context=context)
             steps_launched += 1
         elif inflight:
             read(inflight.popleft())
@@ -372,6 +383,7 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             stats.eager.append(f.eager)
             stats.gap_s.append(gap)
             stats.launch_s.append(f.launch_s)
+            stats.context.append(f.context)
         elif f.kind == "mixed":
             stats.mixed_steps += 1
             stats.mixed_occupied.append(f.occupied)

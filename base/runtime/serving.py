@@ -36,10 +36,13 @@ variants' order rotated, per-request latency and goodput.
             (0 after a warm-up that covered every shape; on a CPU every step is eager, and the
             figures check the bookkeeping, not speed); the device time between forwards (`gap`)
             and the host time to launch each step
-  probe     once per variant and slot count (first repeat, packed prefill), before its streams:
-            the engine's decode step with every slot decoding and its packed prefill of the largest
-            token bucket, each replayed back to back, and their kernels by class and name
-            (base/runtime/step_probe.py) -> step_probe.csv, step_probe_kernels.csv
+  probe     once per variant and slot count (first repeat, packed prefill), after its streams:
+            the engine's decode step with every slot decoding from the median context the first
+            stream's decode steps read and its packed prefill of the largest token bucket, each
+            replayed back to back, and their kernels by class and name (base/runtime/step_probe.py);
+            then, its engine released, the static engine's decode step at the same rows and
+            context (`static_step_ms`, base/runtime/throughput.py): the stream's step against both
+            -> step_probe.csv, step_probe_kernels.csv
 
 Statistics are not recorded (the recorder adds kernels to the step): union and kept experts per
 variant are what stream mode measures.
@@ -62,9 +65,9 @@ from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Finished, Request, ServeStats, serve
 from base.runtime.serve_metrics import Slo, request_metrics, stream_metrics
-from base.runtime.step_probe import longest_context, probe_forwards
+from base.runtime.step_probe import STEPS, longest_context, probe_forwards
 from base.runtime.stream import make_stream
-from base.runtime.throughput import Variant
+from base.runtime.throughput import Variant, static_step_ms
 
 Emit = Callable[[list[dict], list[dict]], None]
 
@@ -140,11 +143,15 @@ def warm_prefill(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
     return time.perf_counter() - t0
 
 
-def _probe_context(requests: list[Request], engine: ContinuousEngine) -> int:
-    """The step probe's prompt length: the requests' median prompt, the context a stream's rows
-    decode at (decode attention grows with it), within what the probe can hold."""
-    median = sorted(len(r.ids) for r in requests)[len(requests) // 2]
-    return max(1, min(median, longest_context(engine)))
+def _probe_context(engine: ContinuousEngine, stream: dict, requests: list[Request]) -> int:
+    """The step probes' prompt length: the median context the stream's decode steps read (its
+    longest decoding row's prompt and tokens so far; decode attention reads every row that far),
+    less half the probe's timed steps (it decodes on from there), within what the probe can hold.
+    Without a decode step in the stream: the requests' median prompt."""
+    median = stream.get("context_median")
+    if median is None:
+        median = sorted(len(r.ids) for r in requests)[len(requests) // 2]
+    return max(1, min(int(median) - STEPS // 2, longest_context(engine)))
 
 
 def _warm_engine(engine: ContinuousEngine, scheduler: SchedulerConfig, requests: list[Request]) -> None:
@@ -168,7 +175,8 @@ def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo
             **stream_metrics(rows, max(r["last_token_s"] for r in rows), slo),
             **{k: counts[k] for k in ("occupancy_mean", "steps", "mixed_steps", "mixed_share", "rounds", "prefills",
                                       "prefill_s", "prompt_tokens", "prefill_tokens_per_s", "eager_steps",
-                                      "captures", "step_ms_median", "gap_ms_median", "launch_ms_median")}}
+                                      "captures", "step_ms_median", "gap_ms_median", "launch_ms_median",
+                                      "context_median")}}
 
 
 def _serve_stream(engine: ContinuousEngine, requests: list[Request], seed: int, scheduler: SchedulerConfig,
@@ -220,30 +228,36 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
             order = rotated(variants, repeat, cfg.repeats)
             info["orders"].append({"slots": slots, "repeat": repeat, "order": [v.label for v in order]})
             for position, v in enumerate(order, 1):
+                probing = repeat == 0 and scheduler.packing == "packed"
                 with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
                     _warm_engine(engine, scheduler, requests)
-                    if repeat == 0 and scheduler.packing == "packed":
-                        probe = probe_forwards(engine, [r.ids for r in requests],
-                                               prompt_tokens=_probe_context(requests, engine))
-                        info["step_probe"].append({"slots": slots, "variant": v.label, "budget": v.budget, **probe})
-                        print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding at "
-                              f"{probe['prompt_tokens']} tokens of context, "
-                              f"{probe['full_step_ms']:.2f} ms per replayed step, "
-                              f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
-                              f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
-                              f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
                     keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
                             "method": v.method, "budget": v.budget, "k0": v.k0, "packing": scheduler.packing,
                             "chunked": scheduler.chunked, "min_prompt_tokens": scheduler.min_prompt_tokens,
                             "max_wait_steps": scheduler.max_wait_steps}
                     stream_at = functools.partial(_serve_stream, engine, requests, seed + slots, scheduler, slo,
                                                   request_rows, stream_rows, emit)
+                    first = None
                     for rate in cfg.rates:
-                        stream_at({**keys, "rate": rate, "arrivals": "burst" if rate is None else "poisson"})
+                        row = stream_at({**keys, "rate": rate, "arrivals": "burst" if rate is None else "poisson"})
+                        first = first or row
                     if cfg.search_steps:
                         bisect_rates(*cfg.search_range, cfg.search_steps,
                                      lambda rate, step, at=stream_at, keys=keys: at({
                                          **keys, "rate": rate, "arrivals": "search", "search_step": step,
                                          "search_attainment": cfg.search_attainment,
                                      })["good_fraction"] >= cfg.search_attainment)
+                    if probing:
+                        probe = probe_forwards(engine, [r.ids for r in requests],
+                                               prompt_tokens=_probe_context(engine, first or {}, requests))
+                if probing:  # the static engine's step at the same rows and context, its engine released first
+                    probe["static_step_ms"] = static_step_ms(model, make_budget, v, slots, probe["prompt_tokens"], tp)
+                    info["step_probe"].append({"slots": slots, "variant": v.label, "budget": v.budget,
+                                               "stream_context_median": (first or {}).get("context_median"), **probe})
+                    print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding from "
+                          f"{probe['prompt_tokens']} tokens of context, {probe['full_step_ms']:.2f} ms per replayed "
+                          f"step (the static engine's {probe['static_step_ms']:.2f} ms), "
+                          f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
+                          f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
+                          f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
     return request_rows, stream_rows, info

@@ -13,9 +13,9 @@ fewer rows occupied). This measures the first alone, in the units of the through
   decode   every slot holds a prompt of at most `prompt_tokens` tokens (packed prefills of at most
            the largest bucket each); ms per replayed decode step over `steps` replays, then
            `profiled` eager steps (compiled regions as captured) by kernel class and name
-           (base/runtime/profile.py). Decode attention reads every row up to the longest row's
-           slot, so the step grows with the context: the serving benchmark probes at its
-           requests' median prompt length, the context a stream's rows decode at
+           (base/runtime/profile.py). Decode attention reads every row up to the longest
+           decoding row's slot, so the step grows with the context: the serving benchmark probes
+           at the median context its stream's decode steps read
   prefill  the largest token bucket filled with prompt tokens (whole prompts, cut to fit); ms per
            replayed packed prefill over `prefills` replays, prompt tokens/s, one eager prefill by
            kernel class and name (columns prefixed `prefill_`)

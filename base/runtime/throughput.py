@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -130,6 +130,19 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
         if budget is not None:
             budget.remove()
     return ms, wall, rows, warm_s
+
+
+def static_step_ms(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant,
+                   batch: int, prompt_len: int, cfg: ThroughputConfig, steps: int = 32, seed: int = 0) -> float:
+    """The static engine's decode step of variant v for `batch` rows after prompts of `prompt_len`
+    random tokens, timed as the grid times it (the median of `steps` graph replays on CUDA; host
+    time per step on a CPU): what the serving benchmark sets beside its stream's steps."""
+    one = replace(cfg, prompt_len=prompt_len, gen_tokens=cfg.warmup + steps + 3, timed_steps=steps)
+    device = next(model.parameters()).device
+    ids_BP = torch.randint(model.config.vocab_size, (batch, prompt_len),
+                           generator=torch.Generator().manual_seed(seed)).to(device)
+    ms, wall, _, _ = _decode(model, make_budget, v, batch, one, ids_BP, False, steps)
+    return statistics.median(ms) if ms else 1e3 * wall / steps
 
 
 def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], v: Variant, bs: int,
