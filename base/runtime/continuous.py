@@ -231,10 +231,11 @@ class ContinuousEngine(DecodeEngine):
     def _step(self) -> None:
         """One decode step of every row at its own slot; decode attention reads up to the last
         slot of an active row."""
-        self.cache.sync(~self.finished_B)
+        active_B = ~self.finished_B
+        self.cache.sync(active_B)
         self.valid_BL.scatter_(1, self.slot_B1, True)
         with self.regions.enabled() if self.regions is not None else nullcontext():
-            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1, True, ~self.finished_B)
+            out = self._forward(self.tok_B1, self.valid_BL[:, None, None, :], self.rowpos_B1, True, active_B)
         self._advance(self.sampling.next_token(out.logits[:, -1]))
 
     def _advance(self, nxt_B: Tensor) -> None:

@@ -116,21 +116,16 @@ class ServeStats:
                 "prefill_tokens_per_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else None,
                 "mixed_s": sum(self.mixed_s), "mixed_prompt_tokens": self.mixed_prompt_tokens,
                 "eager_steps": sum(self.eager), "captures": self.captures,
-                "step_ms_median": _median_ms(self.step_s, self.eager),
-                "gap_ms_median": _median_ms(self.gap_s, self.eager),
-                "launch_ms_median": _median_ms(self.launch_s, self.eager),
-                "context_median": _median_int(self.context, self.eager)}
+                "step_ms_median": _median(self.step_s, self.eager, 1e3),
+                "gap_ms_median": _median(self.gap_s, self.eager, 1e3),
+                "launch_ms_median": _median(self.launch_s, self.eager, 1e3),
+                "context_median": _median(self.context, self.eager)}
 
 
-def _median_ms(seconds: list[float], eager: list[bool]) -> float | None:
-    """Over the replayed steps (on a CPU, where every step is eager: over all)."""
-    replayed = [s for s, e in zip(seconds, eager) if not e] or seconds
-    return 1e3 * statistics.median(replayed) if replayed else None
-
-
-def _median_int(values: list[int], eager: list[bool]) -> float | None:
+def _median(values: list[float], eager: list[bool], scale: float = 1.0) -> float | None:
+    """Over the replayed steps (on a CPU, where every step is eager: over all), times `scale`."""
     replayed = [v for v, e in zip(values, eager) if not e] or values
-    return float(statistics.median(replayed)) if replayed else None
+    return scale * statistics.median(replayed) if replayed else None
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
