@@ -1,0 +1,134 @@
+"""Time the selection kernel alone, rule by rule, against an earlier version of it (an A/B of one file).
+
+    python -m tools.bench_select --csv /tmp/select.csv                          # this tree's kernel
+    python -m tools.bench_select --baseline /tmp/select_old.py --csv ...        # and another kernels/select.py
+    python -m tools.bench_select --smoke                                        # CPU check of the harness
+
+Each case is `route_select` as the budgeted model calls it after the router's GEMM (Qwen3-30B-A3B's
+layer: 128 experts, top-8, hidden 2048), one of the rules below at one token count T; each is timed
+as a CUDA graph of 20 launches (a step's worth of layers is 48) by tools/timing.time_graph, whose
+figure is the median per launch. The implementations (this tree's, and the baseline file loaded as a
+module of its own) run in interleaved rounds, the order rotated each round, `--rounds` rounds (at
+least 5); the table gives each case's median over the rounds and the range. Each implementation
+uses its own tuned launch (kernels/configs/<gpu>.json) unless `--warps` names warp counts to time.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from kernels.score import fuse_router_predictor, fused_router_logits
+from tools.timing import time_graph
+
+MODEL = {"H": 2048, "E": 128, "K": 8}
+SMOKE = {"H": 32, "E": 16, "K": 4}
+# (name, kind, tier, k0, static score, budget): dense is the union (budget None, nothing dropped)
+RULES = (
+    ("dense", "router_sum", "none", 1, False, None),
+    ("fixed", "router_sum", "none", 1, True, 16),
+    ("base", "base", "none", 1, False, 16),
+    ("base_anchor", "base", "anchor", 1, False, 16),
+    ("top1_union", "router_sum", "top1_union", 1, False, 16),
+    ("oea", "router_sum", "oea", 1, False, None),
+)
+
+
+def load_module(path: str, name: str):
+    """A kernels/select.py from elsewhere (an older commit's) as a module of its own name."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cases(mod, dev: torch.device, model: dict, ts, budget: int, warps) -> list[tuple[dict, object]]:
+    """(labels, a call of `mod.route_select`) for every rule, token count and launch."""
+    H, E, K = model["H"], model["E"], model["K"]
+    g = torch.Generator(device="cpu").manual_seed(7)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    router_EH = (torch.randn(E, H, generator=g) / H**0.5).to(dev, dtype)
+    pred_w_HE = (torch.randn(H, E, generator=g) * 0.02).to(dev)
+    pred_b_E = (torch.randn(E, generator=g) * 0.1).to(dev)
+    score_E = torch.rand(E, generator=g).to(dev)
+    wcat_CH = fuse_router_predictor(router_EH, pred_w_HE)
+    out = []
+    for T in ts:
+        z_TH = torch.randn(T, H, generator=g).to(dev, dtype)
+        active_T = torch.ones(T, dtype=torch.bool, device=dev)
+        logits_TE, g_TE = fused_router_logits(z_TH, wcat_CH)
+        for name, kind, tier, k0, static, m in RULES:
+            m = None if m is None else min(m, budget, E)
+            rule = mod.Rule(tier=tier, k0=k0)
+            for nw in warps:
+                launch = None if nw is None else dataclasses.replace(mod.select_launch(E, T, dev), num_warps=nw)
+                fn = partial(mod.route_select, logits_TE, K, active_T, m, norm_topk=True, kind=kind,
+                             g_TE=g_TE if kind == "base" else None, pred_b_E=pred_b_E if kind == "base" else None,
+                             score_E=score_E if static else None, rule=rule, launch=launch)
+                out.append(({"rule": name, "T": T, "num_warps": nw if nw is not None else "tuned"}, fn))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", help="another kernels/select.py to time against this tree's")
+    ap.add_argument("--csv", default=None, help="every round's timing (a table per round and case)")
+    ap.add_argument("--ts", default="1,16,64", help="token counts")
+    ap.add_argument("--warps", default="", help="warp counts to time (default: each launch as tuned)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (tools/timing.time_graph)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model on this machine's device")
+    args = ap.parse_args()
+    if args.rounds < 5 and not args.smoke:
+        ap.error(f"--rounds must be >= 5 (median and range over interleaved rounds), got {args.rounds}")
+    if args.baseline and not Path(args.baseline).is_file():
+        ap.error(f"--baseline {args.baseline}: no such file")
+    try:
+        ts = [int(t) for t in args.ts.split(",")]
+        warps = [int(w) for w in args.warps.split(",")] if args.warps else [None]
+    except ValueError:
+        ap.error(f"--ts and --warps take comma-separated integers, got {args.ts!r} / {args.warps!r}")
+    if any(t < 1 for t in ts) or any(w not in (1, 2, 4, 8, 16) for w in warps if w is not None):
+        ap.error("--ts must be >= 1 and --warps in 1, 2, 4, 8, 16")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = SMOKE if args.smoke or dev.type != "cuda" else MODEL
+    import kernels.select as current
+
+    impls = {"current": current}
+    if args.baseline:
+        impls["baseline"] = load_module(args.baseline, "_select_baseline")
+    budget = 4 if model is SMOKE else 16
+    work = {name: cases(mod, dev, model, ts, budget, warps) for name, mod in impls.items()}
+    names = list(impls)
+    rows = []
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]  # rotated, so neither always runs first
+        for i in range(len(work[names[0]])):
+            for name in order:
+                labels, fn = work[name][i]
+                us, how = time_graph([fn] * 20, args.reps, dev)
+                rows.append({**labels, "impl": name, "round": r, "us": round(us, 3), "timing": how})
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    t = pd.DataFrame(rows)
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        t.to_csv(args.csv, index=False)
+    summary = t.groupby(["rule", "T", "num_warps", "impl"], sort=False)["us"].agg(
+        median="median", lo="min", hi="max").reset_index()
+    if len(names) == 2:
+        wide = summary.pivot_table(index=["rule", "T", "num_warps"], columns="impl", values="median", sort=False)
+        wide["current/baseline"] = (wide["current"] / wide["baseline"]).round(3)
+        print(wide.to_string())
+    print(summary.to_string(index=False))
+    print(f"us per launch: median [min, max] over {args.rounds} interleaved rounds, one process")
+
+
+if __name__ == "__main__":
+    main()
