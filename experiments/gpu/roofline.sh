@@ -12,6 +12,8 @@
 #   PARTS="grid" MODEL=olmoe ROUTING=skewed bash experiments/gpu/roofline.sh
 #   PARTS=grid SPECS="qwen3_30b:uniform qwen3_30b:skewed:[16,64]" bash experiments/gpu/roofline.sh  # several runs
 #   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
+#   3b. (PARTS micro) kernel A/Bs: tools/bench_select.py (SELECT_BASELINE=<an older kernels/select.py>) and
+#      tools/bench_skinny.py -> $OUT/bench_select.*, bench_skinny.*
 #   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.regions AB_VALUES="layer layer_combo"
 #      (or AB_KEY=throughput.pdl AB_VALUES="false true") -> $OUT/ab.tgz
 # Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
@@ -45,6 +47,18 @@ if [[ " $PARTS " == *" steptune "* ]]; then
   echo "rc=$?" >> "$LOG/tune_step.log"; tail -30 "$LOG/tune_step.log"
   cp kernels/configs/NVIDIA_H200.json "$LOG/installed_configs.json"
   cp "$LOG/tune_step.csv" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
+fi
+if [[ " $PARTS " == *" micro "* ]]; then
+  # the selection kernel rule by rule against another version of kernels/select.py (SELECT_BASELINE, a
+  # file), and kernels/skinny.py's launches against cuBLAS: interleaved rounds, median and range
+  stamp "selection kernel A/B"
+  timeout "${SELECT_S:-150}" python3 -m tools.bench_select --csv "$LOG/bench_select.csv" --ts "${SELECT_TS:-1,16,64}" \
+    ${SELECT_WARPS:+--warps "$SELECT_WARPS"} ${SELECT_BASELINE:+--baseline "$SELECT_BASELINE"} > "$LOG/bench_select.log" 2>&1
+  echo "rc=$?" >> "$LOG/bench_select.log"; tail -30 "$LOG/bench_select.log"
+  stamp "skinny GEMM against cuBLAS"
+  timeout "${SKINNY_S:-120}" python3 -m tools.bench_skinny --csv "$LOG/bench_skinny.csv" > "$LOG/bench_skinny.log" 2>&1
+  echo "rc=$?" >> "$LOG/bench_skinny.log"; tail -45 "$LOG/bench_skinny.log"
+  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" grid "* ]]; then
   # SPECS: runs of one process each, "model:routing" or "model:routing:[batch,...]" (default MODEL:ROUTING)

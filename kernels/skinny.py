@@ -1,0 +1,109 @@
+"""A decode step's dense projection, y = x @ W^T for a few tokens, in one launch without split-K.
+
+    y_TN = skinny_linear(x_TK, w_NK)                 # as F.linear(x_TK, w_NK), no bias
+    y_TN = skinny_linear(x_TK, w_NK, launch=SkinnyLaunch(block_n=16, block_k=256, num_stages=5))
+
+Why: at decode the attention's output projection (Qwen3-30B-A3B: 4096 -> 2048) streams 16.8 MB of
+weights for 16 tokens. cuBLAS splits K for it (its 64-column tiles leave 32 tiles for 132 SMs) and
+adds a reduce launch: 7.7 + 1.7 us per layer on an H200 (results/roofline/grid_2026-12-04/), 2.2 TB/s
+before the reduce. Here each program owns BN output columns of every token and streams its
+(BN, K) slice of W once: with BN = 16 a 2048-wide output is 128 programs, about one per SM, and no
+partial sums leave the program. Whether that beats cuBLAS on a GPU is for tools/bench_skinny.py to
+say; nothing calls this kernel by default.
+
+    _skinny_kernel   grid (cdiv(N, BN),): program n loops over the tokens in tiles of TB (one tile
+                     up to TB tokens) and, per tile, over K in BK steps: acc (TB, BN) fp32 +=
+                     x (TB, BK) @ W[n-block, k-block]^T on the tensor cores; stores y in x's dtype.
+
+Shapes: T tokens, K input features, N output features. x_TK and w_NK have a contiguous last dim;
+y_TN is new and contiguous. fp32 inputs are multiplied in full fp32 (no silent tf32), bf16/fp16
+accumulate in fp32 and round once, as cuBLAS does.
+Graph safety: grid fixed by (N, launch); no scratch buffers, no host sync: safe to capture.
+Reference: F.linear (tests/test_skinny.py, interpreter on the CPU, fp32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels._triton import dual_jit, empty, next_pow2
+
+
+@dual_jit
+def _skinny_kernel(
+    x_ptr,  # (T, K)
+    w_ptr,  # (N, K)
+    y_ptr,  # (T, N) out
+    T,
+    N,
+    K,
+    stride_xt,
+    stride_wn,
+    stride_yt,
+    TB: tl.constexpr,  # tokens per tile (>= 16 for the tensor cores)
+    BN: tl.constexpr,  # output columns per program
+    BK: tl.constexpr,  # reduction step
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, else unused
+):
+    """Grid (cdiv(N, BN),). See the module doc."""
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_ok = offs_n < N
+    for t0 in range(0, T, TB):
+        offs_t = t0 + tl.arange(0, TB)
+        t_ok = offs_t < T
+        acc_TN = tl.zeros((TB, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            k_ok = offs_k < K
+            x_TK = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :],
+                           other=0.0)
+            w_KN = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & n_ok[None, :],
+                           other=0.0)
+            acc_TN = tl.dot(x_TK, w_KN, acc_TN, input_precision=DOT_PRECISION)
+        tl.store(y_ptr + offs_t[:, None] * stride_yt + offs_n[None, :], acc_TN.to(y_ptr.dtype.element_ty),
+                 mask=t_ok[:, None] & n_ok[None, :])
+
+
+@dataclass(frozen=True)
+class SkinnyLaunch:
+    """Columns per program, reduction step, pipeline depth and warps (tools/bench_skinny.py times them)."""
+
+    block_n: int = 16
+    block_k: int = 256
+    num_stages: int = 4
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"num_stages must be in [1, 8], got {self.num_stages}")
+
+
+def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None) -> Tensor:
+    """x_TK @ w_NK^T in x's dtype (F.linear without bias), one launch; see the module doc."""
+    if x_TK.dim() != 2 or w_NK.dim() != 2 or x_TK.shape[1] != w_NK.shape[1]:
+        raise ValueError(f"x_TK {tuple(x_TK.shape)} and w_NK {tuple(w_NK.shape)} do not multiply")
+    if x_TK.dtype != w_NK.dtype:
+        raise ValueError(f"x and w dtypes differ: {x_TK.dtype} and {w_NK.dtype}")
+    launch = launch or SkinnyLaunch()
+    x_TK = x_TK if x_TK.stride(-1) == 1 else x_TK.contiguous()
+    w_NK = w_NK if w_NK.stride(-1) == 1 else w_NK.contiguous()
+    T, K = x_TK.shape
+    N = w_NK.shape[0]
+    y_TN = empty(T, N, device=x_TK.device, dtype=x_TK.dtype)
+    fp32 = x_TK.dtype == torch.float32
+    _skinny_kernel.on(x_TK.device)[(triton.cdiv(N, launch.block_n),)](
+        x_TK, w_NK, y_TN, T, N, K, x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
+        TB=max(16, min(next_pow2(T), 64)), BN=launch.block_n, BK=launch.block_k,
+        DOT_PRECISION="ieee" if fp32 else "tf32", num_warps=launch.num_warps, num_stages=launch.num_stages,
+    )  # fmt: skip
+    return y_TN

@@ -1,0 +1,92 @@
+"""Time kernels/skinny.py's launches against cuBLAS (F.linear) on a decode step's dense projections.
+
+    python -m tools.bench_skinny --csv /tmp/skinny.csv      # on a CUDA machine, about a minute
+    python -m tools.bench_skinny --smoke                    # CPU check of the harness
+
+Shapes (Qwen3-30B-A3B's layer, bf16): the attention's output projection (N=2048, K=4096) and its
+fused q/k/v projection (N=5120, K=2048), at T = 1, 16 and 64 tokens. Each timing is a CUDA graph of
+one call per weight set, S sets rotated so that L2 never holds the next call's weights (as the 48
+layers of a step do not), replayed `--reps` times (tools/timing.time_graph: median per call).
+Every candidate and cuBLAS run in `--rounds` interleaved rounds (order rotated each round); the
+table gives the median over rounds, the range, GB/s of weights read, and each candidate's time over
+cuBLAS's in the same round (median and range). cuBLAS's time includes its split-K reduce launch
+where it splits; the graph's launch gaps are in both.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from kernels.skinny import SkinnyLaunch, skinny_linear
+from tools.timing import time_graph
+
+SHAPES = {"o_proj": (2048, 4096), "qkv": (5120, 2048)}  # (N, K)
+SMOKE_SHAPES = {"smoke": (48, 64)}
+BLOCK_N = (16, 32)
+BLOCK_K = (128, 256, 512)
+STAGES = (3, 5)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--csv", default=None)
+    ap.add_argument("--ts", default="1,16,64")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sets", type=int, default=8, help="weight sets rotated in a graph")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.rounds < 5 and not args.smoke:
+        ap.error(f"--rounds must be >= 5, got {args.rounds}")
+    if args.sets < 1:
+        ap.error(f"--sets must be >= 1, got {args.sets}")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    smoke = args.smoke or dev.type != "cuda"
+    shapes = SMOKE_SHAPES if smoke else SHAPES
+    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    launches = ([SkinnyLaunch(block_n=16, block_k=32, num_stages=2)] if smoke else
+                [SkinnyLaunch(block_n=bn, block_k=bk, num_stages=st)
+                 for bn, bk, st in itertools.product(BLOCK_N, BLOCK_K, STAGES)])
+    ts = [int(t) for t in args.ts.split(",")]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    work = []  # (labels, calls)
+    for (name, (N, K)), T in itertools.product(shapes.items(), ts):
+        x = torch.randn(T, K, generator=g).to(dev, dtype)
+        ws = [(torch.randn(N, K, generator=g) / K**0.5).to(dev, dtype) for _ in range(args.sets)]
+        base = {"shape": name, "N": N, "K": K, "T": T, "MB": N * K * ws[0].element_size() / 1e6}
+        work.append(({**base, "impl": "cublas"}, [partial(F.linear, x, w) for w in ws]))
+        for la in launches:
+            work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages}"},
+                         [partial(skinny_linear, x, w, la) for w in ws]))
+    rows = []
+    for r in range(args.rounds):
+        shift = r % len(work)
+        for labels, calls in work[shift:] + work[:shift]:
+            us, how = time_graph(calls, args.reps, dev)
+            rows.append({**labels, "round": r, "us": round(us, 3), "timing": how})
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    t = pd.DataFrame(rows)
+    cub = t[t.impl == "cublas"].set_index(["shape", "T", "round"])["us"]
+    t["over_cublas"] = [u / cub[(s, T, r)] for s, T, r, u in zip(t["shape"], t["T"], t["round"], t["us"], strict=True)]
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        t.to_csv(args.csv, index=False)
+    s = t.groupby(["shape", "T", "impl"], sort=False).agg(
+        us=("us", "median"), lo=("us", "min"), hi=("us", "max"), MB=("MB", "first"),
+        over_cublas=("over_cublas", "median"), over_lo=("over_cublas", "min"),
+        over_hi=("over_cublas", "max")).reset_index()
+    s["GB/s"] = (s["MB"] * 1e3 / s["us"]).round(0)
+    pd.set_option("display.width", 200)
+    for (shape, T), part in s.groupby(["shape", "T"], sort=False):
+        print(part.sort_values("us").head(6).round(3).to_string(index=False))
+    print(f"us per call: median [min, max] over {args.rounds} interleaved rounds; over_cublas per round")
+
+
+if __name__ == "__main__":
+    main()
