@@ -29,7 +29,7 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 # the logit ranges of trained models (~30): noise, not the model's text.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
-REGION_KINDS = ("layer", "modules", "layer_combo", "layer_autotune")  # base/runtime/regional.py
+REGION_KINDS = ("layer", "modules", "layer_combo", "layer_autotune", "layer_skinny")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
 
@@ -240,7 +240,9 @@ class ThroughputConfig:
     # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer) |
     # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
     # modules (attention and norms one by one, adds eager: the ablation of the fusion) |
-    # layer_autotune (layer_combo, the halves' GEMMs autotuned among cuBLAS and Triton templates; not yet timed)
+    # layer_autotune (layer_combo, the halves' GEMMs autotuned among cuBLAS and Triton templates) |
+    # layer_skinny (layer_combo, the q/k/v and output projections on kernels/skinny.py where its tuned
+    # table says it beat cuBLAS: base/hf/skinny_proj.py)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream

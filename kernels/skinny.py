@@ -9,7 +9,10 @@ adds a reduce launch: 7.7 + 1.7 us per layer on an H200 (results/roofline/grid_2
 before the reduce. Here each program owns BN output columns of every token and streams its
 (BN, K) slice of W once: with BN = 16 a 2048-wide output is 128 programs, about one per SM, and no
 partial sums leave the program. Whether that beats cuBLAS on a GPU is for tools/bench_skinny.py to
-say; nothing calls this kernel by default.
+say: it writes, per (N, K, token bucket), the fastest launch and whether it beat cuBLAS
+("skinny:N=<N>,K=<K>,T=<T>" in kernels/configs/<gpu>.json, `skinny_launch` reads it). The decode
+step uses it only under `throughput.regions=layer_skinny` (base/hf/skinny_proj.py), and there only
+where the table says it won.
 
     _skinny_kernel   grid (cdiv(N, BN),): program n loops over the tokens in tiles of TB (one tile
                      up to TB tokens) and, per tile, over K in BK steps: acc (TB, BN) fp32 +=
@@ -31,6 +34,9 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._triton import dual_jit, empty, next_pow2
+from kernels.tuned import tuned_entry
+
+MAX_TOKENS = 64  # one token tile of at most 64 rows (larger batches, and prefill, are cuBLAS's)
 
 
 @dual_jit
@@ -86,6 +92,21 @@ class SkinnyLaunch:
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, got {self.num_warps}")
         if not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages must be in [1, 8], got {self.num_stages}")
+
+
+def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch | None:
+    """The launch to use for this shape on this device, or None where cuBLAS is the better choice:
+    the tuned entry's launch where it beat cuBLAS; None where it lost, above MAX_TOKENS, or off a GPU
+    (on the CPU F.linear is the reference); the built-in launch where nothing is tuned."""
+    if device.type != "cuda" or T > MAX_TOKENS:
+        return None
+    entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
+    if not entry:
+        return SkinnyLaunch()
+    if not entry.get("use", False):
+        return None
+    return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
+                        num_warps=entry.get("num_warps", 4))
 
 
 def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None) -> Tensor:

@@ -264,11 +264,13 @@ def _same_stats(rows: list[dict], ref: list[dict]) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("method,regions,route_in_select", [("dense", "layer_combo", False), ("base", "layer_combo", False),
                                                             ("base", "layer_autotune", False), ("base", "layer_combo", True),
-                                                            ("dense", "layer_combo", True)])
+                                                            ("dense", "layer_combo", True), ("base", "layer_skinny", False),
+                                                            ("dense", "layer_skinny", False)])
 def test_gpu_compiled_graph_equals_eager(method, regions, route_in_select):
     """The default GPU step: compiled attention/norm regions inside the graph (float32, base_triton
     experts, Triton selection): the same tokens and selections as uncompiled eager decoding; also
-    with the halves' GEMMs autotuned and with the experts' route launch in the selection's."""
+    with the halves' GEMMs autotuned, with the experts' route launch in the selection's, and with
+    the projections on kernels/skinny.py."""
     from base.hf.experts_impl import register_base_triton
 
     register_base_triton()

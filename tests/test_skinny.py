@@ -61,3 +61,56 @@ def test_gpu_skinny_linear_in_bf16_eagerly_and_replayed(T):
     replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, skinny_linear(x, w), rtol=0, atol=0)
+
+
+def _table(monkeypatch, entries: dict) -> None:
+    import kernels.skinny as ks
+
+    monkeypatch.setattr(ks, "tuned_entry", lambda prefix, device, T: entries.get((prefix, T), {}))
+
+
+def test_the_launch_is_the_tuned_winner_and_cublas_elsewhere(monkeypatch):
+    from kernels.skinny import skinny_launch
+
+    gpu = torch.device("cuda", 0)
+    won = {"block_n": 32, "block_k": 128, "num_stages": 3, "num_warps": 4, "use": True}
+    _table(monkeypatch, {("skinny:N=2048,K=4096", 16): won, ("skinny:N=2048,K=4096", 1): {**won, "use": False}})
+    assert skinny_launch(2048, 4096, 16, gpu) == SkinnyLaunch(block_n=32, block_k=128, num_stages=3, num_warps=4)
+    assert skinny_launch(2048, 4096, 1, gpu) is None  # lost to cuBLAS there
+    assert skinny_launch(2048, 4096, 65, gpu) is None  # prefill-sized: cuBLAS
+    assert skinny_launch(2048, 4096, 16, torch.device("cpu")) is None  # the CPU keeps F.linear
+    assert skinny_launch(64, 64, 16, gpu) == SkinnyLaunch()  # nothing tuned: the built-in launch
+
+
+def test_skinny_projections_swap_o_proj_and_the_fused_qkv_and_restore_them():
+    from base.hf.fused_qkv import FusedQKV, _QKV
+    from base.hf.skinny_proj import SkinnyLinear, SkinnyProjections
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(16, n, bias=False) for n in (32, 8, 8))
+            self.o_proj = torch.nn.Linear(32, 16, bias=False)
+
+    model = torch.nn.Sequential(Attn(), Attn())
+    x = torch.randn(3, 16)
+    before = [(m.q_proj(x), m.o_proj(torch.randn(3, 32, generator=torch.Generator().manual_seed(1)))) for m in model]
+    fused = FusedQKV(model)
+    skinny = SkinnyProjections(model)
+    assert skinny.layers == 2
+    for m, (q, o) in zip(model, before, strict=True):
+        assert isinstance(m.o_proj, SkinnyLinear) and isinstance(m.q_proj, _QKV)
+        # on the CPU the projections keep F.linear (skinny_launch: None): the same numbers
+        torch.testing.assert_close(m.q_proj(x), q)
+        torch.testing.assert_close(m.o_proj(torch.randn(3, 32, generator=torch.Generator().manual_seed(1))), o)
+    skinny.remove()
+    fused.remove()
+    assert all(type(m.o_proj) is torch.nn.Linear and type(m.q_proj) is torch.nn.Linear for m in model)
+
+
+def test_the_custom_op_computes_the_kernels_product():
+    from base.hf.skinny_proj import _skinny_linear_op
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(4, 64, generator=g), torch.randn(32, 64, generator=g)
+    torch.testing.assert_close(_skinny_linear_op(x, w, 16, 32, 2, 4), F.linear(x, w), rtol=1e-5, atol=1e-4)

@@ -10,7 +10,10 @@ layers of a step do not), replayed `--reps` times (tools/timing.time_graph: medi
 Every candidate and cuBLAS run in `--rounds` interleaved rounds (order rotated each round); the
 table gives the median over rounds, the range, GB/s of weights read, and each candidate's time over
 cuBLAS's in the same round (median and range). cuBLAS's time includes its split-K reduce launch
-where it splits; the graph's launch gaps are in both.
+where it splits; the graph's launch gaps are in both. A launch that needs more shared memory than
+the GPU has is left out. `--install` writes, per shape and token bucket, the fastest launch and
+whether it beat cuBLAS in every round ("use") into kernels/configs/<gpu>.json, where
+kernels.skinny.skinny_launch reads it (`throughput.regions=layer_skinny`).
 """
 from __future__ import annotations
 
@@ -23,8 +26,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from triton.runtime.errors import OutOfResources
+
 from kernels.skinny import SkinnyLaunch, skinny_linear
+from kernels.tuned import token_bucket
 from tools.timing import time_graph
+from tools.tune_kernels import install as install_table
 
 SHAPES = {"o_proj": (2048, 4096), "qkv": (5120, 2048)}  # (N, K)
 SMOKE_SHAPES = {"smoke": (48, 64)}
@@ -41,6 +48,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--sets", type=int, default=8, help="weight sets rotated in a graph")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--install", action="store_true", help="write the chosen launches into kernels/configs/<gpu>.json")
     args = ap.parse_args()
     if args.rounds < 5 and not args.smoke:
         ap.error(f"--rounds must be >= 5, got {args.rounds}")
@@ -62,8 +70,14 @@ def main() -> None:
         base = {"shape": name, "N": N, "K": K, "T": T, "MB": N * K * ws[0].element_size() / 1e6}
         work.append(({**base, "impl": "cublas"}, [partial(F.linear, x, w) for w in ws]))
         for la in launches:
-            work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages}"},
-                         [partial(skinny_linear, x, w, la) for w in ws]))
+            try:  # compile (and size) it now: a launch over the GPU's shared memory is left out
+                skinny_linear(x, ws[0], la)
+            except OutOfResources:
+                print(f"left out: {name} T={T} {la} (shared memory)", flush=True)
+                continue
+            work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages}",
+                          "block_n": la.block_n, "block_k": la.block_k, "num_stages": la.num_stages,
+                          "num_warps": la.num_warps}, [partial(skinny_linear, x, w, la) for w in ws]))
     rows = []
     for r in range(args.rounds):
         shift = r % len(work)
@@ -86,6 +100,20 @@ def main() -> None:
     for (shape, T), part in s.groupby(["shape", "T"], sort=False):
         print(part.sort_values("us").head(6).round(3).to_string(index=False))
     print(f"us per call: median [min, max] over {args.rounds} interleaved rounds; over_cublas per round")
+    if args.install:
+        table = {}
+        for (N, K, T), part in s.merge(t.groupby(["shape", "T", "impl"], sort=False).first()[
+                ["N", "K", "block_n", "block_k", "num_stages", "num_warps"]].reset_index()).groupby(["N", "K", "T"]):
+            sk = part[part.impl != "cublas"]
+            if sk.empty:
+                continue
+            best = sk.loc[sk["us"].idxmin()]
+            table[f"skinny:N={N},K={K},T={token_bucket(int(T))}"] = {
+                "block_n": int(best.block_n), "block_k": int(best.block_k), "num_stages": int(best.num_stages),
+                "num_warps": int(best.num_warps), "us": float(best.us),
+                "cublas_us": float(part[part.impl == "cublas"]["us"].iloc[0]),
+                "use": bool(best.over_hi < 1.0)}  # faster than cuBLAS in every round
+        print("installed:", install_table(table, dev), table, flush=True)
 
 
 if __name__ == "__main__":

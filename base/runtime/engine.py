@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from base.hf.attention import StaticKV
 from base.hf.budget import MoeBudget, model_device
 from base.hf.fused_qkv import FusedQKV
+from base.hf.skinny_proj import SkinnyProjections
 from base.hf.placement import model_devices
 from base.runtime.regional import RegionalCompile
 from base.runtime.sampling import Sampling
@@ -94,6 +95,8 @@ class DecodeEngine:
                                         autotune=regions == "layer_autotune") if compile else None)
         # with the compiled regions, q/k/v in one GEMM per layer (base/hf/fused_qkv.py)
         self.fused_qkv = FusedQKV(model) if compile else None
+        # layer_skinny: the projections on kernels/skinny.py where it beat cuBLAS (base/hf/skinny_proj.py)
+        self.skinny = SkinnyProjections(model) if compile and regions == "layer_skinny" else None
         dev, B, L = self.device, batch_size, max_len
         self.eos_D = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
         self.cache = StaticKV(L, dev)
@@ -278,6 +281,9 @@ class DecodeEngine:
         if self.regions is not None:
             self.regions.remove()
             self.regions = None
+        if self.skinny is not None:  # before the fused q/k/v, whose module it changed
+            self.skinny.remove()
+            self.skinny = None
         if self.fused_qkv is not None:
             self.fused_qkv.remove()
             self.fused_qkv = None

@@ -51,14 +51,20 @@ fi
 if [[ " $PARTS " == *" micro "* ]]; then
   # the selection kernel rule by rule against another version of kernels/select.py (SELECT_BASELINE, a
   # file), and kernels/skinny.py's launches against cuBLAS: interleaved rounds, median and range
-  stamp "selection kernel A/B"
-  timeout "${SELECT_S:-150}" python3 -m tools.bench_select --csv "$LOG/bench_select.csv" --ts "${SELECT_TS:-1,16,64}" \
-    ${SELECT_WARPS:+--warps "$SELECT_WARPS"} ${SELECT_BASELINE:+--baseline "$SELECT_BASELINE"} > "$LOG/bench_select.log" 2>&1
-  echo "rc=$?" >> "$LOG/bench_select.log"; tail -30 "$LOG/bench_select.log"
-  stamp "skinny GEMM against cuBLAS"
-  timeout "${SKINNY_S:-120}" python3 -m tools.bench_skinny --csv "$LOG/bench_skinny.csv" > "$LOG/bench_skinny.log" 2>&1
-  echo "rc=$?" >> "$LOG/bench_skinny.log"; tail -45 "$LOG/bench_skinny.log"
-  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$OUT/" 2>/dev/null
+  # MICRO: which of the two (default both); SKINNY_ARGS e.g. --install (the winners into kernels/configs)
+  if [[ " ${MICRO:-select skinny} " == *" select "* ]]; then
+    stamp "selection kernel A/B"
+    timeout "${SELECT_S:-150}" python3 -m tools.bench_select --csv "$LOG/bench_select.csv" --ts "${SELECT_TS:-1,16,64}" \
+      ${SELECT_WARPS:+--warps "$SELECT_WARPS"} ${SELECT_BASELINE:+--baseline "$SELECT_BASELINE"} > "$LOG/bench_select.log" 2>&1
+    echo "rc=$?" >> "$LOG/bench_select.log"; tail -30 "$LOG/bench_select.log"
+  fi
+  if [[ " ${MICRO:-select skinny} " == *" skinny "* ]]; then
+    stamp "skinny GEMM against cuBLAS"
+    timeout "${SKINNY_S:-120}" python3 -m tools.bench_skinny --csv "$LOG/bench_skinny.csv" ${SKINNY_ARGS:-} > "$LOG/bench_skinny.log" 2>&1
+    echo "rc=$?" >> "$LOG/bench_skinny.log"; tail -45 "$LOG/bench_skinny.log"
+    cp kernels/configs/NVIDIA_H200.json "$LOG/installed_configs.json"
+  fi
+  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" grid "* ]]; then
   # SPECS: runs of one process each, "model:routing" or "model:routing:[batch,...]" (default MODEL:ROUTING)
