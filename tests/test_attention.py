@@ -268,3 +268,26 @@ def test_the_other_region_kinds_decode_like_generate(regions, halves):
     torch._dynamo.reset()
     got = _engine_tokens(model, ids, torch.ones_like(ids), 14, compile=True, halves=halves, regions=regions)
     assert torch.equal(got, _generate_ref(model, ids, torch.ones_like(ids), 14))
+
+
+@pytest.mark.slow
+def test_layer_skinny_regions_decode_like_generate_through_the_kernel(monkeypatch):
+    """throughput.regions=layer_skinny: the q/k/v and output projections through the custom op and
+    kernels/skinny.py inside the compiled halves (forced on here: on the CPU the tuned table would
+    leave F.linear), and o_proj restored at release; the same tokens as generate."""
+    import kernels.skinny as ks
+
+    calls = []
+    real = ks.skinny_linear
+    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device: ks.SkinnyLaunch(block_k=32, num_stages=1))
+    monkeypatch.setattr(ks, "skinny_linear", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw))
+    model = _model("tiny_qwen3", layers=2)
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    got = _engine_tokens(model, ids, torch.ones_like(ids), 6, compile=True, halves=2, regions="layer_skinny")
+    assert torch.equal(got, _generate_ref(model, ids, torch.ones_like(ids), 6))
+    attn = model.model.layers[0].self_attn
+    fused = attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features
+    assert {tuple(s) for s in calls} == {(attn.o_proj.out_features, attn.o_proj.in_features),
+                                         (fused, attn.q_proj.in_features)}  # both projections, decode only
+    assert all(type(m.o_proj) is torch.nn.Linear for m in model.modules() if hasattr(m, "o_proj"))
