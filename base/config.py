@@ -411,10 +411,12 @@ class SchedulerConfig:
     max_wait_steps: int = 0  # ... or steps a free slot and a waiting request have both waited
     overlap: bool = True  # the host reads step i's tokens while step i+1 runs (no per-step sync):
     # token limits and EOS end a request on time, a host stop check (stop strings) one step late
+    compile_prefill: bool = False  # packed prefills (and mixed steps) through the compiled attention
+    # halves too, one compile per bucket (GPU, throughput.compile; not yet timed: off by default)
 
     def __post_init__(self) -> None:
         check_choice("scheduler.packing", self.packing, PACKINGS)
-        for key in ("chunked", "overlap"):
+        for key in ("chunked", "overlap", "compile_prefill"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"scheduler.{key}={getattr(self, key)!r} must be true or false")
         if not self.buckets:

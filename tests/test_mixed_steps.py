@@ -200,14 +200,38 @@ def test_a_host_stop_check_ends_its_request_one_step_late_with_the_host_behind(m
     assert rows_tokens == sum(stats.occupied) + (1 if overlap else 0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("chunked", [False, True])
+def test_compiled_packed_prefill_decodes_each_request_as_alone(model, chunked):
+    """scheduler.compile_prefill: packed prefills (and mixed steps) through the compiled attention
+    halves (Inductor on the CPU here; the packed K/V write and varlen attention as custom ops):
+    every request's tokens as decoded alone, and the packed shapes compiled (more graphs than the
+    decode step's half and final norm)."""
+    reqs = requests(9, seed=4)
+    policy = SchedulerConfig(buckets=BUCKETS, chunked=chunked, chunk_tokens=3)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=policy.buckets, compile=True, compile_prefill=True)
+    try:
+        with torch_threads(1):
+            done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
+    finally:
+        engine.release()
+    assert (stats.mixed_steps > 0) == chunked
+    for r, d in zip(reqs, done):
+        assert d.tokens == alone(model, r)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 2
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,chunked,compile", [("dense", False, False), ("dense", True, False),
-                                                    ("base", False, False), ("base", True, False),
-                                                    ("base", True, True)])
-def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked, compile):
+@pytest.mark.parametrize("method,chunked,compile,compile_prefill", [
+    ("dense", False, False, False), ("dense", True, False, False), ("base", False, False, False),
+    ("base", True, False, False), ("base", True, True, False), ("base", True, True, True), ("dense", False, True, True)])
+def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked, compile, compile_prefill):
     """On a GPU: the same stream served eagerly and from CUDA graphs (packed prefill per bucket,
     mixed steps, decode step; `compile`: the decode step's regions compiled, as the benchmarks
-    run it) gives the same tokens and statistics; after the warm-up nothing is captured again."""
+    run it; `compile_prefill`: the packed forwards' too) gives the same tokens and statistics; after
+    the warm-up nothing is captured again."""
     from base.hf.experts_impl import register_base_triton
     from tests.helpers import model_artifacts
 
@@ -222,7 +246,8 @@ def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method
         sel = None if method == "dense" else build_selector(method, model_artifacts(gpu_model))
         with budgeted(gpu_model, "qwen3_moe", sel, BudgetOptions(budget=3, backend="triton")) as budget:
             engine = ContinuousEngine(gpu_model, 4, 48, budget=budget, pad_id=0, graph=graph,
-                                      compile=compile and graph, buckets=policy.buckets)
+                                      compile=compile and graph, buckets=policy.buckets,
+                                      compile_prefill=compile_prefill)
             try:
                 engine.warm_up(mixed=chunked, reserve=forwards_bound(reqs, policy.buckets))
                 done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)

@@ -133,7 +133,7 @@ class DecodeBatches:
         sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
         engine = ContinuousEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
                                   eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling,
-                                  buckets=self.scheduler.buckets)
+                                  buckets=self.scheduler.buckets, compile_prefill=self.scheduler.compile_prefill)
         try:
             done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs),
                                            policy=self.scheduler)

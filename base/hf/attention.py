@@ -247,18 +247,46 @@ def _write_packed(cache_BKLD: Tensor, new_1KTD: Tensor, row_T: Tensor, slot_T: T
     _index_write(cache_BKLD, _flat_slots(row_T, slot_T, K, L), new_1KTD[0].transpose(0, 1))
 
 
+@torch.library.custom_op("base_moe::write_packed_kv", mutates_args=("k_cache_BKLD", "v_cache_BKLE"))
+def _write_packed_kv_op(k_cache_BKLD: Tensor, v_cache_BKLE: Tensor, key_1KTD: Tensor, value_1KTE: Tensor,
+                        row_T: Tensor, slot_T: Tensor) -> None:
+    """A packed forward's K/V, token t's heads at (row_T[t], slot_T[t]) of both caches: an op that
+    declares the caches mutated, so a compiled region (scheduler.compile_prefill) keeps the write in
+    place (an index_copy_ into a view of the cache compiled out of place on an H200: a copy of the
+    whole cache per layer, results/serve/README.md)."""
+    _write_packed(k_cache_BKLD, key_1KTD, row_T, slot_T)
+    _write_packed(v_cache_BKLE, value_1KTE, row_T, slot_T)
+
+
+@_write_packed_kv_op.register_fake
+def _(k_cache_BKLD, v_cache_BKLE, key_1KTD, value_1KTE, row_T, slot_T):
+    return None
+
+
+@torch.library.custom_op("base_moe::varlen_attention", mutates_args=())
+def _varlen_attention_op(q_THD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, row_T: Tensor, last_T: Tensor,
+                         scaling: float, window: int, sinks_H: Tensor | None) -> Tensor:
+    """kernels/varlen_attention.py on a GPU, its PyTorch reference elsewhere; one opaque call for
+    a compiled region."""
+    from kernels.varlen_attention import varlen_attention, varlen_attention_reference
+
+    attend = varlen_attention if q_THD.is_cuda else varlen_attention_reference
+    return attend(q_THD, k_BKLD, v_BKLE, row_T, last_T, scaling, window, sinks_H)
+
+
+@_varlen_attention_op.register_fake
+def _(q_THD, k_BKLD, v_BKLE, row_T, last_T, scaling, window, sinks_H):
+    return q_THD.new_empty(q_THD.shape[0], q_THD.shape[1], v_BKLE.shape[-1])
+
+
 def packed_attention(module: nn.Module, query_1HTD: Tensor, key_1KTD: Tensor, value_1KTE: Tensor, scaling: float,
                      sliding_window: int | None, sinks_H: Tensor | None) -> Tensor:
     """A packed forward's attention (StaticKV.set_packed): write each token's K/V at its (row,
     slot), then attend it to its row up to its last slot; returns (1, T, Hq, E)."""
-    from kernels.varlen_attention import varlen_attention, varlen_attention_reference
-
     row_T, slot_T, last_T = module.base_packed
-    _write_packed(module.base_k_cache, key_1KTD, row_T, slot_T)
-    _write_packed(module.base_v_cache, value_1KTE, row_T, slot_T)
-    attend = varlen_attention if query_1HTD.is_cuda else varlen_attention_reference
-    out_THE = attend(query_1HTD[0].transpose(0, 1), module.base_k_cache, module.base_v_cache, row_T, last_T,
-                     scaling, sliding_window or 0, sinks_H)
+    _write_packed_kv_op(module.base_k_cache, module.base_v_cache, key_1KTD, value_1KTE, row_T, slot_T)
+    out_THE = _varlen_attention_op(query_1HTD[0].transpose(0, 1), module.base_k_cache, module.base_v_cache, row_T,
+                                   last_T, scaling, sliding_window or 0, sinks_H)
     return out_THE[None]
 
 

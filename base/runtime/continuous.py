@@ -112,10 +112,14 @@ class TokenRing:
 
 class ContinuousEngine(DecodeEngine):
     """The decode engine with per-slot admission, packed prefill and mixed steps (see the module doc).
-    `buckets`: the packed stream lengths (one graph each)."""
+    `buckets`: the packed stream lengths (one graph each). `compile_prefill`: packed forwards run
+    through the compiled attention halves too (base/runtime/regional.py; one compile per bucket and
+    kind), where the engine compiles them (a GPU with throughput.compile)."""
 
-    def __init__(self, *args, buckets: tuple[int, ...] | list[int] = DEFAULT_BUCKETS, **kwargs) -> None:
+    def __init__(self, *args, buckets: tuple[int, ...] | list[int] = DEFAULT_BUCKETS, compile_prefill: bool = False,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.compile_prefill = compile_prefill
         B, L, dev = self.B, self.L, self.device
         self.trash = L  # the spare cache slot (see the module doc)
         self.cache = StaticKV(L + 1, dev, batch=B)  # B rows even when fewer arrive first
@@ -272,8 +276,13 @@ class ContinuousEngine(DecodeEngine):
             ids_T, row_T, slot_T, last_T, pos_T = ids_C, row_C, slot_C, last_C, pos_C
             keep_K, active_T = lastidx_B, real_C
         self.cache.set_packed((row_T, slot_T, last_T))
+        # eager, a prefill's norms, rotary and casts are dozens of element-wise launches per layer
+        # over every token (about 15 of a 2,048-token prefill's 73 ms on an H200:
+        # results/serve/grid_2026-12-04b/'s probe profile); compiled, Inductor fuses them
+        compiled = self.regions is not None and self.compile_prefill
         try:
-            logits_KV = self._forward_packed(ids_T[None], pos_T[None], keep_K, active_T, mixed)
+            with self.regions.enabled() if compiled else nullcontext():
+                logits_KV = self._forward_packed(ids_T[None], pos_T[None], keep_K, active_T, mixed)
         finally:
             self.cache.set_packed(None)
         nxt_K = self.sampling.next_token(logits_KV)
