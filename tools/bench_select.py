@@ -11,6 +11,11 @@ figure is the median per launch. The implementations (this tree's, and the basel
 module of its own) run in interleaved rounds, the order rotated each round, `--rounds` rounds (at
 least 5); the table gives each case's median over the rounds and the range. Each implementation
 uses its own tuned launch (kernels/configs/<gpu>.json) unless `--warps` names warp counts to time.
+
+`--forms route,after,empty` adds, to locate the time inside the launch without counters: `after`,
+the same rules through `select_reassign` (the selection after the model's own router: softmax and
+top-k given, so its time less route_select's is the routing's share), and `empty`, a launch that
+stores one value (the graph's floor for one kernel).
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+import triton
+import triton.language as tl
 
 from kernels.score import fuse_router_predictor, fused_router_logits
 from tools.timing import time_graph
@@ -49,8 +56,15 @@ def load_module(path: str, name: str):
     return mod
 
 
-def cases(mod, dev: torch.device, model: dict, ts, budget: int, warps) -> list[tuple[dict, object]]:
-    """(labels, a call of `mod.route_select`) for every rule, token count and launch."""
+@triton.jit
+def _empty_kernel(out_ptr):
+    tl.store(out_ptr, 1.0)
+
+
+def cases(mod, dev: torch.device, model: dict, ts, budget: int, warps,
+          forms=("route",)) -> list[tuple[dict, object]]:
+    """(labels, a call of `mod.route_select` or `mod.select_reassign`) for every form, rule, token
+    count and launch; `empty` a one-store launch."""
     H, E, K = model["H"], model["E"], model["K"]
     g = torch.Generator(device="cpu").manual_seed(7)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -69,10 +83,23 @@ def cases(mod, dev: torch.device, model: dict, ts, budget: int, warps) -> list[t
             rule = mod.Rule(tier=tier, k0=k0)
             for nw in warps:
                 launch = None if nw is None else dataclasses.replace(mod.select_launch(E, T, dev), num_warps=nw)
-                fn = partial(mod.route_select, logits_TE, K, active_T, m, norm_topk=True, kind=kind,
-                             g_TE=g_TE if kind == "base" else None, pred_b_E=pred_b_E if kind == "base" else None,
-                             score_E=score_E if static else None, rule=rule, launch=launch)
-                out.append(({"rule": name, "T": T, "num_warps": nw if nw is not None else "tuned"}, fn))
+                common = dict(kind=kind, g_TE=g_TE if kind == "base" else None,  # noqa: C408
+                              pred_b_E=pred_b_E if kind == "base" else None, score_E=score_E if static else None,
+                              rule=rule, launch=launch)
+                labels = {"rule": name, "T": T, "num_warps": nw if nw is not None else "tuned"}
+                if "route" in forms:
+                    fn = partial(mod.route_select, logits_TE, K, active_T, m, norm_topk=True, **common)
+                    out.append(({**labels, "form": "route_select"}, fn))
+                if "after" in forms:
+                    probs_TE = logits_TE.float().softmax(-1)
+                    w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+                    w_TK = (w_TK / w_TK.sum(-1, keepdim=True)).to(dtype)
+                    fn = partial(mod.select_reassign, probs_TE, idx_TK, w_TK, active_T, m, **common)
+                    out.append(({**labels, "form": "select_reassign"}, fn))
+    if "empty" in forms and dev.type == "cuda":
+        one = torch.zeros(1, device=dev)
+        out.append(({"rule": "(empty launch)", "T": 0, "num_warps": 4, "form": "empty"},
+                    partial(lambda o: _empty_kernel[(1,)](o), one)))
     return out
 
 
@@ -84,6 +111,7 @@ def main() -> None:
     ap.add_argument("--warps", default="", help="warp counts to time (default: each launch as tuned)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (tools/timing.time_graph)")
+    ap.add_argument("--forms", default="route", help="route (route_select), after (select_reassign), empty")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on this machine's device")
     args = ap.parse_args()
     if args.rounds < 5 and not args.smoke:
@@ -97,6 +125,9 @@ def main() -> None:
         ap.error(f"--ts and --warps take comma-separated integers, got {args.ts!r} / {args.warps!r}")
     if any(t < 1 for t in ts) or any(w not in (1, 2, 4, 8, 16) for w in warps if w is not None):
         ap.error("--ts must be >= 1 and --warps in 1, 2, 4, 8, 16")
+    forms = tuple(args.forms.split(","))
+    if not forms or not set(forms) <= {"route", "after", "empty"}:
+        ap.error(f"--forms takes route, after and/or empty, got {args.forms!r}")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = SMOKE if args.smoke or dev.type != "cuda" else MODEL
     import kernels.select as current
@@ -105,7 +136,7 @@ def main() -> None:
     if args.baseline:
         impls["baseline"] = load_module(args.baseline, "_select_baseline")
     budget = 4 if model is SMOKE else 16
-    work = {name: cases(mod, dev, model, ts, budget, warps) for name, mod in impls.items()}
+    work = {name: cases(mod, dev, model, ts, budget, warps, forms) for name, mod in impls.items()}
     names = list(impls)
     rows = []
     for r in range(args.rounds):
@@ -120,10 +151,10 @@ def main() -> None:
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         t.to_csv(args.csv, index=False)
-    summary = t.groupby(["rule", "T", "num_warps", "impl"], sort=False)["us"].agg(
+    summary = t.groupby(["form", "rule", "T", "num_warps", "impl"], sort=False)["us"].agg(
         median="median", lo="min", hi="max").reset_index()
     if len(names) == 2:
-        wide = summary.pivot_table(index=["rule", "T", "num_warps"], columns="impl", values="median", sort=False)
+        wide = summary.pivot_table(index=["form", "rule", "T", "num_warps"], columns="impl", values="median", sort=False)
         wide["current/baseline"] = (wide["current"] / wide["baseline"]).round(3)
         print(wide.to_string())
     print(summary.to_string(index=False))

@@ -55,7 +55,8 @@ if [[ " $PARTS " == *" micro "* ]]; then
   if [[ " ${MICRO:-select skinny} " == *" select "* ]]; then
     stamp "selection kernel A/B"
     timeout "${SELECT_S:-150}" python3 -m tools.bench_select --csv "$LOG/bench_select.csv" --ts "${SELECT_TS:-1,16,64}" \
-      ${SELECT_WARPS:+--warps "$SELECT_WARPS"} ${SELECT_BASELINE:+--baseline "$SELECT_BASELINE"} > "$LOG/bench_select.log" 2>&1
+      ${SELECT_WARPS:+--warps "$SELECT_WARPS"} ${SELECT_FORMS:+--forms "$SELECT_FORMS"} \
+      ${SELECT_BASELINE:+--baseline "$SELECT_BASELINE"} > "$LOG/bench_select.log" 2>&1
     echo "rc=$?" >> "$LOG/bench_select.log"; tail -30 "$LOG/bench_select.log"
   fi
   if [[ " ${MICRO:-select skinny} " == *" skinny "* ]]; then
