@@ -3,8 +3,9 @@
     python -m tools.bench_skinny --csv /tmp/skinny.csv      # on a CUDA machine, about a minute
     python -m tools.bench_skinny --smoke                    # CPU check of the harness
 
-Shapes (Qwen3-30B-A3B's layer, bf16): the attention's output projection (N=2048, K=4096) and its
-fused q/k/v projection (N=5120, K=2048), at T = 1, 16 and 64 tokens. Each timing is a CUDA graph of
+Shapes (Qwen3-30B-A3B's layer, bf16): the attention's output projection (N=2048, K=4096), its
+fused q/k/v projection (N=5120, K=2048) and the router's GEMM (N=256 with the predictor's rows,
+128 without; K=2048), at T = 1, 16 and 64 tokens. Each timing is a CUDA graph of
 one call per weight set, S sets rotated so that L2 never holds the next call's weights (as the 48
 layers of a step do not), replayed `--reps` times (tools/timing.time_graph: median per call).
 Every candidate and cuBLAS run in `--rounds` interleaved rounds (order rotated each round); the
@@ -33,7 +34,9 @@ from kernels.tuned import token_bucket
 from tools.timing import time_graph
 from tools.tune_kernels import install as install_table
 
-SHAPES = {"o_proj": (2048, 4096), "qkv": (5120, 2048)}  # (N, K)
+# (N, K); the router's GEMM (over [router; predictor] rows for base, the router alone for dense) is
+# timed for the record: nothing routes it to the kernel yet
+SHAPES = {"o_proj": (2048, 4096), "qkv": (5120, 2048), "router+pred": (256, 2048), "router": (128, 2048)}
 SMOKE_SHAPES = {"smoke": (48, 64)}
 BLOCK_N = (16, 32)
 BLOCK_K = (128, 256, 512)
