@@ -5,6 +5,7 @@ decoder layer, and the step without a feature against the step with it.
     regions   throughput.regions: modules (off) against layer (on); the default
     combo     throughput.regions: layer (off) against layer_combo (on)
     autotune  throughput.regions: layer_combo (off) against layer_autotune (on)
+    skinny    throughput.regions: layer_combo (off) against layer_skinny (on)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch)
     route_in_select  method.route_in_select: false (off) against true (on; read from each run's
@@ -26,6 +27,7 @@ import pandas as pd
 # each ablation's run column (a dotted name: a key of the run's config.yaml), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
              "autotune": ("regions", "layer_combo", "layer_autotune"),
+             "skinny": ("regions", "layer_combo", "layer_skinny"),
              "pdl": ("pdl", False, True), "route_in_select": ("method.route_in_select", False, True)}
 
 

@@ -1,0 +1,72 @@
+"""A kernel A/B from its timing table: each case's median over rounds, and one implementation over
+another round by round.
+
+    python -m analysis.kernel_ab results/roofline/grid_2026-12-04c/select/bench_select.csv
+    python -m analysis.kernel_ab <bench_skinny.csv> --over cublas
+
+Reads a CSV with one row per (case, implementation, round) and columns `impl`, `round` and `us`
+(tools/bench_select.py and tools/bench_skinny.py write them); every other column but `timing`
+(and bench_skinny's derived ones) names the case. Prints per case and implementation the median
+µs with [min, max] over rounds, and per case each implementation's µs over the reference's in the
+same round (`--over`; default `baseline`, else the first implementation listed), median and range.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+NOT_CASE = {"impl", "round", "us", "timing", "over_cublas", "MB"}
+# bench_skinny's launch parameters belong to its implementation (`impl` names them), not to the case
+LAUNCH = {"block_n", "block_k", "num_stages", "num_warps"}
+
+
+def case_columns(t: pd.DataFrame) -> list[str]:
+    skip = NOT_CASE | (LAUNCH if "block_n" in t.columns else set())
+    return [c for c in t.columns if c not in skip]
+
+
+def medians(t: pd.DataFrame) -> pd.DataFrame:
+    """Per case and implementation: median, min and max µs over the rounds."""
+    keys = case_columns(t) + ["impl"]
+    return t.groupby(keys, sort=False, dropna=False)["us"].agg(median="median", lo="min", hi="max").reset_index()
+
+
+def ratios(t: pd.DataFrame, over: str) -> pd.DataFrame:
+    """Per case and implementation other than `over`: its µs over `over`'s in the same round,
+    median and range over rounds."""
+    keys = case_columns(t)
+    ref = t[t["impl"] == over].set_index(keys + ["round"])["us"]
+    rest = t[t["impl"] != over].copy()
+    rest["ratio"] = [us / ref[tuple(k) + (r,)] for k, r, us in
+                     zip(rest[keys].itertuples(index=False), rest["round"], rest["us"], strict=True)]
+    return rest.groupby(keys + ["impl"], sort=False, dropna=False)["ratio"].agg(
+        median="median", lo="min", hi="max").reset_index()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", type=Path)
+    ap.add_argument("--over", default=None, help="the reference implementation (default: baseline, else the first)")
+    args = ap.parse_args()
+    if not args.csv.is_file():
+        raise SystemExit(f"{args.csv}: no such file")
+    t = pd.read_csv(args.csv)
+    missing = {"impl", "round", "us"} - set(t.columns)
+    if missing:
+        raise SystemExit(f"{args.csv} lacks the columns {sorted(missing)} (a tools/bench_* table has them)")
+    impls = list(dict.fromkeys(t["impl"]))
+    over = args.over or ("baseline" if "baseline" in impls else impls[0])
+    if over not in impls:
+        raise SystemExit(f"--over {over!r} is not an implementation of the table; choose one of: {', '.join(impls)}")
+    pd.set_option("display.width", 200)
+    print(f"µs per call: median [min, max] over {t['round'].nunique()} rounds\n")
+    print(medians(t).round(3).to_string(index=False))
+    if len(impls) > 1:
+        print(f"\nover {over} in the same round: median [min, max]\n")
+        print(ratios(t, over).round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

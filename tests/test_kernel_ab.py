@@ -1,0 +1,55 @@
+"""analysis/kernel_ab.py on small synthetic timing tables (bench_select's and bench_skinny's columns)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from analysis.kernel_ab import medians, ratios
+
+
+def _select_table() -> pd.DataFrame:
+    rows = []
+    for r, (cur, base) in enumerate([(10.0, 8.0), (12.0, 8.0), (11.0, 10.0)]):
+        for impl, us in (("current", cur), ("baseline", base)):
+            rows.append({"rule": "base", "T": 16, "num_warps": "tuned", "form": "route_select", "impl": impl,
+                         "round": r, "us": us, "timing": "graph"})
+    return pd.DataFrame(rows)
+
+
+def test_medians_and_round_by_round_ratios():
+    t = _select_table()
+    m = medians(t).set_index("impl")
+    assert m.loc["current", "median"] == 11.0 and m.loc["current", "lo"] == 10.0 and m.loc["current", "hi"] == 12.0
+    r = ratios(t, "baseline").iloc[0]
+    # per round 1.25, 1.5, 1.1: the ratio of medians (11/8) is not what is reported
+    assert (r["median"], r["lo"], r["hi"]) == (1.25, 1.1, 1.5)
+
+
+def test_a_skinny_tables_launch_columns_are_part_of_the_implementation():
+    rows = []
+    for r in range(2):
+        rows.append({"shape": "o_proj", "N": 8, "K": 8, "T": 16, "MB": 1.0, "impl": "cublas", "round": r, "us": 10.0})
+        rows.append({"shape": "o_proj", "N": 8, "K": 8, "T": 16, "MB": 1.0, "impl": "skinny BN=16", "block_n": 16,
+                     "block_k": 32, "num_stages": 3, "num_warps": 4, "round": r, "us": 8.0 + r})
+    r = ratios(pd.DataFrame(rows), "cublas").iloc[0]
+    assert (r["median"], r["lo"], r["hi"]) == pytest.approx((0.85, 0.8, 0.9))
+
+
+def test_an_unknown_reference_is_refused_with_the_choices(tmp_path):
+    path = tmp_path / "t.csv"
+    _select_table().to_csv(path, index=False)
+    out = subprocess.run([sys.executable, "-m", "analysis.kernel_ab", str(path), "--over", "nope"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "choose one of: current, baseline" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("cols", [["impl", "us"], ["round", "us"]])
+def test_a_table_without_the_timing_columns_is_refused(tmp_path, cols):
+    path = tmp_path / "t.csv"
+    pd.DataFrame([{c: 1 for c in cols}]).to_csv(path, index=False)
+    out = subprocess.run([sys.executable, "-m", "analysis.kernel_ab", str(path)], capture_output=True, text=True)
+    assert out.returncode != 0 and "lacks the columns" in out.stderr and "Traceback" not in out.stderr
