@@ -432,6 +432,9 @@ class SchedulerConfig:
         if self.chunked and self.packing != "packed":
             raise ConfigError("scheduler.chunked=true rides prompt chunks in the decode step's packed stream: "
                               "it needs scheduler.packing=packed")
+        if self.compile_prefill and self.packing != "packed":
+            raise ConfigError("scheduler.compile_prefill=true compiles the packed prefill; scheduler.packing=padded "
+                              "prefills eagerly: it needs scheduler.packing=packed")
 
 
 @dataclass
@@ -534,6 +537,9 @@ class RunConfig:
             if tp.mode != "serve":
                 unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                                "only throughput.mode=serve reads serve.*"))
+            if not tp.compile:
+                unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)),
+                               "throughput.compile=false compiles no region, the prefill's included"))
         unused = [(keys, why) for keys, why in unused if keys]
         if unused:
             said = "; ".join(f"{', '.join(keys)} would be ignored: {why}" for keys, why in unused)
