@@ -53,6 +53,8 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                  ("serve", "search_attainment"): 0.9,
                  ("serve",): {"rates": [None, 4.0, 16.0], "requests": 12, "repeats": 3, "slo_ttft_ms": 500.0,
                               "slo_tpot_ms": 25.0},
+                 # scheduler.compile_prefill (2026-12-04) first: a run recorded before it keeps its hash
+                 ("scheduler", "compile_prefill"): False,
                  # the continuous-batching engine before issue 26: padded prefill, a host sync per step
                  ("scheduler",): {"packing": "padded", "chunked": False, "chunk_tokens": 256,
                                   "buckets": [64, 128, 256, 512, 1024, 2048], "min_prompt_tokens": 1,
