@@ -318,3 +318,20 @@ def test_config_hash_of_continuous_runs_recorded_before_scheduler_options(compos
     assert not same_config(text(base), old)
     static = base + ["eval.batching=static"]
     assert same_config(text(static + ["scheduler.chunked=true", "scheduler.chunk_tokens=64"]), hashed_before(static))
+
+
+def test_config_hash_of_runs_recorded_before_compile_prefill(compose):
+    """scheduler.compile_prefill (2026-12-04) at its default leaves the hash of a continuous run
+    recorded before it unchanged; set, it is a different run."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from base.run.outputs import config_hash, same_config
+
+    overrides = ["model=tiny_qwen3", "method=router_sum", "eval.batching=continuous"]
+    old = yaml.safe_load(OmegaConf.to_yaml(compose(overrides), resolve=True))
+    del old["scheduler"]["compile_prefill"]
+    recorded = config_hash(yaml.safe_dump(old))
+    assert same_config(OmegaConf.to_yaml(compose(overrides), resolve=True), recorded)
+    on = OmegaConf.to_yaml(compose(overrides + ["scheduler.compile_prefill=true"]), resolve=True)
+    assert not same_config(on, recorded)
