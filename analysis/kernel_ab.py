@@ -9,6 +9,10 @@ Reads a CSV with one row per (case, implementation, round) and columns `impl`, `
 (and bench_skinny's derived ones) names the case. Prints per case and implementation the median
 µs with [min, max] over rounds, and per case each implementation's µs over the reference's in the
 same round (`--over`; default `baseline`, else the first implementation listed), median and range.
+A bench_select table with its three forms (`--forms route,after,empty`) also gets the selection
+launch split by difference, per rule and token count, from the per-round medians: the launch floor
+(the empty launch), the routing (route_select less select_reassign: the softmax, top-k and their
+stores) and the rest (select_reassign less the floor: union, score, ranking, reassignment).
 """
 from __future__ import annotations
 
@@ -45,6 +49,25 @@ def ratios(t: pd.DataFrame, over: str) -> pd.DataFrame:
         median="median", lo="min", hi="max").reset_index()
 
 
+def stages(t: pd.DataFrame) -> pd.DataFrame:
+    """bench_select's forms as differences (see the module doc), per implementation, rule and T;
+    empty when the table lacks a form."""
+    if "form" not in t.columns or not {"route_select", "select_reassign", "empty"} <= set(t["form"]):
+        return pd.DataFrame()
+    med = t.groupby(["impl", "form", "rule", "T"], sort=False)["us"].median()
+    out = []
+    for impl in dict.fromkeys(t["impl"]):
+        floor = float(med[impl, "empty"].iloc[0])
+        route, after = med[impl, "route_select"], med[impl, "select_reassign"]
+        for (rule, T), us in route.items():
+            if (rule, T) not in after.index:
+                continue
+            rest = float(after[rule, T])
+            out.append({"impl": impl, "rule": rule, "T": T, "route_select_us": float(us), "floor_us": floor,
+                        "routing_us": float(us) - rest, "rest_us": rest - floor})
+    return pd.DataFrame(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", type=Path)
@@ -66,6 +89,11 @@ def main() -> None:
     if len(impls) > 1:
         print(f"\nover {over} in the same round: median [min, max]\n")
         print(ratios(t, over).round(3).to_string(index=False))
+    split = stages(t)
+    if not split.empty:
+        print("\nthe launch by difference (medians, µs): floor = the empty launch; routing = route_select - "
+              "select_reassign; rest = select_reassign - floor\n")
+        print(split.round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -53,3 +53,19 @@ def test_a_table_without_the_timing_columns_is_refused(tmp_path, cols):
     pd.DataFrame([{c: 1 for c in cols}]).to_csv(path, index=False)
     out = subprocess.run([sys.executable, "-m", "analysis.kernel_ab", str(path)], capture_output=True, text=True)
     assert out.returncode != 0 and "lacks the columns" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_selection_launch_split_by_difference_of_its_forms():
+    from analysis.kernel_ab import stages
+
+    rows = []
+    for r, jitter in enumerate([0.0, 0.2, -0.2]):
+        rows += [{"form": "route_select", "rule": "base", "T": 16, "num_warps": "tuned", "impl": "current", "round": r,
+                  "us": 13.0 + jitter},
+                 {"form": "select_reassign", "rule": "base", "T": 16, "num_warps": "tuned", "impl": "current",
+                  "round": r, "us": 9.0 + jitter},
+                 {"form": "empty", "rule": "(empty launch)", "T": 0, "num_warps": 4, "impl": "current", "round": r,
+                  "us": 2.0}]
+    s = stages(pd.DataFrame(rows)).iloc[0]
+    assert (s["floor_us"], s["routing_us"], s["rest_us"]) == pytest.approx((2.0, 4.0, 7.0))
+    assert stages(pd.DataFrame(rows[:2])).empty  # without every form there is nothing to split
