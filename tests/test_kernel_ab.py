@@ -42,7 +42,7 @@ def test_an_unknown_reference_is_refused_with_the_choices(tmp_path):
     path = tmp_path / "t.csv"
     _select_table().to_csv(path, index=False)
     out = subprocess.run([sys.executable, "-m", "analysis.kernel_ab", str(path), "--over", "nope"],
-                         capture_output=True, text=True)
+                         check=False, capture_output=True, text=True)
     assert out.returncode != 0 and "choose one of: current, baseline" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -51,7 +51,8 @@ def test_an_unknown_reference_is_refused_with_the_choices(tmp_path):
 def test_a_table_without_the_timing_columns_is_refused(tmp_path, cols):
     path = tmp_path / "t.csv"
     pd.DataFrame([{c: 1 for c in cols}]).to_csv(path, index=False)
-    out = subprocess.run([sys.executable, "-m", "analysis.kernel_ab", str(path)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "analysis.kernel_ab", str(path)], check=False, capture_output=True,
+                         text=True)
     assert out.returncode != 0 and "lacks the columns" in out.stderr and "Traceback" not in out.stderr
 
 

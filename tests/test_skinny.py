@@ -83,7 +83,7 @@ def test_the_launch_is_the_tuned_winner_and_cublas_elsewhere(monkeypatch):
 
 
 def test_skinny_projections_swap_o_proj_and_the_fused_qkv_and_restore_them():
-    from base.hf.fused_qkv import FusedQKV, _QKV
+    from base.hf.fused_qkv import _QKV, FusedQKV
     from base.hf.skinny_proj import SkinnyLinear, SkinnyProjections
 
     class Attn(torch.nn.Module):

@@ -26,7 +26,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
-
 from triton.runtime.errors import OutOfResources
 
 from kernels.skinny import SkinnyLaunch, skinny_linear

@@ -39,8 +39,8 @@ from torch import Tensor, nn
 from base.hf.attention import StaticKV
 from base.hf.budget import MoeBudget, model_device
 from base.hf.fused_qkv import FusedQKV
-from base.hf.skinny_proj import SkinnyProjections
 from base.hf.placement import model_devices
+from base.hf.skinny_proj import SkinnyProjections
 from base.runtime.regional import RegionalCompile
 from base.runtime.sampling import Sampling
 
