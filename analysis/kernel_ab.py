@@ -23,7 +23,7 @@ import pandas as pd
 
 NOT_CASE = {"impl", "round", "us", "timing", "over_cublas", "MB"}
 # bench_skinny's launch parameters belong to its implementation (`impl` names them), not to the case
-LAUNCH = {"block_n", "block_k", "num_stages", "num_warps"}
+LAUNCH = {"block_n", "block_k", "num_stages", "num_warps", "split"}
 
 
 def case_columns(t: pd.DataFrame) -> list[str]:

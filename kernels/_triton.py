@@ -161,3 +161,18 @@ def empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     if POISON:
         out.fill_(float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else -7777))
     return out
+
+
+_COUNTERS: dict[tuple[str, torch.device], list[torch.Tensor]] = {}  # per (kernel, device): every buffer made
+
+
+def arrival_counters(n: int, device: torch.device, owner: str) -> torch.Tensor:
+    """n int32 counters at 0 for `owner`'s launches, which take turns on one stream: a launch's
+    programs count their arrivals there and the last one resets its counter, so the buffer is at 0
+    between launches and a captured launch replays. Kept for the process's life, never
+    reallocated under a captured graph: a launch that needs more makes a larger buffer (the graphs
+    captured with the old one keep it alive in the list)."""
+    held = _COUNTERS.setdefault((owner, torch.device(device)), [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
+    return held[-1]

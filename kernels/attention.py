@@ -49,6 +49,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
+from kernels._triton import arrival_counters as _arrival_counters
 from kernels._triton import dual_jit, empty, next_pow2
 from kernels.tuned import tuned_entry
 
@@ -158,17 +159,10 @@ def _decode_attention(
                      mask=out_mask)
 
 
-_COUNTERS: dict[torch.device, list[Tensor]] = {}  # per device: the arrival counters, every one ever made
-
-
 def arrival_counters(n: int, device: torch.device) -> Tensor:
-    """n int32 counters at 0, one per (row, KV head): each launch's last share resets its own.
-    Kept for the process's life, never reallocated under a captured graph: a launch that needs more
-    makes a larger buffer (the graphs captured with the old one keep it alive in the list)."""
-    held = _COUNTERS.setdefault(torch.device(device), [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
-    return held[-1]
+    """n int32 counters at 0, one per (row, KV head): each launch's last share resets its own
+    (kernels/_triton.py's pool for this kernel)."""
+    return _arrival_counters(n, device, "attention")
 
 
 def splits_for(batch_kv_heads: int, slots: int, launch: AttentionLaunch = AttentionLaunch()) -> int:

@@ -1,28 +1,36 @@
-"""A decode step's dense projection, y = x @ W^T for a few tokens, in one launch without split-K.
+"""A decode step's dense projection, y = x @ W^T for a few tokens, in one launch.
 
     y_TN = skinny_linear(x_TK, w_NK)                 # as F.linear(x_TK, w_NK), no bias
-    y_TN = skinny_linear(x_TK, w_NK, launch=SkinnyLaunch(block_n=16, block_k=256, num_stages=5))
+    y_TN = skinny_linear(x_TK, w_NK, launch=SkinnyLaunch(block_n=64, block_k=256, split=4))
 
 Why: at decode the attention's output projection (Qwen3-30B-A3B: 4096 -> 2048) streams 16.8 MB of
 weights for 16 tokens. cuBLAS splits K for it (its 64-column tiles leave 32 tiles for 132 SMs) and
 adds a reduce launch: 7.7 + 1.7 us per layer on an H200 (results/roofline/grid_2026-12-04/), 2.2 TB/s
-before the reduce. Here each program owns BN output columns of every token and streams its
-(BN, K) slice of W once: with BN = 16 a 2048-wide output is 128 programs, about one per SM, and no
-partial sums leave the program. Whether that beats cuBLAS on a GPU is for tools/bench_skinny.py to
-say: it writes, per (N, K, token bucket), the fastest launch and whether it beat cuBLAS
-("skinny:N=<N>,K=<K>,T=<T>" in kernels/configs/<gpu>.json, `skinny_launch` reads it). The decode
-step uses it only under `throughput.regions=layer_skinny` (base/hf/skinny_proj.py), and there only
-where the table says it won.
+before the reduce. Here either each program owns BN output columns of every token and streams its
+(BN, K) slice of W once (split 1: with BN = 16 a 2048-wide output is 128 programs, about one per
+SM, each reading all of x from L2), or K is cut into `split` shares too (wider column blocks, each
+program reading only its share of x) and the last share of a column block to finish sums the
+shares' partials in share order, in the same launch: no reduce launch either way. Whether either
+beats cuBLAS on a GPU is for tools/bench_skinny.py to say: it writes, per (N, K, token bucket), the
+fastest launch and whether it beat cuBLAS ("skinny:N=<N>,K=<K>,T=<T>" in kernels/configs/<gpu>.json,
+`skinny_launch` reads it). The decode step uses it only under `throughput.regions=layer_skinny`
+(base/hf/skinny_proj.py), and there only where the table says it won.
 
-    _skinny_kernel   grid (cdiv(N, BN),): program n loops over the tokens in tiles of TB (one tile
-                     up to TB tokens) and, per tile, over K in BK steps: acc (TB, BN) fp32 +=
-                     x (TB, BK) @ W[n-block, k-block]^T on the tensor cores; stores y in x's dtype.
+    _skinny_kernel   grid (cdiv(N, BN), split): program (n, s) takes the s-th share of K and, per
+                     tile of TB tokens (one tile up to TB tokens; a split launch takes one tile),
+                     steps over it by BK: acc (TB, BN) fp32 += x (TB, BK) @ W[n-block, k-block]^T on
+                     the tensor cores. Split 1: stores y in x's dtype. Else: stores its partial
+                     (fp32 workspace), then counts its arrival (release/acquire); the last of the
+                     column block's shares resets the counter and writes the sum of the partials.
 
 Shapes: T tokens, K input features, N output features. x_TK and w_NK have a contiguous last dim;
 y_TN is new and contiguous. fp32 inputs are multiplied in full fp32 (no silent tf32), bf16/fp16
-accumulate in fp32 and round once, as cuBLAS does.
-Graph safety: grid fixed by (N, launch); no scratch buffers, no host sync: safe to capture.
-Reference: F.linear (tests/test_skinny.py, interpreter on the CPU, fp32).
+accumulate in fp32 and round once, as cuBLAS does (a split launch adds its shares in fp32, in a
+fixed order: deterministic).
+Graph safety: grid fixed by (N, launch); no host sync. The partials come from the caching allocator
+(the graph's pool); the arrival counters (kernels/_triton.py, kept for the process) return to 0
+after every launch, so a captured launch replays. Launches run one at a time on one stream.
+Reference: F.linear (tests/test_skinny.py, interpreter on the CPU, fp32; bf16 on a GPU).
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import dual_jit, empty, next_pow2
+from kernels._triton import arrival_counters, dual_jit, empty, next_pow2
 from kernels.tuned import tuned_entry
 
 MAX_TOKENS = 64  # one token tile of at most 64 rows (larger batches, and prefill, are cuBLAS's)
@@ -44,6 +52,8 @@ def _skinny_kernel(
     x_ptr,  # (T, K)
     w_ptr,  # (N, K)
     y_ptr,  # (T, N) out
+    part_ptr,  # (cdiv(N, BN), SPLIT, TB, BN) fp32 (SPLIT > 1): each share's partial sums
+    count_ptr,  # (cdiv(N, BN),) int32 arrival counters, 0 between launches (SPLIT > 1)
     T,
     N,
     K,
@@ -53,37 +63,60 @@ def _skinny_kernel(
     TB: tl.constexpr,  # tokens per tile (>= 16 for the tensor cores)
     BN: tl.constexpr,  # output columns per program
     BK: tl.constexpr,  # reduction step
+    SPLIT: tl.constexpr,  # shares of K per column block (1: none; > 1: one token tile, T <= TB)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, else unused
 ):
-    """Grid (cdiv(N, BN),). See the module doc."""
-    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    """Grid (cdiv(N, BN), SPLIT). See the module doc."""
+    pid_n = tl.program_id(0)
+    s = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
+    per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK  # this share's K range: [s * per, (s + 1) * per)
+    k_lo = s * per
+    k_hi = tl.minimum(k_lo + per, K)
     for t0 in range(0, T, TB):
         offs_t = t0 + tl.arange(0, TB)
         t_ok = offs_t < T
         acc_TN = tl.zeros((TB, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
+        for k0 in range(k_lo, k_hi, BK):
             offs_k = k0 + tl.arange(0, BK)
-            k_ok = offs_k < K
+            k_ok = offs_k < k_hi
             x_TK = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :],
                            other=0.0)
             w_KN = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & n_ok[None, :],
                            other=0.0)
             acc_TN = tl.dot(x_TK, w_KN, acc_TN, input_precision=DOT_PRECISION)
-        tl.store(y_ptr + offs_t[:, None] * stride_yt + offs_n[None, :], acc_TN.to(y_ptr.dtype.element_ty),
-                 mask=t_ok[:, None] & n_ok[None, :])
+        y_at = y_ptr + offs_t[:, None] * stride_yt + offs_n[None, :]
+        y_ok = t_ok[:, None] & n_ok[None, :]
+        if SPLIT == 1:
+            tl.store(y_at, acc_TN.to(y_ptr.dtype.element_ty), mask=y_ok)
+        else:
+            tb = tl.arange(0, TB)[:, None] * BN + tl.arange(0, BN)[None, :]
+            tl.store(part_ptr + (pid_n * SPLIT + s) * TB * BN + tb, acc_TN)
+            tl.debug_barrier()  # every thread's stores precede the release below
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:  # the last share of this column block sums all of them, in share order
+                tl.store(count_ptr + pid_n, 0)  # back to 0 for the next launch (a graph replays it)
+                sum_TN = tl.zeros((TB, BN), dtype=tl.float32)
+                for j in range(SPLIT):
+                    sum_TN += tl.load(part_ptr + (pid_n * SPLIT + j) * TB * BN + tb, cache_modifier=".cg")
+                tl.store(y_at, sum_TN.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
 @dataclass(frozen=True)
 class SkinnyLaunch:
-    """Columns per program, reduction step, pipeline depth and warps (tools/bench_skinny.py times them)."""
+    """Columns per program, reduction step, pipeline depth, warps and K shares (tools/bench_skinny.py
+    times them)."""
 
     block_n: int = 16
     block_k: int = 256
     num_stages: int = 4
     num_warps: int = 4
+    split: int = 1  # shares of K per column block; the last share to finish sums them (no extra launch)
 
     def __post_init__(self) -> None:
+        if self.split not in (1, 2, 4, 8):
+            raise ValueError(f"split must be one of 1, 2, 4, 8, got {self.split}")
         for name in ("block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -106,7 +139,7 @@ def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch 
     if not entry.get("use", False):
         return None
     return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
-                        num_warps=entry.get("num_warps", 4))
+                        num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))
 
 
 def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None) -> Tensor:
@@ -120,11 +153,21 @@ def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None
     w_NK = w_NK if w_NK.stride(-1) == 1 else w_NK.contiguous()
     T, K = x_TK.shape
     N = w_NK.shape[0]
-    y_TN = empty(T, N, device=x_TK.device, dtype=x_TK.dtype)
-    fp32 = x_TK.dtype == torch.float32
-    _skinny_kernel.on(x_TK.device)[(triton.cdiv(N, launch.block_n),)](
-        x_TK, w_NK, y_TN, T, N, K, x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
-        TB=max(16, min(next_pow2(T), 64)), BN=launch.block_n, BK=launch.block_k,
-        DOT_PRECISION="ieee" if fp32 else "tf32", num_warps=launch.num_warps, num_stages=launch.num_stages,
+    if launch.split > 1 and T > MAX_TOKENS:
+        raise ValueError(f"a split launch takes one token tile: at most {MAX_TOKENS} tokens, got {T}")
+    dev = x_TK.device
+    y_TN = empty(T, N, device=dev, dtype=x_TK.dtype)
+    TB = max(16, min(next_pow2(T), MAX_TOKENS))
+    n_blocks = triton.cdiv(N, launch.block_n)
+    if launch.split > 1:
+        part = empty(n_blocks * launch.split * TB * launch.block_n, device=dev, dtype=torch.float32)
+        counts = arrival_counters(n_blocks, dev, "skinny")
+    else:
+        part = counts = y_TN  # unused pointers
+    _skinny_kernel.on(dev)[(n_blocks, launch.split)](
+        x_TK, w_NK, y_TN, part, counts, T, N, K, x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
+        TB=TB, BN=launch.block_n, BK=launch.block_k, SPLIT=launch.split,
+        DOT_PRECISION="ieee" if x_TK.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )  # fmt: skip
     return y_TN

@@ -17,15 +17,29 @@ def poison(monkeypatch):
     monkeypatch.setattr(kt, "POISON", True)  # an unwritten output element shows as NaN
 
 
-@pytest.mark.parametrize(("T", "N", "K", "bn", "bk"), [(1, 48, 64, 16, 32), (5, 40, 72, 16, 32), (16, 32, 64, 32, 16),
-                                                       (37, 64, 96, 16, 64)])
-def test_skinny_linear_equals_f_linear(T, N, K, bn, bk):
+@pytest.mark.parametrize(("T", "N", "K", "bn", "bk", "split"), [
+    (1, 48, 64, 16, 32, 1), (5, 40, 72, 16, 32, 1), (16, 32, 64, 32, 16, 1), (37, 64, 96, 16, 64, 1),
+    # K in shares, the last share of each column block summing them: shares of unequal length, one
+    # share empty (K = 72 in steps of 16 over 8 shares), ragged N
+    (5, 40, 72, 16, 16, 2), (16, 48, 72, 32, 16, 8), (64, 32, 128, 16, 32, 4)])
+def test_skinny_linear_equals_f_linear(T, N, K, bn, bk, split):
     # ragged T, N and K (masks), one and several token tiles, more than one reduction step
-    g = torch.Generator().manual_seed(T * 1000 + N)
+    g = torch.Generator().manual_seed(T * 1000 + N + split)
     x = torch.randn(T, K, generator=g)
     w = torch.randn(N, K, generator=g)
-    y = skinny_linear(x, w, SkinnyLaunch(block_n=bn, block_k=bk, num_stages=2))
+    y = skinny_linear(x, w, SkinnyLaunch(block_n=bn, block_k=bk, num_stages=2, split=split))
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_a_split_launch_leaves_its_counters_at_zero_and_repeats_bit_for_bit():
+    from kernels._triton import arrival_counters
+
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(8, 64, generator=g), torch.randn(48, 64, generator=g)
+    la = SkinnyLaunch(block_n=16, block_k=16, num_stages=1, split=4)
+    first = skinny_linear(x, w, la)
+    assert (arrival_counters(3, x.device, "skinny")[:3] == 0).all()  # reset by each block's last share
+    assert torch.equal(skinny_linear(x, w, la), first)  # the shares summed in a fixed order
 
 
 def test_skinny_linear_reads_strided_inputs():
@@ -44,23 +58,28 @@ def test_bad_shapes_and_launches_are_refused():
         SkinnyLaunch(block_n=24)
     with pytest.raises(ValueError, match="num_stages must be in"):
         SkinnyLaunch(num_stages=0)
+    with pytest.raises(ValueError, match="split must be one of 1, 2, 4, 8"):
+        SkinnyLaunch(split=3)
+    with pytest.raises(ValueError, match="a split launch takes one token tile: at most 64 tokens"):
+        skinny_linear(torch.zeros(65, 16), torch.zeros(16, 16), SkinnyLaunch(split=2))
 
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 16, 64])
-def test_gpu_skinny_linear_in_bf16_eagerly_and_replayed(T):
+@pytest.mark.parametrize(("T", "split"), [(1, 1), (16, 1), (64, 1), (16, 4)])
+def test_gpu_skinny_linear_in_bf16_eagerly_and_replayed(T, split):
     g = torch.Generator(device="cuda").manual_seed(T)
     x = torch.randn(T, 4096, device="cuda", generator=g).bfloat16()
     w = (torch.randn(2048, 4096, device="cuda", generator=g) / 64).bfloat16()
     ref = F.linear(x.float(), w.float())
-    y = skinny_linear(x, w)
+    la = SkinnyLaunch(block_n=64 if split > 1 else 16, split=split)
+    y = skinny_linear(x, w, la)
     torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
-    replay, out = capture_outputs(lambda: skinny_linear(x, w))
+    replay, out = capture_outputs(lambda: skinny_linear(x, w, la))
     x.copy_(torch.randn(T, 4096, device="cuda", generator=g).bfloat16())  # the replay reads the new input
     replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, skinny_linear(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(out, skinny_linear(x, w, la), rtol=0, atol=0)
 
 
 def _table(monkeypatch, entries: dict) -> None:

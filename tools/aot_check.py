@@ -24,9 +24,11 @@ from triton.compiler import ASTSource
 
 from kernels.experts import _down_kept_kernel, _gate_up_kept_kernel
 from kernels.select import _route_select_kernel
+from kernels.skinny import _skinny_kernel
 
 
-def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: dict) -> tuple[dict[str, str], dict]:
+def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: dict,
+           aligned: tuple[str, ...] = ()) -> tuple[dict[str, str], dict]:
     """Triton signature (pointers by name, the named floats fp32, other runtime args i32) and the
     attributes the JIT would infer for real launches: pointers and strides aligned to 16."""
     sig, attrs = {}, {}
@@ -37,7 +39,7 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: di
             sig[name] = "constexpr"
             continue
         sig[name] = pointers.get(name) or ("fp32" if name in floats else "i32")
-        if name in pointers or name.startswith("stride_") or name in ALIGNED:
+        if name in pointers or name.startswith("stride_") or name in ALIGNED or name in aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
@@ -105,6 +107,13 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     out.append(("down_kept T=16 residual PDL", _down_kept_kernel, dn_ptrs, (),
                 {**common, "T_BLOCK": 16, "BHO": 16, "BI": 128, "stride_di": 1, "HAS_RES": True, "PDL": True},
                 {"num_warps": 4, "num_stages": 4, "launch_pdl": True}))
+    # the decode projections without a reduce launch (kernels/skinny.py): one column block per program,
+    # and K in shares summed by the last share
+    sk_ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
+    for bn, bk, st, split in ((16, 256, 4, 1), (16, 512, 3, 1), (64, 128, 4, 4), (32, 256, 4, 2)):
+        out.append((f"skinny BN={bn} BK={bk} st={st} split={split}", _skinny_kernel, sk_ptrs, (),
+                    {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32"},
+                    {"num_warps": 4, "num_stages": st}))
     return out
 
 
@@ -129,7 +138,8 @@ def main() -> None:
     failed = 0
     for label, kernel, ptrs, floats, consts, opts in cases():
         fn = kernel.gpu
-        sig, attrs = _types(fn.fn, ptrs, floats, consts)
+        # the skinny kernel's N and K are matrix sizes (multiples of 16 in its launches); elsewhere K is the top-k
+        sig, attrs = _types(fn.fn, ptrs, floats, consts, aligned=("N", "K") if kernel is _skinny_kernel else ())
         src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
         try:
             k = triton.compile(src, target=target, options=opts)

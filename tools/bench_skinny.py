@@ -40,6 +40,8 @@ SMOKE_SHAPES = {"smoke": (48, 64)}
 BLOCK_N = (16, 32)
 BLOCK_K = (128, 256, 512)
 STAGES = (3, 5)
+# K in shares, summed by the last share (wider column blocks; each program reads only its share of x)
+SPLITS = ((32, 256, 4, 2), (32, 256, 4, 4), (64, 128, 4, 2), (64, 128, 4, 4), (64, 128, 4, 8))  # (BN, BK, st, split)
 
 
 def main() -> None:
@@ -60,9 +62,11 @@ def main() -> None:
     smoke = args.smoke or dev.type != "cuda"
     shapes = SMOKE_SHAPES if smoke else SHAPES
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    launches = ([SkinnyLaunch(block_n=16, block_k=32, num_stages=2)] if smoke else
+    launches = ([SkinnyLaunch(block_n=16, block_k=32, num_stages=2),
+                 SkinnyLaunch(block_n=16, block_k=16, num_stages=1, split=2)] if smoke else
                 [SkinnyLaunch(block_n=bn, block_k=bk, num_stages=st)
-                 for bn, bk, st in itertools.product(BLOCK_N, BLOCK_K, STAGES)])
+                 for bn, bk, st in itertools.product(BLOCK_N, BLOCK_K, STAGES)]
+                + [SkinnyLaunch(block_n=bn, block_k=bk, num_stages=st, split=sp) for bn, bk, st, sp in SPLITS])
     ts = [int(t) for t in args.ts.split(",")]
     g = torch.Generator(device="cpu").manual_seed(0)
     work = []  # (labels, calls)
@@ -77,9 +81,9 @@ def main() -> None:
             except OutOfResources:
                 print(f"left out: {name} T={T} {la} (shared memory)", flush=True)
                 continue
-            work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages}",
+            work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages} split={la.split}",
                           "block_n": la.block_n, "block_k": la.block_k, "num_stages": la.num_stages,
-                          "num_warps": la.num_warps}, [partial(skinny_linear, x, w, la) for w in ws]))
+                          "num_warps": la.num_warps, "split": la.split}, [partial(skinny_linear, x, w, la) for w in ws]))
     rows = []
     for r in range(args.rounds):
         shift = r % len(work)
@@ -105,14 +109,14 @@ def main() -> None:
     if args.install:
         table = {}
         for (N, K, T), part in s.merge(t.groupby(["shape", "T", "impl"], sort=False).first()[
-                ["N", "K", "block_n", "block_k", "num_stages", "num_warps"]].reset_index()).groupby(["N", "K", "T"]):
+                ["N", "K", "block_n", "block_k", "num_stages", "num_warps", "split"]].reset_index()).groupby(["N", "K", "T"]):
             sk = part[part.impl != "cublas"]
             if sk.empty:
                 continue
             best = sk.loc[sk["us"].idxmin()]
             table[f"skinny:N={N},K={K},T={token_bucket(int(T))}"] = {
                 "block_n": int(best.block_n), "block_k": int(best.block_k), "num_stages": int(best.num_stages),
-                "num_warps": int(best.num_warps), "us": float(best.us),
+                "num_warps": int(best.num_warps), "split": int(best.split), "us": float(best.us),
                 "cublas_us": float(part[part.impl == "cublas"]["us"].iloc[0]),
                 "use": bool(best.over_hi < 1.0)}  # faster than cuBLAS in every round
         print("installed:", install_table(table, dev), table, flush=True)
