@@ -5,8 +5,8 @@
     skinny.remove()                     # the original modules again
 
 Why: at 16 tokens cuBLAS splits the output projection's K and adds a reduce launch (7.7 + 1.7 us
-per layer of Qwen3-30B-A3B on an H200); kernels/skinny.py streams the weights once with no partial
-sums (see its doc). Which one runs is decided per shape by the tuned table (`skinny_launch`): a
+per layer of Qwen3-30B-A3B on an H200); kernels/skinny.py streams the weights once and needs no
+reduce launch (see its doc). Which one runs is decided per shape by the tuned table (`skinny_launch`): a
 shape where the kernel lost to cuBLAS in tools/bench_skinny.py, more than 64 rows (prefill), a
 bias, or a CPU tensor keep F.linear. The engine applies this under `throughput.regions=layer_skinny`.
 
