@@ -119,6 +119,48 @@ def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
     assert "clone" not in code
 
 
+@pytest.mark.slow
+def test_packed_cache_writes_land_at_each_tokens_row_and_slot_and_compile_in_place():
+    """A packed prefill's K/V write (scheduler.compile_prefill runs it in a compiled region): token
+    t's heads at (row_T[t], slot_T[t]) of both caches, and compiled in place, with no temporary the
+    size of a cache and no clone (what an index_copy_ into a view of the cache became on an H200)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from base.hf.attention import _write_packed_kv_op
+
+    B, K, L, D, E, T = 3, 2, 32, 8, 6, 5
+    k_1KTD, v_1KTE = torch.randn(1, K, T, D), torch.randn(1, K, T, E)
+    row_T, slot_T = torch.tensor([0, 0, 2, 1, 2]), torch.tensor([0, 1, 7, 31, 8])
+
+    def written(cache, new_1KTN):
+        out = cache.clone()
+        for t in range(T):
+            out[row_T[t], :, slot_T[t]] = new_1KTN[0, :, t]
+        return out
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("k_cache", torch.zeros(B, K, L, D))
+            self.register_buffer("v_cache", torch.zeros(B, K, L, E))
+
+        def forward(self, k_new, v_new, rows, slots):
+            _write_packed_kv_op(self.k_cache, self.v_cache, k_new, v_new, rows, slots)
+            return self.k_cache.sum() + self.v_cache.sum()  # read after the write, as attention does
+
+    holder = Holder()
+    torch._dynamo.reset()
+    out, codes = run_and_get_code(torch.compile(holder.forward, dynamic=False, fullgraph=True), k_1KTD, v_1KTE,
+                                  row_T, slot_T)
+    assert torch.equal(holder.k_cache, written(torch.zeros(B, K, L, D), k_1KTD))
+    assert torch.equal(holder.v_cache, written(torch.zeros(B, K, L, E), v_1KTE))
+    assert torch.allclose(out, k_1KTD.sum() + v_1KTE.sum())
+    code = "\n".join(codes)
+    allocated = re.findall(r"empty_strided\w*\(\(([0-9, ]*)\)", code)
+    assert f"{B}, {K}, {L}, {D}" not in allocated and f"{B}, {K}, {L}, {E}" not in allocated  # no cache-sized buffer
+    assert "clone" not in code
+
+
 def test_per_row_writes_follow_the_positions_the_cache_refreshes_each_step():
     """Continuous batching's decode step: each row writes its K/V at its own slot; moving the
     positions in place and calling sync() (what the engine does at the start of every step) moves
