@@ -223,6 +223,29 @@ def test_compiled_packed_prefill_decodes_each_request_as_alone(model, chunked):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 2
 
 
+@pytest.mark.slow
+def test_compiled_packed_prefill_under_a_budget_serves_as_the_eager_prefill(model):
+    """With a budget (router_sum at 2 of 16 experts, chunked): the compiled packed forwards give
+    the uncompiled ones' tokens and statistics rows (the decode step compiled in both)."""
+    reqs = requests(7, seed=8)
+    policy = SchedulerConfig(**CHUNKED)
+    results = []
+    for compile_prefill in (False, True):
+        torch._dynamo.reset()
+        with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:
+            engine = ContinuousEngine(model, 3, 32, budget=budget, pad_id=0, buckets=policy.buckets, compile=True,
+                                      compile_prefill=compile_prefill)
+            try:
+                with torch_threads(1):
+                    done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
+            finally:
+                engine.release()
+            rows = budget.stats_rows()
+        results.append(([d.tokens for d in done], [(r["layer"], r["kind"], r["union"], r["kept"], r["tokens"])
+                                                   for r in rows], stats.mixed_steps))
+    assert results[0] == results[1] and results[1][2] > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method,chunked,compile,compile_prefill", [
     ("dense", False, False, False), ("dense", True, False, False), ("base", False, False, False),
