@@ -81,8 +81,6 @@ def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
     with no temporary the size of a cache and no graph break (Inductor compiled a per-row scatter_
     to a copy of the whole cache and a copy back, per layer and per K and V: 2 ms of a 7.9 ms step
     on an H200; run eagerly instead, the write split the layer's compiled region in two)."""
-    from torch._inductor.utils import run_and_get_code
-
     from base.hf.attention import _write_kv_rows_op
 
     B, K, L, D, E = 4, 2, 64, 8, 6
@@ -97,26 +95,36 @@ def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
     _write_kv_rows_op(k_cache, v_cache, k_BKD, v_BKE, slot_B)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
 
+    k_got, v_got = _compiled_cache_write(_write_kv_rows_op, (B, K, L, D), (B, K, L, E), k_BKD, v_BKE, slot_B)
+    assert torch.equal(k_got, scattered(torch.zeros(B, K, L, D), k_BKD))
+    assert torch.equal(v_got, scattered(torch.zeros(B, K, L, E), v_BKE))
+
+
+def _compiled_cache_write(op, k_shape: tuple, v_shape: tuple, k_new, v_new, *where):
+    """`op` (a cache write that mutates both caches) compiled over two zeroed cache buffers and a
+    read after it, as attention does; asserts Inductor wrote in place (no cache-sized temporary, no
+    clone, the read sees the write) and returns the caches."""
+    from torch._inductor.utils import run_and_get_code
+
     class Holder(nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("k_cache", torch.zeros(B, K, L, D))
-            self.register_buffer("v_cache", torch.zeros(B, K, L, E))
+            self.register_buffer("k_cache", torch.zeros(k_shape))
+            self.register_buffer("v_cache", torch.zeros(v_shape))
 
-        def forward(self, k_new, v_new, slot):
-            _write_kv_rows_op(self.k_cache, self.v_cache, k_new, v_new, slot)
-            return self.k_cache.sum() + self.v_cache.sum()  # read after the write, as attention does
+        def forward(self, k_new, v_new, *where):
+            op(self.k_cache, self.v_cache, k_new, v_new, *where)
+            return self.k_cache.sum() + self.v_cache.sum()
 
     holder = Holder()
     torch._dynamo.reset()
-    out, codes = run_and_get_code(torch.compile(holder.forward, dynamic=False, fullgraph=True), k_BKD, v_BKE, slot_B)
-    assert torch.equal(holder.k_cache, scattered(torch.zeros(B, K, L, D), k_BKD))
-    assert torch.equal(holder.v_cache, scattered(torch.zeros(B, K, L, E), v_BKE))
-    assert torch.allclose(out, k_BKD.sum() + v_BKE.sum())
+    out, codes = run_and_get_code(torch.compile(holder.forward, dynamic=False, fullgraph=True), k_new, v_new, *where)
+    assert torch.allclose(out, k_new.sum() + v_new.sum())
     code = "\n".join(codes)
     allocated = re.findall(r"empty_strided\w*\(\(([0-9, ]*)\)", code)
-    assert f"{B}, {K}, {L}, {D}" not in allocated and f"{B}, {K}, {L}, {E}" not in allocated  # no cache-sized buffer
+    assert ", ".join(map(str, k_shape)) not in allocated and ", ".join(map(str, v_shape)) not in allocated
     assert "clone" not in code
+    return holder.k_cache, holder.v_cache
 
 
 @pytest.mark.slow
@@ -124,8 +132,6 @@ def test_packed_cache_writes_land_at_each_tokens_row_and_slot_and_compile_in_pla
     """A packed prefill's K/V write (scheduler.compile_prefill runs it in a compiled region): token
     t's heads at (row_T[t], slot_T[t]) of both caches, and compiled in place, with no temporary the
     size of a cache and no clone (what an index_copy_ into a view of the cache became on an H200)."""
-    from torch._inductor.utils import run_and_get_code
-
     from base.hf.attention import _write_packed_kv_op
 
     B, K, L, D, E, T = 3, 2, 32, 8, 6, 5
@@ -138,27 +144,10 @@ def test_packed_cache_writes_land_at_each_tokens_row_and_slot_and_compile_in_pla
             out[row_T[t], :, slot_T[t]] = new_1KTN[0, :, t]
         return out
 
-    class Holder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("k_cache", torch.zeros(B, K, L, D))
-            self.register_buffer("v_cache", torch.zeros(B, K, L, E))
-
-        def forward(self, k_new, v_new, rows, slots):
-            _write_packed_kv_op(self.k_cache, self.v_cache, k_new, v_new, rows, slots)
-            return self.k_cache.sum() + self.v_cache.sum()  # read after the write, as attention does
-
-    holder = Holder()
-    torch._dynamo.reset()
-    out, codes = run_and_get_code(torch.compile(holder.forward, dynamic=False, fullgraph=True), k_1KTD, v_1KTE,
-                                  row_T, slot_T)
-    assert torch.equal(holder.k_cache, written(torch.zeros(B, K, L, D), k_1KTD))
-    assert torch.equal(holder.v_cache, written(torch.zeros(B, K, L, E), v_1KTE))
-    assert torch.allclose(out, k_1KTD.sum() + v_1KTE.sum())
-    code = "\n".join(codes)
-    allocated = re.findall(r"empty_strided\w*\(\(([0-9, ]*)\)", code)
-    assert f"{B}, {K}, {L}, {D}" not in allocated and f"{B}, {K}, {L}, {E}" not in allocated  # no cache-sized buffer
-    assert "clone" not in code
+    k_got, v_got = _compiled_cache_write(_write_packed_kv_op, (B, K, L, D), (B, K, L, E), k_1KTD, v_1KTE, row_T,
+                                         slot_T)
+    assert torch.equal(k_got, written(torch.zeros(B, K, L, D), k_1KTD))
+    assert torch.equal(v_got, written(torch.zeros(B, K, L, E), v_1KTE))
 
 
 def test_per_row_writes_follow_the_positions_the_cache_refreshes_each_step():
