@@ -6,7 +6,7 @@ another round by round.
 
 Reads a CSV with one row per (case, implementation, round) and columns `impl`, `round` and `us`
 (tools/bench_select.py and tools/bench_skinny.py write them); every other column but `timing`
-(and bench_skinny's derived ones) names the case. Prints per case and implementation the median
+(and bench_skinny's MB) names the case. Prints per case and implementation the median
 µs with [min, max] over rounds, and per case each implementation's µs over the reference's in the
 same round (`--over`; default `baseline`, else the first implementation listed), median and range.
 A bench_select table with its three forms (`--forms route,after,empty`) also gets the selection
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-NOT_CASE = {"impl", "round", "us", "timing", "over_cublas", "MB"}
+NOT_CASE = {"impl", "round", "us", "timing", "MB"}
 # bench_skinny's launch parameters belong to its implementation (`impl` names them), not to the case
 LAUNCH = {"block_n", "block_k", "num_stages", "num_warps", "split"}
 

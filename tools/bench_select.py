@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.score import fuse_router_predictor, fused_router_logits
-from tools.timing import time_graph
+from analysis.kernel_ab import medians, ratios, stages
+from tools.timing import select_layer, time_graph
 
 MODEL = {"H": 2048, "E": 128, "K": 8}
 SMOKE = {"H": 32, "E": 16, "K": 4}
@@ -67,17 +67,12 @@ def cases(mod, dev: torch.device, model: dict, ts, budget: int, warps,
     count and launch; `empty` a one-store launch."""
     H, E, K = model["H"], model["E"], model["K"]
     g = torch.Generator(device="cpu").manual_seed(7)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    router_EH = (torch.randn(E, H, generator=g) / H**0.5).to(dev, dtype)
-    pred_w_HE = (torch.randn(H, E, generator=g) * 0.02).to(dev)
-    pred_b_E = (torch.randn(E, generator=g) * 0.1).to(dev)
+    layer = select_layer(H, E, dev, g)  # the router and predictor tools/tune_step_kernels.py tunes on
+    pred_b_E, dtype = layer.pred_b_E, layer.dtype
     score_E = torch.rand(E, generator=g).to(dev)
-    wcat_CH = fuse_router_predictor(router_EH, pred_w_HE)
     out = []
     for T in ts:
-        z_TH = torch.randn(T, H, generator=g).to(dev, dtype)
-        active_T = torch.ones(T, dtype=torch.bool, device=dev)
-        logits_TE, g_TE = fused_router_logits(z_TH, wcat_CH)
+        logits_TE, g_TE, active_T = layer.inputs(T, g)
         for name, kind, tier, k0, static, m in RULES:
             m = None if m is None else min(m, budget, E)
             rule = mod.Rule(tier=tier, k0=k0)
@@ -151,13 +146,15 @@ def main() -> None:
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         t.to_csv(args.csv, index=False)
-    summary = t.groupby(["form", "rule", "T", "num_warps", "impl"], sort=False)["us"].agg(
-        median="median", lo="min", hi="max").reset_index()
+    pd.set_option("display.width", 200)
+    print(medians(t).round(3).to_string(index=False))
     if len(names) == 2:
-        wide = summary.pivot_table(index=["form", "rule", "T", "num_warps"], columns="impl", values="median", sort=False)
-        wide["current/baseline"] = (wide["current"] / wide["baseline"]).round(3)
-        print(wide.to_string())
-    print(summary.to_string(index=False))
+        print("\ncurrent over baseline in the same round: median [min, max]")
+        print(ratios(t, "baseline").round(3).to_string(index=False))
+    split = stages(t)
+    if not split.empty:
+        print("\nthe launch by difference (analysis/kernel_ab.py), µs")
+        print(split.round(3).to_string(index=False))
     print(f"us per launch: median [min, max] over {args.rounds} interleaved rounds, one process")
 
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
+from analysis.kernel_ab import LAUNCH, medians, ratios
 from kernels.skinny import SkinnyLaunch, skinny_linear
 from kernels.tuned import token_bucket
 from tools.timing import time_graph
@@ -37,6 +38,7 @@ from tools.tune_kernels import install as install_table
 # timed for the record: nothing routes it to the kernel yet
 SHAPES = {"o_proj": (2048, 4096), "qkv": (5120, 2048), "router+pred": (256, 2048), "router": (128, 2048)}
 SMOKE_SHAPES = {"smoke": (48, 64)}
+LAUNCH_COLUMNS = sorted(LAUNCH)  # SkinnyLaunch's fields, one column each
 BLOCK_N = (16, 32)
 BLOCK_K = (128, 256, 512)
 STAGES = (3, 5)
@@ -82,8 +84,7 @@ def main() -> None:
                 print(f"left out: {name} T={T} {la} (shared memory)", flush=True)
                 continue
             work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages} split={la.split}",
-                          "block_n": la.block_n, "block_k": la.block_k, "num_stages": la.num_stages,
-                          "num_warps": la.num_warps, "split": la.split}, [partial(skinny_linear, x, w, la) for w in ws]))
+                          **{c: getattr(la, c) for c in LAUNCH_COLUMNS}}, [partial(skinny_linear, x, w, la) for w in ws]))
     rows = []
     for r in range(args.rounds):
         shift = r % len(work)
@@ -92,35 +93,31 @@ def main() -> None:
             rows.append({**labels, "round": r, "us": round(us, 3), "timing": how})
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     t = pd.DataFrame(rows)
-    cub = t[t.impl == "cublas"].set_index(["shape", "T", "round"])["us"]
-    t["over_cublas"] = [u / cub[(s, T, r)] for s, T, r, u in zip(t["shape"], t["T"], t["round"], t["us"], strict=True)]
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         t.to_csv(args.csv, index=False)
-    s = t.groupby(["shape", "T", "impl"], sort=False).agg(
-        us=("us", "median"), lo=("us", "min"), hi=("us", "max"), MB=("MB", "first"),
-        over_cublas=("over_cublas", "median"), over_lo=("over_cublas", "min"),
-        over_hi=("over_cublas", "max")).reset_index()
+    # one definition of the medians and the per-round ratios: analysis/kernel_ab.py
+    keys = ["shape", "N", "K", "T", "impl"]
+    s = medians(t).rename(columns={"median": "us"}).merge(
+        ratios(t, "cublas").rename(columns={"median": "over_cublas", "lo": "over_lo", "hi": "over_hi"}), how="left")
+    s = s.merge(t.groupby(keys, sort=False)[["MB", *LAUNCH_COLUMNS]].first().reset_index(), on=keys)
     s["GB/s"] = (s["MB"] * 1e3 / s["us"]).round(0)
     pd.set_option("display.width", 200)
-    for (shape, T), part in s.groupby(["shape", "T"], sort=False):
-        print(part.sort_values("us").head(6).round(3).to_string(index=False))
+    for _, part in s.groupby(["shape", "T"], sort=False):
+        print(part.drop(columns=LAUNCH_COLUMNS).sort_values("us").head(6).round(3).to_string(index=False))
     print(f"us per call: median [min, max] over {args.rounds} interleaved rounds; over_cublas per round")
     if args.install:
         table = {}
-        for (N, K, T), part in s.merge(t.groupby(["shape", "T", "impl"], sort=False).first()[
-                ["N", "K", "block_n", "block_k", "num_stages", "num_warps", "split"]].reset_index()).groupby(["N", "K", "T"]):
+        for (N, K, T), part in s.groupby(["N", "K", "T"]):
             sk = part[part.impl != "cublas"]
             if sk.empty:
                 continue
             best = sk.loc[sk["us"].idxmin()]
             table[f"skinny:N={N},K={K},T={token_bucket(int(T))}"] = {
-                "block_n": int(best.block_n), "block_k": int(best.block_k), "num_stages": int(best.num_stages),
-                "num_warps": int(best.num_warps), "split": int(best.split), "us": float(best.us),
+                **{c: int(best[c]) for c in LAUNCH_COLUMNS}, "us": float(best.us),
                 "cublas_us": float(part[part.impl == "cublas"]["us"].iloc[0]),
                 "use": bool(best.over_hi < 1.0)}  # faster than cuBLAS in every round
         print("installed:", install_table(table, dev), table, flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -64,6 +64,36 @@ def make_weight_sets(E: int, H: int, I: int, S: int, device, dtype=torch.bfloat1
     return sets
 
 
+@dataclass
+class SelectLayer:
+    """One MoE layer's router with BASE's predictor folded into its GEMM, as the budgeted model
+    runs the selection kernel (kernels/score.py)."""
+
+    wcat_CH: Tensor  # [router; predictor] rows
+    pred_b_E: Tensor
+    dtype: torch.dtype
+
+    def inputs(self, T: int, g: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        """(logits_TE, g_TE, active_T) of T random tokens, every one active."""
+        from kernels.score import fused_router_logits
+
+        device = self.wcat_CH.device
+        z_TH = torch.randn(T, self.wcat_CH.shape[1], generator=g).to(device, self.dtype)
+        logits_TE, g_TE = fused_router_logits(z_TH, self.wcat_CH)
+        return logits_TE, g_TE, torch.ones(T, dtype=torch.bool, device=device)
+
+
+def select_layer(H: int, E: int, device, g: torch.Generator) -> SelectLayer:
+    """A random router (logit std ~1) and predictor (bf16 on a GPU, fp32 elsewhere), drawn from g."""
+    from kernels.score import fuse_router_predictor
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    router_EH = (torch.randn(E, H, generator=g) / H**0.5).to(device, dtype)
+    pred_w_HE = (torch.randn(H, E, generator=g) * 0.02).to(device)
+    pred_b_E = (torch.randn(E, generator=g) * 0.1).to(device)
+    return SelectLayer(fuse_router_predictor(router_EH, pred_w_HE), pred_b_E, dtype)
+
+
 def experts_module(gate_up: Tensor, down: Tensor, K: int) -> torch.nn.Module:
     """A transformers Qwen3MoeExperts over the given weights (no copy); pick the implementation
     with `set_impl(module, name)`."""

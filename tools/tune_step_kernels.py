@@ -39,9 +39,8 @@ import torch
 
 from kernels._triton import next_pow2
 from kernels.attention import AttentionLaunch, decode_attention
-from kernels.score import fuse_router_predictor, fused_router_logits
 from kernels.select import SelectLaunch, route_select
-from tools.timing import time_graph
+from tools.timing import select_layer, time_graph
 from tools.tune_kernels import install as install_table
 
 SELECT_WARPS = (2, 4, 8)
@@ -68,16 +67,11 @@ def log(msg: str) -> None:
 def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tuple[list[dict], dict]:
     H, E, K, M = model["H"], model["E"], model["K"], model["budget"]
     g = torch.Generator(device="cpu").manual_seed(7)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    router_EH = (torch.randn(E, H, generator=g) / H**0.5).to(dev, dtype)
-    pred_w_HE = (torch.randn(H, E, generator=g) * 0.02).to(dev)
-    pred_b_E = (torch.randn(E, generator=g) * 0.1).to(dev)
-    wcat_CH = fuse_router_predictor(router_EH, pred_w_HE)
+    layer = select_layer(H, E, dev, g)
+    pred_b_E = layer.pred_b_E
     rows, table = [], {}
     for T in ts:
-        z_TH = torch.randn(T, H, generator=g).to(dev, dtype)
-        active_T = torch.ones(T, dtype=torch.bool, device=dev)
-        logits_TE, g_TE = fused_router_logits(z_TH, wcat_CH)
+        logits_TE, g_TE, active_T = layer.inputs(T, g)
         for nw, tb, split in itertools.product(warps, tbs, (False, True)):
             if tb > max(next_pow2(T), min(tbs)):  # a tile larger than the tokens only pads
                 continue
