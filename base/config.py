@@ -29,6 +29,8 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 # the logit ranges of trained models (~30): noise, not the model's text.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
+# families whose attention base/hf/fused_attention.py computes (its `qualifies`; tests/test_fused_attention.py)
+FUSED_ATTENTION_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 REGION_KINDS = ("layer", "modules", "layer_combo", "layer_autotune", "layer_skinny")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
@@ -243,6 +245,8 @@ class ThroughputConfig:
     # layer_autotune (layer_combo, the halves' GEMMs autotuned among cuBLAS and Triton templates) |
     # layer_skinny (layer_combo, the q/k/v and output projections on kernels/skinny.py where its tuned
     # table says it beat cuBLAS: base/hf/skinny_proj.py)
+    fused_attention: bool = False  # the decode step's q/k norm, rotary, K/V write and attention in one
+    # launch (base/hf/fused_attention.py; Qwen3, Qwen2-MoE and Mixtral layers; not yet timed on a GPU)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
@@ -537,6 +541,10 @@ class RunConfig:
             if tp.mode != "serve":
                 unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                                "only throughput.mode=serve reads serve.*"))
+            if self.model.family not in FUSED_ATTENTION_FAMILIES:
+                unused.append((_changed("throughput", tp, ("fused_attention",)),
+                               (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
+                                f"{self.model.family}'s (base/hf/fused_attention.py)")))
             if not tp.compile:
                 unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)),
                                "throughput.compile=false compiles no region, the prefill's included"))

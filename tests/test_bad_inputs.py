@@ -150,6 +150,8 @@ CASES = [
     (["scheduler.compile_prefill=true", "scheduler.packing=padded"], "scheduler.compile_prefill=true compiles the packed"),
     (["stage=throughput", "throughput.mode=stream", "throughput.compile=false", "scheduler.compile_prefill=true"],
      "scheduler.compile_prefill=True would be ignored: throughput.compile=false compiles no region"),
+    (["model=tiny_olmoe", "stage=throughput", "throughput.fused_attention=true"],
+     "throughput.fused_attention=True would be ignored: the fused form computes qwen3_moe, qwen2_moe, mixtral attention"),
     (["scheduler.buckets=[128,64]"], "scheduler.buckets=[128, 64] must be strictly increasing"),
     (["scheduler.chunked=true", "scheduler.chunk_tokens=4096"], "scheduler.chunk_tokens=4096 is out of range: must be [1, 2048]"),
     (["scheduler.max_wait_steps=-1"], "scheduler.max_wait_steps=-1 is out of range: must be >= 0"),

@@ -22,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels.attention import _decode_attention
 from kernels.experts import _down_kept_kernel, _gate_up_kept_kernel
 from kernels.select import _route_select_kernel
 from kernels.skinny import _skinny_kernel
@@ -46,6 +47,12 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: di
 
 # Sizes that are multiples of 16 in the launches this checks (the JIT marks such int arguments).
 ALIGNED = ("H", "I", "C", "E")
+# Per kernel, more int arguments that are multiples of 16 in its launches: the skinny kernel's
+# matrix sizes (elsewhere K is the top-k); the attention's head size and the strides of its
+# (rows, heads, slots, head size) tensors.
+ALIGNED_IN = {_skinny_kernel: ("N", "K"),
+              _decode_attention: ("D", "sq_b", "sq_h", "sk_b", "sk_k", "sk_l", "sv_b", "sv_k", "sv_l", "so_b", "so_h",
+                                  "skn_b", "skn_k", "svn_b", "svn_k", "sc_b")}
 # Strides that are 1 in every real launch: the JIT specialises an int argument equal to 1 into a
 # constant, which is what lets it vectorise and software-pipeline the weight loads.
 UNIT_STRIDES = {"stride_gk": 1, "stride_di": 1}
@@ -114,6 +121,16 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"skinny BN={bn} BK={bk} st={st} split={split}", _skinny_kernel, sk_ptrs, (),
                     {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32"},
                     {"num_warps": 4, "num_stages": st}))
+    # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128), as it is and with
+    # this step's q/k norm, rotary and K/V write fused in (base/hf/fused_attention.py)
+    at_ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "allowed_ptr": "*u8", "last_ptr": "*i64",
+               "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16",
+               "kn_ptr": "*bf16", "vn_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
+               "qw_ptr": "*bf16", "kw_ptr": "*bf16"}
+    at = {"G_BLOCK": 16, "D_BLOCK": 128, "E_BLOCK": 128, "BLOCK_N": 64}
+    for one, new, norm in ((False, False, False), (False, True, True), (True, True, True), (False, True, False)):
+        out.append((f"decode_attention ONE_SHARE={one:d} NEW={new:d} QK_NORM={norm:d}", _decode_attention, at_ptrs,
+                    ("scaling", "eps"), {**at, "ONE_SHARE": one, "NEW": new, "QK_NORM": norm}, {"num_warps": 4}))
     return out
 
 
@@ -138,8 +155,7 @@ def main() -> None:
     failed = 0
     for label, kernel, ptrs, floats, consts, opts in cases():
         fn = kernel.gpu
-        # the skinny kernel's N and K are matrix sizes (multiples of 16 in its launches); elsewhere K is the top-k
-        sig, attrs = _types(fn.fn, ptrs, floats, consts, aligned=("N", "K") if kernel is _skinny_kernel else ())
+        sig, attrs = _types(fn.fn, ptrs, floats, consts, aligned=ALIGNED_IN.get(kernel, ()))
         src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
         try:
             k = triton.compile(src, target=target, options=opts)

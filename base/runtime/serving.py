@@ -112,6 +112,7 @@ class _Engine:
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
                                            compile=None if tp.compile else False, regions=tp.regions,
+                                           fused_attention=tp.fused_attention,
                                            buckets=scheduler.buckets, compile_prefill=scheduler.compile_prefill)
         except BaseException:
             self._remove()

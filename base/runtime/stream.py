@@ -105,7 +105,7 @@ def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, 
            scheduler: SchedulerConfig) -> tuple[list[Finished], ServeStats, float]:
     """The stream through a fresh engine after its warm-up; (finished, stats, s to predict experts)."""
     engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False,
-                              regions=tp.regions, buckets=scheduler.buckets,
+                              regions=tp.regions, fused_attention=tp.fused_attention, buckets=scheduler.buckets,
                               compile_prefill=scheduler.compile_prefill)
     try:
         if scheduler.packing == "packed":

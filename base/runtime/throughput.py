@@ -108,7 +108,8 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
     not compiled before at this shape, capture and the untimed replays)."""
     budget = make_budget(v, stats)
     engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=graph,
-                          compile=None if (cfg.compile and graph is None) else False, regions=cfg.regions)
+                          compile=None if (cfg.compile and graph is None) else False, regions=cfg.regions,
+                          fused_attention=cfg.fused_attention)
     try:
         mask_BP = torch.ones_like(ids_BP)
         engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
@@ -153,7 +154,8 @@ def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
     budget = make_budget(v, False)
     # the graph's kernels, run eagerly: compiled regions as in the timed pass
     engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=False,
-                          compile=cfg.compile and ids_BP.device.type == "cuda", regions=cfg.regions)
+                          compile=cfg.compile and ids_BP.device.type == "cuda", regions=cfg.regions,
+                          fused_attention=cfg.fused_attention)
     try:
         engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
         engine.decode(1)  # warm
@@ -179,6 +181,7 @@ def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
         "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
         "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
         "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile, "regions": cfg.regions,
+        "fused_attention": cfg.fused_attention,
         "pdl": pdl_active(ids_BP.device),
         "warmup_s": warm_s, "steps": len(ms) if ms else steps,
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,

@@ -1,0 +1,139 @@
+"""The decode step's attention in one launch after the q/k/v GEMM: q/k norm, rotary, the K/V write
+and the attention (kernels/attention.py's fused form) instead of the four to five launches a
+compiled attention half makes of them.
+
+    fused = FusedAttention(model)   # every qualifying attention module becomes a FusedDecodeAttention
+    ...                             # decode steps inside the engine take the fused path
+    fused.remove()                  # the original modules again
+
+Why: in the compiled attention half Inductor emits the q/k norm (one persistent reduction), the
+rotary and cache write (one point-wise kernel) and the decode attention (a custom op) as separate
+launches, 5 µs a layer of kernels of a few kilobytes each on an H200 plus their boundaries
+(results/roofline/grid_2026-12-02f/final/summary_kernels.csv); here they are one. The engine
+applies this under `throughput.fused_attention=true`.
+
+Owned, not hooked: `FusedDecodeAttention` holds the model's attention module as `inner` and uses
+its projections, norms and cache buffers (base/hf/attention.py's StaticKV puts them on `inner`).
+It takes the fused path only for one query token inside the engine with the cache allocated (not a
+packed forward nor an arrivals' prefill) and a rotary of the full head size; anything else
+(prefill, generate outside the engine) runs `inner` as it is. On a CPU the op runs its PyTorch
+reference (the same ops, in the same order, as the unfused path).
+
+Which modules qualify (`qualifies`): separate q/k/v/o projections; q/k RMSNorm per head (Qwen3) or
+none (Qwen2-MoE, Mixtral); no attention sinks (GPT-OSS) and not MLA (DeepSeek). OLMoE's q/k norm
+spans all heads of a token: left as it is.
+
+Shapes: B rows, Hq query heads, K KV heads, D head size, E value head size, L cache slots.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from base.hf.attention import NAME, _allowed
+
+
+@torch.library.custom_op("base_moe::fused_decode_attention", mutates_args=("k_cache_BKLD", "v_cache_BKLE"))
+def _fused_op(q_BHD: Tensor, k_BKD: Tensor, v_BKE: Tensor, cos_BD: Tensor, sin_BD: Tensor, pos_B: Tensor,
+              q_norm_D: Tensor | None, k_norm_D: Tensor | None, eps: float, k_cache_BKLD: Tensor,
+              v_cache_BKLE: Tensor, allowed_BL: Tensor, last_1: Tensor, scaling: float) -> Tensor:
+    """kernels/attention.py's fused form on a GPU, its reference elsewhere; declares the caches
+    mutated, so a compiled region keeps the write in place."""
+    from kernels.attention import (
+        NewToken,
+        fused_decode_attention,
+        fused_decode_attention_reference,
+    )
+
+    new = NewToken(k_BKD, v_BKE, cos_BD, sin_BD, pos_B, q_norm_D, k_norm_D, eps)
+    if q_BHD.is_cuda:
+        return fused_decode_attention(q_BHD, new, k_cache_BKLD, v_cache_BKLE, allowed_BL, last_1, scaling)
+    return fused_decode_attention_reference(q_BHD, new, k_cache_BKLD, v_cache_BKLE, allowed_BL,
+                                            int(last_1.max()), scaling)
+
+
+@_fused_op.register_fake
+def _(q_BHD, k_BKD, v_BKE, cos_BD, sin_BD, pos_B, q_norm_D, k_norm_D, eps, k_cache_BKLD, v_cache_BKLE, allowed_BL,
+      last_1, scaling):
+    return q_BHD.new_empty(q_BHD.shape[0], q_BHD.shape[1], v_cache_BKLE.shape[-1])
+
+
+def _per_head_norm(norm: nn.Module | None, D: int) -> bool:
+    """An RMSNorm over one head's D values (weight (D,), transformers' `variance_epsilon`)."""
+    weight = getattr(norm, "weight", None)
+    return weight is not None and tuple(weight.shape) == (D,) and hasattr(norm, "variance_epsilon")
+
+
+def qualifies(module: nn.Module) -> bool:
+    """Whether `module` is an attention whose decode step the fused form computes (module doc)."""
+    if not all(isinstance(getattr(module, f"{p}_proj", None), nn.Module) for p in "qkvo"):
+        return False
+    D = getattr(module, "head_dim", None)
+    if not isinstance(D, int) or D % 2 or getattr(module, "sinks", None) is not None:
+        return False
+    q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
+    if q_norm is None and k_norm is None:
+        return True
+    return _per_head_norm(q_norm, D) and _per_head_norm(k_norm, D)
+
+
+class FusedDecodeAttention(nn.Module):
+    """The model's attention module (`inner`), its decode step through the fused op."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.norm = getattr(inner, "q_norm", None) is not None
+
+    def _fusable(self, hidden_BQH: Tensor, position_embeddings, attention_mask) -> bool:
+        inner = self.inner
+        return (hidden_BQH.shape[1] == 1 and position_embeddings is not None
+                and position_embeddings[0].shape[-1] == inner.head_dim
+                and isinstance(attention_mask, Tensor) and attention_mask.dtype == torch.bool
+                and inner.config._attn_implementation == NAME and hasattr(inner, "base_k_cache")
+                and getattr(inner, "base_packed", None) is None and getattr(inner, "base_write_rows", None) is None)
+
+    def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor] | None = None,
+                attention_mask: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+        inner = self.inner
+        if not self._fusable(hidden_states, position_embeddings, attention_mask):
+            return inner(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                         **kwargs)
+        B, D = hidden_states.shape[0], inner.head_dim
+        # q before k and v: base/hf/fused_qkv.py's q_proj computes all three
+        q_BHD = inner.q_proj(hidden_states).view(B, -1, D)
+        k_BKD = inner.k_proj(hidden_states).view(B, -1, D)
+        k_cache, v_cache = inner.base_k_cache, inner.base_v_cache
+        v_BKE = inner.v_proj(hidden_states).view(B, k_BKD.shape[1], -1)
+        pos = inner.base_write_pos  # (1,) one slot for every row, or (B, 1) one per row
+        pos_B = pos[:, 0] if pos.dim() == 2 else pos
+        last_1 = inner.base_last_slot if pos.dim() == 2 else pos  # the last slot any row reads
+        allowed_BL = _allowed(attention_mask, pos, getattr(inner, "sliding_window", None))[:, 0, 0]
+        cos_BD, sin_BD = (x.reshape(-1, D) for x in position_embeddings)  # (B, 1, D), or (1, 1, D) shared
+        q_norm, k_norm = (inner.q_norm, inner.k_norm) if self.norm else (None, None)
+        out_BHE = _fused_op(q_BHD, k_BKD, v_BKE, cos_BD, sin_BD, pos_B,
+                            None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+                            q_norm.variance_epsilon if self.norm else 1e-6, k_cache, v_cache, allowed_BL.contiguous(),
+                            last_1, inner.scaling)
+        return inner.o_proj(out_BHE.reshape(B, 1, -1)), None
+
+
+class FusedAttention:
+    """Every qualifying attention module of `model` wrapped in a FusedDecodeAttention until `remove()`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.swapped: list[tuple[nn.Module, str, nn.Module]] = []
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if name == "self_attn" and qualifies(child):
+                    setattr(parent, name, FusedDecodeAttention(child))
+                    self.swapped.append((parent, name, child))
+
+    @property
+    def layers(self) -> int:
+        return len(self.swapped)
+
+    def remove(self) -> None:
+        for parent, name, child in self.swapped:
+            setattr(parent, name, child)
+        self.swapped = []
