@@ -6,11 +6,12 @@ compiled attention half makes of them.
     ...                             # decode steps inside the engine take the fused path
     fused.remove()                  # the original modules again
 
-Why: in the compiled attention half Inductor emits the q/k norm (one persistent reduction), the
-rotary and cache write (one point-wise kernel) and the decode attention (a custom op) as separate
-launches, 5 µs a layer of kernels of a few kilobytes each on an H200 plus their boundaries
-(results/roofline/grid_2026-12-02f/final/summary_kernels.csv); here they are one. The engine
-applies this under `throughput.fused_attention=true`.
+Why: in the compiled attention half Inductor emits the q/k norm and the rotary with the cache
+write as kernels of their own beside the decode attention (a custom op): by their place in the
+profile a persistent reduction and a point-wise kernel, 1.8 and 1.2 µs a layer on an H200 plus
+their boundaries, for a few kilobytes each (results/roofline/grid_2026-12-02f/final/
+summary_kernels.csv); here all of it is one launch. The engine applies this under
+`throughput.fused_attention=true` (off by default: not yet timed on a GPU).
 
 Owned, not hooked: `FusedDecodeAttention` holds the model's attention module as `inner` and uses
 its projections, norms and cache buffers (base/hf/attention.py's StaticKV puts them on `inner`).
