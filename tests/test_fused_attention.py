@@ -56,6 +56,20 @@ def test_fused_decode_attention_matches_the_op_by_op_reference(shared_pos, norm,
     assert torch.equal(v_cache, v_ref)
 
 
+def test_in_half_precision_the_written_key_rounds_as_transformers_ops_round():
+    """float16 (the interpreter gets bfloat16 wrong): the key the kernel writes, normed and rotated
+    in one pass, equals bit for bit the one transformers' ops make one rounding at a time; the
+    output within float16's resolution."""
+    from kernels.attention import fused_decode_attention, fused_decode_attention_reference
+
+    q, new, k_cache, v_cache, allowed, last = _step_inputs(3, 8, 2, 48, 32, dtype=torch.float16)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    out = fused_decode_attention(q, new, k_cache, v_cache, allowed, torch.tensor([last]), 0.3)
+    ref = fused_decode_attention_reference(q, new, k_ref, v_ref, allowed, last, 0.3)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+
+
 def test_fused_decode_attention_reads_the_new_slot_from_registers_not_the_stale_cache():
     """Every share attends to the new token's rotated key even where the cache still holds the old
     one: with the slot's old key set to NaN, a share that read memory would return NaN."""
