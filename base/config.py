@@ -199,14 +199,26 @@ class CalibConfig:
         self.batch_size = check_int("calibration.batch_size", self.batch_size, 1)
 
 
+# Engine forms a throughput variant may add to the run's own (`base+fused`): each sets throughput
+# keys for that variant's engine alone, so an A/B of a form runs interleaved in one process.
+ENGINE_FORMS: dict[str, dict[str, Any]] = {
+    "fused": {"fused_attention": True},  # base/hf/fused_attention.py
+    "skinny": {"regions": "layer_skinny"},  # base/hf/skinny_proj.py
+}
+
+
 def parse_method_spec(spec: str) -> dict[str, Any]:
-    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation) ->
-    {"method", "k0", "impl"}, validated."""
+    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation), `base+fused`
+    (an engine form, ENGINE_FORMS; several: `base+fused+skinny`) -> {"method", "k0", "impl",
+    "forms"}, validated."""
     from base.method.selectors import SELECTORS
 
-    name, *opts = str(spec).split(":")
+    head, *forms = str(spec).split("+")
+    for form in forms:
+        check_choice(f"throughput.methods[]={spec!r}: form", form, tuple(ENGINE_FORMS))
+    name, *opts = head.split(":")
     check_choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
-    out: dict[str, Any] = {"method": name, "k0": None, "impl": None}
+    out: dict[str, Any] = {"method": name, "k0": None, "impl": None, "forms": tuple(sorted(set(forms)))}
     for opt in opts:
         if opt.isdigit():
             out["k0"] = check_int(f"throughput.methods[]={spec!r} k0", opt, 1)
@@ -541,10 +553,21 @@ class RunConfig:
             if tp.mode != "serve":
                 unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                                "only throughput.mode=serve reads serve.*"))
+            forms = [(spec, form) for spec, parsed in zip(tp.methods or [], tp.specs or []) for form in parsed["forms"]]
             if self.model.family not in FUSED_ATTENTION_FAMILIES:
-                unused.append((_changed("throughput", tp, ("fused_attention",)),
+                unused.append((_changed("throughput", tp, ("fused_attention",)) +
+                               [f"throughput.methods[]={s!r}" for s, f in forms if f == "fused"],
                                (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
                                 f"{self.model.family}'s (base/hf/fused_attention.py)")))
+            if not tp.compile:
+                unused.append(([f"throughput.methods[]={s!r}" for s, f in forms if f == "skinny"],
+                               "the skinny form is a compiled region kind, and throughput.compile=false compiles none"))
+            for spec, form in forms:
+                already = {k: v for k, v in ENGINE_FORMS[form].items() if getattr(tp, k) == v}
+                if already:
+                    said = ", ".join(f"throughput.{k}={v}" for k, v in already.items())
+                    raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
+                                      f"every variant: drop the +{form} or set the run's key back")
             if not tp.compile:
                 unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)),
                                "throughput.compile=false compiles no region, the prefill's included"))

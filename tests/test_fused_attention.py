@@ -60,7 +60,10 @@ def test_in_half_precision_the_written_key_rounds_as_transformers_ops_round():
     """float16 (the interpreter gets bfloat16 wrong): the key the kernel writes, normed and rotated
     in one pass, equals bit for bit the one transformers' ops make one rounding at a time; the
     output within float16's resolution."""
-    from kernels.attention import fused_decode_attention, fused_decode_attention_reference
+    from kernels.attention import (
+        fused_decode_attention,
+        fused_decode_attention_reference,
+    )
 
     q, new, k_cache, v_cache, allowed, last = _step_inputs(3, 8, 2, 48, 32, dtype=torch.float16)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
@@ -95,9 +98,12 @@ def test_a_slot_outside_the_cache_is_not_written():
     the reference does, over what the cache holds)."""
     from dataclasses import replace
 
-    from kernels.attention import fused_decode_attention, fused_decode_attention_reference
+    from kernels.attention import (
+        fused_decode_attention,
+        fused_decode_attention_reference,
+    )
 
-    q, new, k_cache, v_cache, allowed, last = _step_inputs(3, 4, 2, 40, 16)
+    q, new, k_cache, v_cache, allowed, _ = _step_inputs(3, 4, 2, 40, 16)
     new = replace(new, pos_B=torch.tensor([3, 40, 7]))
     allowed[0, 3] = allowed[2, 7] = True
     k_ref, v_ref, k_before = k_cache.clone(), v_cache.clone(), k_cache.clone()
@@ -339,3 +345,43 @@ def test_compiled_regions_with_the_fused_op_decode_like_the_unfused_engine(monke
     assert torch.equal(tokens[1], tokens[0])
     assert len(calls) == 4 * 9  # 4 layers, 9 decode steps
     assert 0 < torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2  # the half and the final norm
+
+
+# ---- engine forms of a throughput variant (base/config.py ENGINE_FORMS) --------------------------
+def test_method_specs_take_engine_forms_and_refuse_unknown_ones():
+    from base.config import ConfigError, parse_method_spec
+
+    assert parse_method_spec("base+fused")["forms"] == ("fused",)
+    assert parse_method_spec("oea:1+skinny+fused") == {"method": "oea", "k0": 1, "impl": None,
+                                                       "forms": ("fused", "skinny")}
+    assert parse_method_spec("dense")["forms"] == ()
+    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny"):
+        parse_method_spec("base+fast")
+
+
+def test_a_variant_with_a_form_runs_its_own_engine_beside_the_plain_one(monkeypatch):
+    """In one throughput measurement (CPU, two interleaved rounds) `dense` and `dense+fused` are two
+    rows: the second's engine takes the fused attention, the first's does not, and its speed-up is
+    against plain dense."""
+    from base.config import ThroughputConfig
+    from base.hf.loading import load_model
+    from base.runtime.throughput import Variant, measure
+    from kernels import attention
+    from tests.helpers import ROOT, tiny_model_config, torch_threads
+
+    calls = []
+    reference = attention.fused_decode_attention_reference
+    monkeypatch.setattr(attention, "fused_decode_attention_reference",
+                        lambda *a, **k: calls.append(1) or reference(*a, **k))
+    cfg = ThroughputConfig(batch_sizes=[2], prompt_len=4, gen_tokens=4, stats_steps=2, repeats=2, profile_batch=None)
+    with torch_threads(1):
+        model = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+        measure(model, lambda v, stats: None, [Variant("dense")], cfg, seed=0)
+        assert not calls
+        rows, _, _ = measure(model, lambda v, stats: None, [Variant("dense"), Variant("dense", forms=("fused",))],
+                             cfg, seed=0)
+    assert calls
+    assert [(r["variant"], r["fused_attention"], r["regions"]) for r in rows] == \
+        [("dense", False, "layer_combo"), ("dense+fused", True, "layer_combo")]
+    assert rows[0]["speedup_vs_dense"] == 1.0 and rows[1]["speedup_vs_dense"] > 0
+    assert all(r["repeats"] == 2 for r in rows)

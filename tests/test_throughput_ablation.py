@@ -70,3 +70,37 @@ def test_the_route_in_select_ablation_reads_each_runs_config(tmp_path):
     r = ratios(run_rows(tmp_path, "route_in_select"), "route_in_select").set_index("variant")
     assert r.loc["base", "runs"] == "2 + 1" and r.loc["base", "ratio_min"] == 5.0 / 4.0
     assert r.loc["dense", "ratio_max"] == 12.5 / 11.0 and r.loc["base", "True_kernels_per_layer"] == 13.5
+
+
+def test_a_form_inside_one_run_pairs_with_its_plain_variant_round_by_round(tmp_path):
+    """analysis/throughput_forms.py: `base+fused` against `base` of the same run, pass by pass."""
+    import pytest
+
+    from analysis.throughput_forms import compare
+
+    rows = [{"batch_size": 16, "variant": v, "budget": b, "mode": "graph", "ms_runs": runs}
+            for v, b, runs in (("dense", None, "10;11;12"), ("dense+fused", None, "9;10;13"),
+                               ("base", 16, "5;5;5"), ("base+fused", 16, "4;4.5;5.5"), ("oea(k0=1)", None, "6;6;6"))]
+    rows.append({"batch_size": 16, "variant": "dense", "budget": None, "mode": "eager", "ms_runs": "99"})
+    pd.DataFrame(rows).to_csv(tmp_path / "throughput.csv", index=False)
+    profile = [{"variant": v, "class": "total", "kernels_per_layer": k} for v, k in (("base", 14.5), ("base+fused", 12.5))]
+    (tmp_path / "report.json").write_text(json.dumps({"profile": profile}))
+    med, ratio = compare(tmp_path / "throughput.csv")
+    r = ratio.set_index("variant")
+    assert r.loc["dense", "over_plain"] == pytest.approx(10 / 11)  # rounds: 0.9, 10/11, 13/12
+    assert (r.loc["dense", "over_plain_min"], r.loc["dense", "over_plain_max"]) == pytest.approx((0.9, 13 / 12))
+    assert r.loc["base", "over_plain"] == pytest.approx(0.9)
+    assert "oea(k0=1)" not in set(med["variant"])  # no form beside it
+    m = med.set_index(["variant", "impl"])
+    assert m.loc[("base", "fused"), "kernels_per_layer"] == 12.5 and m.loc[("base", "plain"), "ms"] == 5
+
+
+def test_forms_analysis_refuses_a_run_without_forms(tmp_path):
+    import pytest
+
+    from analysis.throughput_forms import compare
+
+    pd.DataFrame([{"batch_size": 16, "variant": "dense", "budget": None, "mode": "graph", "ms_runs": "1;2"}]).to_csv(
+        tmp_path / "throughput.csv", index=False)
+    with pytest.raises(SystemExit, match="no variant with a form beside its plain variant"):
+        compare(tmp_path / "throughput.csv")

@@ -79,18 +79,19 @@ def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = N
 def throughput_variants(cfg: RunConfig) -> list[Variant]:
     """The configurations of a throughput run: dense first, then each method at each budget."""
     tp = cfg.throughput
-    specs = tp.specs or [{"method": "dense", "k0": None, "impl": None},
-                         {"method": cfg.method.name, "k0": cfg.method.k0, "impl": None}]
+    specs = tp.specs or [{"method": "dense", "k0": None, "impl": None, "forms": ()},
+                         {"method": cfg.method.name, "k0": cfg.method.k0, "impl": None, "forms": ()}]
     budgets = tp.budgets or ([cfg.budget] if cfg.budget is not None else [])
     out: list[Variant] = []
     for spec in specs:
         name = spec["method"]
         if name == "dense" or not SELECTORS.get(name).uses_budget:
-            out.append(Variant(name, None, spec["k0"], spec["impl"]))
+            out.append(Variant(name, None, spec["k0"], spec["impl"], spec["forms"]))
         else:
-            out += [Variant(name, b, spec["k0"], spec["impl"]) for b in budgets]
+            out += [Variant(name, b, spec["k0"], spec["impl"], spec["forms"]) for b in budgets]
     out = list(dict.fromkeys(out))
-    out.sort(key=lambda v: v.method != "dense" or v.experts_impl is not None)  # the dense reference first
+    # the dense reference first
+    out.sort(key=lambda v: v.method != "dense" or v.experts_impl is not None or bool(v.forms))
     return out
 
 

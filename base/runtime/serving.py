@@ -111,8 +111,7 @@ class _Engine:
         self.budget = make_budget(v, False)
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
-                                           compile=None if tp.compile else False, regions=tp.regions,
-                                           fused_attention=tp.fused_attention,
+                                           compile=None if tp.compile else False, **v.engine_options(tp),
                                            buckets=scheduler.buckets, compile_prefill=scheduler.compile_prefill)
         except BaseException:
             self._remove()

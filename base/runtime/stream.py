@@ -100,12 +100,13 @@ def _pick(cfg: StreamConfig, model: nn.Module, budget: MoeBudget | None, request
     return UnionAdmission(lambda i: predicted[i], cfg.max_wait_rounds)
 
 
-def _serve(model: nn.Module, budget: MoeBudget | None, slots: int, length: int, tp: ThroughputConfig,
+def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, length: int, tp: ThroughputConfig,
            cfg: StreamConfig, requests: list[Request],
            scheduler: SchedulerConfig) -> tuple[list[Finished], ServeStats, float]:
-    """The stream through a fresh engine after its warm-up; (finished, stats, s to predict experts)."""
+    """The stream of variant v (its budget given) through a fresh engine after its warm-up;
+    (finished, stats, s to predict experts)."""
     engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False,
-                              regions=tp.regions, fused_attention=tp.fused_attention, buckets=scheduler.buckets,
+                              **v.engine_options(tp), buckets=scheduler.buckets,
                               compile_prefill=scheduler.compile_prefill)
     try:
         if scheduler.packing == "packed":
@@ -140,7 +141,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
         for v in variants:
             budget = make_budget(v, False)
             try:
-                done, stats, predict_s = _serve(model, budget, slots, length, tp, cfg, stream, scheduler)
+                done, stats, predict_s = _serve(model, budget, v, slots, length, tp, cfg, stream, scheduler)
             finally:
                 if budget is not None:
                     budget.remove()
@@ -167,7 +168,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
             }
             budget = make_budget(v, True)
             try:
-                _, _, _ = _serve(model, budget, slots, length, tp, cfg, short, scheduler)
+                _, _, _ = _serve(model, budget, v, slots, length, tp, cfg, short, scheduler)
                 recorded = budget.stats_rows() if budget is not None else []
             finally:
                 if budget is not None:

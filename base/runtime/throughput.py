@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from base.config import ThroughputConfig
+from base.config import ENGINE_FORMS, ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
 from base.runtime.engine import DecodeEngine
@@ -46,11 +46,20 @@ class Variant:
     budget: int | None = None
     k0: int | None = None
     experts_impl: str | None = None  # None: the model's own
+    forms: tuple[str, ...] = ()  # engine forms over the run's (base/config.py ENGINE_FORMS), sorted
 
     @property
     def label(self) -> str:
         name = self.method if self.k0 is None else f"{self.method}(k0={self.k0})"
-        return name if self.experts_impl is None else f"{name}[{self.experts_impl}]"
+        name = name if self.experts_impl is None else f"{name}[{self.experts_impl}]"
+        return "+".join((name, *self.forms))
+
+    def engine_options(self, cfg: ThroughputConfig) -> dict:
+        """The engine's regions and fused attention for this variant: the run's, with its forms' keys."""
+        options = {"regions": cfg.regions, "fused_attention": cfg.fused_attention}
+        for form in self.forms:
+            options.update(ENGINE_FORMS[form])
+        return options
 
 
 def register_skip_experts() -> str:
@@ -108,8 +117,7 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
     not compiled before at this shape, capture and the untimed replays)."""
     budget = make_budget(v, stats)
     engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=graph,
-                          compile=None if (cfg.compile and graph is None) else False, regions=cfg.regions,
-                          fused_attention=cfg.fused_attention)
+                          compile=None if (cfg.compile and graph is None) else False, **v.engine_options(cfg))
     try:
         mask_BP = torch.ones_like(ids_BP)
         engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
@@ -154,8 +162,7 @@ def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
     budget = make_budget(v, False)
     # the graph's kernels, run eagerly: compiled regions as in the timed pass
     engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=False,
-                          compile=cfg.compile and ids_BP.device.type == "cuda", regions=cfg.regions,
-                          fused_attention=cfg.fused_attention)
+                          compile=cfg.compile and ids_BP.device.type == "cuda", **v.engine_options(cfg))
     try:
         engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
         engine.decode(1)  # warm
@@ -180,8 +187,7 @@ def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
     row = {
         "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
         "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
-        "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile, "regions": cfg.regions,
-        "fused_attention": cfg.fused_attention,
+        "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile, **v.engine_options(cfg),
         "pdl": pdl_active(ids_BP.device),
         "warmup_s": warm_s, "steps": len(ms) if ms else steps,
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
