@@ -28,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from base.checks import check_folder
 from base.config import (
@@ -388,27 +389,43 @@ def check_command_line(argv: list[str]) -> None:
 GROUPS = ("model", "method", "task", "logger")  # conf/ groups a run needs one option of
 
 
-def schema_gaps(cfg: DictConfig, schema: type = RunSchema, prefix: str = "") -> list[str]:
+def schema_gaps(cfg: DictConfig, schema: type = RunSchema, prefix: str = "",
+                broken: list[str] | None = None) -> list[str]:
     """Keys of the schema with no value in `cfg`: deleted (`~budget`) or left ??? (`~model` empties
     the model group). Nested configs are walked by their own type (annotations are strings that a
-    launcher's worker process could not resolve)."""
+    launcher's worker process could not resolve). `broken` collects `key=${...}` interpolations that
+    do not resolve (`${outputs_dir}` after ~outputs_dir, `${no_such_key}`)."""
     import dataclasses
 
+    broken = [] if broken is None else broken
     gaps = []
     for f in dataclasses.fields(schema):
         key = prefix + f.name
         if f.name not in cfg or OmegaConf.is_missing(cfg, f.name):
             gaps.append(key)
             continue
-        node = cfg[f.name]
+        try:
+            node = cfg[f.name]
+        except InterpolationResolutionError:
+            broken.append(f"{key}={cfg._get_node(f.name)._value()}")
+            continue
         kind = OmegaConf.get_type(node) if OmegaConf.is_config(node) else None
         if kind is not None and dataclasses.is_dataclass(kind):
-            gaps += schema_gaps(node, kind, key + ".")
+            gaps += schema_gaps(node, kind, key + ".", broken)
     return gaps
 
 
 def check_complete(cfg: DictConfig) -> None:
-    gaps = schema_gaps(cfg)
+    broken: list[str] = []
+    gaps = schema_gaps(cfg, broken=broken)
+    if not gaps and not broken:  # the schema's keys, then the free-form ones (model.arch.*, task.*)
+        try:
+            OmegaConf.to_container(cfg, resolve=True)
+        except InterpolationResolutionError as err:
+            broken.append(f"{err.full_key}")
+    if broken and not gaps:
+        raise ConfigError(f"{', '.join(dict.fromkeys(broken))} refers to a key that has no value: give it a "
+                          f"value, or an interpolation of an existing key")
     if gaps:
         groups = sorted({g.split(".")[0] for g in gaps if g.split(".")[0] in GROUPS})
         hint = "; ".join(f"choose {g}=<{', '.join(group_options(g))}>" for g in groups)

@@ -46,6 +46,10 @@ def test_an_unknown_registry_name_names_the_valid_ones(compose, tmp_path, overri
     (["~budget"], "budget has no value (deleted by a ~key override"),
     (["~model"], "model.name, model.family, model.path has no value"),
     (["~predictor"], "predictor has no value"),
+    # an interpolation left without its key (found by tests/test_schema_property.py: a traceback before)
+    (["~outputs_dir"], "outputs_dir has no value (deleted by a ~key override"),
+    (["logger.dir=${nowhere}"], "logger.dir=${nowhere} refers to a key that has no value"),
+    (["model=tiny_qwen3", "model.arch.vocab_size=${nowhere}"], "model.arch.vocab_size refers to a key that has no value"),
     (["budget=abc"], "Value 'abc' of type 'str' could not be converted to Integer; full_key: budget"),
     (["model=nope"], "Could not find 'model/nope'; Available options in 'model': deepseek_v2_lite, gpt_oss_120b"),
     (["-m", "budget=4,abc"], "Value 'abc' of type 'str' could not be converted to Integer"),  # a sweep's 2nd value
