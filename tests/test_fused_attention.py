@@ -161,7 +161,8 @@ def test_gpu_fused_decode_attention(B, shared_pos, dtype):
 QUALIFY = {"qwen3": 2, "qwen2": 2, "mixtral": 2, "olmoe": 0, "gpt_oss": 0, "deepseek": 0}
 
 
-@pytest.mark.parametrize("family", sorted(QUALIFY))
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f in ("deepseek", "gpt_oss") else f
+                                    for f in sorted(QUALIFY)])  # the slow two: seconds to build
 def test_which_attention_modules_take_the_fused_form_and_remove_restores_them(family):
     """Per-head q/k norm (Qwen3) or none (Qwen2-MoE, Mixtral): wrapped; OLMoE's q/k norm over all
     heads, GPT-OSS's sinks and DeepSeek's MLA: left as they are."""
