@@ -116,10 +116,12 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                 {"num_warps": 4, "num_stages": 4, "launch_pdl": True}))
     # the decode projections without a reduce launch (kernels/skinny.py): one column block per program,
     # and K in shares summed by the last share
-    sk_ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
-    for bn, bk, st, split in ((16, 256, 4, 1), (16, 512, 3, 1), (64, 128, 4, 4), (32, 256, 4, 2)):
-        out.append((f"skinny BN={bn} BK={bk} st={st} split={split}", _skinny_kernel, sk_ptrs, (),
-                    {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32"},
+    sk_ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+               "nw_ptr": "*bf16", "ss_ptr": "*fp32"}
+    for bn, bk, st, split, norm in ((16, 256, 4, 1, False), (16, 512, 3, 1, False), (64, 128, 4, 4, False),
+                                    (32, 256, 4, 2, False), (16, 256, 4, 1, True), (64, 128, 4, 4, True)):
+        out.append((f"skinny BN={bn} BK={bk} st={st} split={split}{' NORM' if norm else ''}", _skinny_kernel, sk_ptrs,
+                    ("eps",), {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32", "NORM": norm},
                     {"num_warps": 4, "num_stages": st}))
     # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128), as it is and with
     # this step's q/k norm, rotary and K/V write fused in (base/hf/fused_attention.py)
