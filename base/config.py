@@ -204,12 +204,13 @@ class CalibConfig:
 ENGINE_FORMS: dict[str, dict[str, Any]] = {
     "fused": {"fused_attention": True},  # base/hf/fused_attention.py
     "skinny": {"regions": "layer_skinny"},  # base/hf/skinny_proj.py
+    "fold": {"fused_attention": True, "fold_input_norm": True},  # the input norm in the fused q/k/v GEMM
 }
 
 
 def parse_method_spec(spec: str) -> dict[str, Any]:
     """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation), `base+fused`
-    (an engine form, ENGINE_FORMS; several: `base+fused+skinny`) -> {"method", "k0", "impl",
+    (an engine form, ENGINE_FORMS; several: `base+fold+skinny`) -> {"method", "k0", "impl",
     "forms"}, validated."""
     from base.method.selectors import SELECTORS
 
@@ -259,6 +260,8 @@ class ThroughputConfig:
     # table says it beat cuBLAS: base/hf/skinny_proj.py)
     fused_attention: bool = False  # the decode step's q/k norm, rotary, K/V write and attention in one
     # launch (base/hf/fused_attention.py; Qwen3, Qwen2-MoE and Mixtral layers; not yet timed on a GPU)
+    fold_input_norm: bool = False  # with fused_attention and compile: each layer's input RMSNorm inside
+    # its q/k/v GEMM (kernels/skinny.py's norm form; one launch fewer per layer; not yet timed on a GPU)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
@@ -285,6 +288,9 @@ class ThroughputConfig:
         self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
         check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
+        if self.fold_input_norm and not self.fused_attention:
+            raise ConfigError("throughput.fold_input_norm=true folds the norm into the fused attention's q/k/v GEMM: "
+                              "set throughput.fused_attention=true too (or use the variant form METHOD+fold)")
         check_choice("throughput.regions", self.regions, REGION_KINDS)
 
 
@@ -555,16 +561,17 @@ class RunConfig:
                                "only throughput.mode=serve reads serve.*"))
             forms = [(spec, form) for spec, parsed in zip(tp.methods or [], tp.specs or []) for form in parsed["forms"]]
             if self.model.family not in FUSED_ATTENTION_FAMILIES:
-                unused.append((_changed("throughput", tp, ("fused_attention",)) +
-                               [f"throughput.methods[]={s!r}" for s, f in forms if f == "fused"],
+                unused.append((_changed("throughput", tp, ("fused_attention", "fold_input_norm")) +
+                               [f"throughput.methods[]={s!r}" for s, f in forms if f in ("fused", "fold")],
                                (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
                                 f"{self.model.family}'s (base/hf/fused_attention.py)")))
             if not tp.compile:
-                unused.append(([f"throughput.methods[]={s!r}" for s, f in forms if f == "skinny"],
-                               "the skinny form is a compiled region kind, and throughput.compile=false compiles none"))
+                unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
+                               [f"throughput.methods[]={s!r}" for s, f in forms if f in ("skinny", "fold")],
+                               "it works inside the compiled regions, and throughput.compile=false compiles none"))
             for spec, form in forms:
                 already = {k: v for k, v in ENGINE_FORMS[form].items() if getattr(tp, k) == v}
-                if already:
+                if already and len(already) == len(ENGINE_FORMS[form]):
                     said = ", ".join(f"throughput.{k}={v}" for k, v in already.items())
                     raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
                                       f"every variant: drop the +{form} or set the run's key back")

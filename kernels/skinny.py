@@ -146,16 +146,18 @@ class SkinnyLaunch:
             raise ValueError(f"num_stages must be in [1, 8], got {self.num_stages}")
 
 
-def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch | None:
+def skinny_launch(N: int, K: int, T: int, device: torch.device, tuned_either_way: bool = False) -> SkinnyLaunch | None:
     """The launch to use for this shape on this device, or None where cuBLAS is the better choice:
     the tuned entry's launch where it beat cuBLAS; None where it lost, above MAX_TOKENS, or off a GPU
-    (on the CPU F.linear is the reference); the built-in launch where nothing is tuned."""
+    (on the CPU F.linear is the reference); the built-in launch where nothing is tuned.
+    `tuned_either_way`: the tuned launch even where it lost (the norm form, which also saves the
+    norm's own launch)."""
     if device.type != "cuda" or T > MAX_TOKENS:
         return None
     entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
     if not entry:
         return SkinnyLaunch()
-    if not entry.get("use", False):
+    if not entry.get("use", False) and not tuned_either_way:
         return None
     return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
                         num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))

@@ -228,11 +228,12 @@ def test_the_engine_decodes_the_same_tokens_through_the_fused_op(family, continu
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["dense", "base"])
+@pytest.mark.parametrize("method,fold", [("dense", False), ("base", False), ("base", True)])
 @pytest.mark.parametrize("continuous", [False, True])
-def test_gpu_compiled_graph_with_the_fused_op_equals_eager(method, continuous):
+def test_gpu_compiled_graph_with_the_fused_op_equals_eager(method, fold, continuous):
     """The compiled, graph-replayed step with the fused attention (float32, Triton experts and
-    selection): the same tokens and selections as uncompiled eager decoding without it."""
+    selection), and with the input norm folded into the q/k/v GEMM: the same tokens and selections
+    as uncompiled eager decoding without either."""
     from base.hf.budget import BudgetOptions
     from base.hf.experts_impl import register_base_triton
     from base.hf.loading import load_model
@@ -256,7 +257,8 @@ def test_gpu_compiled_graph_with_the_fused_op_equals_eager(method, continuous):
     for fast in (False, True):
         sel = None if method == "dense" else build_selector(method, model_artifacts(model))
         with budgeted(model, "qwen3_moe", sel, BudgetOptions(budget=3, backend="triton")) as budget:
-            kw = {"budget": budget, "pad_id": 0, "graph": fast, "compile": fast, "fused_attention": fast}
+            kw = {"budget": budget, "pad_id": 0, "graph": fast, "compile": fast, "fused_attention": fast,
+                  "fold_input_norm": fast and fold}
             if continuous:
                 g = torch.Generator().manual_seed(4)
                 reqs = [Request(torch.randint(3, 200, (int(n),), generator=g).tolist(), 6)
@@ -356,7 +358,8 @@ def test_method_specs_take_engine_forms_and_refuse_unknown_ones():
     assert parse_method_spec("oea:1+skinny+fused") == {"method": "oea", "k0": 1, "impl": None,
                                                        "forms": ("fused", "skinny")}
     assert parse_method_spec("dense")["forms"] == ()
-    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny"):
+    assert parse_method_spec("base+fold")["forms"] == ("fold",)
+    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny, fold"):
         parse_method_spec("base+fast")
 
 
@@ -386,3 +389,46 @@ def test_a_variant_with_a_form_runs_its_own_engine_beside_the_plain_one(monkeypa
         [("dense", False, "layer_combo"), ("dense+fused", True, "layer_combo")]
     assert rows[0]["speedup_vs_dense"] == 1.0 and rows[1]["speedup_vs_dense"] > 0
     assert all(r["repeats"] == 2 for r in rows)
+
+
+# ---- the input norm folded into the q/k/v GEMM (throughput.fold_input_norm, METHOD+fold) ---------
+def test_the_folded_input_norm_decodes_like_the_unfused_engine(monkeypatch):
+    """Compiled attention halves (Inductor on the CPU) with the fused attention and the input norm
+    inside the q/k/v projection, the projection forced onto kernels/skinny.py's norm form (the
+    interpreter; on a CPU it would otherwise keep the norm module and F.linear): the unfused
+    engine's tokens, and every decode step of every layer through the norm form."""
+    import kernels.skinny as ks
+    from base.hf.loading import load_model
+    from base.runtime.engine import DecodeEngine
+    from tests.helpers import ROOT, left_padded, tiny_model_config, torch_threads
+
+    norm_launches = []
+    kernel = ks.skinny_linear
+    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, tuned_either_way=False:
+                        ks.SkinnyLaunch(block_n=16, block_k=16, num_stages=1) if tuned_either_way else None)
+    monkeypatch.setattr(ks, "skinny_linear", lambda x, w, la, norm_K=None, eps=1e-6:
+                        (norm_K is not None and norm_launches.append(la)) or kernel(x, w, la, norm_K, eps))
+    with torch_threads(1):
+        model = load_model(tiny_model_config("qwen3", num_hidden_layers=4), ROOT, seed=0)
+        ids, mask = left_padded([5, 3], 200, 0, seed=1)
+        tokens = []
+        torch._dynamo.reset()
+        for fold in (False, True):
+            engine = DecodeEngine(model, 3, 32, pad_id=0, compile=fold, regions="layer", fused_attention=fold,
+                                  fold_input_norm=fold)
+            try:
+                tokens.append(engine.generate(ids, mask, 10, stop_at_eos=False).tokens_BN)
+            finally:
+                engine.release()
+    assert torch.equal(tokens[1], tokens[0])
+    assert len(norm_launches) == 4 * 9  # 4 layers, 9 decode steps; the prefill keeps the norm module
+
+
+def test_the_fold_needs_the_fused_attention():
+    from base.hf.loading import load_model
+    from base.runtime.engine import DecodeEngine
+    from tests.helpers import ROOT, tiny_model_config
+
+    model = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+    with pytest.raises(ValueError, match="it needs fused_attention=True"):
+        DecodeEngine(model, 2, 16, fold_input_norm=True)

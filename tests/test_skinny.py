@@ -170,4 +170,49 @@ def test_the_custom_op_computes_the_kernels_product():
 
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(4, 64, generator=g), torch.randn(32, 64, generator=g)
-    torch.testing.assert_close(_skinny_linear_op(x, w, 16, 32, 2, 4), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(_skinny_linear_op(x, w, 16, 32, 2, 4, 1), F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+def _launches_seen(monkeypatch, launch: SkinnyLaunch) -> list:
+    """skinny_launch answers `launch` for any shape (CPU tensors too); the launches the kernel then
+    gets are recorded."""
+    import kernels.skinny as ks
+
+    seen = []
+    kernel = ks.skinny_linear
+    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, tuned_either_way=False: launch)
+    monkeypatch.setattr(ks, "skinny_linear", lambda x, w, la, *a: seen.append(la) or kernel(x, w, la, *a))
+    return seen
+
+
+def test_the_projection_runs_the_tuned_launch_as_tuned_split_included(monkeypatch):
+    """base/hf/skinny_proj.py's `linear` hands the kernel the whole tuned launch (a split launch
+    reached the kernel as split 1 before)."""
+    from base.hf.skinny_proj import linear
+
+    launch = SkinnyLaunch(block_n=16, block_k=16, num_stages=1, split=4)
+    seen = _launches_seen(monkeypatch, launch)
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(2, 3, 64, generator=g), torch.randn(48, 64, generator=g)
+    torch.testing.assert_close(linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    assert seen == [launch]
+
+
+def test_the_folded_norm_projection_equals_the_norm_module_then_f_linear(monkeypatch):
+    """`norm_linear`: on the CPU the norm module, then F.linear; with a launch (as on a GPU) the
+    kernel's norm form, through its custom op: the same numbers."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
+
+    from base.hf.skinny_proj import norm_linear
+
+    g = torch.Generator().manual_seed(7)
+    norm = Qwen3MoeRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(64, generator=g))
+    x, w = 2 * torch.randn(2, 3, 64, generator=g), torch.randn(40, 64, generator=g)
+    expected = F.linear(norm(x), w)
+    torch.testing.assert_close(norm_linear(x, norm, w, None), expected)
+    launch = SkinnyLaunch(block_n=16, block_k=32, num_stages=1, split=2)
+    seen = _launches_seen(monkeypatch, launch)
+    torch.testing.assert_close(norm_linear(x, norm, w, None), expected, rtol=1e-5, atol=1e-4)
+    assert seen == [launch]

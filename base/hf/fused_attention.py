@@ -32,6 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from base.hf.attention import NAME, _allowed
+from base.hf.fused_qkv import _QKV
+from base.hf.skinny_proj import norm_linear
 
 
 @torch.library.custom_op("base_moe::fused_decode_attention", mutates_args=("k_cache_BKLD", "v_cache_BKLE"))
@@ -79,12 +81,17 @@ def qualifies(module: nn.Module) -> bool:
 
 
 class FusedDecodeAttention(nn.Module):
-    """The model's attention module (`inner`), its decode step through the fused op."""
+    """The model's attention module (`inner`), its decode step through the fused op. With
+    `fold_input_norm`, the compiled attention half (base/runtime/regional.py) hands it the layer's
+    input RMSNorm (`input_norm`) with the un-normed hidden states, and the decode step computes the
+    norm inside the q/k/v GEMM (base/hf/skinny_proj.py's `norm_linear`); any other forward applies
+    the norm first."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, fold_input_norm: bool = False) -> None:
         super().__init__()
         self.inner = inner
         self.norm = getattr(inner, "q_norm", None) is not None
+        self.folds_input_norm = fold_input_norm
 
     def _fusable(self, hidden_BQH: Tensor, position_embeddings, attention_mask) -> bool:
         inner = self.inner
@@ -95,17 +102,23 @@ class FusedDecodeAttention(nn.Module):
                 and getattr(inner, "base_packed", None) is None and getattr(inner, "base_write_rows", None) is None)
 
     def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor] | None = None,
-                attention_mask: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+                attention_mask: Tensor | None = None, input_norm: nn.Module | None = None,
+                **kwargs) -> tuple[Tensor, None]:
         inner = self.inner
-        if not self._fusable(hidden_states, position_embeddings, attention_mask):
-            return inner(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
-                         **kwargs)
+        fold = input_norm is not None and isinstance(inner.q_proj, _QKV)
+        if not self._fusable(hidden_states, position_embeddings, attention_mask) or (input_norm is not None and not fold):
+            x = hidden_states if input_norm is None else input_norm(hidden_states)
+            return inner(x, position_embeddings=position_embeddings, attention_mask=attention_mask, **kwargs)
         B, D = hidden_states.shape[0], inner.head_dim
-        # q before k and v: base/hf/fused_qkv.py's q_proj computes all three
-        q_BHD = inner.q_proj(hidden_states).view(B, -1, D)
-        k_BKD = inner.k_proj(hidden_states).view(B, -1, D)
+        if fold:  # the input norm inside the q/k/v GEMM
+            qkv = inner.q_proj
+            q, k, v = norm_linear(hidden_states, input_norm, qkv.weight, qkv.bias).split(qkv.sizes, dim=-1)
+        else:  # q before k and v: base/hf/fused_qkv.py's q_proj computes all three
+            q, k, v = inner.q_proj(hidden_states), inner.k_proj(hidden_states), inner.v_proj(hidden_states)
+        q_BHD = q.view(B, -1, D)
+        k_BKD = k.view(B, -1, D)
         k_cache, v_cache = inner.base_k_cache, inner.base_v_cache
-        v_BKE = inner.v_proj(hidden_states).view(B, k_BKD.shape[1], -1)
+        v_BKE = v.view(B, k_BKD.shape[1], -1)
         pos = inner.base_write_pos  # (1,) one slot for every row, or (B, 1) one per row
         pos_B = pos[:, 0] if pos.dim() == 2 else pos
         last_1 = inner.base_last_slot if pos.dim() == 2 else pos  # the last slot any row reads
@@ -120,14 +133,15 @@ class FusedDecodeAttention(nn.Module):
 
 
 class FusedAttention:
-    """Every qualifying attention module of `model` wrapped in a FusedDecodeAttention until `remove()`."""
+    """Every qualifying attention module of `model` wrapped in a FusedDecodeAttention until `remove()`;
+    `fold_input_norm`: each also takes its layer's input norm into the q/k/v GEMM (see the class)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, fold_input_norm: bool = False) -> None:
         self.swapped: list[tuple[nn.Module, str, nn.Module]] = []
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if name == "self_attn" and qualifies(child):
-                    setattr(parent, name, FusedDecodeAttention(child))
+                    setattr(parent, name, FusedDecodeAttention(child, fold_input_norm))
                     self.swapped.append((parent, name, child))
 
     @property

@@ -24,15 +24,32 @@ from base.hf.fused_qkv import _QKV
 
 @torch.library.custom_op("base_moe::skinny_linear", mutates_args=())
 def _skinny_linear_op(x_TK: Tensor, w_NK: Tensor, block_n: int, block_k: int, num_stages: int,
-                      num_warps: int) -> Tensor:
+                      num_warps: int, split: int) -> Tensor:
     from kernels.skinny import SkinnyLaunch, skinny_linear
 
-    return skinny_linear(x_TK, w_NK, SkinnyLaunch(block_n, block_k, num_stages, num_warps))
+    return skinny_linear(x_TK, w_NK, SkinnyLaunch(block_n, block_k, num_stages, num_warps, split))
 
 
 @_skinny_linear_op.register_fake
-def _(x_TK, w_NK, block_n, block_k, num_stages, num_warps):
+def _(x_TK, w_NK, block_n, block_k, num_stages, num_warps, split):
     return x_TK.new_empty(x_TK.shape[0], w_NK.shape[0])
+
+
+@torch.library.custom_op("base_moe::skinny_norm_linear", mutates_args=())
+def _skinny_norm_linear_op(x_TK: Tensor, norm_K: Tensor, eps: float, w_NK: Tensor, block_n: int, block_k: int,
+                           num_stages: int, num_warps: int, split: int) -> Tensor:
+    from kernels.skinny import SkinnyLaunch, skinny_linear
+
+    return skinny_linear(x_TK, w_NK, SkinnyLaunch(block_n, block_k, num_stages, num_warps, split), norm_K, eps)
+
+
+@_skinny_norm_linear_op.register_fake
+def _(x_TK, norm_K, eps, w_NK, block_n, block_k, num_stages, num_warps, split):
+    return x_TK.new_empty(x_TK.shape[0], w_NK.shape[0])
+
+
+def _params(launch) -> tuple[int, int, int, int, int]:
+    return launch.block_n, launch.block_k, launch.num_stages, launch.num_warps, launch.split
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -44,7 +61,23 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     launch = None if bias is not None else skinny_launch(N, K, x_TK.shape[0], x.device)
     if launch is None:
         return F.linear(x, weight, bias)
-    y_TN = _skinny_linear_op(x_TK, weight, launch.block_n, launch.block_k, launch.num_stages, launch.num_warps)
+    y_TN = _skinny_linear_op(x_TK, weight, *_params(launch))
+    return y_TN.reshape(*x.shape[:-1], N)
+
+
+def norm_linear(x: Tensor, norm: nn.Module, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """F.linear(norm(x), weight, bias) for a transformers RMSNorm `norm` (weight, variance_epsilon):
+    on a GPU, up to 64 rows and no bias, the norm inside the projection's launch (kernels/skinny.py's
+    norm form, with the tuned launch for the shape whether or not it beat cuBLAS unfolded); else
+    the norm module, then F.linear."""
+    from kernels.skinny import skinny_launch
+
+    N, K = weight.shape
+    x_TK = x.reshape(-1, K)
+    launch = None if bias is not None else skinny_launch(N, K, x_TK.shape[0], x.device, tuned_either_way=True)
+    if launch is None:
+        return F.linear(norm(x), weight, bias)
+    y_TN = _skinny_norm_linear_op(x_TK, norm.weight, float(norm.variance_epsilon), weight, *_params(launch))
     return y_TN.reshape(*x.shape[:-1], N)
 
 

@@ -55,8 +55,10 @@ class Variant:
         return "+".join((name, *self.forms))
 
     def engine_options(self, cfg: ThroughputConfig) -> dict:
-        """The engine's regions and fused attention for this variant: the run's, with its forms' keys."""
-        options = {"regions": cfg.regions, "fused_attention": cfg.fused_attention}
+        """The engine's regions, fused attention and folded norm for this variant: the run's, with its
+        forms' keys."""
+        options = {"regions": cfg.regions, "fused_attention": cfg.fused_attention,
+                   "fold_input_norm": cfg.fold_input_norm}
         for form in self.forms:
             options.update(ENGINE_FORMS[form])
         return options
