@@ -31,6 +31,12 @@ Graph safety: grid fixed by (N, launch); no host sync. The partials come from th
 (the graph's pool); the arrival counters (kernels/_triton.py, kept for the process) return to 0
 after every launch, so a captured launch replays. Launches run one at a time on one stream.
 Reference: F.linear (tests/test_skinny.py, interpreter on the CPU, fp32; bf16 on a GPU).
+
+The norm form (NORM, `norm_K=`: base/hf/fused_attention.py's folded input norm): y = RMSNorm(x) W^T
+in the same launch. Each program already reads every x row it needs, so it sums the squares of
+the row as the tiles stream in, feeds x * norm weight (rounded to the dtype) to the GEMM and scales
+each row of the result by 1/rms at the end; with K in shares each share stores its partial sum of
+squares beside its partial product and the last share adds both. Reference: `norm_linear_reference`.
 """
 from __future__ import annotations
 
