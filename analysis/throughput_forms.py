@@ -1,5 +1,5 @@
 """An engine form's A/B inside one throughput run: each `METHOD+FORM` variant against its plain
-`METHOD` variant, round by round (base/config.py ENGINE_FORMS).
+`METHOD` variant, round by round (base/config.py VARIANT_FORMS).
 
     python -m analysis.throughput_forms <run folder or throughput.csv> [<out>]
 

@@ -199,24 +199,26 @@ class CalibConfig:
         self.batch_size = check_int("calibration.batch_size", self.batch_size, 1)
 
 
-# Engine forms a throughput variant may add to the run's own (`base+fused`): each sets throughput
-# keys for that variant's engine alone, so an A/B of a form runs interleaved in one process.
-ENGINE_FORMS: dict[str, dict[str, Any]] = {
-    "fused": {"fused_attention": True},  # base/hf/fused_attention.py
-    "skinny": {"regions": "layer_skinny"},  # base/hf/skinny_proj.py
-    "fold": {"fused_attention": True, "fold_input_norm": True},  # the input norm in the fused q/k/v GEMM
+# Forms a throughput variant may add to the run's own (`base+fused`): each sets keys for that
+# variant alone (throughput.* its engine, method.* its budget), so an A/B of a form runs
+# interleaved in one process.
+VARIANT_FORMS: dict[str, dict[str, Any]] = {
+    "fused": {"throughput.fused_attention": True},  # base/hf/fused_attention.py
+    "skinny": {"throughput.regions": "layer_skinny"},  # base/hf/skinny_proj.py
+    "fold": {"throughput.fused_attention": True, "throughput.fold_input_norm": True},  # the norm in the q/k/v GEMM
+    "route_in_select": {"method.route_in_select": True},  # the experts' route launch in the selection's
 }
 
 
 def parse_method_spec(spec: str) -> dict[str, Any]:
     """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation), `base+fused`
-    (an engine form, ENGINE_FORMS; several: `base+fold+skinny`) -> {"method", "k0", "impl",
+    (a form, VARIANT_FORMS; several: `base+fold+skinny`) -> {"method", "k0", "impl",
     "forms"}, validated."""
     from base.method.selectors import SELECTORS
 
     head, *forms = str(spec).split("+")
     for form in forms:
-        check_choice(f"throughput.methods[]={spec!r}: form", form, tuple(ENGINE_FORMS))
+        check_choice(f"throughput.methods[]={spec!r}: form", form, tuple(VARIANT_FORMS))
     name, *opts = head.split(":")
     check_choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
     out: dict[str, Any] = {"method": name, "k0": None, "impl": None, "forms": tuple(sorted(set(forms)))}
@@ -565,14 +567,19 @@ class RunConfig:
                                [f"throughput.methods[]={s!r}" for s, f in forms if f in ("fused", "fold")],
                                (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
                                 f"{self.model.family}'s (base/hf/fused_attention.py)")))
+            if self.method.backend != "triton" and any(f == "route_in_select" for _, f in forms):
+                raise ConfigError(f"throughput.methods[]={next(s for s, f in forms if f == 'route_in_select')!r}: "
+                                  f"the form folds the experts' route launch into the selection kernel: it needs "
+                                  f"method.backend=triton")
             if not tp.compile:
                 unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
                                [f"throughput.methods[]={s!r}" for s, f in forms if f in ("skinny", "fold")],
                                "it works inside the compiled regions, and throughput.compile=false compiles none"))
             for spec, form in forms:
-                already = {k: v for k, v in ENGINE_FORMS[form].items() if getattr(tp, k) == v}
-                if already and len(already) == len(ENGINE_FORMS[form]):
-                    said = ", ".join(f"throughput.{k}={v}" for k, v in already.items())
+                keys = VARIANT_FORMS[form]
+                already = {k: v for k, v in keys.items() if getattr(getattr(self, k.split(".")[0]), k.split(".")[1]) == v}
+                if len(already) == len(keys):
+                    said = ", ".join(f"{k}={v}" for k, v in already.items())
                     raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
                                       f"every variant: drop the +{form} or set the run's key back")
             if not tp.compile:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from base.config import ENGINE_FORMS, ThroughputConfig
+from base.config import VARIANT_FORMS, ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
 from base.runtime.engine import DecodeEngine
@@ -46,7 +46,7 @@ class Variant:
     budget: int | None = None
     k0: int | None = None
     experts_impl: str | None = None  # None: the model's own
-    forms: tuple[str, ...] = ()  # engine forms over the run's (base/config.py ENGINE_FORMS), sorted
+    forms: tuple[str, ...] = ()  # forms over the run's settings (base/config.py VARIANT_FORMS), sorted
 
     @property
     def label(self) -> str:
@@ -59,9 +59,16 @@ class Variant:
         forms' keys."""
         options = {"regions": cfg.regions, "fused_attention": cfg.fused_attention,
                    "fold_input_norm": cfg.fold_input_norm}
-        for form in self.forms:
-            options.update(ENGINE_FORMS[form])
+        options.update(self._form_keys("throughput"))
         return options
+
+    def method_options(self) -> dict:
+        """The method keys this variant's forms set (route_in_select), for its budget."""
+        return self._form_keys("method")
+
+    def _form_keys(self, group: str) -> dict:
+        return {k.split(".", 1)[1]: v for form in self.forms for k, v in VARIANT_FORMS[form].items()
+                if k.startswith(group + ".")}
 
 
 def register_skip_experts() -> str:
