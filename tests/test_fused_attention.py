@@ -442,7 +442,7 @@ def test_a_method_form_reaches_its_variants_budget_only(compose, tmp_path, monke
     without, and both rows are written."""
     import pandas as pd
 
-    import base.run.pipeline as pipeline
+    from base.run import pipeline
     from tests.test_run import _run_here
 
     seen = []
