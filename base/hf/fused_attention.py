@@ -61,10 +61,11 @@ def _(q_BHD, k_BKD, v_BKE, cos_BD, sin_BD, pos_B, q_norm_D, k_norm_D, eps, k_cac
     return q_BHD.new_empty(q_BHD.shape[0], q_BHD.shape[1], v_cache_BKLE.shape[-1])
 
 
-def _per_head_norm(norm: nn.Module | None, D: int) -> bool:
-    """An RMSNorm over one head's D values (weight (D,), transformers' `variance_epsilon`)."""
+def _rms_norm(norm: nn.Module | None, size: int) -> bool:
+    """A transformers RMSNorm over `size` values (weight (size,), `variance_epsilon`): a head's D for the
+    q/k norms, the hidden size for a layer's input norm."""
     weight = getattr(norm, "weight", None)
-    return weight is not None and tuple(weight.shape) == (D,) and hasattr(norm, "variance_epsilon")
+    return weight is not None and tuple(weight.shape) == (size,) and hasattr(norm, "variance_epsilon")
 
 
 def qualifies(module: nn.Module) -> bool:
@@ -77,7 +78,7 @@ def qualifies(module: nn.Module) -> bool:
     q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
     if q_norm is None and k_norm is None:
         return True
-    return _per_head_norm(q_norm, D) and _per_head_norm(k_norm, D)
+    return _rms_norm(q_norm, D) and _rms_norm(k_norm, D)
 
 
 class FusedDecodeAttention(nn.Module):
@@ -105,7 +106,9 @@ class FusedDecodeAttention(nn.Module):
                 attention_mask: Tensor | None = None, input_norm: nn.Module | None = None,
                 **kwargs) -> tuple[Tensor, None]:
         inner = self.inner
-        fold = input_norm is not None and isinstance(inner.q_proj, _QKV)
+        # the fold computes transformers' RMSNorm from its weight and epsilon (any other norm: applied first)
+        fold = (input_norm is not None and isinstance(inner.q_proj, _QKV)
+                and _rms_norm(input_norm, hidden_states.shape[-1]))
         if not self._fusable(hidden_states, position_embeddings, attention_mask) or (input_norm is not None and not fold):
             x = hidden_states if input_norm is None else input_norm(hidden_states)
             return inner(x, position_embeddings=position_embeddings, attention_mask=attention_mask, **kwargs)
