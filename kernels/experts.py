@@ -18,7 +18,9 @@ Four launches, all with grids fixed by (T, K, E, H, I) and the GPU: route (grid 
 pairs per expert; skipped when the selection kernel wrote the lists, `pairs_EP`/`cnt_E`),
 gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM walk the work items
 (routed expert, column block), so unrouted experts cost no program), reduce (sum over K in slot
-order: deterministic, no atomics anywhere). Decode is memory-bound (a few tokens
+order: deterministic, no atomics on the data). With the tuned table's `reduce_in_down` the reduce
+is the down launch's last act for each column block instead (an arrival counter per block, reset
+by its last item, which sums the block in the same order: three launches, the same sums). Decode is memory-bound (a few tokens
 per expert): a work item streams a tile of one expert's weights once and applies it to all of
 that expert's pairs, so each weight byte is read once per step.
 With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder layer's residual
@@ -37,7 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import dual_jit, empty, next_pow2
+from kernels._triton import arrival_counters, dual_jit, empty, next_pow2
 from kernels.tuned import CONFIG_DIR, device_name  # noqa: F401 - CONFIG_DIR: tools/tune_kernels.py
 from kernels.tuned import load_configs as _load_configs
 
@@ -181,10 +183,14 @@ def _down_kernel(
     pairs_ptr,  # (E, P) int32
     cnt_ptr,  # (E,) int32
     y_ptr,  # (P, H) fp32 out
+    res_ptr,  # (T, H) residual (REDUCE and HAS_RES)
+    out_ptr,  # (T, H) out (REDUCE)
+    count_ptr,  # (cdiv(H, BHO),) int32 arrival counters, 0 between launches (REDUCE)
     # Dimensions
     E,
     H,
     I,
+    T,
     # Strides
     stride_ap,
     stride_de,
@@ -193,6 +199,8 @@ def _down_kernel(
     stride_be,
     stride_pe,
     stride_yp,
+    stride_rt,
+    stride_ot,
     # Meta-parameters
     E_BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -200,10 +208,17 @@ def _down_kernel(
     BHO: tl.constexpr,  # output columns per work item
     BI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+    REDUCE: tl.constexpr = False,  # the reduce launch folded in: the last item of a column block sums it
+    K: tl.constexpr = 1,  # top-k (REDUCE)
+    HAS_RES: tl.constexpr = False,  # REDUCE: also add the residual (as _reduce_kernel)
+    TR: tl.constexpr = 16,  # REDUCE: tokens per step of the sum
     PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid: work item (slot, h) = rows [h, h + BHO) of the slot-th routed expert's
-    down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u)."""
+    down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u). REDUCE:
+    after its item a program counts its arrival at column block h; the last of the block's items
+    (one per routed expert; with none routed, one empty item) sums y over each token's slots in
+    slot order, as _reduce_kernel does (bit for bit), and writes out_TH's block."""
     if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
     offs_e = tl.arange(0, E_BLOCK)
@@ -211,12 +226,15 @@ def _down_kernel(
     run_E = cnt_E > 0
     slot_E = tl.cumsum(run_E.to(tl.int32), axis=0) - 1
     n_hb = tl.cdiv(H, BHO)
-    n_items = tl.sum(run_E.to(tl.int32), axis=0) * n_hb
+    n_run = tl.sum(run_E.to(tl.int32), axis=0)
+    n_work = tl.maximum(n_run, 1) if REDUCE else n_run  # REDUCE: every column block has an item to finish it
+    n_items = n_work * n_hb
     for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
         slot = item // n_hb
         u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
-        cnt = tl.load(cnt_ptr + u)
-        offs_h = (item - slot * n_hb) * BHO + tl.arange(0, BHO)
+        cnt = tl.where(n_run > 0, tl.load(cnt_ptr + u), 0)  # 0: the empty item (nothing routed)
+        hb = item - slot * n_hb
+        offs_h = hb * BHO + tl.arange(0, BHO)
         h_ok = offs_h < H
         w_base = dw_ptr + u.to(tl.int64) * stride_de
         for j0 in range(0, cnt, TB):
@@ -246,6 +264,27 @@ def _down_kernel(
                 acc * w_J[:, None],
                 mask=j_ok[:, None] & h_ok[None, :],
             )
+        if REDUCE:
+            tl.debug_barrier()  # every thread's stores precede the release below
+            arrived = tl.atomic_add(count_ptr + hb, 1, sem="acq_rel", scope="gpu")
+            if arrived == n_work - 1:  # the block's last item: every expert's rows of it are written
+                tl.store(count_ptr + hb, 0)  # back to 0 for the next launch (a graph replays it)
+                for t0 in range(0, T, TR):
+                    offs_t = t0 + tl.arange(0, TR)
+                    t_ok = offs_t < T
+                    sum_TH = tl.zeros((TR, BHO), dtype=tl.float32)
+                    for k in tl.static_range(K):
+                        w_T = tl.load(w_ptr + offs_t * K + k, mask=t_ok, other=0.0)
+                        # slots with weight 0 were never computed: their rows hold garbage
+                        ok = (t_ok & (w_T != 0))[:, None] & h_ok[None, :]
+                        sum_TH += tl.load(y_ptr + (offs_t * K + k)[:, None] * stride_yp + offs_h[None, :], mask=ok,
+                                          other=0.0, cache_modifier=".cg")
+                    o_ok = t_ok[:, None] & h_ok[None, :]
+                    if HAS_RES:  # as _reduce_kernel: the sum rounded to the dtype, then the add
+                        r_TH = tl.load(res_ptr + offs_t[:, None] * stride_rt + offs_h[None, :], mask=o_ok, other=0.0)
+                        sum_TH = sum_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)
+                    tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :],
+                             sum_TH.to(out_ptr.dtype.element_ty), mask=o_ok)
     if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -490,6 +529,9 @@ class ExpertsConfig:
     # (its objectives, tools/tune_kernels.py); without both objectives, v3 on the CPU (tests) and
     # the four-launch path on a GPU
     use_kept: bool = True
+    # the four-launch path's reduce inside its down launch (three launches, the same sums bit for
+    # bit); the tuned table's "reduce_in_down", where tools/tune_kernels.py found it faster
+    reduce_in_down: bool = False
 
 
 @cache
@@ -525,7 +567,8 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
     base = ExpertsConfig()
     return ExpertsConfig(gate_up={**base.gate_up, **entry.get("gate_up", {})}, down={**base.down, **entry.get("down", {})},
                          gate_up_kept={**base.gate_up_kept, **entry.get("gate_up_kept", {})},
-                         down_kept={**base.down_kept, **entry.get("down_kept", {})}, use_kept=use_kept)
+                         down_kept={**base.down_kept, **entry.get("down_kept", {})}, use_kept=use_kept,
+                         reduce_in_down=bool(entry.get("reduce_in_down", False)))
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -625,17 +668,22 @@ def fused_experts(
     )  # fmt: skip
     if _stages < 3:
         return out_TH
-    _down_kernel.on(dev)[(n_prog(E * triton.cdiv(H, dn["BHO"]), dn.pop("PER_SM")),)](
+    res = residual_TH if residual_TH is not None else out_TH
+    fold = cfg.reduce_in_down and _stages == 4
+    n_hb = triton.cdiv(H, dn["BHO"])
+    _down_kernel.on(dev)[(n_prog(E * n_hb, dn.pop("PER_SM")),)](
         act_PI, down, down_bias if down_bias is not None else x_TH, w_P, pairs_EP, cnt_E, y_PH,
-        E, H, I,
+        res, out_TH, arrival_counters(n_hb, dev, "experts_down") if fold else cnt_E,
+        E, H, I, T,
         act_PI.stride(0), down.stride(0), s_dh, s_di,
         down_bias.stride(0) if down_bias is not None else 0, pairs_EP.stride(0), y_PH.stride(0),
-        E_BLOCK=next_pow2(E, 16), HAS_BIAS=down_bias is not None, DOT_PRECISION=_precision(x_TH), **dn,
+        res.stride(0), out_TH.stride(0),
+        E_BLOCK=next_pow2(E, 16), HAS_BIAS=down_bias is not None, DOT_PRECISION=_precision(x_TH),
+        REDUCE=fold, K=K, HAS_RES=residual_TH is not None, **dn,
     )  # fmt: skip
-    if _stages < 4:
+    if _stages < 4 or fold:
         return out_TH
     BR = min(next_pow2(H), 1024)
-    res = residual_TH if residual_TH is not None else out_TH
     _reduce_kernel.on(dev)[(T, triton.cdiv(H, BR))](
         y_PH, w_P, res, out_TH, H, y_PH.stride(0), res.stride(0), out_TH.stride(0), K=K, BR=BR,
         HAS_RES=residual_TH is not None,

@@ -611,6 +611,85 @@ def test_the_residual_add_in_the_last_launch_equals_adding_the_output(kept, dtyp
     assert not torch.equal(folded, plain)
 
 
+@pytest.mark.parametrize("dtype,residual", [(torch.float32, False), (torch.float16, True)])
+def test_the_reduce_inside_the_down_launch_gives_the_reduce_launchs_output_bit_for_bit(dtype, residual, monkeypatch):
+    """ExpertsConfig.reduce_in_down (three launches): each column block's last down item sums the
+    block in slot order, so the output equals the four-launch path's exactly, budgeted slots of
+    weight 0 and the residual add included; its arrival counters return to 0 (a second launch, as
+    a graph replay, gives the same)."""
+    import kernels._triton as kt
+    from kernels._triton import arrival_counters
+    from kernels.experts import ExpertsConfig
+    from kernels.select import route_select
+
+    monkeypatch.setattr(kt, "POISON", True)  # scratch starts as NaN: a sum read before its rows are written shows
+    T, E, K, H, I = 20, 16, 4, 72, 24  # ragged: 72 = 2 column blocks of 32 and one of 8; 2 token steps
+    b = make_batch(T, E, K, H, dtype, seed=21)
+    gu, dn = make_experts(E, H, I, dtype, seed=22)
+    g = torch.Generator().manual_seed(23)
+    _, sel = route_select(torch.randn(T, E, generator=g), K, b.active_T, 5, norm_topk=True)
+    w_TK = sel.topk_w_TK.clone()
+    w_TK[::3, -1] = 0  # empty slots, as reassign's drop mode leaves them
+    res = (torch.randn(T, H, generator=g) * 3).to(dtype) if residual else None
+    down = {"TB": 16, "BHO": 32, "BI": 16, "num_warps": 2, "num_stages": 1, "PER_SM": 2}
+    four = ExpertsConfig(down=down, use_kept=False)
+    three = ExpertsConfig(down=down, use_kept=False, reduce_in_down=True)
+    expected = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, w_TK, config=four, residual_TH=res)
+    got = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, w_TK, config=three, residual_TH=res)
+    assert torch.equal(got, expected) and not expected.isnan().any()
+    assert (arrival_counters(3, b.z_TH.device, "experts_down")[:3] == 0).all()
+    assert torch.equal(fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, w_TK, config=three, residual_TH=res), expected)
+
+
+def test_the_reduce_inside_the_down_launch_writes_the_output_when_nothing_is_routed():
+    """Every weight 0 (no work item): each column block still gets its one (empty) item, which
+    writes zeros plus the residual, as the reduce launch does."""
+    from kernels.experts import ExpertsConfig
+
+    T, E, K, H, I = 3, 8, 2, 40, 16
+    b = make_batch(T, E, K, H, seed=31)
+    gu, dn = make_experts(E, H, I, torch.float32, seed=32)
+    res = torch.randn(T, H, generator=torch.Generator().manual_seed(33))
+    zero_w = torch.zeros_like(b.topk_w_TK)
+    cfg = ExpertsConfig(down={"TB": 16, "BHO": 16, "BI": 16, "num_warps": 2, "num_stages": 1, "PER_SM": 1},
+                        use_kept=False, reduce_in_down=True)
+    assert torch.equal(fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, zero_w, config=cfg, residual_TH=res), res)
+    assert (fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, zero_w, config=cfg) == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_gpu_the_reduce_inside_the_down_launch_is_the_reduce_launchs_sum(T):
+    """Compiled, Qwen3-30B-A3B's experts in bf16 with the residual: three launches give the four
+    launches' output bit for bit (the last item of a block sums after every item's rows land),
+    and the same again replayed in a CUDA graph (the counters reset themselves)."""
+    from base.runtime.graphs import capture_outputs
+    from kernels.experts import ExpertsConfig, get_config
+    from kernels.select import route_select
+
+    E, K, H, I = 128, 8, 2048, 768
+    dev = torch.device("cuda")
+    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=41)
+    gu, dn = make_experts(E, H, I, torch.bfloat16, seed=42, device=dev)
+    g = torch.Generator().manual_seed(43)
+    _, sel = route_select(torch.randn(T, E, generator=g).to(dev), K, b.active_T.to(dev), 16, norm_topk=True)
+    res = torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
+    tuned = get_config(H, I, T, dev)
+    four = ExpertsConfig(gate_up=tuned.gate_up, down=tuned.down, use_kept=False)
+    three = ExpertsConfig(gate_up=tuned.gate_up, down=tuned.down, use_kept=False, reduce_in_down=True)
+    x = b.z_TH.to(dev, torch.bfloat16)
+    def run(cfg):
+        return fused_experts(x, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, config=cfg, residual_TH=res)
+
+    expected = run(four)
+    assert torch.equal(run(three), expected)
+    replay, out = capture_outputs(lambda: run(three))
+    for _ in range(3):
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kept", [False, True])
 def test_gpu_residual_add_in_the_last_launch_is_the_bf16_add(kept):
@@ -633,11 +712,12 @@ def test_gpu_residual_add_in_the_last_launch_is_the_bf16_add(kept):
 
 def test_the_tuned_table_picks_the_faster_expert_path(monkeypatch):
     """use_kept (v3 with a kept list) follows the table's two objectives; without both: v3 on the
-    CPU, the four-launch path on a GPU."""
+    CPU, the four-launch path on a GPU. reduce_in_down where the entry says so, else off."""
     import kernels.experts as ke
 
     table = {"H=8,I=4,T=16": {"gate_up": {}, "down": {}, "objective": 1.5, "objective_kept": 1.2},
-             "H=8,I=4,T=64": {"gate_up": {}, "down": {}, "objective": 1.5, "objective_kept": 2.0},
+             "H=8,I=4,T=64": {"gate_up": {}, "down": {}, "objective": 1.5, "objective_kept": 2.0,
+                              "reduce_in_down": True},
              "H=8,I=4,T=1": {"gate_up": {}, "down": {}, "objective": 1.5}}
     monkeypatch.setattr(ke, "_load_configs", lambda name: table if name != "default" else {})
     monkeypatch.setattr(ke, "device_name", lambda device: "gpu")
@@ -645,6 +725,7 @@ def test_the_tuned_table_picks_the_faster_expert_path(monkeypatch):
     assert ke.get_config(8, 4, 16, gpu).use_kept and not ke.get_config(8, 4, 64, gpu).use_kept
     assert not ke.get_config(8, 4, 1, gpu).use_kept and ke.get_config(8, 4, 1, cpu).use_kept
     assert not ke.get_config(16, 4, 16, gpu).use_kept  # no entry for the shape
+    assert ke.get_config(8, 4, 64, gpu).reduce_in_down and not ke.get_config(8, 4, 16, gpu).reduce_in_down
 
 
 # ----------------------------------------------------------------------------- programmatic dependent launch

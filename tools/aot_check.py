@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.attention import _decode_attention
-from kernels.experts import _down_kept_kernel, _gate_up_kept_kernel
+from kernels.experts import _down_kept_kernel, _down_kernel, _gate_up_kept_kernel
 from kernels.select import _route_select_kernel
 from kernels.skinny import _skinny_kernel
 
@@ -123,6 +123,13 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"skinny BN={bn} BK={bk} st={st} split={split}{' NORM' if norm else ''}", _skinny_kernel, sk_ptrs,
                     ("eps",), {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32", "NORM": norm},
                     {"num_warps": 4, "num_stages": st}))
+    # the four-launch path's down (its tuned T=16 launch), as it is and with the reduce folded in
+    v2_ptrs = {"act_ptr": "*bf16", "dw_ptr": "*bf16", "db_ptr": "*bf16", "w_ptr": "*bf16", "pairs_ptr": "*i32",
+               "cnt_ptr": "*i32", "y_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16", "count_ptr": "*i32"}
+    for reduce in (False, True):
+        out.append((f"down T=16 BHO=64 BI=256 st=3{' REDUCE' if reduce else ''}", _down_kernel, v2_ptrs, (),
+                    {"E_BLOCK": 128, "HAS_BIAS": False, "TB": 16, "BHO": 64, "BI": 256, "DOT_PRECISION": "tf32",
+                     "stride_di": 1, "REDUCE": reduce, "K": 8, "HAS_RES": reduce}, {"num_warps": 4, "num_stages": 3}))
     # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128), as it is and with
     # this step's q/k norm, rotary and K/V write fused in (base/hf/fused_attention.py)
     at_ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "allowed_ptr": "*u8", "last_ptr": "*i64",

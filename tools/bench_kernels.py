@@ -334,7 +334,9 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None, help="subset of tools/timing.py's MODELS")
     ap.add_argument("--ts", nargs="*", type=int, default=None)
     ap.add_argument("--impls", nargs="*", default=None, help=f"subset of {IMPLS}")
-    ap.add_argument("--tune-paths", nargs="*", default=["v2", "v3"], help="expert paths to tune: v2, v3")
+    ap.add_argument("--tune-paths", nargs="*", default=["v2", "v3"],
+                    help="expert paths to tune: v2, v3; reduce (alone): the reduce inside v2's down launch, checked "
+                         "with the installed configs")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = T0 + args.budget_s

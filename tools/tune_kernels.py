@@ -2,12 +2,15 @@
 
     python -m tools.tune_kernels                                  # every model of tools/timing.py, all T
     python -m tools.tune_kernels --models qwen3_30b_a3b --ts 16 64 --out /tmp/cfg.json
+    python -m tools.tune_kernels --models qwen3_30b_a3b --ts 1 16 64 --paths reduce   # the fold alone
 
 Objective per shape: the mean over three routings (budgets 16 and 32 after router_sum selection,
 and the dense union) of time / memory floor, so one config serves budgeted and dense decoding.
 (Run v2 also had budget 8: its gain at T=128 picked TB=128, which cost 1.3-1.4x at M >= 32.)
 Search: coordinate descent, gate_up candidates with the default down config, then down
-candidates with the best gate_up. Timed as tools/bench_kernels.py times (CUDA graphs, weight sets
+candidates with the best gate_up; then the reduce inside the down launch with those two
+(`reduce_in_down`: three launches, the same sums), kept where it beat the four launches in each of
+three alternations. Timed as tools/bench_kernels.py times (CUDA graphs, weight sets
 rotated). Entries not tuned fall back to the nearest T, then to configs/default.json.
 """
 from __future__ import annotations
@@ -73,8 +76,11 @@ def down_cfg(c: tuple) -> dict:
     return {"TB": c[0], "BHO": c[1], "BI": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
 
 
-def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print) -> dict:
-    """Best {gate_up, down} for one model and T; also the normalised objective it reached."""
+def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print,
+               given: ExpertsConfig | None = None) -> dict:
+    """Best {gate_up, down} for one model and T; also the normalised objective it reached and
+    whether the reduce inside the down launch is faster with them. `given`: no search, that
+    config's gate_up and down (the installed ones: path `reduce` checks the fold alone)."""
     H, I, E, K = model["H"], model["I"], model["E"], model["K"]
     dev = sets[0][0].device
     r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
@@ -97,6 +103,8 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
             total += us / floor_us
         return total
 
+    if given is not None:
+        return _reduce_in_down(objective, given.gate_up, given.down, float("inf"), len(cases), log)
     best_g, best_d = GATE_UP[0], DOWN[0]
     best = float("inf")
     for g in GATE_UP:
@@ -115,7 +123,23 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
             continue
         if v < best:
             best, best_d = v, d
-    return {"gate_up": gate_up_cfg(best_g), "down": down_cfg(best_d), "objective": round(best / len(cases), 3)}
+    return _reduce_in_down(objective, gate_up_cfg(best_g), down_cfg(best_d), best, len(cases), log)
+
+
+def _reduce_in_down(objective, gate_up: dict, down: dict, best: float, n_cases: int, log) -> dict:
+    """The entry for these gate_up and down configs, with the reduce inside the down launch (three
+    launches, the same sums) where it beat the four launches in each of three alternations (one
+    pair would be noise); `best`: the four launches' objective found by the search."""
+    plain = ExpertsConfig(gate_up, down, use_kept=False)
+    folded = ExpertsConfig(gate_up, down, use_kept=False, reduce_in_down=True)
+    pairs = [(objective(plain), objective(folded)) for _ in range(3)]
+    fold = all(f < p for p, f in pairs)
+    log(f"    reduce in down: {'kept' if fold else 'not kept'} ({', '.join(f'{f / p:.3f}' for p, f in pairs)} of the "
+        f"four-launch time)")
+    best = min(best, *(p for p, _ in pairs))
+    if fold:
+        best = min(f for _, f in pairs)
+    return {"gate_up": gate_up, "down": down, "objective": round(best / n_cases, 3), "reduce_in_down": fold}
 
 
 def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print) -> dict:
@@ -163,8 +187,9 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
 def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: int = 10, log=print,
          device: str = "cuda", paths: tuple[str, ...] = ("v2", "v3")) -> dict:  # fmt: skip
     """Tuned table {config_key: entry} for every (model, T) reached before `deadline`; `paths`:
-    which expert paths to tune (v3 only at T <= V3_MAX_TOKENS)."""
-    from kernels.experts import V3_MAX_TOKENS
+    which expert paths to tune (v3 only at T <= V3_MAX_TOKENS); `reduce` (without v2): only
+    whether the reduce inside the down launch beats the four launches with the installed configs."""
+    from kernels.experts import V3_MAX_TOKENS, get_config
 
     table: dict = {}
     for name, m in models.items():
@@ -174,7 +199,10 @@ def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: i
                 log(f"  tune: out of time before {name} T={T}")
                 return table
             t0 = time.time()
-            entry = tune_shape(m, T, sets, copy_gbps, reps, log) if "v2" in paths else {}
+            entry = {}
+            if "v2" in paths or "reduce" in paths:
+                given = None if "v2" in paths else get_config(m["H"], m["I"], T, torch.device(device))
+                entry = tune_shape(m, T, sets, copy_gbps, reps, log, given)
             if "v3" in paths and T <= V3_MAX_TOKENS:
                 entry.update(tune_kept_shape(m, T, sets, copy_gbps, reps, log))
             table[config_key(m["H"], m["I"], T)] = entry
@@ -212,7 +240,9 @@ def main() -> None:
     ap.add_argument("--ts", nargs="*", type=int, default=TS)
     ap.add_argument("--budget-s", type=float, default=600)
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
-    ap.add_argument("--paths", nargs="*", default=["v2", "v3"], help="expert paths to tune: v2 (four launches), v3")
+    ap.add_argument("--paths", nargs="*", default=["v2", "v3"],
+                    help="expert paths to tune: v2 (four launches), v3; reduce (alone): whether the reduce inside "
+                         "v2's down launch beats it with the installed configs")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
