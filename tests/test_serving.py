@@ -329,3 +329,20 @@ def test_the_probe_table_sets_the_first_rates_stream_step_beside_both_probes(tmp
     assert (row["context"], row["probe_from"], row["min_prompt_tokens"]) == (300.0, 284, 1)
     assert row["stream_over_static"] == pytest.approx(0.22) and row["probe_over_static"] == pytest.approx(0.1)
     assert row["stream_over_probe"] == pytest.approx(6.1 / 5.5 - 1)
+
+
+def test_prefill_buckets_rebuilds_the_forwards_and_recovers_a_linear_cost(tmp_path):
+    """analysis/prefill_buckets.py: a round in forwards of at most the largest bucket, each padded to
+    the smallest bucket that holds it; the fit recovers a cost made exactly linear in forwards and
+    padded tokens."""
+    import pandas as pd
+    import pytest
+
+    from analysis.prefill_buckets import fit, forwards
+
+    assert forwards([100, 4425, 64], [64, 128, 256, 512, 1024, 2048]) == [128, 2048, 2048, 512, 64]
+    assert forwards([100], [64, 96, 128]) == [128]
+    df = pd.DataFrame({"forwards": [47, 23, 23, 10], "padded_tokens": [24320, 25344, 24576, 9000]})
+    df["prefill_s"] = 0.0135 * df["forwards"] + 3e-5 * df["padded_tokens"]
+    a, b = fit(df)
+    assert a == pytest.approx(0.0135) and b == pytest.approx(3e-5)
