@@ -567,6 +567,13 @@ class RunConfig:
                                [f"throughput.methods[]={s!r}" for s, f in forms if f in ("fused", "fold")],
                                (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
                                 f"{self.model.family}'s (base/hf/fused_attention.py)")))
+            if tp.regions == "modules":  # no layer half: the attention is compiled apart from its input norm
+                kept_apart = [s for s, parsed in zip(tp.methods or [], tp.specs or [])
+                              if "fold" in parsed["forms"] and "skinny" not in parsed["forms"]]
+                unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
+                               [f"throughput.methods[]={s!r}" for s in kept_apart],
+                               ("throughput.regions=modules compiles each attention apart from its layer's input "
+                                "norm, so there is no norm to fold")))
             if self.method.backend != "triton" and any(f == "route_in_select" for _, f in forms):
                 raise ConfigError(f"throughput.methods[]={next(s for s, f in forms if f == 'route_in_select')!r}: "
                                   f"the form folds the experts' route launch into the selection kernel: it needs "

@@ -168,6 +168,8 @@ CASES = [
      "throughput.fold_input_norm=true folds the norm into the fused attention's q/k/v GEMM: set throughput.fused_attention=true"),
     (["stage=throughput", "throughput.compile=false", "throughput.methods=[dense,dense+fold]"],
      "throughput.methods[]='dense+fold' would be ignored: it works inside the compiled regions"),
+    (["stage=throughput", "throughput.regions=modules", "throughput.methods=[dense,dense+fold]"],
+     "throughput.methods[]='dense+fold' would be ignored: throughput.regions=modules compiles each attention apart"),
     (["model=tiny_olmoe", "stage=throughput", "throughput.methods=[dense,dense+fold]"],
      "throughput.methods[]='dense+fold' would be ignored: the fused form computes qwen3_moe"),
     (["scheduler.buckets=[128,64]"], "scheduler.buckets=[128, 64] must be strictly increasing"),
