@@ -21,8 +21,8 @@ gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM walk th
 order: deterministic, no atomics on the data). With the tuned table's `reduce_in_down` the reduce
 is the down launch's last act for each column block instead (an arrival counter per block, reset
 by its last item, which sums the block in the same order: three launches, the same sums).
-Decode is memory-bound (a few tokens per expert): a work item streams a tile of one expert's weights once and applies it to all of
-that expert's pairs, so each weight byte is read once per step.
+Decode is memory-bound (a few tokens per expert): a work item streams a tile of one expert's
+weights once and applies it to all of that expert's pairs, so each weight byte is read once per step.
 With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder layer's residual
 stream, rounded as the eager add (the layer's own add launch folded in: base/runtime/regional.py).
 No host synchronisation (counts stay on the device and bound the device-side loops): a decode
