@@ -657,6 +657,20 @@ def test_the_reduce_inside_the_down_launch_writes_the_output_when_nothing_is_rou
     assert (fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, zero_w, config=cfg) == 0).all()
 
 
+def _qwen3_bf16_case(T: int, seed: int) -> tuple:
+    """Qwen3-30B-A3B's experts in bf16 on the GPU, T tokens routed at budget 16, and a residual:
+    (x_TH, gate_up, down, selection, residual_TH)."""
+    from kernels.select import route_select
+
+    E, K, H, I = 128, 8, 2048, 768
+    dev = torch.device("cuda")
+    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=seed)
+    gu, dn = make_experts(E, H, I, torch.bfloat16, seed=seed + 1, device=dev)
+    g = torch.Generator().manual_seed(seed + 2)
+    _, sel = route_select(torch.randn(T, E, generator=g).to(dev), K, b.active_T.to(dev), 16, norm_topk=True)
+    return b.z_TH.to(dev, torch.bfloat16), gu, dn, sel, torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 16, 64])
 def test_gpu_the_reduce_inside_the_down_launch_is_the_reduce_launchs_sum(T):
@@ -665,19 +679,12 @@ def test_gpu_the_reduce_inside_the_down_launch_is_the_reduce_launchs_sum(T):
     and the same again replayed in a CUDA graph (the counters reset themselves)."""
     from base.runtime.graphs import capture_outputs
     from kernels.experts import ExpertsConfig, get_config
-    from kernels.select import route_select
 
-    E, K, H, I = 128, 8, 2048, 768
-    dev = torch.device("cuda")
-    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=41)
-    gu, dn = make_experts(E, H, I, torch.bfloat16, seed=42, device=dev)
-    g = torch.Generator().manual_seed(43)
-    _, sel = route_select(torch.randn(T, E, generator=g).to(dev), K, b.active_T.to(dev), 16, norm_topk=True)
-    res = torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
-    tuned = get_config(H, I, T, dev)
+    x, gu, dn, sel, res = _qwen3_bf16_case(T, seed=41)
+    tuned = get_config(2048, 768, T, x.device)
     four = ExpertsConfig(gate_up=tuned.gate_up, down=tuned.down, use_kept=False)
     three = ExpertsConfig(gate_up=tuned.gate_up, down=tuned.down, use_kept=False, reduce_in_down=True)
-    x = b.z_TH.to(dev, torch.bfloat16)
+
     def run(cfg):
         return fused_experts(x, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, config=cfg, residual_TH=res)
 
@@ -694,19 +701,10 @@ def test_gpu_the_reduce_inside_the_down_launch_is_the_reduce_launchs_sum(T):
 @pytest.mark.parametrize("kept", [False, True])
 def test_gpu_residual_add_in_the_last_launch_is_the_bf16_add(kept):
     """On the GPU in bf16 (which the interpreter gets wrong): the folded add is PyTorch's add."""
-    from kernels.select import route_select
-
-    T, E, K, H, I = 16, 128, 8, 2048, 768
-    dev = torch.device("cuda")
-    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=11)
-    gu, dn = make_experts(E, H, I, torch.bfloat16, seed=12, device=dev)
-    g = torch.Generator().manual_seed(13)
-    _, sel = route_select(torch.randn(T, E, generator=g).to(dev), K, b.active_T.to(dev), 16, norm_topk=True)
-    residual_TH = torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
+    x, gu, dn, sel, residual_TH = _qwen3_bf16_case(16, seed=11)
     keep_M = sel.keep_M if kept else None
-    plain = fused_experts(b.z_TH.to(dev, torch.bfloat16), gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M)
-    folded = fused_experts(b.z_TH.to(dev, torch.bfloat16), gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M,
-                           residual_TH=residual_TH)
+    plain = fused_experts(x, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M)
+    folded = fused_experts(x, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=keep_M, residual_TH=residual_TH)
     assert torch.equal(folded, residual_TH + plain)
 
 
