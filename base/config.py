@@ -207,6 +207,7 @@ VARIANT_FORMS: dict[str, dict[str, Any]] = {
     "skinny": {"throughput.regions": "layer_skinny"},  # base/hf/skinny_proj.py
     "fold": {"throughput.fused_attention": True, "throughput.fold_input_norm": True},  # the norm in the q/k/v GEMM
     "route_in_select": {"method.route_in_select": True},  # the experts' route launch in the selection's
+    "compile_prefill": {"scheduler.compile_prefill": True},  # stream/serve: packed prefills compiled
 }
 
 
@@ -589,9 +590,15 @@ class RunConfig:
                     said = ", ".join(f"{k}={v}" for k, v in already.items())
                     raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
                                       f"every variant: drop the +{form} or set the run's key back")
+            prefill_forms = [f"throughput.methods[]={s!r}" for s, f in forms if f == "compile_prefill"]
             if not tp.compile:
-                unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)),
+                unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)) + prefill_forms,
                                "throughput.compile=false compiles no region, the prefill's included"))
+            elif tp.mode == "steps":
+                unused.append((prefill_forms, "throughput.mode=steps prefills through the static engine"))
+            if prefill_forms and self.scheduler.packing != "packed":
+                raise ConfigError(f"{prefill_forms[0]} compiles the packed prefill; scheduler.packing="
+                                  f"{self.scheduler.packing} prefills padded, eagerly")
         unused = [(keys, why) for keys, why in unused if keys]
         if unused:
             said = "; ".join(f"{', '.join(keys)} would be ignored: {why}" for keys, why in unused)

@@ -360,7 +360,8 @@ def test_method_specs_take_engine_forms_and_refuse_unknown_ones():
     assert parse_method_spec("dense")["forms"] == ()
     assert parse_method_spec("base+fold")["forms"] == ("fold",)
     assert parse_method_spec("base+route_in_select")["forms"] == ("route_in_select",)
-    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny, fold, route_in_select"):
+    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny, fold, route_in_select"
+                                          ", compile_prefill"):
         parse_method_spec("base+fast")
 
 

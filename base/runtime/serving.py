@@ -112,7 +112,8 @@ class _Engine:
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
                                            compile=None if tp.compile else False, **v.engine_options(tp),
-                                           buckets=scheduler.buckets, compile_prefill=scheduler.compile_prefill)
+                                           buckets=scheduler.buckets,
+                                           compile_prefill=v.compile_prefill(scheduler.compile_prefill))
         except BaseException:
             self._remove()
             raise

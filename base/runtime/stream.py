@@ -107,7 +107,7 @@ def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, l
     (finished, stats, s to predict experts)."""
     engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False,
                               **v.engine_options(tp), buckets=scheduler.buckets,
-                              compile_prefill=scheduler.compile_prefill)
+                              compile_prefill=v.compile_prefill(scheduler.compile_prefill))
     try:
         if scheduler.packing == "packed":
             engine.warm_up(mixed=scheduler.chunked, reserve=forwards_bound(requests, scheduler.buckets))

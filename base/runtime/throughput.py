@@ -66,6 +66,11 @@ class Variant:
         """The method keys this variant's forms set (route_in_select), for its budget."""
         return self._form_keys("method")
 
+    def compile_prefill(self, scheduler_compile_prefill: bool) -> bool:
+        """Whether this variant's continuous engine compiles its packed prefills: the run's
+        scheduler.compile_prefill, or its form's."""
+        return self._form_keys("scheduler").get("compile_prefill", scheduler_compile_prefill)
+
     def _form_keys(self, group: str) -> dict:
         return {k.split(".", 1)[1]: v for form in self.forms for k, v in VARIANT_FORMS[form].items()
                 if k.startswith(group + ".")}
