@@ -1,6 +1,8 @@
 """The fused decode attention (kernels/attention.py, NEW): q/k norm, rotary, the K/V write and the
-attention of this step's token in one launch, against the op-by-op reference; and the owned
-attention module that calls it (base/hf/fused_attention.py) against transformers' own attention.
+attention of this step's token in one launch, against the op-by-op reference; the owned
+attention module that calls it (base/hf/fused_attention.py) against transformers' own attention;
+a throughput variant's forms (base/config.py VARIANT_FORMS); and the input norm folded into the
+q/k/v GEMM (throughput.fold_input_norm).
 
 Shapes: B rows, Hq query heads, K KV heads, L cache slots, D head size, C = (Hq + 2K) D."""
 from __future__ import annotations
