@@ -4,6 +4,7 @@ Nothing in base/ reads Hydra: these dataclasses are the only way configuration e
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -562,48 +563,57 @@ class RunConfig:
             if tp.mode != "serve":
                 unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                                "only throughput.mode=serve reads serve.*"))
-            forms = [(spec, form) for spec, parsed in zip(tp.methods or [], tp.specs or []) for form in parsed["forms"]]
-            if self.model.family not in FUSED_ATTENTION_FAMILIES:
-                unused.append((_changed("throughput", tp, ("fused_attention", "fold_input_norm")) +
-                               [f"throughput.methods[]={s!r}" for s, f in forms if f in ("fused", "fold")],
-                               (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
-                                f"{self.model.family}'s (base/hf/fused_attention.py)")))
-            if tp.regions == "modules":  # no layer half: the attention is compiled apart from its input norm
-                kept_apart = [s for s, parsed in zip(tp.methods or [], tp.specs or [])
-                              if "fold" in parsed["forms"] and "skinny" not in parsed["forms"]]
-                unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
-                               [f"throughput.methods[]={s!r}" for s in kept_apart],
-                               ("throughput.regions=modules compiles each attention apart from its layer's input "
-                                "norm, so there is no norm to fold")))
-            if self.method.backend != "triton" and any(f == "route_in_select" for _, f in forms):
-                raise ConfigError(f"throughput.methods[]={next(s for s, f in forms if f == 'route_in_select')!r}: "
-                                  f"the form folds the experts' route launch into the selection kernel: it needs "
-                                  f"method.backend=triton")
-            if not tp.compile:
-                unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
-                               [f"throughput.methods[]={s!r}" for s, f in forms if f in ("skinny", "fold")],
-                               "it works inside the compiled regions, and throughput.compile=false compiles none"))
-            for spec, form in forms:
-                keys = VARIANT_FORMS[form]
-                already = {k: v for k, v in keys.items() if getattr(getattr(self, k.split(".")[0]), k.split(".")[1]) == v}
-                if len(already) == len(keys):
-                    said = ", ".join(f"{k}={v}" for k, v in already.items())
-                    raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
-                                      f"every variant: drop the +{form} or set the run's key back")
-            prefill_forms = [f"throughput.methods[]={s!r}" for s, f in forms if f == "compile_prefill"]
-            if not tp.compile:
-                unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)) + prefill_forms,
-                               "throughput.compile=false compiles no region, the prefill's included"))
-            elif tp.mode == "steps":
-                unused.append((prefill_forms, "throughput.mode=steps prefills through the static engine"))
-            if prefill_forms and self.scheduler.packing != "packed":
-                raise ConfigError(f"{prefill_forms[0]} compiles the packed prefill; scheduler.packing="
-                                  f"{self.scheduler.packing} prefills padded, eagerly")
+            unused += self._unused_engine_options()
         unused = [(keys, why) for keys, why in unused if keys]
         if unused:
             said = "; ".join(f"{', '.join(keys)} would be ignored: {why}" for keys, why in unused)
             raise ConfigError(f"{said} (method={self.method.name}, stage={self.stage}). Leave such options at "
                               f"their defaults, or choose a setting that reads them")
+
+    def _unused_engine_options(self) -> list[tuple[list[str], str]]:
+        """The engine options (throughput.fused_attention, fold_input_norm, scheduler.compile_prefill)
+        and the throughput.methods[] forms (VARIANT_FORMS) this run would not read, with why; a form
+        that changes nothing, or cannot run, is refused here."""
+        tp = self.throughput
+        with_forms = [(spec, set(parsed["forms"])) for spec, parsed in zip(tp.methods or [], tp.specs or [])]
+
+        def specs(test: Callable[[set[str]], bool]) -> list[str]:  # the methods[] whose forms pass `test`
+            return [f"throughput.methods[]={spec!r}" for spec, forms in with_forms if test(forms)]
+
+        if self.method.backend != "triton" and specs(lambda f: "route_in_select" in f):
+            raise ConfigError(f"{specs(lambda f: 'route_in_select' in f)[0]}: the form folds the experts' route "
+                              f"launch into the selection kernel: it needs method.backend=triton")
+        for spec, forms in with_forms:
+            for form in sorted(forms):
+                keys = VARIANT_FORMS[form]
+                if all(getattr(getattr(self, k.split(".")[0]), k.split(".")[1]) == v for k, v in keys.items()):
+                    said = ", ".join(f"{k}={v}" for k, v in keys.items())
+                    raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
+                                      f"every variant: drop the +{form} or set the run's key back")
+        if self.scheduler.packing != "packed" and specs(lambda f: "compile_prefill" in f):
+            raise ConfigError(f"{specs(lambda f: 'compile_prefill' in f)[0]} compiles the packed prefill; "
+                              f"scheduler.packing={self.scheduler.packing} prefills padded, eagerly")
+        unused: list[tuple[list[str], str]] = []
+        if self.model.family not in FUSED_ATTENTION_FAMILIES:
+            unused.append((_changed("throughput", tp, ("fused_attention", "fold_input_norm")) +
+                           specs(lambda f: bool(f & {"fused", "fold"})),
+                           (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
+                            f"{self.model.family}'s (base/hf/fused_attention.py)")))
+        if tp.regions == "modules":  # no layer half: the attention is compiled apart from its input norm
+            unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
+                           specs(lambda f: "fold" in f and "skinny" not in f),
+                           ("throughput.regions=modules compiles each attention apart from its layer's input "
+                            "norm, so there is no norm to fold")))
+        if not tp.compile:
+            unused.append((_changed("throughput", tp, ("fold_input_norm",)) + specs(lambda f: bool(f & {"skinny", "fold"})),
+                           "it works inside the compiled regions, and throughput.compile=false compiles none"))
+            unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)) +
+                           specs(lambda f: "compile_prefill" in f),
+                           "throughput.compile=false compiles no region, the prefill's included"))
+        elif tp.mode == "steps":
+            unused.append((specs(lambda f: "compile_prefill" in f),
+                           "throughput.mode=steps prefills through the static engine"))
+        return unused
 
     def _check_serve(self) -> None:
         """throughput.mode=serve takes its arrivals from serve.rates and admits FIFO."""

@@ -170,7 +170,7 @@ def test_the_custom_op_computes_the_kernels_product():
 
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(4, 64, generator=g), torch.randn(32, 64, generator=g)
-    torch.testing.assert_close(_skinny_linear_op(x, w, 16, 32, 2, 4, 1), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(_skinny_linear_op(x, w, None, 0.0, 16, 32, 2, 4, 1), F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
 def _launches_seen(monkeypatch, launch: SkinnyLaunch) -> list:

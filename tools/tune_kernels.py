@@ -136,9 +136,7 @@ def _reduce_in_down(objective, gate_up: dict, down: dict, best: float, n_cases: 
     fold = all(f < p for p, f in pairs)
     log(f"    reduce in down: {'kept' if fold else 'not kept'} ({', '.join(f'{f / p:.3f}' for p, f in pairs)} of the "
         f"four-launch time)")
-    best = min(best, *(p for p, _ in pairs))
-    if fold:
-        best = min(f for _, f in pairs)
+    best = min(f for _, f in pairs) if fold else min(best, *(p for p, _ in pairs))
     return {"gate_up": gate_up, "down": down, "objective": round(best / n_cases, 3), "reduce_in_down": fold}
 
 

@@ -313,6 +313,13 @@ def _write(cache_BKLD: Tensor, new_BKQD: Tensor, pos: Tensor, rows_n: Tensor | N
     return cache_BKLD
 
 
+def last_read(module: nn.Module) -> Tensor:
+    """The last cache slot a decode step's attention reads: with a write slot per row, their largest
+    (StaticKV keeps it, over the rows still decoding); else the one slot every row writes."""
+    pos = module.base_write_pos
+    return module.base_last_slot if pos.dim() == 2 else pos
+
+
 def grouped_decode_attention(query_BHQD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_B1QL: Tensor,
                              scaling: float, sinks_H: Tensor | None = None) -> Tensor:
     """softmax(q k^T * scaling, masked) v with the G query heads of a KV head as rows of one matmul;
@@ -357,8 +364,8 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
     allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
     if Q == 1 and s_aux is None and query_BHQD.is_cuda:
-        last_1 = module.base_last_slot if pos.dim() == 2 else pos  # the last slot any row reads
-        out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], last_1, scaling)
+        out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], last_read(module),
+                                       scaling)
         return out_BHE[:, None], None
     if Q == 1 or s_aux is not None:
         return grouped_decode_attention(query_BHQD, k_BKLD, v_BKLE, allowed_B1QL, scaling, s_aux), None

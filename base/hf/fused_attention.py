@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from base.hf.attention import NAME, _allowed
+from base.hf.attention import NAME, _allowed, last_read
 from base.hf.fused_qkv import _QKV
 from base.hf.skinny_proj import norm_linear
 
@@ -118,20 +118,15 @@ class FusedDecodeAttention(nn.Module):
             q, k, v = norm_linear(hidden_states, input_norm, qkv.weight, qkv.bias).split(qkv.sizes, dim=-1)
         else:  # q before k and v: base/hf/fused_qkv.py's q_proj computes all three
             q, k, v = inner.q_proj(hidden_states), inner.k_proj(hidden_states), inner.v_proj(hidden_states)
-        q_BHD = q.view(B, -1, D)
         k_BKD = k.view(B, -1, D)
-        k_cache, v_cache = inner.base_k_cache, inner.base_v_cache
-        v_BKE = v.view(B, k_BKD.shape[1], -1)
         pos = inner.base_write_pos  # (1,) one slot for every row, or (B, 1) one per row
-        pos_B = pos[:, 0] if pos.dim() == 2 else pos
-        last_1 = inner.base_last_slot if pos.dim() == 2 else pos  # the last slot any row reads
         allowed_BL = _allowed(attention_mask, pos, getattr(inner, "sliding_window", None))[:, 0, 0]
         cos_BD, sin_BD = (x.reshape(-1, D) for x in position_embeddings)  # (B, 1, D), or (1, 1, D) shared
-        q_norm, k_norm = (inner.q_norm, inner.k_norm) if self.norm else (None, None)
-        out_BHE = _fused_op(q_BHD, k_BKD, v_BKE, cos_BD, sin_BD, pos_B,
-                            None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
-                            q_norm.variance_epsilon if self.norm else 1e-6, k_cache, v_cache, allowed_BL.contiguous(),
-                            last_1, inner.scaling)
+        q_w, k_w, eps = ((inner.q_norm.weight, inner.k_norm.weight, inner.q_norm.variance_epsilon) if self.norm
+                         else (None, None, 1e-6))
+        out_BHE = _fused_op(q.view(B, -1, D), k_BKD, v.view(B, k_BKD.shape[1], -1), cos_BD, sin_BD,
+                            pos[:, 0] if pos.dim() == 2 else pos, q_w, k_w, eps, inner.base_k_cache,
+                            inner.base_v_cache, allowed_BL, last_read(inner), inner.scaling)
         return inner.o_proj(out_BHE.reshape(B, 1, -1)), None
 
 
