@@ -42,8 +42,8 @@ def _project(x: Tensor, weight: Tensor, bias: Tensor | None, norm: nn.Module | N
 
     N, K = weight.shape
     x_TK = x.reshape(-1, K)
-    launch = None if bias is not None else skinny_launch(N, K, x_TK.shape[0], x.device,
-                                                         tuned_either_way=norm is not None)
+    either = {"tuned_either_way": True} if norm is not None else {}  # the norm form: its launch even where it lost
+    launch = None if bias is not None else skinny_launch(N, K, x_TK.shape[0], x.device, **either)
     if launch is None:
         return F.linear(x if norm is None else norm(x), weight, bias)
     norm_K, eps = (None, 0.0) if norm is None else (norm.weight, float(norm.variance_epsilon))
