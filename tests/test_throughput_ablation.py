@@ -104,3 +104,28 @@ def test_forms_analysis_refuses_a_run_without_forms(tmp_path):
         tmp_path / "throughput.csv", index=False)
     with pytest.raises(SystemExit, match="no variant with a form beside its plain variant"):
         compare(tmp_path / "throughput.csv")
+
+
+def test_the_step_budget_adds_each_removed_kernel_and_its_gap(tmp_path):
+    """analysis/step_budget.py on a made-up profile: the gap per kernel is (graph - kernel time) /
+    kernels; the cuts count each kernel they remove once with its gap; the final norm (class
+    norms), which shares the input norm's name, is not a cut."""
+    import pytest
+
+    from analysis.step_budget import budget
+
+    key = {"model": "m", "routing": "uniform", "batch_size": 16, "variant": "base"}
+    pd.DataFrame([{**key, "class": "total", "ms_per_step": 9.0, "kernels_per_step": 1000.0,
+                   "graph_ms_per_step": 10.0}]).to_csv(tmp_path / "summary_profile.csv", index=False)
+    kernels = [("expert FFN", "_reduce_kernel", 0.2, 48), ("expert FFN", "_gate_up_kernel", 2.0, 48),
+               ("expert FFN", "_down_kernel", 1.0, 48), ("router/selection", "_route_select_kernel", 0.7, 48),
+               ("norms", "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", 0.5, 1)]
+    pd.DataFrame([{**key, "class": c, "kernel": n, "ms_per_step": ms, "kernels_per_step": n_k}
+                  for c, n, ms, n_k in kernels]).to_csv(tmp_path / "summary_kernels.csv", index=False)
+    rows = dict(budget(tmp_path, "base", 16, tbps=1.0, layers=1, experts=1, H=1000, I=1000, target_ms=0.2))
+    assert rows["between kernels, per kernel"] == pytest.approx(1e-3)
+    assert rows["input norm (fold)"] == 0 and rows["the cuts' kernels"] == pytest.approx(0.2)
+    assert rows["the cuts, with their gaps"] == pytest.approx(0.2 + 48e-3)
+    floor = 3 * 1000 * 1000 * 2 / 1e12 * 1e3
+    assert rows["their floor at 1.0 TB/s"] == pytest.approx(floor)
+    assert rows["the step with all three"] == pytest.approx(10.0 - 0.248 - (3.0 - floor) - (0.7 - 0.2))
