@@ -104,12 +104,12 @@ def test_every_rule_runs_on_the_kernels_as_the_reference(selector, k0, coverage,
     assert kept == kept_ref
 
 
-@pytest.mark.parametrize("selector,k0", [("base", None), ("base_anchor", 1)])
+@pytest.mark.parametrize("selector,k0", [("base", None), ("base_anchor", 1), ("top1_union", None)])
 @pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_a_batch_whose_choices_fit_the_budget_decodes_as_the_reference(selector, k0):
     """One row, budget = top-k: every decode step's union fits, so the budgeted layer runs dense's
-    route (kernels.select.union_fits: router rows only, no reassignment) and decodes as the
-    reference and as dense."""
+    route (kernels.select.union_fits: router rows only, no reassignment, no tier) and decodes as
+    the reference and as dense."""
     cfg, model = _model("tiny_qwen3")
     torch.manual_seed(3)
     ids_BS = torch.randint(3, 250, (1, 6))

@@ -199,6 +199,36 @@ def test_a_union_that_fits_in_the_budget_keeps_every_routed_expert(name, k0, all
         assert torch.equal(sel.topk_w_TK[a], routing.topk_w_TK[a])
 
 
+@pytest.mark.parametrize("name,k0", [("base_anchor", 1), ("xshare", 2), ("lynx", 1), ("top1_union", None)])
+@pytest.mark.parametrize("route", [True, False])
+def test_a_tiered_rule_whose_union_fits_runs_the_tier_free_launch(name, k0, route):
+    """When the union fits, a tier can change only the kept list's order: the launch skips the tier
+    and is the tier-free launch of the same kind, score and kept list's order included (the batch-1
+    step of `top1_union` or an anchored rule then costs what dense's does). Where the budget binds,
+    the tier still ranks (the top1_union score differs from router_sum's)."""
+    T, E, K, H, M = 3, 32, 4, 16, 12
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=31)
+    active_T = torch.tensor([True, False, True])
+    art = _artifacts(E, H, seed=5)
+    kind, rule = _kernel_rule(name, k0)
+    plain = Rule(k0=rule.k0)
+    logits_TE = F.linear(x_TH, w_EH)
+    kw = dict(kind=kind, g_TE=x_TH @ art.pred_w_LHE[1], pred_b_E=art.pred_b_LE[1])  # noqa: C408
+
+    def launch(budget: int, r: Rule):
+        if route:
+            return route_select(logits_TE, K, active_T, budget, norm_topk=True, rule=r, **kw)[1]
+        probs_TE = logits_TE.softmax(-1)
+        w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+        return select_reassign(probs_TE, idx_TK, w_TK, active_T, budget, rule=r, **kw)
+
+    tiered, tier_free = launch(M, rule), launch(M, plain)
+    for field in ("keep_M", "keep_E", "score_E", "topk_idx_TK", "topk_w_TK"):
+        assert torch.equal(getattr(tiered, field), getattr(tier_free, field)), field
+    if name == "top1_union":  # the control: a binding budget ranks by the tier
+        assert not torch.equal(launch(2, rule).score_E, launch(2, plain).score_E)
+
+
 @pytest.mark.parametrize("T,E,K,M,mode,tier,ties", [(20, 64, 6, 7, "backfill", "none", False),
                                                      (16, 32, 8, 3, "backfill", "anchor", True),
                                                      (9, 48, 4, 12, "drop", "none", True),
