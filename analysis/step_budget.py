@@ -30,7 +30,7 @@ CUTS = {
 }
 
 
-def budget(grid: Path, variant: str, batch: int, tbps: float, layers: int, experts: int, H: int, I: int,
+def budget(grid: Path, variant: str, batch: int, tbps: float, layers: int, experts: float, H: int, I: int,
            target_ms: float) -> list[tuple[str, float]]:
     """(what, ms per step) rows; see the module doc."""
     prof = pd.read_csv(grid / "summary_profile.csv")
@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--tbps", type=float, default=4.2, help="the floor's bandwidth (issue 25: 4.2 TB/s)")
     ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--experts", type=int, default=16, help="kept experts per layer (base M=16)")
+    ap.add_argument("--experts", type=float, default=16,
+                    help="kept experts per layer (base M=16; for dense its mean union, summary.md's `dense union`)")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--target-ms", type=float, default=0.3, help="router + selection target per step")
