@@ -117,6 +117,9 @@ CASES = [
     (["model.arch.num_experts_per_tok=20"], "model.arch.num_experts_per_tok=20 is out of range: each token picks 1..16"),
     (["model.arch.num_attention_heads=3"], "model.arch.num_attention_heads=3 is not a multiple of model.arch.num_key_value_heads=2"),
     (["model.arch.hidden_size=-4"], "model.arch.hidden_size=-4 is out of range: must be in [1, 2147483647]"),
+    # checked before transformers builds the config, which makes a list over the layers (this hung)
+    (["model.arch.num_hidden_layers=1000000000"],
+     "model.arch.num_hidden_layers=1000000000 is out of range: must be in [1, 65536]"),
     # a shape transformers' config validation refuses (found by tests/test_schema_property.py)
     (["model.arch.head_dim=5"], "is not a valid qwen3_moe config: RoPE requires an even rotary dimension"),
     # paths of the wrong kind

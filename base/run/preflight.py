@@ -12,6 +12,8 @@ missing or empty data).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
+from typing import Any
 
 from base.checks import check_file, check_folder
 from base.config import ConfigError, RunConfig
@@ -35,12 +37,14 @@ def preflight(cfg: RunConfig) -> None:
     _check_device(cfg)
     check_folder("artifacts_dir", cfg.artifacts_dir)
     check_folder("outputs_dir", cfg.out_dir.parent)
+    family = FAMILIES.get(cfg.model.family)
+    if cfg.model.init == "random":  # before transformers builds the config: it loops over the layers
+        _check_arch(cfg, cfg.model.arch.get, family.experts_key, family.topk_key)
     hf = hf_config(cfg.model, cfg.root)
     check_family(cfg, hf)
     if cfg.model.init == "pretrained":
         _check_checkpoint(cfg, hf)
-    family = FAMILIES.get(cfg.model.family)
-    _check_arch(cfg, hf, family.experts_key, family.topk_key)
+    _check_arch(cfg, lambda key: getattr(hf, key, None), family.experts_key, family.topk_key)
     cfg.check_model_shape(int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     check_device_memory(cfg, hf)
     methods = _methods(cfg)
@@ -66,25 +70,27 @@ def preflight(cfg: RunConfig) -> None:
 # Sizes the model is built from: each at least 1 where the config has it (other integers, such as
 # n_shared_experts or first_k_dense_replace, may be 0).
 MAX_SIZE = 2**31 - 1  # tensor dimensions and their products must fit int64; no model is near this
+# transformers' configs build a per-layer list when made (layer types), and the model a module per
+# layer: a bound that keeps both finite (a billion layers hung the start); the models here have <= 48
+MAX_LAYERS = 2**16
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
-def _check_arch(cfg: RunConfig, hf, experts_key: str, topk_key: str) -> None:
-    """The architecture numbers (model.arch, or a checkpoint's config.json) describe a model that
-    can be built and run: positive sizes, 1 <= top-k <= experts, heads that divide as attention needs."""
+def _check_arch(cfg: RunConfig, value: Callable[[str], Any], experts_key: str, topk_key: str) -> None:
+    """The architecture numbers (`value(key)`: from model.arch, or the built config of a random or
+    checkpoint model) describe a model that can be built and run: positive sizes, 1 <= top-k <=
+    experts, heads that divide as attention needs."""
     def where(key: str) -> str:
         return f"model.arch.{key}" if key in cfg.model.arch else f"{key} (model {cfg.model.name}'s config)"
-
-    def value(key: str):
-        return getattr(hf, key, None)
 
     for key in (*POSITIVE_SIZES, topk_key, experts_key):
         v = value(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise ConfigError(f"{where(key)}={v!r} must be a whole number")
-        if key != topk_key and isinstance(v, int) and not 1 <= v <= MAX_SIZE:  # top-k: against the experts below
-            raise ConfigError(f"{where(key)}={v} is out of range: must be in [1, {MAX_SIZE}]")
+        most = MAX_LAYERS if key == "num_hidden_layers" else MAX_SIZE
+        if key != topk_key and isinstance(v, int) and not 1 <= v <= most:  # top-k: against the experts below
+            raise ConfigError(f"{where(key)}={v} is out of range: must be in [1, {most}]")
     E, k = value(experts_key), value(topk_key)
     if isinstance(k, int) and isinstance(E, int) and not 1 <= k <= E:
         raise ConfigError(f"{where(topk_key)}={k} is out of range: each token picks 1..{E} of the {E} experts "
