@@ -92,6 +92,50 @@ def test_a_device_too_small_for_the_weights_is_refused(compose, tmp_path, monkey
     _preflight(compose, tmp_path, ["method=dense"])
 
 
+@pytest.mark.parametrize("family", ["qwen3", "deepseek", "gpt_oss", "olmoe", "mixtral", "qwen2"])
+def test_the_kv_cache_estimate_is_what_the_engine_allocates(family):
+    """kv_bytes_per_slot against the cache buffers a decode engine actually registers (DeepSeek's MLA
+    and GPT-OSS's sliding layers included): the memory check's arithmetic, checked by allocation."""
+    import torch
+
+    from base.hf.loading import load_model
+    from base.run.model_checks import kv_bytes_per_slot
+    from base.runtime.engine import DecodeEngine
+    from tests.helpers import tiny_model_config
+
+    model = load_model(tiny_model_config(family), ROOT, seed=0)
+    ids = torch.randint(3, 200, (2, 5))
+    DecodeEngine(model, 2, 16).generate(ids, torch.ones_like(ids), 2, stop_at_eos=False)
+    held = sum(b.numel() * b.element_size() for name, b in model.named_buffers()
+               if name.endswith(("base_k_cache", "base_v_cache")))
+    assert held == 2 * 16 * kv_bytes_per_slot(model.config, 4)
+
+
+@pytest.mark.parametrize("overrides, key, slots", [
+    (["batch_size={rows}"], "batch_size", 256),  # evaluate: the cache rounded up to 256 slots at least
+    (["stage=throughput", "throughput.prompt_len=16", "throughput.gen_tokens=8", "throughput.timed_steps=4",
+      "throughput.batch_sizes=[1,{rows}]"], "throughput.batch_sizes", 24),
+    (["stage=throughput", "throughput.mode=serve", "stream.prompt_len=[8,300]", "stream.output_len=[2,6]",
+      "throughput.batch_sizes=[{rows}]"], "throughput.batch_sizes", 512),
+])
+def test_a_decode_batch_too_large_for_the_device_is_refused(compose, tmp_path, monkeypatch, overrides, key, slots):
+    """Beside the weights, the K/V cache of the largest decode batch must fit (a billion rows ended in
+    the allocator's traceback halfway through a run): a device with room for 10 rows takes 10, not 11."""
+    from base.hf.loading import load_model
+    from base.run import model_checks
+    from tests.helpers import tiny_model_config
+
+    model = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_row = slots * (model_checks.kv_bytes_per_slot(model.config, 4) + 1)
+    monkeypatch.setattr(model_checks, "_capacity", lambda device: (weights + 10 * per_row + per_row // 2, "a small device"))
+    fill = lambda rows: [o.format(rows=rows) for o in overrides]  # noqa: E731
+    _refused(compose, tmp_path, fill(11), f"{key}: 11 rows of {slots} cache slots need")
+    _refused(compose, tmp_path, fill(11), "more than a small device holds")
+    _refused(compose, tmp_path, fill(11), "at most 10 rows fit")
+    _preflight(compose, tmp_path, fill(10))
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------
 def _tiny_checkpoint(tmp_path: Path, family: str = "qwen3") -> Path:
     from base.hf.loading import byte_tokenizer, load_model

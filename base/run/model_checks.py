@@ -3,7 +3,8 @@
     check_names(cfg)              # family and experts implementations are registered names
     check_family(cfg, hf)         # a checkpoint is of the family model.family says
     check_tokenizer(cfg, tok, V)  # the tokenizer holds a vocabulary, and its ids fit the model's V
-    check_device_memory(cfg, hf)  # the device can hold the weights (meta holds none)
+    check_device_memory(cfg, hf)  # the device can hold the weights (meta holds none), and beside
+                                  # them the K/V cache of the largest decode batch the run builds
 
 Each failure is a ConfigError that names the key or file and what is valid.
 """
@@ -88,8 +89,10 @@ def _capacity(device) -> tuple[int | None, str]:
 
 
 def check_device_memory(cfg: RunConfig, hf) -> None:
-    """model.device can hold the weights. meta holds none: only stage=describe plans on it.
-    model.device_map=auto is planned over the GPUs elsewhere (preflight's placement check)."""
+    """model.device can hold the weights, and beside them the K/V cache of the largest decode batch
+    the run builds (a lower bound: a refused run could not have run; without it a batch size of a
+    billion failed halfway with the allocator's traceback). meta holds none: only stage=describe
+    plans on it. model.device_map=auto is planned over the GPUs elsewhere (preflight's placement check)."""
     if cfg.model.device == "meta":
         if cfg.stage != "describe":
             raise ConfigError(f"model.device=meta builds the model without memory, so it has no weights to run: only "
@@ -108,6 +111,49 @@ def check_device_memory(cfg: RunConfig, hf) -> None:
         raise ConfigError(f"model {cfg.model.name} needs {need / 1e9:.1f} GB for its weights in {cfg.model.dtype}, more "
                           f"than {what} holds ({have / 1e9:.1f} GB): use a device with more memory, "
                           f"model.device_map=auto (several GPUs), or stage=describe model.device=meta to plan")
+    state = decode_state(cfg)
+    if state is None:
+        return
+    key, rows, slots = state
+    per_row = slots * (kv_bytes_per_slot(hf, _dtype_bytes(cfg.model.dtype)) + 1)  # + its row of the slot mask
+    if need + rows * per_row > have:
+        fit = (have - need) // per_row
+        raise ConfigError(f"{key}: {rows} rows of {slots} cache slots need {rows * per_row / 1e9:.1f} GB of K/V cache "
+                          f"beside the weights' {need / 1e9:.1f} GB, more than {what} holds ({have / 1e9:.1f} GB): "
+                          + (f"at most {fit} rows fit" if fit >= 1 else "not one row fits beside the weights"))
+
+
+def kv_bytes_per_slot(hf, dtype_bytes: int) -> int:
+    """K/V cache bytes of one row and one cache slot over every layer: base/hf/attention.py's StaticKV
+    holds (rows, KV heads, slots, key size) and (..., value size) per layer; DeepSeek's MLA caches every
+    head's key (no-position and rotary parts) and value."""
+    heads = hf.num_attention_heads
+    if getattr(hf, "qk_rope_head_dim", None) is not None:
+        kv, key, value = heads, hf.qk_nope_head_dim + hf.qk_rope_head_dim, hf.v_head_dim
+    else:
+        kv = getattr(hf, "num_key_value_heads", None) or heads
+        key = value = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return hf.num_hidden_layers * kv * (key + value) * dtype_bytes
+
+
+SLOT_ROUND = 256  # the engines' cache length is the longest request rounded up to this (eval, streams)
+
+
+def decode_state(cfg: RunConfig) -> tuple[str, int, int] | None:
+    """(the key that sets the rows, rows, cache slots) of the largest decode engine the run builds, the
+    slots at their least; None where the run builds none."""
+    if cfg.stage == "evaluate":
+        return "batch_size", cfg.batch_size, SLOT_ROUND
+    tp = cfg.throughput
+    if cfg.stage != "throughput" or tp is None:
+        return None
+    if tp.mode == "steps":
+        slots = tp.prompt_len + tp.gen_tokens
+    elif cfg.stream.lengths_from is None:
+        slots = -(-(cfg.stream.prompt_len[1] + cfg.stream.output_len[1]) // SLOT_ROUND) * SLOT_ROUND
+    else:
+        slots = SLOT_ROUND
+    return "throughput.batch_sizes", max(tp.batch_sizes), slots
 
 
 def _dtype_bytes(dtype: str) -> int:
