@@ -129,10 +129,30 @@ def test_a_decode_batch_too_large_for_the_device_is_refused(compose, tmp_path, m
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     per_row = slots * (model_checks.kv_bytes_per_slot(model.config, 4) + 1)
     monkeypatch.setattr(model_checks, "_capacity", lambda device: (weights + 10 * per_row + per_row // 2, "a small device"))
-    fill = lambda rows: [o.format(rows=rows) for o in overrides]  # noqa: E731
+    fill = lambda rows: [o.format(rows=rows) for o in overrides]
     _refused(compose, tmp_path, fill(11), f"{key}: 11 rows of {slots} cache slots need")
     _refused(compose, tmp_path, fill(11), "more than a small device holds")
     _refused(compose, tmp_path, fill(11), "at most 10 rows fit")
+    _preflight(compose, tmp_path, fill(10))
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["throughput.mode=serve", "serve.requests={n}"], "serve.requests"),
+    (["throughput.mode=stream", "throughput.batch_sizes=[1]", "stream.requests_per_slot={n}"],
+     "stream.requests_per_slot={n} at 1 slots"),
+])
+def test_a_stream_whose_prompts_cannot_fit_in_memory_is_refused(compose, tmp_path, monkeypatch, overrides, key):
+    """A billion requests spent minutes drawing prompts before the allocator failed: with room for the
+    prompts of 10 requests (8 tokens at least, 8 bytes a token) 10 pass and 11 are refused."""
+    from base.run import model_checks
+    from base.run import preflight as pre
+
+    monkeypatch.setattr(pre, "check_device_memory", lambda cfg, hf: None)  # the weights: another check's
+    monkeypatch.setattr(model_checks, "_capacity", lambda device: (10 * 8 * 8 + 7, "a small machine"))
+    common = ["stage=throughput", "stream.prompt_len=[8,16]", "stream.output_len=[2,6]"]
+    fill = lambda n: [*common, *(o.format(n=n) for o in overrides)]
+    _refused(compose, tmp_path, fill(11), f"{key.format(n=11)}: a stream of 11 requests holds at least")
+    _refused(compose, tmp_path, fill(11), "more than a small machine holds (0.0 GB): at most 10 requests fit")
     _preflight(compose, tmp_path, fill(10))
 
 

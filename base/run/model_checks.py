@@ -5,6 +5,7 @@
     check_tokenizer(cfg, tok, V)  # the tokenizer holds a vocabulary, and its ids fit the model's V
     check_device_memory(cfg, hf)  # the device can hold the weights (meta holds none), and beside
                                   # them the K/V cache of the largest decode batch the run builds
+    check_stream_prompts(cfg)     # a request stream's prompts fit in this machine's memory
 
 Each failure is a ConfigError that names the key or file and what is valid.
 """
@@ -134,6 +135,29 @@ def kv_bytes_per_slot(hf, dtype_bytes: int) -> int:
         kv = getattr(hf, "num_key_value_heads", None) or heads
         key = value = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     return hf.num_hidden_layers * kv * (key + value) * dtype_bytes
+
+
+def check_stream_prompts(cfg: RunConfig) -> None:
+    """A request stream's prompts (throughput.mode stream or serve) fit in this machine's memory: its
+    requests times their least prompt length, 8 bytes a token (a lower bound; a billion requests
+    spent minutes drawing prompts before the allocator failed)."""
+    tp = cfg.throughput
+    if cfg.stage != "throughput" or tp is None or tp.mode not in ("stream", "serve"):
+        return
+    import torch
+
+    if tp.mode == "serve":
+        key, n = "serve.requests", cfg.serve.requests
+    else:  # the timed stream and the statistics pass's, each slots x requests per slot
+        per_slot = max(("stream.requests_per_slot", cfg.stream.requests_per_slot),
+                       ("stream.stats_requests_per_slot", cfg.stream.stats_requests_per_slot), key=lambda kv: kv[1])
+        key, n = f"{per_slot[0]}={per_slot[1]} at {max(tp.batch_sizes)} slots", max(tp.batch_sizes) * per_slot[1]
+    per_request = 8 * (1 if cfg.stream.lengths_from else cfg.stream.prompt_len[0])
+    have, what = _capacity(torch.device("cpu"))
+    if have is not None and n * per_request > have:
+        raise ConfigError(f"{key}: a stream of {n} requests holds at least {n * per_request / 1e9:.1f} GB of prompt "
+                          f"tokens, more than {what} holds ({have / 1e9:.1f} GB): at most {have // per_request} "
+                          f"requests fit")
 
 
 SLOT_ROUND = 256  # the engines' cache length is the longest request rounded up to this (eval, streams)

@@ -3,8 +3,10 @@ names the valid range or choice, never as a traceback halfway through a run.
 
     preflight(cfg)   # raises ConfigError
 
-What needs the model reads only its config (no weights): the budget and k0 against its shape, and
-with model.device_map=auto whether it fits the visible GPUs (planned on the model built empty). Then
+What needs the model reads only its config (no weights): the budget and k0 against its shape, the
+weights and the largest decode batch's K/V cache against the device's memory, and with
+model.device_map=auto whether it fits the visible GPUs (planned on the model built empty); a
+request stream's prompts against this machine's memory. Then
 the calibration files (when this run may calibrate) and whether num_tokens gives a fit enough tokens
 per expert, an explicit predictor file (readable, fitted for this model), and the evaluation tasks, which are looked up and built once (unknown names,
 missing or empty data).
@@ -26,6 +28,7 @@ from base.run.model_checks import (
     check_device_memory,
     check_family,
     check_names,
+    check_stream_prompts,
     check_tokenizer,
     meta_model,
 )
@@ -47,6 +50,7 @@ def preflight(cfg: RunConfig) -> None:
     _check_arch(cfg, lambda key: getattr(hf, key, None), family.experts_key, family.topk_key)
     cfg.check_model_shape(int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     check_device_memory(cfg, hf)
+    check_stream_prompts(cfg)
     methods = _methods(cfg)
     needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
     needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
