@@ -14,6 +14,7 @@ from base.method.predictor import PredictorConfig
 from base.method.routing import REASSIGN_MODES, RENORMALIZE_MODES
 
 STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
+MAX_ARRIVAL_SPAN_S = 86_400  # a request stream's mean arrival span (requests / rate), at most a day
 INITS = ("pretrained", "random")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "meta")
@@ -528,6 +529,7 @@ class RunConfig:
         self._check_method_budget()
         self._check_unused_options()
         self._check_serve()
+        self._check_arrival_span()
 
     def _check_unused_options(self) -> None:
         """An option moved off its default that this run never reads is refused, naming it: ignored,
@@ -625,6 +627,27 @@ class RunConfig:
         if self.stream.admission != "fifo":
             raise ConfigError(f"stream.admission={self.stream.admission}: throughput.mode=serve admits fifo only "
                               f"(union admission predicts each request's experts with a dense forward first)")
+
+    def _check_arrival_span(self) -> None:
+        """A Poisson stream waits for its arrivals in real time: at a rate so low that its requests
+        arrive over more than a day it is no benchmark (at 1e-300 requests/s the wait overflowed
+        time.sleep halfway through the run)."""
+        tp = self.throughput
+        if self.stage != "throughput" or tp is None or tp.mode not in ("stream", "serve"):
+            return
+        if tp.mode == "serve":
+            n = self.serve.requests
+            rates = [("serve.rates[]", r) for r in self.serve.rates if r is not None]
+            if self.serve.search_steps:
+                rates.append(("serve.search_range[0]", self.serve.search_range[0]))
+        else:
+            n = max(tp.batch_sizes) * self.stream.requests_per_slot
+            rates = [("stream.rate", self.stream.rate)] if self.stream.rate is not None else []
+        for key, rate in rates:
+            if n / rate > MAX_ARRIVAL_SPAN_S:
+                raise ConfigError(f"{key}={rate:g}: {n} requests at {rate:g} requests/s arrive over about {n / rate:.3g} s "
+                                  f"on average, more than a day ({MAX_ARRIVAL_SPAN_S} s), and the stream waits for them "
+                                  f"in real time: choose a rate of at least {n / MAX_ARRIVAL_SPAN_S:.3g} requests/s")
 
     def _check_method_budget(self) -> None:
         """A budgeted selector evaluated with no budget would run dense under its name."""

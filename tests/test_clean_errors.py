@@ -147,13 +147,33 @@ def test_a_stream_whose_prompts_cannot_fit_in_memory_is_refused(compose, tmp_pat
     from base.run import model_checks
     from base.run import preflight as pre
 
-    monkeypatch.setattr(pre, "check_device_memory", lambda cfg, hf: None)  # the weights: another check's
+    monkeypatch.setattr(pre, "check_device_memory", lambda cfg, hf: None)  # the weights and buckets: other checks'
+    monkeypatch.setattr(pre, "check_prefill_buckets", lambda cfg, hf: None)
     monkeypatch.setattr(model_checks, "_capacity", lambda device: (10 * 8 * 8 + 7, "a small machine"))
     common = ["stage=throughput", "stream.prompt_len=[8,16]", "stream.output_len=[2,6]"]
     fill = lambda n: [*common, *(o.format(n=n) for o in overrides)]
     _refused(compose, tmp_path, fill(11), f"{key.format(n=11)}: a stream of 11 requests holds at least")
     _refused(compose, tmp_path, fill(11), "more than a small machine holds (0.0 GB): at most 10 requests fit")
     _preflight(compose, tmp_path, fill(10))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # a stream that would wait for its arrivals longer than a day (1e-300: time.sleep overflowed mid-run)
+    (["stage=throughput", "throughput.mode=serve", "serve.rates=[null,1e-300]"],
+     "serve.rates[]=1e-300: 12 requests at 1e-300 requests/s arrive over about 1.2e+301 s on average, more than a day"),
+    (["stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[2]", "stream.rate=1e-5"],
+     "stream.rate=1e-05: 16 requests at 1e-05 requests/s arrive over about 1.6e+06 s"),
+    (["stage=throughput", "throughput.mode=serve", "serve.rates=[null]", "serve.search_steps=2",
+      "serve.search_range=[1e-9,4]"], "serve.search_range[0]=1e-09: 12 requests at 1e-09 requests/s"),
+    # a prefill bucket no device holds (the allocator's traceback mid-run, after the run folder was made)
+    (["stage=throughput", "throughput.mode=serve", "stream.prompt_len=[8,16]", "stream.output_len=[2,6]",
+      "scheduler.buckets=[1000000000000]"], "scheduler.buckets: a packed prefill of 1000000000000 tokens needs at least"),
+    (["scheduler.buckets=[1000000000000]"], "scheduler.buckets: a packed prefill of 1000000000000 tokens"),  # evaluate
+])
+def test_a_run_that_could_not_finish_is_refused_at_start(compose, tmp_path, overrides, message):
+    """Refused before anything runs (validation only here: were the check lost, the run itself
+    would wait for days or fail halfway)."""
+    _refused(compose, tmp_path, overrides, message)
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------

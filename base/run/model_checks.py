@@ -6,6 +6,7 @@
     check_device_memory(cfg, hf)  # the device can hold the weights (meta holds none), and beside
                                   # them the K/V cache of the largest decode batch the run builds
     check_stream_prompts(cfg)     # a request stream's prompts fit in this machine's memory
+    check_prefill_buckets(cfg, hf)  # the largest prefill bucket's forward fits on the device
 
 Each failure is a ConfigError that names the key or file and what is valid.
 """
@@ -158,6 +159,26 @@ def check_stream_prompts(cfg: RunConfig) -> None:
         raise ConfigError(f"{key}: a stream of {n} requests holds at least {n * per_request / 1e9:.1f} GB of prompt "
                           f"tokens, more than {what} holds ({have / 1e9:.1f} GB): at most {have // per_request} "
                           f"requests fit")
+
+
+def check_prefill_buckets(cfg: RunConfig, hf) -> None:
+    """The largest prefill bucket fits on the device: a continuous engine keeps a packed stream of that
+    many tokens (4 int64 rows) and prefills it in its warm-up, holding a hidden state per token at the
+    least (scheduler.buckets=[1e9] ended in the allocator's traceback after the run folder was made)."""
+    tp = cfg.throughput
+    continuous = (cfg.stage == "evaluate" and cfg.eval.batching == "continuous") or \
+        (cfg.stage == "throughput" and tp is not None and tp.mode in ("stream", "serve"))
+    if not continuous or cfg.model.device == "meta" or cfg.model.device_map is not None:
+        return
+    from base.hf.loading import pick_device
+
+    have, what = _capacity(pick_device(cfg.model.device))
+    per_token = 4 * 8 + hf.hidden_size * _dtype_bytes(cfg.model.dtype)
+    largest = cfg.scheduler.buckets[-1]
+    if have is not None and largest * per_token > have:
+        raise ConfigError(f"scheduler.buckets: a packed prefill of {largest} tokens needs at least "
+                          f"{largest * per_token / 1e9:.1f} GB (its token stream and one hidden state a token), more "
+                          f"than {what} holds ({have / 1e9:.1f} GB): keep every bucket at most {have // per_token}")
 
 
 SLOT_ROUND = 256  # the engines' cache length is the longest request rounded up to this (eval, streams)

@@ -28,6 +28,7 @@ from base.run.model_checks import (
     check_device_memory,
     check_family,
     check_names,
+    check_prefill_buckets,
     check_stream_prompts,
     check_tokenizer,
     meta_model,
@@ -51,6 +52,7 @@ def preflight(cfg: RunConfig) -> None:
     cfg.check_model_shape(int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
     check_device_memory(cfg, hf)
     check_stream_prompts(cfg)
+    check_prefill_buckets(cfg, hf)
     methods = _methods(cfg)
     needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
     needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
