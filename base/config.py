@@ -188,7 +188,7 @@ class EvalConfig:
 @dataclass
 class CalibConfig:
     files: list[str]  # local text or JSONL ("text" field) files, relative to the repo root
-    num_tokens: int = 8192
+    num_tokens: int = 8192  # cut into seq_len windows (the last partial one dropped); files must hold as many
     seq_len: int = 128
     batch_size: int = 8
     all_experts: bool = False  # also record ||E_u(z)|| for every expert, not only routed ones

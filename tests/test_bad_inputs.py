@@ -109,6 +109,9 @@ CASES = [
     ("no_r2_predictor", "lacks r2 in its metadata"),
     ("malformed_calibration", "does not parse (JSONDecodeError"),
     ("short_calibration", "tokens, fewer than calibration.seq_len=128"),
+    # more tokens asked than the files hold: calibration would have used what they hold, unsaid
+    (["method=calib_energy", "budget=2", "calibration.num_tokens=100000000"],
+     "calibration.num_tokens=100000000, but calibration.files hold"),
     ("damaged_checkpoint", "is not a readable safetensors file"),
     # a hub id with no local tokenizer (offline here; a 404 online), met by a stage that tokenises
     (["stage=calibrate", "model.path=no-such-org/no-such-model", "model.init=random", "model.tokenizer=null"],

@@ -205,6 +205,10 @@ def _check_calibration_files(cfg: RunConfig) -> None:
     if tokens < cfg.calibration.seq_len:
         raise ConfigError(f"calibration.files hold {tokens} tokens, fewer than calibration.seq_len="
                           f"{cfg.calibration.seq_len}: give more text or a shorter seq_len")
+    if tokens < cfg.calibration.num_tokens:  # calibration would quietly use what the files hold
+        raise ConfigError(f"calibration.num_tokens={cfg.calibration.num_tokens}, but calibration.files hold "
+                          f"{tokens} tokens for this model's tokenizer: choose calibration.num_tokens <= {tokens}, "
+                          f"or give more text")
 
 
 MIN_PAIRS_PER_EXPERT = 8  # below this a per-expert linear fit is mostly constants and noise
