@@ -245,7 +245,7 @@ class ThroughputConfig:
     budgets: list[int] | None = None  # for budgeted methods; null: the run's budget
     prompt_len: int = 256
     gen_tokens: int = 384  # new tokens per sequence, EOS ignored (the paper's setting); sizes the cache
-    timed_steps: int | None = None  # decode steps timed (null: all gen_tokens - 1); the step's cost
+    timed_steps: int | None = None  # decode steps timed (null: all gen_tokens - 1 after a GPU warm-up); the step's cost
     # does not depend on its position (static cache, masked), so fewer steps time the same step
     warmup: int = 4  # untimed graph replays before the timed ones
     repeats: int = 1  # timed passes per configuration, interleaved: the first in list order with the

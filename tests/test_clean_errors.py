@@ -176,6 +176,26 @@ def test_a_run_that_could_not_finish_is_refused_at_start(compose, tmp_path, over
     _refused(compose, tmp_path, overrides, message)
 
 
+def test_steps_that_do_not_fit_after_the_gpu_warm_up_are_refused():
+    """On a GPU the warm-up replays come first out of gen_tokens: timed or statistics steps beyond
+    what is left were cut without a word (timed_steps=7 of gen_tokens=8 with warmup=4 timed 3)."""
+    from base.config import ThroughputConfig
+    from base.run.preflight import check_decode_steps
+
+    def tp(**kw) -> ThroughputConfig:
+        return ThroughputConfig(**{"batch_sizes": [2], "gen_tokens": 8, "warmup": 4, "stats_steps": 3, **kw})
+
+    with pytest.raises(ConfigError, match=r"throughput.timed_steps=4 does not fit: on a GPU 4 untimed warm-up step"):
+        check_decode_steps(tp(timed_steps=4), on_gpu=True)
+    with pytest.raises(ConfigError, match=r"throughput.stats_steps=4 does not fit.* at most 3 steps are left"):
+        check_decode_steps(tp(stats_steps=4), on_gpu=True)
+    check_decode_steps(tp(timed_steps=3), on_gpu=True)  # 4 + 3 = gen_tokens - 1
+    check_decode_steps(tp(timed_steps=None), on_gpu=True)  # null: whatever is left
+    check_decode_steps(tp(timed_steps=7, stats_steps=7), on_gpu=False)  # a CPU decodes eagerly: no warm-up
+    with pytest.raises(ConfigError, match=r"throughput.timed_steps=7 does not fit: on a GPU 1 untimed"):
+        check_decode_steps(tp(timed_steps=7, warmup=0), on_gpu=True)  # the capture's step is one at least
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------
 def _tiny_checkpoint(tmp_path: Path, family: str = "qwen3") -> Path:
     from base.hf.loading import byte_tokenizer, load_model

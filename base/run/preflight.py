@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from base.checks import check_file, check_folder
-from base.config import ConfigError, RunConfig
+from base.config import ConfigError, RunConfig, ThroughputConfig
 from base.hf.compat import check_kernels_name_clash
 from base.hf.families import FAMILIES
 from base.hf.loading import hf_config
@@ -39,6 +39,7 @@ def preflight(cfg: RunConfig) -> None:
     check_kernels_name_clash()
     check_names(cfg)
     _check_device(cfg)
+    check_decode_steps(cfg.throughput if cfg.stage == "throughput" else None, _on_gpu(cfg))
     check_folder("artifacts_dir", cfg.artifacts_dir)
     check_folder("outputs_dir", cfg.out_dir.parent)
     family = FAMILIES.get(cfg.model.family)
@@ -140,6 +141,27 @@ def _check_device(cfg: RunConfig) -> None:
     if cfg.model.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("model.device=cuda but this machine has no CUDA GPU; use model.device=auto (the CPU "
                           "here) or cpu")
+
+
+def _on_gpu(cfg: RunConfig) -> bool:
+    from base.hf.loading import pick_device
+
+    return cfg.model.device != "meta" and pick_device(cfg.model.device).type == "cuda"
+
+
+def check_decode_steps(tp: ThroughputConfig | None, on_gpu: bool) -> None:
+    """On a GPU the throughput passes replay the captured step `warmup` times first (at least once)
+    and the cache holds gen_tokens new tokens: the timed steps and the statistics passes' steps must
+    fit after the warm-up, else they were cut to what fits without a word. (On a CPU nothing warms up.)"""
+    if tp is None or tp.mode != "steps" or not on_gpu:
+        return
+    warm = min(max(1, tp.warmup), tp.gen_tokens - 2)
+    room = tp.gen_tokens - 1 - warm
+    for key, steps in (("throughput.timed_steps", tp.timed_steps), ("throughput.stats_steps", tp.stats_steps)):
+        if steps is not None and steps > room:
+            raise ConfigError(f"{key}={steps} does not fit: on a GPU {warm} untimed warm-up step(s) (throughput.warmup="
+                              f"{tp.warmup}) come first and the cache holds throughput.gen_tokens={tp.gen_tokens} new "
+                              f"tokens, so at most {room} steps are left; lower {key} or warmup, or raise gen_tokens")
 
 
 def _check_checkpoint(cfg: RunConfig, hf) -> None:
