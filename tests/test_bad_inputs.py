@@ -101,6 +101,8 @@ CASES = [
     ("other_model", "was fitted for another model"),
     (["predictor.path=/nonexistent/pred.safetensors", "method=base", "budget=2"], "does not exist"),
     (["eval.max_gen_toks=0"], "eval.max_gen_toks=0 is out of range: must be >= 1 or null"),
+    # more shots than the task's few-shot docs (found by tests/test_schema_property.py: random.sample's ValueError)
+    (["task.num_fewshot=2147483648"], "task.num_fewshot=2147483648: task smoke_copy has"),
     (["eval.seed=-1"], "eval.seed=-1 is out of range: must be >= 0 or null"),
     (["eval.batching=dynamic"], "eval.batching='dynamic' is not valid; choose one of: continuous, static"),
     # files are checked by what they hold, not by what they claim

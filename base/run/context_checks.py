@@ -4,6 +4,7 @@ left without a word (accuracy falls to chance), and the engine's timings would d
 the model does not have.
 
     check_eval_requests(cfg, leaves, tokenizer, context)   # evaluate: each request, as lm-eval builds it
+                                                           # (and first, each task's few-shot count against its docs)
     check_generation_lengths(cfg, context)                 # throughput: steps, stream and serve lengths
 
 Static batching decodes a batch until its longest request ends and left-pads its prompts, so a
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from base.config import RunConfig
+from base.config import ConfigError, RunConfig
 from base.eval.gen_lengths import SHORTEN, new_tokens, overflow
 
 
@@ -25,9 +26,10 @@ def check_eval_requests(cfg: RunConfig, leaves: dict[str, Any], tokenizer, conte
 
     found: list[tuple[int, int, str]] = []  # (prompt tokens, new tokens, where)
     for name, task in sorted(leaves.items()):
+        shots = task.get_config("num_fewshot")
+        _check_fewshot_pool(cfg, name, task, shots)
         if task.OUTPUT_TYPE != "generate_until":
             continue
-        shots = task.get_config("num_fewshot")
         if cfg.task.num_fewshot is not None and shots != 0:  # lm-eval keeps a task's explicit 0
             task.set_config(key="num_fewshot", value=cfg.task.num_fewshot)
         elif shots is None:
@@ -47,6 +49,23 @@ def check_eval_requests(cfg: RunConfig, leaves: dict[str, Any], tokenizer, conte
             shared = (f" (eval.batching=static: its batch decodes up to {largest_new} new tokens, the most any request "
                       f"asks)" if budget_new != new else "")
             raise overflow(where + shared, prompt, budget_new, context, cfg.model.name, SHORTEN)
+
+
+def _check_fewshot_pool(cfg: RunConfig, name: str, task, shots: int | None) -> None:
+    """lm-eval draws each request's few-shot examples from the task's few-shot docs, less the request's
+    own doc where they are the split it evaluates: more shots than that ended in random.sample's
+    ValueError (task.num_fewshot=100 on a smoke task)."""
+    want = cfg.task.num_fewshot if (cfg.task.num_fewshot is not None and shots != 0) else (shots or 0)
+    if want == 0:
+        return
+    docs = task.fewshot_docs()
+    same_split = task.fewshot_cfg.split == task.config.test_split
+    pool = 0 if docs is None else len(docs) - (1 if same_split else 0)
+    if want > pool:
+        key = "task.num_fewshot" if cfg.task.num_fewshot is not None else f"task {name}'s num_fewshot"
+        whose = " (its own doc left out: they come from the split it evaluates)" if same_split else ""
+        raise ConfigError(f"{key}={want}: task {name} has {max(pool, 0)} few-shot examples to draw from{whose}; "
+                          f"choose task.num_fewshot <= {max(pool, 0)}")
 
 
 def check_generation_lengths(cfg: RunConfig, context: int) -> None:
