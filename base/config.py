@@ -15,6 +15,7 @@ from base.method.routing import REASSIGN_MODES, RENORMALIZE_MODES
 
 STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
 MAX_ARRIVAL_SPAN_S = 86_400  # a request stream's mean arrival span (requests / rate), at most a day
+CACHE_ROUND = 256  # an engine's cache length for a set of requests: the longest rounded up to this
 INITS = ("pretrained", "random")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "meta")
@@ -298,6 +299,11 @@ class ThroughputConfig:
                               "set throughput.fused_attention=true too (or use the variant form METHOD+fold)")
         check_choice("throughput.regions", self.regions, REGION_KINDS)
 
+    def warm_steps(self, graph: bool) -> int:
+        """Untimed steps before a timed or statistics pass: with a CUDA graph, the capture's step and
+        replays up to `warmup` (the cache holds gen_tokens new tokens); none when decoding eagerly."""
+        return min(max(1, self.warmup), self.gen_tokens - 2) if graph else 0
+
 
 
 def _changed(group: str, obj: Any, keys: Any) -> list[str]:
@@ -316,6 +322,12 @@ def _length_range(what: str, value: Any) -> list[int]:
     if lo > hi:
         raise ConfigError(f"{what}={value!r}: low {lo} is above high {hi}")
     return [lo, hi]
+
+
+def cache_length(longest: int) -> int:
+    """The cache slots an engine gets for requests of at most `longest` prompt + new tokens (one
+    length for every set of similar requests, so their graphs and compiled regions are shared)."""
+    return -(-longest // CACHE_ROUND) * CACHE_ROUND
 
 
 @dataclass
@@ -343,6 +355,10 @@ class StreamConfig:
         check_choice("stream.admission", self.admission, ADMISSIONS)
         self.max_wait_rounds = check_int("stream.max_wait_rounds", self.max_wait_rounds, 0)
         self.stats_requests_per_slot = check_int("stream.stats_requests_per_slot", self.stats_requests_per_slot, 1)
+
+    def longest(self, lengths: list[tuple[int, int]] | None = None) -> int:
+        """A stream's longest request, prompt + new tokens: of `lengths` (lengths_from's pairs), else the highs."""
+        return max(p + o for p, o in lengths) if lengths else self.prompt_len[1] + self.output_len[1]
 
     def task_lengths(self, root: Path) -> list[tuple[int, int]] | None:
         """The (prompt, output) token lengths of `lengths_from`'s requests, or None."""

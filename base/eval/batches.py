@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from base.config import EvalConfig, SchedulerConfig
+from base.config import EvalConfig, SchedulerConfig, cache_length
 from base.eval.fidelity import teacher_forced
 from base.eval.generate import budgeted_generate, ended_token_ids
 from base.eval.stops import RowStops
@@ -131,7 +131,7 @@ class DecodeBatches:
         need = max(len(j.ids) + j.max_new for j in jobs)
         c = self.cfg
         sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
-        engine = ContinuousEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
+        engine = ContinuousEngine(self.model, self.batch_size, cache_length(need), budget=self.budget,
                                   eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling,
                                   buckets=self.scheduler.buckets, compile_prefill=self.scheduler.compile_prefill)
         try:
@@ -206,7 +206,7 @@ class DecodeBatches:
                 self._engine.release()
             c = self.cfg
             sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
-            self._engine = DecodeEngine(self.model, self.batch_size, -(-need // 256) * 256, budget=self.budget,
+            self._engine = DecodeEngine(self.model, self.batch_size, cache_length(need), budget=self.budget,
                                         eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling)
         return self._engine
 

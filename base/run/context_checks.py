@@ -27,13 +27,12 @@ def check_eval_requests(cfg: RunConfig, leaves: dict[str, Any], tokenizer, conte
     found: list[tuple[int, int, str]] = []  # (prompt tokens, new tokens, where)
     for name, task in sorted(leaves.items()):
         shots = task.get_config("num_fewshot")
+        # what simple_evaluate uses: the override, but lm-eval keeps a task's explicit 0; unset is 0
+        shots = cfg.task.num_fewshot if (cfg.task.num_fewshot is not None and shots != 0) else (shots or 0)
         _check_fewshot_pool(cfg, name, task, shots)
         if task.OUTPUT_TYPE != "generate_until":
             continue
-        if cfg.task.num_fewshot is not None and shots != 0:  # lm-eval keeps a task's explicit 0
-            task.set_config(key="num_fewshot", value=cfg.task.num_fewshot)
-        elif shots is None:
-            task.set_config(key="num_fewshot", value=0)
+        task.set_config(key="num_fewshot", value=shots)
         task.set_fewshot_seed(seed=cfg.seed)
         task.build_all_requests(limit=get_sample_size(task, cfg.task.limit))
         for inst in task.instances:
@@ -51,11 +50,10 @@ def check_eval_requests(cfg: RunConfig, leaves: dict[str, Any], tokenizer, conte
             raise overflow(where + shared, prompt, budget_new, context, cfg.model.name, SHORTEN)
 
 
-def _check_fewshot_pool(cfg: RunConfig, name: str, task, shots: int | None) -> None:
-    """lm-eval draws each request's few-shot examples from the task's few-shot docs, less the request's
-    own doc where they are the split it evaluates: more shots than that ended in random.sample's
-    ValueError (task.num_fewshot=100 on a smoke task)."""
-    want = cfg.task.num_fewshot if (cfg.task.num_fewshot is not None and shots != 0) else (shots or 0)
+def _check_fewshot_pool(cfg: RunConfig, name: str, task, want: int) -> None:
+    """lm-eval draws each request's `want` few-shot examples from the task's few-shot docs, less the
+    request's own doc where they are the split it evaluates: more shots than that ended in
+    random.sample's ValueError (task.num_fewshot=100 on a smoke task)."""
     if want == 0:
         return
     docs = task.fewshot_docs()

@@ -13,7 +13,7 @@ Each failure is a ConfigError that names the key or file and what is valid.
 from __future__ import annotations
 
 from base.checks import check_choice
-from base.config import ConfigError, RunConfig
+from base.config import CACHE_ROUND, ConfigError, RunConfig, cache_length
 from base.hf.families import FAMILIES
 
 PROBE = "The quick brown fox, 1234 + 5678 = 6912.\n"  # any tokenizer with a vocabulary splits this
@@ -181,23 +181,20 @@ def check_prefill_buckets(cfg: RunConfig, hf) -> None:
                           f"than {what} holds ({have / 1e9:.1f} GB): keep every bucket at most {have // per_token}")
 
 
-SLOT_ROUND = 256  # the engines' cache length is the longest request rounded up to this (eval, streams)
-
-
 def decode_state(cfg: RunConfig) -> tuple[str, int, int] | None:
     """(the key that sets the rows, rows, cache slots) of the largest decode engine the run builds, the
     slots at their least; None where the run builds none."""
     if cfg.stage == "evaluate":
-        return "batch_size", cfg.batch_size, SLOT_ROUND
+        return "batch_size", cfg.batch_size, CACHE_ROUND
     tp = cfg.throughput
     if cfg.stage != "throughput" or tp is None:
         return None
     if tp.mode == "steps":
         slots = tp.prompt_len + tp.gen_tokens
     elif cfg.stream.lengths_from is None:
-        slots = -(-(cfg.stream.prompt_len[1] + cfg.stream.output_len[1]) // SLOT_ROUND) * SLOT_ROUND
+        slots = cache_length(cfg.stream.longest())
     else:
-        slots = SLOT_ROUND
+        slots = CACHE_ROUND
     return "throughput.batch_sizes", max(tp.batch_sizes), slots
 
 

@@ -155,7 +155,7 @@ def check_decode_steps(tp: ThroughputConfig | None, on_gpu: bool) -> None:
     fit after the warm-up, else they were cut to what fits without a word. (On a CPU nothing warms up.)"""
     if tp is None or tp.mode != "steps" or not on_gpu:
         return
-    warm = min(max(1, tp.warmup), tp.gen_tokens - 2)
+    warm = tp.warm_steps(graph=True)
     room = tp.gen_tokens - 1 - warm
     for key, steps in (("throughput.timed_steps", tp.timed_steps), ("throughput.stats_steps", tp.stats_steps)):
         if steps is not None and steps > room:

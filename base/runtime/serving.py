@@ -59,7 +59,13 @@ from typing import Any
 
 from torch import nn
 
-from base.config import SchedulerConfig, ServeConfig, StreamConfig, ThroughputConfig
+from base.config import (
+    SchedulerConfig,
+    ServeConfig,
+    StreamConfig,
+    ThroughputConfig,
+    cache_length,
+)
 from base.hf.budget import MoeBudget
 from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
@@ -210,8 +216,7 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
     rows so far after every stream (a run folder can hold them before the run ends)."""
     scheduler = scheduler or SchedulerConfig()
     vocab = model.config.vocab_size
-    longest = max(p + o for p, o in lengths) if lengths else stream_cfg.prompt_len[1] + stream_cfg.output_len[1]
-    length = -(-longest // 256) * 256
+    length = cache_length(stream_cfg.longest(lengths))
     slo = Slo(cfg.slo_ttft_ms, cfg.slo_tpot_ms)
     request_rows: list[dict] = []
     stream_rows: list[dict] = []

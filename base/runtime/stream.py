@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from base.config import SchedulerConfig, StreamConfig, ThroughputConfig
+from base.config import SchedulerConfig, StreamConfig, ThroughputConfig, cache_length
 from base.hf.budget import MoeBudget
 from base.runtime.admission import UnionAdmission, fifo, prompt_experts
 from base.runtime.continuous import ContinuousEngine
@@ -132,8 +132,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
     scheduler = scheduler or SchedulerConfig()
     active_params = active_parameters(model)
     vocab = model.config.vocab_size
-    longest = max(p + o for p, o in lengths) if lengths else cfg.prompt_len[1] + cfg.output_len[1]
-    length = -(-longest // 256) * 256
+    length = cache_length(cfg.longest(lengths))
     rows = []
     for slots in tp.batch_sizes:
         stream = make_stream(slots * cfg.requests_per_slot, vocab, cfg, seed + slots, lengths)

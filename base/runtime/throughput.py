@@ -136,7 +136,7 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
         mask_BP = torch.ones_like(ids_BP)
         engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
         # warm-up: the capture (one eager step) and untimed replays; the cache holds gen_tokens
-        warm = min(max(1, cfg.warmup), cfg.gen_tokens - 2) if engine.graph_enabled else 0
+        warm = cfg.warm_steps(engine.graph_enabled)
         steps = max(1, min(steps, cfg.gen_tokens - 1 - warm))
         t0 = time.perf_counter()
         if warm:
