@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-all test-gpu demo mini mini-olmoe mini128 routing specialisation quality quality-seeds ablation admission rules replication bench-kernels report clean
+.PHONY: help install test test-all gpu-test demo mini mini-olmoe mini128 routing specialisation quality quality-seeds ablation admission rules replication bench-kernels report clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,8 +31,8 @@ test: $(STAMP)  ## the fast tier: one representative of every group (CPU; slow a
 test-all: $(STAMP)  ## every CPU test, the slow ones included (GPU tests skip without a GPU)
 	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS) -m "slow or not slow"
 
-test-gpu: $(STAMP)  ## GPU tests only (on a CUDA machine)
-	$(OFFLINE) $(PY) -m pytest -q -m gpu
+gpu-test:  ## every GPU test on a CUDA machine (< 8 min on an H200), JUnit XML + log -> outputs/gpu_tests/ (commit the log under results/gpu_tests/)
+	$(OFFLINE) bash experiments/gpu/gpu_test.sh
 
 demo: $(STAMP)  ## calibrate, fit, evaluate and time dense vs base on the default model; print a table
 	$(OFFLINE) bash experiments/demo.sh

@@ -18,13 +18,14 @@ GPU) PDL=False and the launch is the usual one.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -176,3 +177,30 @@ def arrival_counters(n: int, device: torch.device, owner: str) -> torch.Tensor:
     if not held or held[-1].numel() < n:
         held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
     return held[-1]
+
+
+def fit_shared_memory(run: Callable[[Any], Any], launch: Any, shrink: Callable[[Any], Any | None],
+                      fitted: dict, key: Hashable) -> Any:
+    """run(launch) with a launch the device can hold. Triton refuses a compiled program that needs
+    more shared memory than the device has (OutOfResources, raised on the host before anything is
+    enqueued, so retrying is safe, also before a graph capture); then `shrink(launch)` gives the
+    next smaller launch (None: nothing smaller) and the one that ran is remembered under `key` in
+    `fitted`, so later launches go straight to it.
+
+    Why: a tuned table entry is timed in the model's dtype; the same tile in float32 needs twice
+    the shared memory (decode attention's BLOCK_N=128 entry of the H200 table: 278 KB in float32
+    against the H200's 227 KB), and a table must never select a launch the device cannot hold."""
+    launch = fitted.get(key, launch)
+    while True:
+        try:
+            out = run(launch)
+        except OutOfResources as err:
+            if err.name != "shared memory":
+                raise
+            smaller = shrink(launch)
+            if smaller is None:
+                raise
+            launch = smaller
+            continue
+        fitted[key] = launch
+        return out

@@ -51,10 +51,13 @@ Tuning (`AttentionLaunch`): slots per block, warps, and the programs S is sized 
 in kernels/configs/<gpu>.json (tools/tune_step_kernels.py): per group size and batch bucket
 ("attention:G=<G>,D=<D_BLOCK>,T=<rows bucket>"), else one entry per G block for every batch
 ("attention:G=<G_BLOCK>,D=<D_BLOCK>"), else 64 slots, 4 warps and 264 programs (about two per SM of
-an H200).
+an H200). A tuned launch whose tiles the device cannot hold in the dtype actually run (an entry
+timed in bf16, run in float32) is halved in BLOCK_N until it fits (`fit_shared_memory`,
+kernels/_triton.py), once per shape and dtype.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +65,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._triton import arrival_counters as _arrival_counters
-from kernels._triton import dual_jit, empty, next_pow2
+from kernels._triton import dual_jit, empty, fit_shared_memory, next_pow2
 from kernels.tuned import tuned_entry
 
 
@@ -214,6 +217,14 @@ def _decode_attention(
                      mask=out_mask)
 
 
+_FITTED: dict[tuple, AttentionLaunch] = {}  # (device, asked launch, blocks, dtypes, form) -> the launch that fits
+
+
+def smaller_launch(launch: AttentionLaunch) -> AttentionLaunch | None:
+    """Half the slots per block (the K/V tiles are what fills shared memory), None below 16."""
+    return None if launch.block_n <= 16 else dataclasses.replace(launch, block_n=launch.block_n // 2)
+
+
 def arrival_counters(n: int, device: torch.device) -> Tensor:
     """n int32 counters at 0, one per (row, KV head): each launch's last share resets its own
     (kernels/_triton.py's pool for this kernel)."""
@@ -278,11 +289,6 @@ def _launch(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, l
     G = Hq // K
     G_BLOCK, D_BLOCK, E_BLOCK = next_pow2(G, 16), next_pow2(D, 16), next_pow2(E, 16)
     dev = q_BHD.device
-    launch = launch or attention_launch(G, D, dev, B)
-    S = splits_for(B * K, L, launch)
-    m = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
-    l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
-    acc = empty(B * K * S * G_BLOCK, E_BLOCK, dtype=torch.float32, device=dev)
     out = torch.empty(B, Hq, E, dtype=q_BHD.dtype, device=dev)
     allowed = allowed_BL.view(torch.uint8) if allowed_BL.dtype == torch.bool else allowed_BL
     if new is None:  # the fused form's arguments unused: any tensor, zero strides
@@ -295,16 +301,27 @@ def _launch(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, l
         fused = (new.k_BKD, new.v_BKE, cos_BD, sin_BD, new.pos_B, qw, kw, float(new.eps), L,
                  new.k_BKD.stride(0), new.k_BKD.stride(1), new.v_BKE.stride(0), new.v_BKE.stride(1),
                  cos_BD.stride(0) if cos_BD.shape[0] > 1 else 0, new.pos_B.stride(0) if new.pos_B.numel() > 1 else 0)
-    _decode_attention.on(dev)[(B * K, S)](
-        q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc, arrival_counters(B * K, dev), out,
-        float(scaling), K, G, D, E, S,
-        q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
-        v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0), out.stride(0), out.stride(1),
-        *fused,
-        G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=launch.block_n, ONE_SHARE=S == 1,
-        NEW=new is not None, QK_NORM=new is not None and new.q_norm_D is not None,
-        num_warps=launch.num_warps,
-    )  # fmt: skip
+
+    def run(launch: AttentionLaunch) -> None:
+        S = splits_for(B * K, L, launch)
+        m = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
+        l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
+        acc = empty(B * K * S * G_BLOCK, E_BLOCK, dtype=torch.float32, device=dev)
+        _decode_attention.on(dev)[(B * K, S)](
+            q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc, arrival_counters(B * K, dev), out,
+            float(scaling), K, G, D, E, S,
+            q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
+            v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0), out.stride(0), out.stride(1),
+            *fused,
+            G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=launch.block_n, ONE_SHARE=S == 1,
+            NEW=new is not None, QK_NORM=new is not None and new.q_norm_D is not None,
+            num_warps=launch.num_warps,
+        )  # fmt: skip
+
+    launch = launch or attention_launch(G, D, dev, B)
+    key = (dev, launch, G_BLOCK, D_BLOCK, E_BLOCK, q_BHD.dtype, k_BKLD.dtype, new is not None,
+           new is not None and new.q_norm_D is not None)
+    fit_shared_memory(run, launch, smaller_launch, _FITTED, key)
     return out
 
 

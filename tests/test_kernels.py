@@ -509,6 +509,55 @@ def test_decode_attention_under_every_launch_matches_the_reference(block_n, targ
     torch.testing.assert_close(out, decode_attention_reference(q, k, v, allowed, last, 0.3), rtol=1e-5, atol=1e-5)
 
 
+def test_a_launch_the_device_cannot_hold_is_halved_until_it_fits(monkeypatch):
+    """A tuned entry whose tiles need more shared memory than the device has (Triton's
+    OutOfResources, raised before anything is enqueued): the launch is halved in BLOCK_N until it
+    fits, gives the reference's result, and the launch that fitted is remembered for that shape
+    and dtype; another error is not swallowed."""
+    from triton.runtime.errors import OutOfResources
+
+    import kernels.attention as attention
+    from kernels.attention import AttentionLaunch, decode_attention, decode_attention_reference
+
+    launcher = attention._decode_attention.on(torch.device("cpu"))
+    seen = []
+
+    class Limited:  # a device that holds BLOCK_N <= 32 only
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["BLOCK_N"])
+                if kwargs["BLOCK_N"] > 32:
+                    raise OutOfResources(kwargs["BLOCK_N"] * 2048, 65536, "shared memory")
+                return launcher[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(attention._decode_attention, "on", lambda dev: Limited())
+    monkeypatch.setattr(attention, "_FITTED", {})
+    B, Hq, K, L, D, E, last = 2, 4, 2, 300, 16, 16, 170
+    q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E)
+    tuned = AttentionLaunch(block_n=128, num_warps=2, target_programs=8)
+    out = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=tuned)
+    torch.testing.assert_close(out, decode_attention_reference(q, k, v, allowed, last, 0.3), rtol=1e-5, atol=1e-5)
+    assert seen == [128, 64, 32]
+    assert [f.block_n for f in attention._FITTED.values()] == [32]
+    seen.clear()
+    decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=tuned)
+    assert seen == [32]  # straight to the launch that fitted
+    seen.clear()
+    decode_attention(q.double(), k.double(), v.double(), allowed, torch.tensor([last]), 0.3, launch=tuned)
+    assert seen == [128, 64, 32]  # another dtype is fitted on its own
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(300, 255, "registers")
+            return launch
+
+    monkeypatch.setattr(attention._decode_attention, "on", lambda dev: Broken())
+    with pytest.raises(OutOfResources, match="registers"):
+        decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=tuned)
+
+
 def test_bad_attention_launches_are_refused():
     from kernels.attention import AttentionLaunch
 

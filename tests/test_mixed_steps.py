@@ -378,3 +378,26 @@ def test_each_decode_step_records_the_context_its_longest_decoding_row_reads(mod
     _, stats, _ = run(model, reqs, slots=2, overlap=overlap)
     assert stats.context == [6, 5, 6]
     assert stats.summary()["context_median"] == 6.0
+
+
+@pytest.mark.slow
+def test_compiled_packed_prefill_compiles_each_shape_once(model):
+    """scheduler.compile_prefill: the K/V buffers exist before the first compiled forward, so a
+    packed shape compiles once. Before, the first compiled forward traced the buffers' allocation,
+    its guards failed at the next run and dynamo recompiled: on a GPU inside the CUDA graph's
+    capture, which fails (capture_outputs runs a step eagerly, then captures the same step)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=BUCKETS, compile=True, compile_prefill=True)
+    try:
+        with torch_threads(1):
+            engine.reset()
+            assert engine.cache.modules  # allocated eagerly, before anything compiled ran
+            engine.run_packed([], mixed=False, bucket=BUCKETS[0])
+            compiled = dict(torch._dynamo.utils.counters["stats"])
+            for _ in range(2):
+                engine.run_packed([], mixed=False, bucket=BUCKETS[0])
+            assert dict(torch._dynamo.utils.counters["stats"]) == compiled
+            assert not torch._dynamo.utils.counters["recompiles"]
+    finally:
+        engine.release()

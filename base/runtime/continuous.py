@@ -148,6 +148,8 @@ class ContinuousEngine(DecodeEngine):
         if not self.cache.owns(self.model):
             self.cache.claim(self.model)
             self.graphs.clear()
+            if self.regions is not None and self.compile_prefill:
+                self._allocate_cache()
         self.cache.zero_()
         self.valid_BL.zero_()
         self.valid_BL[:, 0] = True
@@ -160,6 +162,24 @@ class ContinuousEngine(DecodeEngine):
         self.cache.set_write_pos(self.slot_B1)
         if self.records and reserve:
             self.budget.recorder.reserve(reserve)
+
+    def _allocate_cache(self) -> None:
+        """The K/V buffers now, by one eager packed forward of padding (the smallest bucket: every
+        token writes the spare slot, nothing is recorded). Why: the first forward allocates them
+        (StaticKV.allocate); traced inside a compiled packed forward, that allocation becomes a
+        guard that fails at the next run, and dynamo recompiles inside the CUDA graph capture."""
+        C = self.buckets[0]
+        packed = pack([], self.buckets, self.B, self.trash, self.pad_id, pin=False, bucket=C)
+        ids_C, row_C, slot_C, last_C = packed.stream_4C.to(self.device)
+        self.cache.set_packed((row_C, slot_C, last_C))
+        inputs = None if self.budget is None else self.budget.inputs(False, last_C >= 0, record=False)
+        try:
+            with torch.no_grad(), self.cache.active(self.model), \
+                    self.budget.bound(inputs) if inputs is not None else nullcontext():
+                self.model(input_ids=ids_C[None], attention_mask=self.mask_1111, position_ids=torch.zeros_like(ids_C)[None],
+                           use_cache=False)
+        finally:
+            self.cache.set_packed(None)
 
     def end(self, slot: int) -> None:
         """The slot's request is over (a host stop check): inactive from the next forward on."""

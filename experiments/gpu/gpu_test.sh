@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Every GPU test (pytest -m gpu) on a CUDA machine, with a JUnit XML and the log: `make gpu-test`.
+# Run it after every change to kernels/ or the decode path, before that change is called done, and
+# commit the log under results/gpu_tests/ (a kernel config that reaches kernels/configs/ without a
+# GPU run of its tests is a defect). On a device call (no .venv there): carry .whl (hydra-core,
+# omegaconf: ../shared/device/wheels.sh) and run `bash experiments/gpu/gpu_test.sh`.
+#   GPU_TEST_OUT=dir       where gpu_tests.xml and gpu_tests.log go (default $OUT, else outputs/gpu_tests)
+#   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit)
+#   GPU_TEST_FILES=...     a subset (default: every test file)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source experiments/gpu/env.sh
+PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
+out=${GPU_TEST_OUT:-${OUT:-outputs/gpu_tests}}; mkdir -p "$out"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu-test: no CUDA device here (the GPU tests would all skip); run it on a CUDA machine" >&2; exit 2
+fi
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+  "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+} > "$out/gpu_tests.log" 2>&1
+timeout "${GPU_TEST_S:-480}" "$PY" -m pytest -m gpu -v -p no:cacheprovider --durations=25 --junitxml="$out/gpu_tests.xml" \
+  ${GPU_TEST_FILES:-tests} >> "$out/gpu_tests.log" 2>&1
+rc=$?
+echo "rc=$rc" >> "$out/gpu_tests.log"
+tail -4 "$out/gpu_tests.log"
+exit $rc
