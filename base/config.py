@@ -452,8 +452,8 @@ class SchedulerConfig:
     # lengths: a forward is padded to the smallest bucket that holds it (one graph per bucket)
     min_prompt_tokens: int = 1  # prompt tokens of the round admitted now that start a prefill (1: at once)
     max_wait_steps: int = 0  # ... or steps a free slot and a waiting request have both waited
-    overlap: bool = True  # the host reads step i's tokens while step i+1 runs (no per-step sync):
-    # token limits and EOS end a request on time, a host stop check (stop strings) one step late
+    overlap: bool = True  # the host reads step i's tokens while step i+1 runs (no per-step sync); false:
+    # it also waits for each step before launching the next. Timing only: the schedule is the same
     compile_prefill: bool = False  # packed prefills (and mixed steps) through the compiled attention
     # halves too, one compile per bucket (GPU, throughput.compile; not yet timed: off by default)
 

@@ -186,10 +186,10 @@ def test_the_capture_count_sees_a_recorder_that_grows_mid_stream(model):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_a_host_stop_check_ends_its_request_one_step_late_with_the_host_behind(model, overlap):
-    """Request 0 stops (host check) after 3 tokens of its 9: its tokens are the first 3 of its
-    lone decoding either way; one step behind, its row decodes one more step (dropped), which
-    the union statistics see."""
+def test_a_host_stop_check_ends_its_request_one_step_late_and_is_counted(model, overlap):
+    """Request 0 stops (a host check, not on the device) after 3 tokens of its 9: its tokens are
+    the first 3 of its lone decoding; the host acting one forward behind (overlap or not), its row
+    decodes one more step (dropped), which the union statistics see and the stream counts."""
     reqs = [Request([5, 6, 7], 9, done=lambda toks: len(toks) >= 3), Request([8, 9, 10, 11], 8)]
     with budgeted(model, "qwen3_moe", None, BudgetOptions(budget=None)) as budget:
         done, stats, _ = run(model, reqs, slots=2, budget=budget, overlap=overlap)
@@ -197,7 +197,7 @@ def test_a_host_stop_check_ends_its_request_one_step_late_with_the_host_behind(m
     assert done[0].tokens == alone(model, Request([5, 6, 7], 9))[:3] and done[0].decode_steps == 2
     assert done[1].tokens == alone(model, reqs[1])
     rows_tokens = int(rows.loc[(rows["layer"] == 0) & (rows["kind"] == "decode"), "tokens"].sum())
-    assert rows_tokens == sum(stats.occupied) + (1 if overlap else 0)
+    assert rows_tokens == sum(stats.occupied) + 1 and stats.late_rows == 1
 
 
 @pytest.mark.slow

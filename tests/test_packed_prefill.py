@@ -106,13 +106,15 @@ def test_packed_prefill_through_the_triton_kernel(monkeypatch):
 
 
 def test_pack_lays_chunks_end_to_end_and_pads_to_a_bucket():
-    packed = pack([Chunk(2, [7, 8, 9], 0, True, 5), Chunk(0, [4, 5], 6, False)], BUCKETS, slots=3, trash=40, pad_id=1)
+    packed = pack([Chunk(2, [7, 8, 9], 0, True, 5, stops=6), Chunk(0, [4, 5], 6, False, stops=1)], BUCKETS, slots=3,
+                  trash=40, pad_id=1)
     ids, row, slot, last = packed.stream_4C.tolist()
     assert packed.bucket == 8 and packed.tokens == 5
     assert ids == [7, 8, 9, 4, 5, 1, 1, 1] and row == [2, 2, 2, 0, 0, 0, 0, 0]
     assert slot == [0, 1, 2, 6, 7, 40, 40, 40] and last == [0, 1, 2, 6, 7, -1, -1, -1]
-    length, last_idx, max_new, touched = packed.rows_4B.tolist()
+    length, last_idx, max_new, touched, stops = packed.rows_5B.tolist()
     assert length == [0, 0, 3] and last_idx[2] == 2 and max_new[2] == 5 and touched == [1, 0, 1]
+    assert stops == [0, 0, 6]  # a request's stop strings travel with its final chunk
     assert bucket_for(9, BUCKETS) == 16
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
         bucket_for(33, BUCKETS)

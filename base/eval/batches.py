@@ -84,6 +84,7 @@ class DecodeBatches:
         self.batch_of: dict[tuple[str, int], int] = {}  # (task, doc id) -> its decode batch (admission round)
         self.lengths: dict[tuple[str, int], tuple[int, int]] = {}  # (task, doc id) -> (prompt, new) tokens
         self.serve_stats: ServeStats | None = None  # continuous batching: occupancy and step times
+        self.stop_mode = "host"  # continuous batching: where stop strings end requests (device | host)
 
     def order(self, requests: list[Request]) -> list[int]:
         """Request indices in decoding order: mixed (seeded shuffle) or lm-eval's longest first."""
@@ -120,20 +121,22 @@ class DecodeBatches:
 
         order = self.order(requests)
         eos = {self.tok.eos_token_id} | ({self.tok.pad_token_id} - {None})
-        jobs, stops = [], []
+        table = self._stop_table([requests[i].until for i in order])
+        jobs = []
         for i in order:
             r = requests[i]
             ids, _ = self.codec.tok_batch_encode([r.context], left_truncate_len=self.max_length - r.max_new)
-            stop = RowStops(self.tok, 0, [r.until], [r.max_new], eos)
-            stops.append(stop)
+            stop = RowStops(self.tok, 0, [r.until], [r.max_new], eos)  # the host's check, for stops off the device
             jobs.append(EngineRequest(ids[0].tolist(), r.max_new,
-                                      done=lambda toks, s=stop: bool(s.done_rows(torch.tensor([toks]))[0])))
+                                      done=lambda toks, s=stop: bool(s.done_rows(torch.tensor([toks]))[0]),
+                                      stops=table.mask(r.until) if table is not None else 0))
         need = max(len(j.ids) + j.max_new for j in jobs)
         c = self.cfg
         sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
         engine = ContinuousEngine(self.model, self.batch_size, cache_length(need), budget=self.budget,
                                   eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling,
-                                  buckets=self.scheduler.buckets, compile_prefill=self.scheduler.compile_prefill)
+                                  buckets=self.scheduler.buckets, compile_prefill=self.scheduler.compile_prefill,
+                                  stops=table)
         try:
             done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs),
                                            policy=self.scheduler)
@@ -149,6 +152,20 @@ class DecodeBatches:
         self.decode_batches = self.serve_stats.rounds
         self.decode_steps = self.serve_stats.steps
         return results  # type: ignore[return-value]
+
+    def _stop_table(self, untils: list[list[str]]):
+        """The requests' stop strings as the engine's device table (base/runtime/stops.py), and
+        where they are matched: `stop_mode` is "device" when every stop string is in the table,
+        else "host" (a tokenizer whose decode the table cannot follow, or more than 63 strings:
+        those stops end their requests one step late, counted in late_rows)."""
+        from base.runtime.stops import StopTable, token_pieces
+
+        pieces = token_pieces(self.tok)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        table = StopTable.build(pieces, untils, vocab, self.device) if pieces is not None else None
+        strings = {s for u in untils for s in u if s}
+        self.stop_mode = "device" if not strings or (table is not None and strings <= set(table.strings)) else "host"
+        return table
 
     def _admission(self, jobs: list):
         """fifo: the mixed order; union: by predicted experts (one dense probe forward per prompt)."""

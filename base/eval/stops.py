@@ -32,7 +32,7 @@ class RowStops(StoppingCriteria):
             toks = new_bN[i].tolist()
             text = self.tok.decode(toks, skip_special_tokens=False)
             if (len(toks) >= self.max_new[i] or (toks and toks[-1] in self.eos_ids)
-                    or any(s in text for s in self.untils[i])):
+                    or any(s and s in text for s in self.untils[i])):  # "" is no stop (lm-eval's truncation)
                 self.done[i] = True
                 self.lengths[i] = len(toks)
         return self.done.clone()

@@ -29,10 +29,12 @@ eager on a CPU, the same code):
   budget does not bind here, every token (the decoding rows' too) runs its own routing, and the
   statistics row is marked `mixed`. Key ("mixed", C).
 
-The decoding rows' token limits and EOS are checked on the device inside the step (`left_B`,
-`finished_B`): a row ends in the step that produced its last token, with no host sync. The host
-reads tokens through `snapshot()` (an asynchronous copy to page-locked memory) when it likes, so
-a scheduler can read step i while step i+1 runs (base/runtime/scheduler.py). Nothing a step
+The decoding rows' token limits, EOS and stop strings are checked on the device inside the step
+(`left_B`, `finished_B`; stop strings through the engine's StopTable, base/runtime/stops.py, each
+row with its own strings as a bit mask): a row ends in the step that produced its last token,
+with no host sync, so it never takes part in a later step's selection. The host reads tokens and
+which rows ended through `snapshot()` (an asynchronous copy to page-locked memory) when it likes,
+so a scheduler can read step i while step i+1 runs (base/runtime/scheduler.py). Nothing a step
 reads is copied from the host except a packed forward's stream, copied asynchronously from
 page-locked memory into static buffers before the forward.
 
@@ -59,45 +61,49 @@ from base.hf.moe_block import StepInputs
 from base.runtime.engine import DecodeEngine
 from base.runtime.graphs import CaptureError, StepGraphs, eager_capture
 from base.runtime.packing import NO_LIMIT, Chunk, Packed, pack
+from base.runtime.stops import StopTable
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 
 
 class HostTokens:
-    """Every slot's newest token on its way to the host: an asynchronous copy into one buffer of
-    the engine's ring of page-locked buffers (a GPU), or a clone (a CPU).
+    """Every slot's newest token and whether its row has ended, on their way to the host: an
+    asynchronous copy of (2, B) into one buffer of the engine's ring of page-locked buffers (a
+    GPU), or a clone (a CPU).
 
     Why a ring: a fresh page-locked buffer per step goes through the host allocator (cudaHostAlloc
     when its cache is empty) on the host's critical path. A buffer is reused `TokenRing.SIZE`
     snapshots later; `get()` raises if it was reused before it was read (the scheduler reads each
     snapshot one or two steps after it)."""
 
-    def __init__(self, tok_B: Tensor, ring: TokenRing | None = None) -> None:
+    def __init__(self, tok_2B: Tensor, ring: TokenRing | None = None) -> None:
         self.event, self.ring = None, ring
-        if tok_B.is_cuda and ring is not None:
-            self.host_B, self.generation = ring.next()
-            self.host_B.copy_(tok_B, non_blocking=True)
+        if tok_2B.is_cuda and ring is not None:
+            self.host_2B, self.generation = ring.next()
+            self.host_2B.copy_(tok_2B, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
         else:
-            self.host_B = tok_B.clone()
+            self.host_2B = tok_2B.clone()
 
-    def get(self) -> list[int]:
-        """The tokens; waits for this copy (and the forwards before it) only."""
+    def get(self) -> tuple[list[int], list[bool]]:
+        """The tokens and the rows ended on the device; waits for this copy (and the forwards
+        before it) only."""
         if self.event is not None:
             self.event.synchronize()
             if not self.ring.holds(self.generation):
                 raise RuntimeError(f"a token snapshot was read after {TokenRing.SIZE} later snapshots reused its buffer")
-        return self.host_B.tolist()
+        tok, ended = self.host_2B.tolist()
+        return tok, [bool(e) for e in ended]
 
 
 class TokenRing:
-    """SIZE page-locked (B,) buffers, handed out in turn, each with a generation count."""
+    """SIZE page-locked (2, B) buffers, handed out in turn, each with a generation count."""
 
     SIZE = 8
 
     def __init__(self, B: int, dtype: torch.dtype, pin: bool = True) -> None:
-        self.bufs = [torch.empty(B, dtype=dtype, pin_memory=pin) for _ in range(self.SIZE)]
+        self.bufs = [torch.empty(2, B, dtype=dtype, pin_memory=pin) for _ in range(self.SIZE)]
         self.taken = 0  # buffers handed out so far
 
     def next(self) -> tuple[Tensor, int]:
@@ -114,12 +120,15 @@ class ContinuousEngine(DecodeEngine):
     """The decode engine with per-slot admission, packed prefill and mixed steps (see the module doc).
     `buckets`: the packed stream lengths (one graph each). `compile_prefill`: packed forwards run
     through the compiled attention halves too (base/runtime/regional.py; one compile per bucket and
-    kind), where the engine compiles them (a GPU with throughput.compile)."""
+    kind), where the engine compiles them (a GPU with throughput.compile). `stops`: the stop strings
+    of the requests to come (base/runtime/stops.py; a request names its own by a bit mask), matched
+    in the step; None: no stop strings on the device."""
 
     def __init__(self, *args, buckets: tuple[int, ...] | list[int] = DEFAULT_BUCKETS, compile_prefill: bool = False,
-                 **kwargs) -> None:
+                 stops: StopTable | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.compile_prefill = compile_prefill
+        self.stops = stops
         B, L, dev = self.B, self.L, self.device
         self.trash = L  # the spare cache slot (see the module doc)
         self.cache = StaticKV(L + 1, dev, batch=B)  # B rows even when fewer arrive first
@@ -128,7 +137,9 @@ class ContinuousEngine(DecodeEngine):
         self.left_B = torch.full((B,), NO_LIMIT, dtype=torch.long, device=dev)  # new tokens a row may still make
         self.buckets = tuple(sorted(buckets))
         self.stream_4C = torch.zeros(4, self.buckets[-1], dtype=torch.long, device=dev)  # packing.py's stream
-        self.rows_4B = torch.zeros(4, B, dtype=torch.long, device=dev)  # packing.py's per-row fields
+        self.rows_5B = torch.zeros(5, B, dtype=torch.long, device=dev)  # packing.py's per-row fields
+        self.stop_state_B = torch.zeros(B, dtype=torch.long, device=dev)  # each row's StopTable state
+        self.stop_mask_B = torch.zeros(B, dtype=torch.long, device=dev)  # ... and its stop strings
         self.arange_B = torch.arange(B, device=dev)
         self.slot_L = torch.arange(L + 1, device=dev)
         self.mask_1111 = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)  # packed: attention ignores it
@@ -158,6 +169,8 @@ class ContinuousEngine(DecodeEngine):
         self.tok_B1.fill_(self.pad_id)
         self.finished_B.fill_(True)
         self.left_B.fill_(NO_LIMIT)
+        self.stop_state_B.zero_()
+        self.stop_mask_B.zero_()
         self.stop_at_eos.fill_(stop_at_eos)
         self.cache.set_write_pos(self.slot_B1)
         if self.records and reserve:
@@ -186,8 +199,9 @@ class ContinuousEngine(DecodeEngine):
         self.finished_B[slot] = True
 
     def snapshot(self) -> HostTokens:
-        """Every slot's newest token, copied to the host asynchronously (read with .get())."""
-        return HostTokens(self.tok_B1[:, 0], self.token_ring)
+        """Every slot's newest token and whether its row has ended, copied to the host
+        asynchronously (read with .get())."""
+        return HostTokens(torch.stack((self.tok_B1[:, 0], self.finished_B.long())), self.token_ring)
 
     def use_eager_capture(self) -> None:
         """Tests on a CPU: 'capture' and 'replay' by running the step, so the capture bookkeeping
@@ -208,7 +222,7 @@ class ContinuousEngine(DecodeEngine):
         packed = pack(chunks, self.buckets, self.B, self.trash, self.pad_id, pin=self.device.type == "cuda",
                       bucket=bucket)
         self.stream_4C[:, :packed.bucket].copy_(packed.stream_4C, non_blocking=True)
-        self.rows_4B.copy_(packed.rows_4B, non_blocking=True)
+        self.rows_5B.copy_(packed.rows_5B, non_blocking=True)
         C = packed.bucket
         self._run(("mixed" if mixed else "prefill", C), lambda: self._packed(C, mixed))
         return packed
@@ -264,11 +278,16 @@ class ContinuousEngine(DecodeEngine):
 
     def _advance(self, nxt_B: Tensor) -> None:
         """Each active row takes its next token and moves on one slot; a row whose token is EOS
-        (when stopping at EOS) or whose limit is reached ends here."""
+        (when stopping at EOS), completes one of its stop strings, or reaches its limit ends here."""
         active_B = ~self.finished_B
         nxt_B = torch.where(active_B, nxt_B, self.pad_id)
         self.left_B -= active_B.long()
-        self.finished_B |= active_B & ((self.stop_at_eos & torch.isin(nxt_B, self.eos_D)) | (self.left_B <= 0))
+        ends_B = (self.stop_at_eos & torch.isin(nxt_B, self.eos_D)) | (self.left_B <= 0)
+        if self.stops is not None:
+            state_B, hit_B = self.stops.advance(self.stop_state_B, nxt_B, self.stop_mask_B)
+            self.stop_state_B.copy_(torch.where(active_B, state_B, self.stop_state_B))
+            ends_B |= hit_B
+        self.finished_B |= active_B & ends_B
         self.tok_B1.copy_(nxt_B[:, None])
         # an ended row stays where it is (it keeps writing its last slot, discarded at its next admission)
         self.slot_B1.add_(active_B[:, None].long()).clamp_(max=self.L - 1)
@@ -279,7 +298,7 @@ class ContinuousEngine(DecodeEngine):
         first), then each row's bookkeeping."""
         B = self.B
         ids_C, row_C, slot_C, last_C = self.stream_4C[:, :C]
-        len_B, lastidx_B, max_new_B, touched_B = self.rows_4B
+        len_B, lastidx_B, max_new_B, touched_B, stops_B = self.rows_5B
         real_C = last_C >= 0
         pos_C = torch.where(real_C, slot_C, 0)
         if mixed:
@@ -312,15 +331,21 @@ class ContinuousEngine(DecodeEngine):
             first_B = nxt_K[B:]
         else:
             first_B = nxt_K
-        self._start(first_B, len_B, max_new_B, touched_B.bool())
+        self._start(first_B, len_B, max_new_B, touched_B.bool(), stops_B)
 
-    def _start(self, first_B: Tensor, len_B: Tensor, max_new_B: Tensor, touched_B: Tensor) -> None:
+    def _start(self, first_B: Tensor, len_B: Tensor, max_new_B: Tensor, touched_B: Tensor, stops_B: Tensor) -> None:
         """Rows whose prompt is now in (len_B > 0) take their first token and decode from slot
-        len_B; rows with a partial prompt stay inactive, writing (if at all) into the spare slot."""
+        len_B; rows with a partial prompt stay inactive, writing (if at all) into the spare slot.
+        The first token may already end a request (EOS, a limit of 1, a stop string)."""
         final_B = len_B > 0
         partial_B = touched_B & ~final_B
         first_B = torch.where(final_B, first_B, self.tok_B1[:, 0])
         ends_B = (self.stop_at_eos & torch.isin(first_B, self.eos_D)) | (max_new_B <= 1)
+        if self.stops is not None:  # a new request's text starts at its first token (state 0)
+            state_B, hit_B = self.stops.advance(torch.zeros_like(first_B), first_B, stops_B)
+            ends_B |= hit_B
+            self.stop_state_B.copy_(torch.where(final_B, state_B, self.stop_state_B))
+            self.stop_mask_B.copy_(torch.where(final_B, stops_B, self.stop_mask_B))
         self.tok_B1.copy_(first_B[:, None])
         self.left_B.copy_(torch.where(final_B, max_new_B - 1, self.left_B))
         self.finished_B.copy_(torch.where(final_B, ends_B, self.finished_B | partial_B))
@@ -352,10 +377,11 @@ class ContinuousEngine(DecodeEngine):
     # ---- the padded path (reference, scheduler.packing=padded) ----------------------------------------
     @torch.no_grad()
     def admit(self, slots: list[int], ids_nP: Tensor, mask_nP: Tensor, stop_at_eos: bool = True,
-              max_new: list[int] | None = None) -> Tensor:
+              max_new: list[int] | None = None, stops: list[int] | None = None) -> Tensor:
         """Prefill the arrivals (left-padded prompts) into `slots`, eagerly; returns their first new
         tokens (n,) on the device. Their rows' old contents are replaced; the other rows are
-        untouched. `max_new`: each request's new-token limit (the first token counts; default none)."""
+        untouched. `max_new`: each request's new-token limit (the first token counts; default none);
+        `stops`: each request's StopTable mask (default none)."""
         n, P = ids_nP.shape
         if P >= self.L:
             raise ValueError(f"prompt of {P} tokens does not fit the engine's {self.L} cache slots")
@@ -384,7 +410,13 @@ class ContinuousEngine(DecodeEngine):
         self.rowpos_B1[rows_n] = pos_nP[:, -1:] + 1
         self.tok_B1[rows_n] = first_n[:, None]
         self.left_B[rows_n] = limit_n - 1
-        self.finished_B[rows_n] = (torch.isin(first_n, self.eos_D) & stop_at_eos) | (limit_n <= 1)
+        ends_n = (torch.isin(first_n, self.eos_D) & stop_at_eos) | (limit_n <= 1)
+        if self.stops is not None:
+            mask_n = torch.tensor(stops or [0] * n, dtype=torch.long, device=dev)
+            state_n, hit_n = self.stops.advance(torch.zeros_like(first_n), first_n, mask_n)
+            self.stop_state_B[rows_n], self.stop_mask_B[rows_n] = state_n, mask_n
+            ends_n |= hit_n
+        self.finished_B[rows_n] = ends_n
         self.stop_at_eos.fill_(stop_at_eos)
         return first_n
 

@@ -2,7 +2,7 @@
 
     packed = pack([Chunk(slot=3, ids=[...], start=0, final=True, max_new=24), ...],
                   buckets=(64, 128, 256), slots=16, trash=640, pad_id=0)
-    packed.bucket, packed.stream_4C, packed.rows_4B           # what the engine copies to the device
+    packed.bucket, packed.stream_4C, packed.rows_5B           # what the engine copies to the device
 
 A chunk is a run of one request's prompt tokens: the whole prompt, or a piece of it when a prompt
 is prefilled over several forwards (a long prompt, or chunked prefill riding in mixed steps).
@@ -14,9 +14,10 @@ nothing.
 
     stream_4C  long (4, C): token id, cache row, write slot, last slot attended (= the write slot;
                padding: pad_id, 0, trash, -1)
-    rows_4B    long (4, B) per engine row: prompt length when its final chunk is in this forward
+    rows_5B    long (5, B) per engine row: prompt length when its final chunk is in this forward
                (else 0), the stream index of that chunk's last token, the request's new-token
-               limit, and 1 when the row has a chunk here at all
+               limit, 1 when the row has a chunk here at all, and the request's stop strings as
+               a bit mask of the engine's StopTable (base/runtime/stops.py; 0: none)
 
 Shapes: C bucket (stream tokens), B slots.
 """
@@ -37,6 +38,7 @@ class Chunk:
     start: int  # cache slot (and position) of its first token
     final: bool  # the prompt ends here: the forward samples the request's first new token
     max_new: int = NO_LIMIT  # the request's new-token limit (its first token counts)
+    stops: int = 0  # the request's stop strings (a StopTable mask), read with its final chunk
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Packed:
     bucket: int  # C: stream length after padding
     tokens: int  # real prompt tokens
     stream_4C: Tensor
-    rows_4B: Tensor
+    rows_5B: Tensor
 
 
 def bucket_for(tokens: int, buckets: tuple[int, ...] | list[int]) -> int:
@@ -67,7 +69,7 @@ def pack(chunks: list[Chunk], buckets: tuple[int, ...] | list[int], slots: int, 
         raise ValueError(f"{n} tokens do not fit a bucket of {C}")
     stream = torch.empty(4, C, dtype=torch.long)
     stream[0], stream[1], stream[2], stream[3] = pad_id, 0, trash, -1
-    rows = torch.zeros(4, slots, dtype=torch.long)
+    rows = torch.zeros(5, slots, dtype=torch.long)
     at = 0
     for c in chunks:
         if not c.ids or c.start + len(c.ids) > trash:
@@ -84,6 +86,7 @@ def pack(chunks: list[Chunk], buckets: tuple[int, ...] | list[int], slots: int, 
             rows[0, c.slot] = c.start + len(c.ids)
             rows[1, c.slot] = at - 1
             rows[2, c.slot] = c.max_new
+            rows[4, c.slot] = c.stops
     if pin:
         stream, rows = stream.pin_memory(), rows.pin_memory()
     return Packed(C, n, stream, rows)

@@ -23,9 +23,15 @@ free. Each turn the scheduler launches one forward of the engine (base/runtime/c
 
 The host stays off the critical path: a request's token limit is known when a step is launched,
 so its slot is freed (and refilled) without waiting for its tokens; the engine ends rows at their
-limit or EOS on the device. With `overlap`, the host reads step i's tokens (an asynchronous copy)
-after launching step i+1: a stop check of the host's own (stop strings) ends its request one step
-late, and that step's extra token is dropped. Without it, every step syncs before the next.
+limit, EOS or stop strings on the device (`Request.stops`, a mask of the engine's StopTable), in
+the step that made the last token. The host reads forward i's tokens (an asynchronous copy) after
+launching forward i+1, so a slot that EOS or a stop string freed in forward i is refilled in
+forward i+2. That schedule is the same with `overlap` off, where the host also waits for each
+forward to finish before launching the next (a sync per step, for timing the host's share): which
+requests share a step, and so every selection, never depends on host timing. A stop that only the
+host's own check (`Request.done`) sees ends its request one forward late: that row takes part in
+forward i+1 (its selection and statistics), its token is dropped, and the stream counts it
+(`ServeStats.late_rows`; 0 when every stop string is on the device).
 
 Shapes: B slots.
 """
@@ -51,6 +57,7 @@ class Request:
     max_new: int  # new-token limit (the prefill's token is the first)
     done: Callable[[list[int]], bool] | None = None  # host stop check on the new tokens so far
     arrival_s: float = 0.0  # when it arrives, seconds after the start
+    stops: int = 0  # its stop strings on the device: a mask of the engine's StopTable (base/runtime/stops.py)
 
 
 @dataclass
@@ -100,6 +107,8 @@ class ServeStats:
     context: list[int] = field(default_factory=list)  # each decode-only step: the cache slots its longest
     # decoding row reads (prompt and tokens so far; decode attention reads every row that far)
     captures: int = 0  # CUDA graphs captured during the stream (0 after a warm-up that covered every shape)
+    late_rows: int = 0  # rows that decoded a step after their request had ended: a stop only the host saw
+    # (read one forward late); each took part in that step's selection and statistics
 
     def summary(self) -> dict[str, float | int | None]:
         """Counts, the mixed share, mean occupancy (decode and mixed steps), the steady decode rate
@@ -115,7 +124,7 @@ class ServeStats:
                 "prefill_s": self.prefill_s, "prompt_tokens": self.prompt_tokens,
                 "prefill_tokens_per_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else None,
                 "mixed_s": sum(self.mixed_s), "mixed_prompt_tokens": self.mixed_prompt_tokens,
-                "eager_steps": sum(self.eager), "captures": self.captures,
+                "eager_steps": sum(self.eager), "captures": self.captures, "late_rows": self.late_rows,
                 "step_ms_median": _median(self.step_s, self.eager, 1e3),
                 "gap_ms_median": _median(self.gap_s, self.eager, 1e3),
                 "launch_ms_median": _median(self.launch_s, self.eager, 1e3),
@@ -232,9 +241,10 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
     steps_launched = 0
     eos = set(engine.eos_D.tolist()) - {-1} if stop_at_eos else set()  # the engine ends these rows itself
 
-    def ended(i: int) -> bool:
+    def ended(i: int, on_device: bool) -> bool:
+        """Whether request i's tokens so far end it (`on_device`: its row ended in that forward)."""
         r = requests[i]
-        return (len(tokens[i]) >= r.max_new or tokens[i][-1] in eos
+        return (on_device or len(tokens[i]) >= r.max_new or tokens[i][-1] in eos
                 or (r.done is not None and r.done(tokens[i])))
 
     def free_slot(slot: int) -> None:
@@ -243,9 +253,10 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
 
     def read(f: _Forward) -> None:
         """Hand a launched forward's tokens to their requests; end those whose stop says so."""
-        new = f.tokens.get()
+        new, ended_B = f.tokens.get()
         f.tokens = None  # its page-locked buffer goes back to the engine's ring
         t = now()
+        after = forwards[-1] if forwards[-1] is not f else None  # launched after f (at most one)
         for slot, i, first in f.emits:
             if i not in live:  # ended before this forward's token (a late host stop): dropped
                 continue
@@ -256,13 +267,15 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             else:
                 out[i].decode_steps += 1
                 f.occupied += 1
-            if ended(i):
+            if ended(i, ended_B[slot]):
                 live.discard(i)
                 out[i].finished_s, out[i].tokens = t, tokens[i]
-                if running.get(slot) == i:  # ended by EOS or its stop check, before its limit
+                if running.get(slot) == i:  # ended by EOS or a stop, before its limit
                     del running[slot]
                     engine.end(slot)
                     free_slot(slot)
+                    if after is not None and not ended_B[slot] and (slot, i, False) in after.emits:
+                        stats.late_rows += 1  # a stop the device did not see: the row decoded in `after`
 
     def launch(kind: str, run: Callable[[], None], emits: list[tuple[int, int, bool]], prompt: int = 0,
                context: int = 0) -> None:
@@ -274,7 +287,9 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
                      prompt, t, context=context)
         forwards.append(f)
         inflight.append(f)
-        while len(inflight) > (1 if policy.overlap else 0):
+        if not policy.overlap and f.tokens.event is not None:
+            f.tokens.event.synchronize()  # the forward is done before the host goes on (timing only)
+        while len(inflight) > 1:  # the host acts one forward behind, overlap or not (see the module doc)
             read(inflight.popleft())
 
     def decoding_emits() -> list[tuple[int, int, bool]]:
@@ -299,7 +314,7 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             ids = requests[i].ids
             n = min(len(ids) - start, budget - used)
             final = start + n == len(ids)
-            chunks.append(Chunk(slot, ids[start:start + n], start, final, requests[i].max_new))
+            chunks.append(Chunk(slot, ids[start:start + n], start, final, requests[i].max_new, requests[i].stops))
             used += n
             if final:
                 del prefilling[slot]
@@ -353,8 +368,8 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             chosen = [prefilling[s][0] for s in slots]
             _, firsts, used = take_chunks(sum(len(requests[i].ids) for i in chosen))
             ids, mask = left_pad([requests[i].ids for i in chosen], pad_id)
-            limits = [requests[i].max_new for i in chosen]
-            launch("padded", lambda s=slots, a=ids, m=mask, n=limits: engine.admit(s, a, m, stop_at_eos, n),
+            limits, masks = [requests[i].max_new for i in chosen], [requests[i].stops for i in chosen]
+            launch("padded", lambda s=slots, a=ids, m=mask, n=limits, k=masks: engine.admit(s, a, m, stop_at_eos, n, k),
                    firsts, used)
         elif running:
             context = max(len(requests[i].ids) + launched[i] for i in running.values())
