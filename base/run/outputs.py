@@ -107,6 +107,14 @@ def finished_hash(out_dir: Path) -> str | None:
         return ""
 
 
+def read_report(out_dir: Path) -> dict[str, Any] | None:
+    """The finished run's report, or None (unfinished, or unreadable)."""
+    try:
+        return json.loads((out_dir / REPORT).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per MoE layer, over decode steps: mean union and kept experts (and the kept count's spread),
     weight retained, tokens that lost an expert, mean occupancy (rows decoding per step), and

@@ -29,6 +29,7 @@ from base.run import outputs, run_folder
 from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.run.logger import Logger, run_identity
 from base.run.preflight import preflight
+from base.run.provenance import CONTINUOUS_VERSION, commit, provenance
 from base.run.sweep import host_info
 from base.runtime.throughput import Variant
 
@@ -155,6 +156,10 @@ def _finished_before(cfg: RunConfig, resolved_config: str, chash: str) -> bool:
     """Is out_dir a finished run of this config (skipped unless force)? Says what it found."""
     out = cfg.out_dir
     done = outputs.finished_hash(out)
+    if outputs.same_config(resolved_config, done) and not cfg.force and _older_engine(cfg):
+        print(f"[base] {out} is finished, but its continuous-batching decode ran on an older engine "
+              f"(base/run/provenance.py: version {_older_engine(cfg)}, now {CONTINUOUS_VERSION}); rerunning.")
+        return False
     if outputs.same_config(resolved_config, done) and not cfg.force:
         print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
               f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
@@ -162,6 +167,21 @@ def _finished_before(cfg: RunConfig, resolved_config: str, chash: str) -> bool:
     if done is not None and not outputs.same_config(resolved_config, done):
         print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
     return False
+
+
+def _older_engine(cfg: RunConfig) -> int | None:
+    """The engine version of a finished continuous-batching evaluation in out_dir when older than
+    this code's (a report without provenance: 1, or 2 when its config has a scheduler section)."""
+    if cfg.stage != "evaluate" or cfg.eval.batching != "continuous":
+        return None
+    report = outputs.read_report(cfg.out_dir)
+    if report is None:
+        return None
+    version = ((report.get("provenance") or {}).get("engine") or {}).get("version")
+    if version is None:
+        recorded = cfg.out_dir / "config.yaml"
+        version = 2 if recorded.exists() and "scheduler" in (yaml.safe_load(recorded.read_text()) or {}) else 1
+    return version if version < CONTINUOUS_VERSION else None
 
 
 def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dict[str, str]) -> dict[str, Any]:
@@ -190,6 +210,7 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
             report["describe"] = describe(cfg, model, layers)
         else:
             _run_stage(cfg, model, layers, report, logger)
+        report.setdefault("provenance", commit(cfg.root))  # stages that decode nothing: the code only
         report["wall_s"] = time.perf_counter() - t0
         logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
         outputs.write_report(out, report, outputs.PENDING_REPORT)  # last: publish makes it report.json
@@ -236,11 +257,14 @@ def _log_to(path: Path) -> logging.Handler:
     return handler
 
 
-def _record_hardware(model, report: dict[str, Any]) -> None:
+def _record_hardware(model, report: dict[str, Any], cfg: RunConfig | None = None) -> None:
+    """The device (figure captions name it), and for a timing run its provenance (`cfg` given)."""
     report["device"] = str(next(model.parameters()).device)
     report["devices"] = [str(d) for d in model_devices(model)]  # several: model.device_map=auto
     if torch.cuda.is_available() and report["device"].startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name()
+    if cfg is not None:
+        report["provenance"] = provenance(cfg, report["device"], "throughput")
 
 
 def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Logger) -> None:
@@ -286,11 +310,11 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
             logger.table("stream", rows)
             report["stream"] = rows
             report["stream_config"] = vars(cfg.stream)
-            _record_hardware(model, report)
+            _record_hardware(model, report, cfg)
             return
         if cfg.throughput.mode == "serve":
             _serve_stage(cfg, model, make_variant, report, logger)
-            _record_hardware(model, report)
+            _record_hardware(model, report, cfg)
             return
         rows, profile, kernels = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
         outputs.write_table(out / "throughput.csv", rows)
@@ -300,7 +324,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         report["profile"] = profile
         logger.table("throughput", rows)
         report["throughput"] = rows
-        _record_hardware(model, report)
+        _record_hardware(model, report, cfg)
         return
     # evaluate
     make_budget, info = make_budgeter(cfg, model, tokenizer, layers)
@@ -348,6 +372,8 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                       "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None,
                       **(result.serving or {})}
     _record_hardware(model, report)  # figure captions name the hardware (analysis/figures.py)
+    path = "continuous" if continuous else ("engine" if result.engine else "generate")
+    report["provenance"] = provenance(cfg, report["device"], path, (result.serving or {}).get("stop_mode"))
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
     report["selection"] = summary_rows
