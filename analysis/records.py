@@ -13,6 +13,8 @@ and writes two gzip CSV files (byte-reproducible: no time stamp):
       budget                       kept experts per layer and step (empty: dense, oea, coverage)
       seed                         the batching seed (eval.seed)
       batching, admission          static | continuous; fifo | union
+      engine                       the decode engine (analysis/engines.py; one per file: files written
+                                   before it existed get their grid's from engines.LEGACY_GRIDS)
       task, doc_id, prompt_hash    the prompt
       correct                      1 right, 0 wrong (lm-eval's metric)
       prompt_tokens, new_tokens, decode_batch
@@ -22,6 +24,8 @@ and writes two gzip CSV files (byte-reproducible: no time stamp):
       method, budget, seed, batching, admission, decode_batch, layer,
       energy_kept, energy_total, out_err, out_dense   the sums behind retained energy and output error
 
+`write` refuses a destination that holds another grid's records (another model, prompt pool, grid
+name or engine), or committed records it would change, unless `--force`.
 `check` re-derives the paired table from a records file (analysis.ablation.paired_from_records,
 the function `python -m analysis.ablation` itself uses) and reports every committed row whose
 difference, p-value or call it does not give. `read` loads a records file back into frames.
@@ -34,13 +38,17 @@ import json
 import sys
 from pathlib import Path
 
+import subprocess
+
 import numpy as np
 import pandas as pd
+import yaml
 
+from analysis.engines import LEGACY_GRIDS, engine_of
 from analysis.load import variant_label
 
 RUN = ["method", "budget", "seed", "batching", "admission"]  # what tells the runs of one grid apart
-POOL = ["model", "tasks", "limit"]  # what makes two runs score the same prompts
+POOL = ["model", "tasks", "limit", "engine"]  # what makes two runs score the same prompts, the same way
 PROMPT = ["task", "doc_id"]
 PROMPT_FIELDS = ["prompt_hash", "correct", "prompt_tokens", "new_tokens", "decode_batch", "fidelity_tokens", "kl_sum",
                  "dll_sum", "agree_sum"]
@@ -58,12 +66,15 @@ def runs(root: str | Path, summary: tuple[str, ...] = ()) -> pd.DataFrame:
         if rep.get("stage") != "evaluate":
             continue
         ev = rep.get("eval", {})
+        config_path = path.parent / "config.yaml"
+        config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else {}
         # reports from before eval.admission was recorded: the run's overrides name it
         admission = ev.get("admission") or ("union" if "eval.admission=union" in rep.get("overrides", "") else "fifo")
         rows.append({"method": variant_label(rep["method"], rep.get("method_config", {})), "budget": rep["budget"],
                      "seed": ev.get("batch_seed", rep.get("seed")), "batching": ev.get("batching", "static"),
                      "admission": admission, "model": rep.get("model"), "tasks": ",".join(ev.get("tasks") or []),
-                     "limit": ev.get("limit"), "dir": str(path.parent),
+                     "limit": ev.get("limit"), "engine": engine_of(rep, config),
+                     "grid": config.get("exp_name") or path.parent.parent.name, "dir": str(path.parent),
                      **{m: rep.get("summary", {}).get(m) for m in summary}})
     if not rows:
         raise SystemExit(f"no finished evaluate runs under {root}")
@@ -134,15 +145,46 @@ def paths(dest: str | Path) -> tuple[Path, Path]:
     return Path(base + ".csv.gz"), Path(base + ".batches.csv.gz")
 
 
-def write(root: str | Path, dest: str | Path) -> tuple[Path, Path]:
+def _refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _committed(path: Path) -> bool:
+    """Whether git tracks `path` (a committed file)."""
+    try:
+        return subprocess.run(["git", "ls-files", "--error-unmatch", str(path.resolve())], cwd=path.resolve().parent,
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def write(root: str | Path, dest: str | Path, force: bool = False) -> tuple[Path, Path]:
     """Records of the grid under `root` -> <dest>.csv.gz and <dest>.batches.csv.gz. Refuses a folder
-    mixing prompt pools (one grid is one model on one prompt pool)."""
+    mixing prompt pools or engines (one grid is one model on one prompt pool, decoded one way), and,
+    unless `force`, a destination holding another grid's records or committed records it would change."""
     df = runs(root)
     pools = df[POOL].astype(str).drop_duplicates()
     if len(pools) > 1:
-        raise SystemExit(f"{root} holds runs of {len(pools)} prompt pools or models: one records file is one grid")
+        _refuse(f"{root} holds runs of {len(pools)} prompt pools, models or engines "
+                f"({'; '.join(' '.join(map(str, r)) for r in pools.itertuples(index=False))}): one records file is one grid")
     prompts, batches = of_runs(df)
     p, b = paths(dest)
+    grid = str(df["grid"].iloc[0])
+    if p.exists() and not force:
+        old, _ = read(dest)
+        name = p.name.removesuffix(".csv.gz")
+        if name != grid:
+            _refuse(f"{p} is grid {name!r}'s records; {root} holds grid {grid!r}: another destination, or --force")
+        for key in POOL:
+            before, after = sorted(old[key].astype(str).unique()), sorted(prompts[key].astype(str).unique())
+            if before != after:
+                _refuse(f"{p} holds records of {key} {', '.join(before)}; {root}'s runs have {', '.join(after)}: "
+                        f"replacing them needs --force")
+        new_bytes = prompts.to_csv(index=False).encode()
+        if _committed(p) and pd.read_csv(p, compression="gzip").to_csv(index=False).encode() != new_bytes:
+            _refuse(f"{p} is committed and these records differ from it: --force replaces it "
+                    f"(check first: `python -m analysis.records check {dest} <paired table>`)")
     p.parent.mkdir(parents=True, exist_ok=True)
     prompts.to_csv(p, index=False, compression=GZIP)
     batches.to_csv(b, index=False, compression=GZIP)
@@ -155,8 +197,12 @@ def read(dest: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not p.exists():
         raise SystemExit(f"{p} is missing: write it with `python -m analysis.records write <grid folder> {dest}`")
     str_cols = {"prompt_hash": "string", "task": "string", "method": "string", "batching": "string",
-                "admission": "string", "model": "string", "tasks": "string"}
+                "admission": "string", "model": "string", "tasks": "string", "engine": "string"}
     prompts = _typed(pd.read_csv(p, dtype=str_cols))
+    if "engine" not in prompts:  # written before engines were recorded: the grid's, as committed
+        name = p.name.removesuffix(".csv.gz")
+        prompts.insert(prompts.columns.get_loc("limit") + 1, "engine", LEGACY_GRIDS.get(name, "unknown"))
+        prompts["engine"] = prompts["engine"].astype("string")
     batches = _typed(pd.read_csv(b, dtype=str_cols)) if b.exists() else pd.DataFrame(columns=[*RUN, "decode_batch",
                                                                                             "layer", *BATCH_FIELDS])
     return prompts, batches
@@ -221,12 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("write", help="records of a grid folder -> <dest>.csv.gz and <dest>.batches.csv.gz")
     w.add_argument("root")
     w.add_argument("dest")
+    w.add_argument("--force", action="store_true", help="replace another grid's or committed records")
     c = sub.add_parser("check", help="re-derive a committed paired table from a records file")
     c.add_argument("dest")
     c.add_argument("paired_csv")
     args = ap.parse_args(argv)
     if args.cmd == "write":
-        for path in write(args.root, args.dest):
+        for path in write(args.root, args.dest, args.force):
             print(f"wrote {path}")
         return 0
     failures = check(args.dest, args.paired_csv)

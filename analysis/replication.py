@@ -46,6 +46,7 @@ from statsmodels.stats.multivariate import test_mvmean
 from analysis import power
 from analysis import records as R
 from analysis import stats as S
+from analysis.engines import one_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ("replication_mini", "replication_mini_olmoe")
@@ -110,12 +111,12 @@ def _legacy_steps_path(dest: str | Path) -> Path:
     return Path(str(dest).removesuffix(".csv.gz") + ".steps.csv.gz")
 
 
-def write_records(root: str | Path, dest: str | Path) -> list[Path]:
+def write_records(root: str | Path, dest: str | Path, force: bool = False) -> list[Path]:
     """The grid's prompt records (analysis.records.write) and its step records: per run, decode
     step and layer, the sums of selection_steps.csv as float32, in Parquet (zstd, the floats'
     bytes split by significance: about 0.6 of the gzipped CSV, which matters because the
     repository travels to the GPU host whole, under 64 MiB). `pd.read_parquet` reads them."""
-    written = list(R.write(root, dest))
+    written = list(R.write(root, dest, force))
     frames = []
     for _, r in R.runs(root).iterrows():
         st = pd.read_csv(Path(r["dir"]) / "selection_steps.csv")
@@ -163,6 +164,11 @@ def _points(frame: pd.DataFrame) -> dict[tuple[str, int | None], pd.DataFrame]:
     return {(str(m), None if pd.isna(b) else int(b)): g for (m, b), g in frame.groupby(["method", "budget"], dropna=False)}
 
 
+def _engine(frame: pd.DataFrame) -> str:
+    """The engine of one grid's records (analysis/engines.py); frames without the column: unknown."""
+    return str(frame["engine"].iloc[0]) if "engine" in frame and len(frame) else "unknown"
+
+
 def budgets_of(prompts: pd.DataFrame) -> list[int]:
     """The grid's budgets (those base ran at), smallest first."""
     return sorted(int(b) for b in prompts.loc[prompts["method"] == REF, "budget"].dropna().unique())
@@ -187,7 +193,8 @@ def run_table(prompts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         acc, low, high = S.accuracy_interval(R.per_prompt(g)["correct"].to_numpy())
         st = at[(method, budget)]
         a = _step_arrays(st, tuple(STEP_FIELDS))
-        row = {"model": g["model"].iloc[0], "method": method, "budget": budget, "prompts": g[R.PROMPT].drop_duplicates().shape[0],
+        row = {"model": g["model"].iloc[0], "engine": _engine(g), "method": method, "budget": budget,
+               "prompts": g[R.PROMPT].drop_duplicates().shape[0],
                "accuracy": acc, "accuracy_low": low, "accuracy_high": high,
                "union_mean": float(st["union"].mean()), "occupancy_mean": float(st.groupby("step")["tokens"].first().mean()),
                "kept_mean": float(st["kept"].mean()),
@@ -220,7 +227,8 @@ def primary(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 if len(j) != len(a) or len(j) != len(b) or (j["prompt_hash_a"] != j["prompt_hash_b"]).any():
                     raise ValueError(f"{model}: {rule} and {REF} at M={budget} scored different prompts")
                 c = S.paired_accuracy(j["correct_a"].to_numpy(), j["correct_b"].to_numpy())
-                rows.append({"family": "primary", "model": model, "renormalised": RENORMALISED.get(model),
+                rows.append({"family": "primary", "model": model, "engine": _engine(prompts),
+                             "renormalised": RENORMALISED.get(model),
                              "level": level, "method": rule, "budget": budget, "metric": "accuracy",
                              "unit": f"prompts ({len(j)})", **c.row()})
     t = S.grid_calls(pd.DataFrame(rows), tie_metrics=())
@@ -276,7 +284,9 @@ def secondary(prompts_by_model: dict[str, pd.DataFrame], steps_by_model: dict[st
                     c = S.Comparison(diff, low, high, S.p_normal(diff, se), np.nan, S.MARGINS[metric], se,
                                      len(a[num]) + len(b[num]),
                                      f"moving-block bootstrap over decode steps (blocks of {BLOCK}), unpaired")
-                    rows.append({"family": "secondary", "model": model, "renormalised": RENORMALISED.get(model),
+                    rows.append({"family": "secondary", "model": model,
+                                 "engine": _engine(prompts_by_model[model]),
+                                 "renormalised": RENORMALISED.get(model),
                                  "level": level, "method": rule, "budget": budget, "metric": metric,
                                  "unit": f"decode steps ({len(a[num])} + {len(b[num])})", **c.row()})
     return S.grid_calls(pd.DataFrame(rows), tie_metrics=())
@@ -355,6 +365,7 @@ def interaction(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
         sel = t["test"] == kind
         t.loc[sel, "p_holm"] = S.holm(t.loc[sel, "p"].to_numpy())
     t["call"] = np.where(t["p_holm"] < S.ALPHA, "differs", "not detected")
+    t.insert(0, "engine", _engine(prompts_by_model[ma]))
     return t
 
 
@@ -555,9 +566,13 @@ def investigation(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame,
     if inter.empty:
         return ""
     om = inter[inter["test"] == "omnibus"]
-    lines = ["Order against magnitude: " + "; ".join(
-        f"{r['level']} budgets Kendall's tau {r['kendall_tau']:.2f}, scale {r['scale']:.2f}" for _, r in om.iterrows())
-        + " (scale: the renormalised model's rule effects over the other's)."]
+    lines = ["What the pre-registered test says: " + "; ".join(
+        f"at the {r['level']} budgets the rule effects {'differ' if r['call'] == 'differs' else 'were not found to differ'}"
+        f" between the families (p_holm {r['p_holm']:.2g})" for _, r in om.iterrows()) + ".",
+        "Descriptive only (added after the data, no interval, not tested): Kendall's tau between the two models' "
+        "mean rule effects and their least-squares scale, " + "; ".join(
+            f"{r['level']} tau {r['kendall_tau']:.2f}, scale {r['scale']:.2f}" for _, r in om.iterrows())
+        + ". They describe these two models' point estimates and support no claim that the order is shared."]
     t = table.set_index(["model", "method", "budget"])
     for model in dict.fromkeys(table["model"]):
         dense = t.loc[(model, "dense")].iloc[0]
@@ -653,6 +668,7 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
                 f"{int((inter['test'] == 'per rule').sum())}. One model per family: a difference found is a difference "
                 "between these two models.\n",
                 om[["level", "budgets", "statistic", "p", "p_holm", "call", "kendall_tau", "scale", "detail"]]
+                .rename(columns={"kendall_tau": "kendall_tau (descriptive)", "scale": "scale (descriptive)"})
                 .to_markdown(index=False, floatfmt=".3g"),
                 ""]
         pr = inter[inter["test"] == "per rule"].assign(interaction=lambda d: [_ci(r) for _, r in d.iterrows()])
@@ -677,6 +693,8 @@ def analyse(dests: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame
         p, s = read_records(d)
         model = str(p["model"].iloc[0])
         prompts[model], steps[model] = p, s
+    # the family's calls and the interaction compare the models: one engine made them all
+    one_engine(pd.concat([p[["engine"]] for p in prompts.values()]), "the replication family")
     table = pd.concat([run_table(prompts[m], steps[m]) for m in prompts], ignore_index=True)
     calls = pd.concat([primary(prompts), secondary(prompts, steps)], ignore_index=True)
     return table, calls, interaction(prompts), prompts
@@ -688,10 +706,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--records", default="results/records", help="where the records are (and are written)")
     ap.add_argument("--names", nargs="*", default=list(GRIDS), help="grids to read from --records")
     ap.add_argument("--out", default="results/replication")
+    ap.add_argument("--force", action="store_true", help="replace records of another engine or committed ones")
     args = ap.parse_args(argv)
     names = [Path(g).name for g in args.grids] or args.names
     for g in args.grids:
-        for path in write_records(g, Path(args.records) / Path(g).name):
+        for path in write_records(g, Path(args.records) / Path(g).name, args.force):
             print(f"wrote {path}")
     if args.grids:
         runs = pd.concat([pd.read_csv(Path(g) / "sweep_summary.csv").assign(grid=Path(g).name) for g in args.grids])

@@ -89,7 +89,7 @@ def make_outputs(root: Path, exp: str = "qs_fixture") -> Path:
 
 
 def fidelity_run(root, method, budget, seed, correct, kl_per_prompt, energy_per_batch, err_per_batch, hashes=None,
-                 model="mini", limit=25, batching="static"):
+                 model="mini", limit=25, batching="static", engine=None):
     """One evaluate run folder as pipeline.run writes it with eval.fidelity=true: per-request records
     with fidelity sums (2 tokens each), and per-layer step statistics of static batches of 4 prompts
     (one prefill step, then 2 decode steps: as many as the batch's longest request; 2 layers)."""
@@ -99,7 +99,8 @@ def fidelity_run(root, method, budget, seed, correct, kl_per_prompt, energy_per_
     (d / "report.json").write_text(json.dumps({
         "stage": "evaluate", "method": method, "budget": budget, "seed": 0, "model": model,
         "eval": {"batch_seed": seed, "tasks": ["mini"], "limit": limit, "batching": batching},
-        "summary": {"accuracy": sum(correct) / n, "kept_mean": budget or 10.0}}))
+        "summary": {"accuracy": sum(correct) / n, "kept_mean": budget or 10.0},
+        **({"provenance": {"fingerprint": engine}} if engine else {})}))
     hashes = hashes or [f"h{i}" for i in range(n)]
     (d / "samples.jsonl").write_text("".join(json.dumps({
         "task": "t", "doc_id": i, "prompt_hash": hashes[i], "correct": float(c), "fidelity_tokens": 2.0,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pathlib import Path
+
 import pytest
 
 from analysis import records as R
@@ -89,10 +91,47 @@ def test_records_files_are_byte_reproducible_and_hold_the_format(tmp_path):
     assert first["doc_id"].nunique() == 1 and first["method"].nunique() == 4
 
 
-def test_a_folder_of_two_prompt_pools_is_refused(tmp_path):
-    fidelity_run(tmp_path, "base", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=2)
-    fidelity_run(tmp_path, "router_sum", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=5)
-    with pytest.raises(SystemExit, match="2 prompt pools"):
-        R.write(tmp_path, tmp_path / "records" / "x")
+def _refused(capsys, call, message: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        call()
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_folder_of_two_prompt_pools_or_engines_is_refused(tmp_path, capsys):
+    fidelity_run(tmp_path / "a", "base", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=2)
+    fidelity_run(tmp_path / "a", "router_sum", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=5)
+    _refused(capsys, lambda: R.write(tmp_path / "a", tmp_path / "records" / "x"), "2 prompt pools, models or engines")
+    fidelity_run(tmp_path / "b", "base", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], engine="c3-packed-cpu")
+    fidelity_run(tmp_path / "b", "router_sum", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], engine="c1-padded-cpu")
+    _refused(capsys, lambda: R.write(tmp_path / "b", tmp_path / "records" / "x"), "c3-packed-cpu; mini mini 25 c1-padded-cpu")
     with pytest.raises(SystemExit, match="is missing"):
         R.read(tmp_path / "records" / "none")
+
+
+def test_records_of_another_grid_prompt_pool_or_engine_are_not_overwritten_without_force(tmp_path, capsys):
+    """The issue's reproduction: `write <grid folder> results/records/<another grid>` replaced that
+    grid's records. Now: refused (exit 2, nothing written) for another grid name, prompt pool or
+    engine; --force replaces; the same grid again is written."""
+    grid = tmp_path / "outputs" / "g1"
+    fidelity_run(grid, "base", 6, 0, [1, 0, 1, 1], [0.1] * 4, [0.9], [0.1])
+    dest = tmp_path / "records" / "g1"
+    R.write(grid, dest)
+    before = R.paths(dest)[0].read_bytes()
+    other = tmp_path / "outputs" / "g2"
+    fidelity_run(other, "base", 6, 0, [1, 1, 1, 1], [0.1] * 4, [0.9], [0.1])
+    _refused(capsys, lambda: R.write(other, dest), "is grid 'g1'")
+    repool = tmp_path / "elsewhere" / "g1"
+    fidelity_run(repool, "base", 6, 0, [1, 1, 1, 1], [0.1] * 4, [0.9], [0.1], limit=9)
+    _refused(capsys, lambda: R.write(repool, dest), "limit 25")
+    reengine = tmp_path / "again" / "g1"
+    fidelity_run(reengine, "base", 6, 0, [1, 0, 1, 1], [0.1] * 4, [0.9], [0.1], engine="c3-packed-cpu")
+    _refused(capsys, lambda: R.write(reengine, dest), "engine s1-generate-cpu")
+    assert R.paths(dest)[0].read_bytes() == before
+    R.write(grid, dest)  # the same grid again
+    R.write(reengine, dest, force=True)
+    assert R.read(dest)[0]["engine"].unique().tolist() == ["c3-packed-cpu"]
+
+
+def test_records_written_before_engines_take_their_grids_engine():
+    prompts, _ = R.read(Path(__file__).parents[1] / "results" / "records" / "ablation_mini")
+    assert prompts["engine"].unique().tolist() == ["s1-generate-cpu"]
