@@ -24,7 +24,9 @@ analysis.admission.from_table, the static-continuous differences in differences 
 
 FAMILY: results/*_paired.csv, *_batching.csv, *_did.csv, admission_*.csv and quality_mini_diff.csv,
 and the single comparisons kept as `python -m analysis.paired` transcripts (MD_PAIRED). A grid
-named in PREREGISTERED keeps its own pre-registered family and is left out. Writes each table back
+named in PREREGISTERED keeps its own pre-registered family and calls (they are not re-made here),
+and its rows count in q like every other comparison; its table gets the cross-grid columns in
+its .csv only (its .md is analysis/replication.py's). Writes each table back
 (.csv and its .md re-rendered) and results/cross_grid.{csv,md}, every comparison with its columns.
 Reads and writes results/ only.
 """
@@ -75,13 +77,17 @@ def kind(name: str) -> str | None:
 
 
 def tables(results: Path = RESULTS) -> dict[str, pd.DataFrame]:
-    """Every committed comparison table (name -> frame as committed), PREREGISTERED grids left out."""
+    """Every committed comparison table (name -> frame as committed), PREREGISTERED grids' too."""
     out = {}
     for path in sorted(results.glob("*.csv")):
         name = path.stem
-        if kind(name) and not any(name.startswith(g) for g in PREREGISTERED):
+        if kind(name):
             out[name] = pd.read_csv(path)
     return out
+
+
+def preregistered(name: str) -> bool:
+    return any(name.startswith(g) for g in PREREGISTERED)
 
 
 def regrid(name: str, t: pd.DataFrame) -> pd.DataFrame:
@@ -89,6 +95,9 @@ def regrid(name: str, t: pd.DataFrame) -> pd.DataFrame:
     columns dropped. Batching tables mark dense as null by construction; admission tables written
     before issue 27 get the crossed seed test (analysis.admission.from_table)."""
     t = t.drop(columns=[c for c in CROSS if c in t])
+    if preregistered(name):  # its own pre-registered family: calls as committed
+        t["excluded"] = t["excluded"].fillna("") if "excluded" in t else ""
+        return t
     k = kind(name)
     if k == "admission":
         from analysis import admission
@@ -243,9 +252,11 @@ def write(results: Path = RESULTS) -> list[str]:
     for name, t in regridded.items():
         t = t.assign(budget=t["budget"].astype("Int64"))  # 8, not 8.0, where dense has none
         t.to_csv(results / f"{name}.csv", index=False)
+        written.append(name)
+        if preregistered(name):
+            continue
         md = results / (f"{name.removesuffix('_paired')}.md" if kind(name) == "paired" else f"{name}.md")
         md.write_text(render(name, t, results))
-        written.append(name)
     cols = [*KEY, "diff", "p", "p_tost", "call", "excluded", *CROSS]
     long[cols].to_csv(results / "cross_grid.csv", index=False)
     (results / "cross_grid.md").write_text(summary_md(long))

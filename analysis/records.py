@@ -26,6 +26,9 @@ and writes two gzip CSV files (byte-reproducible: no time stamp):
 
 `write` refuses a destination that holds another grid's records (another model, prompt pool, grid
 name or engine), or committed records it would change, unless `--force`.
+`same` compares the runs of a folder with a records file, prompt by prompt (correct, token counts,
+decode batch): where every field is identical, a grid made on an older engine is shown to give
+the same outputs on the engine that made the folder.
 `check` re-derives the paired table from a records file (analysis.ablation.paired_from_records,
 the function `python -m analysis.ablation` itself uses) and reports every committed row whose
 difference, p-value or call it does not give. `read` loads a records file back into frames.
@@ -261,6 +264,38 @@ def check(dest: str | Path, paired_csv: str | Path, atol: float = 1e-9) -> list[
     return failures
 
 
+def same(root: str | Path, dest: str | Path) -> list[str]:
+    """The differences between the runs under `root` and the same (method, budget, seed, batching,
+    admission) in a records file, per prompt and field; [] where every run is identical."""
+    new, _ = of_runs(runs(root))
+    old, _ = read(dest)
+    keys = [k for k in RUN if k in old]
+    fields = ["correct", "prompt_tokens", "new_tokens", "decode_batch"]
+    failures = []
+    for point, mine in new.groupby(keys, dropna=False):
+        at = pd.Series(True, index=old.index)
+        for k, v in zip(keys, point):
+            at &= old[k].isna() if pd.isna(v) else (old[k] == v)
+        theirs = old[at.fillna(False)]
+        label = ", ".join(f"{k}={v}" for k, v in zip(keys, point))
+        if theirs.empty:
+            failures.append(f"{label}: not in {dest}")
+            continue
+        a = mine.set_index(PROMPT)[fields].sort_index()
+        b = theirs.set_index(PROMPT)[fields].sort_index()
+        if not a.index.equals(b.index):
+            failures.append(f"{label}: {len(a)} prompts here, {len(b)} in the records, not the same prompts")
+            continue
+        for f in fields:
+            differ = ~((a[f] == b[f]) | (a[f].isna() & b[f].isna()))
+            if differ.any():
+                failures.append(f"{label}: {f} differs on {int(differ.sum())} of {len(a)} prompts")
+        if not any(x.startswith(label) for x in failures):
+            print(f"{label}: identical on all {len(a)} prompts ({mine['engine'].iloc[0]} here, "
+                  f"{theirs['engine'].iloc[0]} in {dest})")
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -268,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("root")
     w.add_argument("dest")
     w.add_argument("--force", action="store_true", help="replace another grid's or committed records")
+    sm = sub.add_parser("same", help="are a folder's runs identical, prompt by prompt, to a records file's?")
+    sm.add_argument("root")
+    sm.add_argument("dest")
     c = sub.add_parser("check", help="re-derive a committed paired table from a records file")
     c.add_argument("dest")
     c.add_argument("paired_csv")
@@ -276,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         for path in write(args.root, args.dest, args.force):
             print(f"wrote {path}")
         return 0
+    if args.cmd == "same":
+        failures = same(args.root, args.dest)
+        for f in failures:
+            print(f)
+        return 1 if failures else 0
     failures = check(args.dest, args.paired_csv)
     for f in failures:
         print(f)

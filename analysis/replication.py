@@ -601,12 +601,20 @@ def _prereg_commit(root: Path = ROOT) -> str:
         return "unknown (no git)"
 
 
+def first_token_share(prompts_by_model: dict[str, pd.DataFrame]) -> float:
+    """The share of generated tokens that are an answer's first, over the budgeted runs: the prefill
+    makes that token, and the prefill is dense, so the budget never touches it."""
+    rows = pd.concat([p[p["method"] != "dense"] for p in prompts_by_model.values()])
+    return float(len(rows) / rows["new_tokens"].sum())
+
+
 def _ci(r, digits: int = 3) -> str:
     return f"{r['diff']:+.{digits}f} [{r['low']:+.{digits}f}, {r['high']:+.{digits}f}]"
 
 
 def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: pd.DataFrame,
-             grids: list[str], deviations: str = "", out_path: str = "results/replication") -> str:
+             grids: list[str], deviations: str = "", out_path: str = "results/replication",
+             first_share: float | None = None) -> str:
     prim, sec = calls[calls["family"] == "primary"], calls[calls["family"] == "secondary"]
     make = "make replication" + ("" if out_path == "results/replication"
                                  else f" REPL_EXP=\"{' '.join(grids)}\" REPL_OUT={out_path}")
@@ -615,7 +623,10 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
            "\"method=base_anchor method.k0=2\" --extra \"method=dense budget=null\"`), then `python -m "
            "analysis.replication " + " ".join(f"outputs/{g}" for g in grids) + f" --out {out_path}`; "
            f"re-derived from the committed records by `python -m analysis.replication --records results/records{names} "
-           f"--out {out_path}`. Pre-registered in `{PREREG}`, added in commit {_prereg_commit()}.\n",
+           f"--out {out_path}`. Pre-registered in `{PREREG}`, added in commit {_prereg_commit()}. "
+           f"Decode engine: {', '.join(f'`{e}`' for e in dict.fromkeys(table['engine']))} (analysis/engines.py).\n",
+           *([f"Scope: the prefill is dense, so the budget never touches an answer's first token: "
+              f"{first_share:.1%} of the tokens the budgeted runs generated.\n"] if first_share is not None else []),
            "## Runs\n",
            "Accuracy [Wilson 95 %]; union_mean: distinct experts the active tokens route to per layer and decode step; "
            "occupancy_mean: requests decoding per step; kept_mean: experts kept; out_error, energy_retained: mean over "
@@ -716,7 +727,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = pd.concat([pd.read_csv(Path(g) / "sweep_summary.csv").assign(grid=Path(g).name) for g in args.grids])
         runs[["grid", "run", "status", "started", "ended", "wall_s"]].to_csv(RUNS if args.out == "results/replication"
                                                                            else f"{args.out}_runs.csv", index=False)
-    table, calls, inter, _ = analyse([Path(args.records) / n for n in names])
+    table, calls, inter, prompts = analyse([Path(args.records) / n for n in names])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
@@ -725,7 +736,8 @@ def main(argv: list[str] | None = None) -> None:
     deviations = DEVIATIONS_MINI128 if names == ["replication_mini128"] else DEVIATIONS
     models = set(table["model"])
     r2 = predictor_r2()
-    text = markdown(table, calls, inter, r2[r2["model"].isin(models)] if len(r2) else r2, names, deviations, args.out)
+    text = markdown(table, calls, inter, r2[r2["model"].isin(models)] if len(r2) else r2, names, deviations, args.out,
+                    first_token_share(prompts))
     out.with_suffix(".md").write_text(text)
     print(text)
 

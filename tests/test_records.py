@@ -135,3 +135,21 @@ def test_records_of_another_grid_prompt_pool_or_engine_are_not_overwritten_witho
 def test_records_written_before_engines_take_their_grids_engine():
     prompts, _ = R.read(Path(__file__).parents[1] / "results" / "records" / "ablation_mini")
     assert prompts["engine"].unique().tolist() == ["s1-generate-cpu"]
+
+
+def test_same_says_whether_a_folders_runs_give_the_records_outputs(tmp_path, capsys):
+    """A re-run on another engine is shown identical prompt by prompt, or its differences named."""
+    grid = tmp_path / "old" / "g"
+    fidelity_run(grid, "base", 6, 0, [1, 0, 1, 1], [0.1] * 4, [0.9], [0.1])
+    R.write(grid, tmp_path / "records" / "g")
+    again = tmp_path / "new" / "g"
+    fidelity_run(again, "base", 6, 0, [1, 0, 1, 1], [0.1] * 4, [0.9], [0.1], engine="s1-generate-cpu")
+    assert R.same(again, tmp_path / "records" / "g") == []
+    assert "identical on all 4 prompts" in capsys.readouterr().out
+    moved = tmp_path / "moved" / "g"
+    fidelity_run(moved, "base", 6, 0, [1, 1, 1, 1], [0.1] * 4, [0.9], [0.1])
+    assert R.same(moved, tmp_path / "records" / "g") == ["method=base, budget=6, seed=0, batching=static, "
+                                                          "admission=fifo: correct differs on 1 of 4 prompts"]
+    other = tmp_path / "other" / "g"
+    fidelity_run(other, "router_sum", 6, 0, [1, 1, 1, 1], [0.1] * 4, [0.9], [0.1])
+    assert R.same(other, tmp_path / "records" / "g")[0].endswith("not in " + str(tmp_path / "records" / "g"))
