@@ -7,6 +7,7 @@ Shapes: N tokens, H hidden, E experts, K top-k, L MoE layers, n tokens routed to
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,16 @@ class Predictor:
     b_LE: Tensor
     meta: dict  # model identity, calibration and fit settings, held-out R^2 per layer
 
+    def tensors_sha1(self) -> str:
+        """The fitted weights' content: recorded when saved, compared when loaded (a file whose tensors
+        were changed afterwards, e.g. its experts permuted with the shapes kept, is refused)."""
+        h = hashlib.sha1()
+        for t in (self.w_LHE, self.b_LE):
+            h.update(t.detach().cpu().contiguous().float().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def save(self, path: Path) -> None:
+        self.meta["tensors_sha1"] = self.tensors_sha1()
         atomic_write_text(path.with_suffix(".json"), json.dumps(self.meta, indent=2))
         atomic_save_tensors({"w_LHE": self.w_LHE.contiguous(), "b_LE": self.b_LE.contiguous()}, path,
                             metadata={"meta": json.dumps(self.meta)})  # last: its presence marks it complete
@@ -76,14 +86,22 @@ class Predictor:
         if not (torch.isfinite(self.w_LHE).all() and torch.isfinite(self.b_LE).all()):
             raise ConfigError(f"predictor {source} holds non-finite weights (NaN or inf); refit with "
                               f"predictor.path=null force=true")
+        recorded = self.meta.get("tensors_sha1")  # files fitted before 2026-12-05 record none
+        if recorded is not None and recorded != self.tensors_sha1():
+            raise ConfigError(f"predictor {source}: its weights are not the ones it was fitted with (their content "
+                              f"hash differs from the one recorded at the fit); refit with predictor.path=null force=true")
 
     def check_model(self, identity: dict, source: Path) -> None:
-        """Fail clearly when the predictor was fitted for another model."""
+        """Fail clearly when the predictor was fitted for another model: its shape, and the content of
+        the weights and tokenizer it was fitted on (a checkpoint of the same shape with other weights,
+        such as its experts permuted, is another model)."""
         mine = self.meta["model"]
-        keys = ("name", "num_layers", "num_experts", "hidden")
-        if any(mine.get(k) != identity.get(k) for k in keys):
-            have = ", ".join(f"{k}={mine.get(k)}" for k in keys)
-            want = ", ".join(f"{k}={identity.get(k)}" for k in keys)
+        keys = [k for k in ("name", "num_layers", "num_experts", "hidden", "weights", "tokenizer", "arch", "seed",
+                            "routing", "skew_ratio") if k in mine or k in identity]
+        differ = [k for k in keys if mine.get(k) != identity.get(k)]
+        if differ:
+            have = ", ".join(f"{k}={mine.get(k)}" for k in differ)
+            want = ", ".join(f"{k}={identity.get(k)}" for k in differ)
             raise ConfigError(f"predictor {source} was fitted for another model ({have}); this run uses ({want})")
 
 

@@ -42,6 +42,7 @@ def preflight(cfg: RunConfig) -> None:
     check_decode_steps(cfg.throughput if cfg.stage == "throughput" else None, _on_gpu(cfg))
     check_folder("artifacts_dir", cfg.artifacts_dir)
     check_folder("outputs_dir", cfg.out_dir.parent)
+    check_logger(cfg)
     family = FAMILIES.get(cfg.model.family)
     if cfg.model.init == "random":  # before transformers builds the config: it loops over the layers
         _check_arch(cfg, cfg.model.arch.get, family.experts_key, family.topk_key)
@@ -111,6 +112,39 @@ def _check_arch(cfg: RunConfig, value: Callable[[str], Any], experts_key: str, t
     if value("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
         raise ConfigError(f"{where('hidden_size')}={hidden} is not a multiple of {where('num_attention_heads')}="
                           f"{heads}, and no head_dim is set")
+
+
+WANDB_HOST = ("api.wandb.ai", 443)
+
+
+def check_logger(cfg: RunConfig, reach: Callable[[tuple[str, int]], bool] | None = None) -> None:
+    """logger=wandb logger.mode=online needs a login and the wandb server: without either, wandb
+    failed after minutes of retries, after the run had started. `reach` (tests): the connection probe."""
+    import os
+    from pathlib import Path
+
+    if cfg.logger.name != "wandb" or cfg.logger.mode != "online":
+        return
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    logged_in = bool(os.environ.get("WANDB_API_KEY")) or (netrc.is_file() and host.split(":")[0] in netrc.read_text())
+    if not logged_in:
+        raise ConfigError("logger.mode=online needs a wandb login (WANDB_API_KEY, or `wandb login`); or keep "
+                          "logger.mode=offline and sync later (the run prints the command)")
+    name, _, port = host.partition(":")
+    if not (reach or _reachable)((name, int(port or 443))):
+        raise ConfigError(f"logger.mode=online: the wandb server {name} cannot be reached from here; use "
+                          f"logger.mode=offline and sync later (the run prints the command)")
+
+
+def _reachable(address: tuple[str, int], timeout_s: float = 5.0) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(address, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _check_placement(cfg: RunConfig, hf) -> None:

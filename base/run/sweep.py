@@ -7,7 +7,9 @@ Every job writes its own row, under a lock and atomically, whatever launcher ran
 one, joblib workers, SLURM or Ray jobs on other hosts sharing the folder), so the file is right
 even when the launcher's parent process dies. Status: started (still running, or killed: a rerun
 of the sweep redoes it), finished, skipped (finished before with the same config), failed (with
-`error`, the exception's type and first line).
+`error`, the exception's type and first line), interrupted (Ctrl-C or a termination signal). Two
+sweeps of one experiment at once share the file: a run one of them finished stays `finished`
+when the other then finds it done (`skipped` never replaces `finished`).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from base.files import atomic_write_text, file_lock
 SUMMARY = "sweep_summary.csv"
 COLUMNS = ("run", "status", "error", "job", "overrides", "config_hash", "host", "pid", "gpu", "launcher",
            "started", "ended", "wall_s")
-STATUSES = ("started", "finished", "skipped", "failed")
+STATUSES = ("started", "finished", "skipped", "failed", "interrupted")
 
 
 def error_line(err: BaseException) -> str:
@@ -49,6 +51,8 @@ def record_job(sweep_dir: Path, run: str, **fields: Any) -> None:
     with file_lock(sweep_dir, ".sweep_summary.lock"):
         rows = {r["run"]: r for r in read_summary(sweep_dir)}
         row = rows.setdefault(run, {"run": run})
+        if fields.get("status") == "skipped" and row.get("status") == "finished":
+            return  # another sweep finished it while this one waited: its row stays
         if fields.get("status") == "started":  # a new attempt: the last one's outcome no longer holds
             for key in ("error", "ended", "wall_s"):
                 row.pop(key, None)
