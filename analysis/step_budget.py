@@ -26,7 +26,6 @@ CUTS = {
     "output projection's split-K reduce (skinny)": "splitKreduce",
     "input norm (fold)": "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0",
     "experts' reduce (reduce_in_down)": "_reduce_kernel",
-    "experts' route (route_in_select)": "_route_kernel",
 }
 
 

@@ -1,16 +1,14 @@
 """A throughput ablation across runs: each run's replayed step per variant and its kernels per
 decoder layer, and the step without a feature against the step with it.
 
-    python -m analysis.throughput_ablation <runs> <out> [regions|combo|autotune|skinny|pdl|route_in_select|fused_attention]
+    python -m analysis.throughput_ablation <runs> <out> [regions|combo|skinny|pdl|fused_attention]
     regions   throughput.regions: modules (off) against layer (on); the default
     combo     throughput.regions: layer (off) against layer_combo (on)
-    autotune  throughput.regions: layer_combo (off) against layer_autotune (on)
     skinny    throughput.regions: layer_combo (off) against layer_skinny (on)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch)
-    route_in_select  method.route_in_select: false (off) against true (on; read from each run's
+    fused_attention  throughput.fused_attention: false (off) against true (on; read from each run's
               config.yaml, absent = false: the runs before the key existed)
-    fused_attention  throughput.fused_attention: false (off) against true (on; from config.yaml too)
 
 Reads run folders (outputs/ or results/ only). The runs are separate processes on one machine,
 so the comparison pairs runs, not interleaved passes: `ratio` is a variant's ms without the
@@ -27,9 +25,8 @@ import pandas as pd
 
 # each ablation's run column (a dotted name: a key of the run's config.yaml), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
-             "autotune": ("regions", "layer_combo", "layer_autotune"),
              "skinny": ("regions", "layer_combo", "layer_skinny"),
-             "pdl": ("pdl", False, True), "route_in_select": ("method.route_in_select", False, True),
+             "pdl": ("pdl", False, True),
              "fused_attention": ("throughput.fused_attention", False, True)}
 
 

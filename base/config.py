@@ -34,7 +34,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
 # families whose attention base/hf/fused_attention.py computes (its `qualifies`; tests/test_fused_attention.py)
 FUSED_ATTENTION_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
-REGION_KINDS = ("layer", "modules", "layer_combo", "layer_autotune", "layer_skinny")  # base/runtime/regional.py
+REGION_KINDS = ("layer", "modules", "layer_combo", "layer_skinny")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
 
@@ -85,8 +85,6 @@ class MethodConfig:
     apply_to: str = "decode"  # decode: prefill stays dense; all: every forward
     k0: int | None = None  # oea, base_anchor: each token keeps its top-k0
     backend: str = "torch"  # torch reference, or triton kernels (kernels/)
-    route_in_select: bool = False  # triton: the selection launch writes the expert kernel's pair lists
-    # (its route launch skipped where the selection runs as one program; not yet timed on a GPU)
     coverage: float | None = None  # adaptive budget: keep the fewest experts covering this share of the score
     budget_split: str = "uniform"  # uniform: `budget` in every layer; sensitivity: L x budget split by calibration
 
@@ -99,11 +97,6 @@ class MethodConfig:
         check_choice("method.renormalize", self.renormalize, RENORMALIZE_MODES)
         check_choice("method.apply_to", self.apply_to, APPLY_TO)
         check_choice("method.backend", self.backend, ("torch", "triton"))
-        if not isinstance(self.route_in_select, bool):
-            raise ConfigError(f"method.route_in_select={self.route_in_select!r} must be true or false")
-        if self.route_in_select and self.backend != "triton":
-            raise ConfigError("method.route_in_select=true folds the experts' route launch into the selection "
-                              "kernel: it needs method.backend=triton")
         self.k0 = check_int("method.k0", self.k0, 1, allow_none=True)
         cls = SELECTORS.get(self.name) if self.name != "dense" else None
         if cls is not None and cls.needs_k0 and self.k0 is None:
@@ -203,13 +196,12 @@ class CalibConfig:
 
 
 # Forms a throughput variant may add to the run's own (`base+fused`): each sets keys for that
-# variant alone (throughput.* its engine, method.* its budget), so an A/B of a form runs
-# interleaved in one process.
+# variant alone (throughput.* its engine, scheduler.* its continuous engine), so an A/B of a form
+# runs interleaved in one process.
 VARIANT_FORMS: dict[str, dict[str, Any]] = {
     "fused": {"throughput.fused_attention": True},  # base/hf/fused_attention.py
     "skinny": {"throughput.regions": "layer_skinny"},  # base/hf/skinny_proj.py
     "fold": {"throughput.fused_attention": True, "throughput.fold_input_norm": True},  # the norm in the q/k/v GEMM
-    "route_in_select": {"method.route_in_select": True},  # the experts' route launch in the selection's
     "compile_prefill": {"scheduler.compile_prefill": True},  # stream/serve: packed prefills compiled
 }
 
@@ -261,7 +253,6 @@ class ThroughputConfig:
     # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer) |
     # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
     # modules (attention and norms one by one, adds eager: the ablation of the fusion) |
-    # layer_autotune (layer_combo, the halves' GEMMs autotuned among cuBLAS and Triton templates) |
     # layer_skinny (layer_combo, the q/k/v and output projections on kernels/skinny.py where its tuned
     # table says it beat cuBLAS: base/hf/skinny_proj.py)
     fused_attention: bool = False  # the decode step's q/k norm, rotary, K/V write and attention in one
@@ -598,9 +589,6 @@ class RunConfig:
         def specs(test: Callable[[set[str]], bool]) -> list[str]:  # the methods[] whose forms pass `test`
             return [f"throughput.methods[]={spec!r}" for spec, forms in with_forms if test(forms)]
 
-        if self.method.backend != "triton" and specs(lambda f: "route_in_select" in f):
-            raise ConfigError(f"{specs(lambda f: 'route_in_select' in f)[0]}: the form folds the experts' route "
-                              f"launch into the selection kernel: it needs method.backend=triton")
         for spec, forms in with_forms:
             for form in sorted(forms):
                 keys = VARIANT_FORMS[form]

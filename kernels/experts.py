@@ -15,12 +15,12 @@ Shapes: T tokens, H hidden, I expert intermediate size, E experts, K top-k, P = 
     y_PH          w_p * expert output of each pair (fp32), summed per token in slot order
 
 Four launches, all with grids fixed by (T, K, E, H, I) and the GPU: route (grid E: compact
-pairs per expert; skipped when the selection kernel wrote the lists, `pairs_EP`/`cnt_E`),
-gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM walk the work items
-(routed expert, column block), so unrouted experts cost no program), reduce (sum over K in slot
-order: deterministic, no atomics on the data). With the tuned table's `reduce_in_down` the reduce
-is the down launch's last act for each column block instead (an arrival counter per block, reset
-by its last item, which sums the block in the same order: three launches, the same sums).
+pairs per expert), gate_up (+SwiGLU) and down (+weight) (persistent: PER_SM programs per SM
+walk the work items (routed expert, column block), so unrouted experts cost no program), reduce
+(sum over K in slot order: deterministic, no atomics on the data). With the tuned table's
+`reduce_in_down` the reduce is the down launch's last act for each column block instead (an
+arrival counter per block, reset by its last item, which sums the block in the same order: three
+launches, the same sums).
 Decode is memory-bound (a few tokens per expert): a work item streams a tile of one expert's
 weights once and applies it to all of that expert's pairs, so each weight byte is read once per step.
 With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder layer's residual
@@ -603,8 +603,6 @@ def fused_experts(
     config: ExpertsConfig | None = None,
     keep_M: Tensor | None = None,
     residual_TH: Tensor | None = None,
-    pairs_EP: Tensor | None = None,
-    cnt_E: Tensor | None = None,
     _stages: int = 4,
 ) -> Tensor:
     """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped.
@@ -614,9 +612,7 @@ def fused_experts(
     keep_M (the selection kernel's kept ids, -1 padded; every nonzero-weight pair must be on one
     of them), T <= V3_MAX_TOKENS and the config's `use_kept` (the tuned table's choice): two
     launches (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
-    reduce), or three when the selection kernel already made the route launch's pair lists
-    (`pairs_EP`, `cnt_E`: `kernels.select.route_select(..., pairs=True)`, the same lists for the
-    same idx/w). `_stages` < 4 runs only the first launches of
+    reduce). `_stages` < 4 runs only the first launches of
     the four-launch path: for timing breakdowns."""
     T, H = x_TH.shape
     I = down.shape[1] if layout.transposed else down.shape[2]
@@ -634,19 +630,13 @@ def fused_experts(
     x_TH = x_TH if x_TH.stride(1) == 1 else x_TH.contiguous()
     idx_P = topk_idx_TK.contiguous()
     w_P = topk_w_TK.contiguous()
+    pairs_EP = empty(E, P, device=dev, dtype=torch.int32)
+    cnt_E = empty(E, device=dev, dtype=torch.int32)
     act_PI = empty(P, I, device=dev, dtype=x_TH.dtype)
     y_PH = empty(P, H, device=dev, dtype=torch.float32)
     out_TH = empty(T, H, device=dev, dtype=x_TH.dtype)
-    if (pairs_EP is None) != (cnt_E is None):
-        raise ValueError("pairs_EP and cnt_E come together (kernels.select.route_select(..., pairs=True))")
-    if pairs_EP is not None:
-        if tuple(pairs_EP.shape) != (E, P) or tuple(cnt_E.shape) != (E,) or pairs_EP.stride(1) != 1:
-            raise ValueError(f"pairs_EP {tuple(pairs_EP.shape)} / cnt_E {tuple(cnt_E.shape)} do not fit {E} experts "
-                             f"and {T} x {K} pairs")
-    else:
-        pairs_EP = empty(E, P, device=dev, dtype=torch.int32)
-        cnt_E = empty(E, device=dev, dtype=torch.int32)
-        _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
+
+    _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
 
     if layout.transposed:  # (E, H, 2I): rows of the product along dim 2
         s_gn, s_gk = gate_up.stride(2), gate_up.stride(1)

@@ -14,11 +14,6 @@ Three entry points share one kernel (`_route_select_kernel`):
                      slower than cuBLAS + `route_select` (19.1 against 17.3 us per layer at 16
                      tokens: benchmarks/kernels/v3/run1_bench.log), so nothing uses it by default.
   select_reassign    the selection after the model's own router (probs, top-k given): one program.
-With `pairs=True` (method.route_in_select) a one-program launch also writes the expert kernel's
-pair lists (per expert, its pairs p = t*K + k with nonzero weight, in p order: what
-kernels/experts.py's route launch makes), read back from the decision it just wrote; the experts
-then skip that launch. A split launch cannot (each program knows only its tile's decision): it
-writes none and the experts list them as before.
 
 References: `base.method.routing.select_top_m` / `reassign`, the selectors' `keep` and `score`
 (base/method/selectors.py) and `coverage_count`; tests/test_kernels.py compares against them.
@@ -103,8 +98,6 @@ def _route_select_kernel(
     new_idx_ptr,  # (T, K), dtype of idx
     new_w_ptr,  # (T, K), dtype of w
     part_ptr,  # (n_tiles, 5, E_BLOCK) fp32: each tile's partial sums (PHASE 1 writes, PHASE 2 reads)
-    pairs_ptr,  # (E, T*K) int32 (PAIRS): per expert, its pairs p = t*K + k with w != 0, in p order
-    pcnt_ptr,  # (E,) int32 (PAIRS): the length of each expert's list
     # Dimensions
     T,
     E,
@@ -127,7 +120,6 @@ def _route_select_kernel(
     stride_se,
     stride_nit,
     stride_nwt,
-    stride_pe,
     # Meta-parameters
     K: tl.constexpr,
     K_BLOCK: tl.constexpr,
@@ -151,8 +143,6 @@ def _route_select_kernel(
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
     PHASE: tl.constexpr = 0,  # 0: one program does it all | 1: pass 1 of tile pid | 2: the rest for tile pid
-    PAIRS: tl.constexpr = False,  # PHASE 0: also the expert kernel's pair lists (its route launch folded in)
-    PT: tl.constexpr = 16,  # PAIRS: tokens per step of the pair lists' loop (PT * K_BLOCK pairs)
     PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (cdiv(C, CB),) with GEMV, else (1,). See the module doc."""
@@ -471,32 +461,6 @@ def _route_select_kernel(
                     out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
                     tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
                     tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
-            if PAIRS:
-                # --- the expert kernel's pair lists (kernels/experts.py `_route_kernel`: per expert, its
-                # pairs with w != 0 in pair order), from the decision this program just wrote ---
-                tl.debug_barrier()  # the rows written above (pass 1 or 2) are visible to every thread
-                offs_j = tl.arange(0, PT * K_BLOCK)  # PT tokens' pairs, token-major as p = t*K + k
-                j_t = offs_j // K_BLOCK
-                j_k = offs_j % K_BLOCK
-                n_E = tl.zeros((E_BLOCK,), dtype=tl.int32)  # each expert's pairs so far
-                for t0 in range(0, T, PT):
-                    t_J = t0 + j_t
-                    j_ok = (t_J < T) & (j_k < K)
-                    i_J = tl.load(new_idx_ptr + t_J * stride_nit + j_k, mask=j_ok, other=-1)
-                    w_J = tl.load(new_w_ptr + t_J * stride_nwt + j_k, mask=j_ok, other=0.0)
-                    live_J = j_ok & (w_J != 0)
-                    u_J = tl.where(live_J, i_J, -1)
-                    # a pair's place in its expert's list: the expert's count so far + the live pairs of
-                    # the same expert before it in this step: every pair compared with every other and
-                    # one reduction (the prefix sum over (pairs, experts) it replaces took 64 KB of shared
-                    # memory, and the kernel with it 56.6 against 13.4 us per layer on an H200)
-                    before_JJ = (u_J[None, :] == u_J[:, None]) & (offs_j[None, :] < offs_j[:, None])
-                    earlier_J = tl.sum(before_JJ.to(tl.int32), axis=1)
-                    hit_JE = (u_J[:, None] == offs_e[None, :]).to(tl.int32)
-                    so_far_J = tl.sum(hit_JE * n_E[None, :], axis=1)
-                    tl.store(pairs_ptr + u_J * stride_pe + so_far_J + earlier_J, t_J * K + j_k, mask=live_J)
-                    n_E += tl.sum(hit_JE, axis=0)
-                tl.store(pcnt_ptr + offs_e, n_E, mask=e_ok)
         if GEMV:
             tl.atomic_xchg(arrive_ptr, 0)  # ready for the next launch (or graph replay)
 
@@ -512,10 +476,6 @@ class Selection:
     score_E: Tensor
     topk_idx_TK: Tensor  # rerouted experts; empty slots point at a kept expert with weight 0
     topk_w_TK: Tensor
-    # with `pairs` (one-program launches): the expert kernel's pair lists, as its route launch makes
-    # them (kernels/experts.py: pass both to fused_experts and that launch is skipped); else None
-    pairs_EP: Tensor | None = None  # (E, T*K) int32: per expert, its pairs p = t*K + k with w != 0, in order
-    cnt_E: Tensor | None = None  # (E,) int32: their counts
 
 
 @dataclass
@@ -612,7 +572,7 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
             pred_b_E: Tensor | None, energy_E: Tensor | None, sim_EE: Tensor | None, route: bool,
             norm: bool = False, route_scale: float = 1.0, logits_TE: Tensor | None = None,
             logit_bias_E: Tensor | None = None, gemv: tuple | None = None,
-            launch: SelectLaunch | None = None, pairs: bool = False) -> Selection:
+            launch: SelectLaunch | None = None) -> Selection:
     dev = probs_TE.device
     launch = launch or select_launch(E, T, dev)
     in_kernel = score_E is None
@@ -654,10 +614,6 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
     n_tiles = triton.cdiv(T, TB)
     phases = (1, 2) if (launch.split and gemv is None and n_tiles > 1) else (0,)
     part = empty(n_tiles * 5 * E_BLOCK, device=dev, dtype=torch.float32) if phases != (0,) else dummy
-    # the pair lists need every token's decision in one program: the one-program (and GEMV) form only
-    pairs = pairs and phases == (0,)
-    pairs_EP = empty(E, T * K, device=dev, dtype=torch.int32) if pairs else None
-    pcnt_E = empty(E, device=dev, dtype=torch.int32) if pairs else None
     select = not union_fits(rule, budget, T, K, E)
     # With nothing to drop a tier changes only the order of the kept list, not the kept set or the
     # routing: the launch then skips the tier's pass-1 work, as dense's launch does (a step of one
@@ -666,29 +622,27 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
     for phase in phases:
         _route_select_kernel.on(dev)[grid if phase == 0 else (n_tiles,)](
             *_args(gemv_args, logits_TE, logit_bias_E, probs_TE, idx_TK, w_TK, active_T, score_out, g_TE,
-                   pred_b_E, energy_E, sim_EE, keep_E, keep_M, new_idx, new_w, part,
-                   pairs_EP, pcnt_E, dummy),
+                   pred_b_E, energy_E, sim_EE, keep_E, keep_M, new_idx, new_w, part, dummy),
             T, E, H, C, M, M, int(rule.k0), float(route_scale), float(rule.coverage or 1.0), n_tiles,
             sx, sw, logits_TE.stride(0) if logits_TE is not None else 0, probs_TE.stride(0), idx_TK.stride(0),
             w_TK.stride(0), g_stride, sim_EE.stride(0) if sim_EE is not None else 0, new_idx.stride(0),
-            new_w.stride(0), pairs_EP.stride(0) if pairs else 0,
+            new_w.stride(0),
             K=K, K_BLOCK=next_pow2(K), E_BLOCK=E_BLOCK, TB=TB, GEMV=gemv is not None, **gemv_meta,
             ROUTE=route, NORM=bool(norm), HAS_LBIAS=logit_bias_E is not None,
             SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=tier, COVERAGE=rule.coverage is not None,
             REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
             SELECT=select, M_BLOCK=next_pow2(M),
-            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, PHASE=phase, PAIRS=pairs, PT=max(1, 128 // next_pow2(K)),
-            num_warps=launch.num_warps,
+            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, PHASE=phase, num_warps=launch.num_warps,
         )  # fmt: skip
-    return Selection(keep_M, keep_E, score_out, new_idx, new_w, pairs_EP, pcnt_E)
+    return Selection(keep_M, keep_E, score_out, new_idx, new_w)
 
 
 def _args(gemv_args: tuple, logits_TE, logit_bias_E, probs_TE, idx_TK, w_TK, active_T, score_out, g_TE, pred_b_E,
-          energy_E, sim_EE, keep_E, keep_M, new_idx, new_w, part, pairs_EP, pcnt_E, dummy) -> tuple:
+          energy_E, sim_EE, keep_E, keep_M, new_idx, new_w, part, dummy) -> tuple:
     """The kernel's pointer arguments in order, `dummy` for the absent ones."""
     opt = lambda t: t if t is not None else dummy  # noqa: E731
     return (*gemv_args, opt(logits_TE), opt(logit_bias_E), probs_TE, idx_TK, w_TK, active_T, score_out, opt(g_TE),
-            opt(pred_b_E), opt(energy_E), opt(sim_EE), keep_E, keep_M, new_idx, new_w, part, opt(pairs_EP), opt(pcnt_E))
+            opt(pred_b_E), opt(energy_E), opt(sim_EE), keep_E, keep_M, new_idx, new_w, part)
 
 
 def select_reassign(
@@ -754,12 +708,9 @@ def route_select(
     renormalize: bool = True,
     rule: Rule | None = None,
     launch: SelectLaunch | None = None,
-    pairs: bool = False,
 ) -> tuple[Routing, Selection]:
     """The router's softmax + top-k (+ renormalisation, scaling) and the selection in ONE launch,
-    after the router's GEMM (`route_select_gemv` does the GEMM too). `pairs`: the launch also
-    writes the expert kernel's pair lists (`Selection.pairs_EP`, `cnt_E`) where it runs as one
-    program (not a split launch), so the experts need no route launch of their own.
+    after the router's GEMM (`route_select_gemv` does the GEMM too).
 
     Replaces everything a softmax-then-top-k router (Qwen2/3-MoE, DeepSeek-V2 greedy, Mixtral)
     does after its GEMM. Top-k ties go to the lower expert id (torch.topk leaves them
@@ -777,7 +728,7 @@ def route_select(
                   idx_TK=routing.topk_idx_TK, w_TK=routing.topk_w_TK, active_T=active_T, score_E=score_E, g_TE=g_TE,
                   g_stride=g_TE.stride(0) if g_TE is not None else 0, pred_b_E=pred_b_E, energy_E=energy_E,
                   sim_EE=sim_EE, route=True, norm=norm_topk, route_scale=scale, logits_TE=logits_TE,
-                  logit_bias_E=logit_bias_E, launch=launch, pairs=pairs)  # fmt: skip
+                  logit_bias_E=logit_bias_E, launch=launch)  # fmt: skip
     return routing, sel
 
 
@@ -800,13 +751,12 @@ def route_select_gemv(
     rule: Rule | None = None,
     counter: Tensor | None = None,
     launch: SelectLaunch | None = None,
-    pairs: bool = False,
 ) -> tuple[Routing, Selection]:
     """`route_select` with the router's GEMM in the same launch: weight_CH is the router's (E, H)
     weight, or for `base` [router; predictor] (2E, H) from `kernels.score.fuse_router_predictor`
     (g = the predictor half). Logits (and g) are rounded to the weight dtype as F.linear rounds
     them; fp32 weights are multiplied in full fp32 (no tf32). `counter`: from `arrival_counter`,
-    allocated once outside graph capture (a fresh one per call otherwise). `pairs`: as route_select."""
+    allocated once outside graph capture (a fresh one per call otherwise)."""
     rule = rule or Rule()
     E = num_experts
     C, H = weight_CH.shape
@@ -826,5 +776,5 @@ def route_select_gemv(
                   idx_TK=routing.topk_idx_TK, w_TK=routing.topk_w_TK, active_T=active_T, score_E=score_E, g_TE=g_TE,
                   g_stride=C, pred_b_E=pred_b_E, energy_E=energy_E, sim_EE=sim_EE, route=True, norm=norm_topk,
                   route_scale=scale, logits_TE=ws_TC, logit_bias_E=logit_bias_E,
-                  gemv=(x_TH, weight_CH.contiguous(), ws_TC, counter), launch=launch, pairs=pairs)  # fmt: skip
+                  gemv=(x_TH, weight_CH.contiguous(), ws_TC, counter), launch=launch)  # fmt: skip
     return routing, sel

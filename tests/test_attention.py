@@ -288,12 +288,11 @@ def test_every_family_layer_runs_as_one_attention_half_with_the_same_output(name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("regions,halves", [("modules", 0), ("layer_combo", 4), ("layer_autotune", 4)])
+@pytest.mark.parametrize("regions,halves", [("modules", 0), ("layer_combo", 4)])
 def test_the_other_region_kinds_decode_like_generate(regions, halves):
     """throughput.regions=modules (attention and norms compiled one by one, the ablation) and
     layer_combo (the halves with Inductor's combo kernels, which apply to GPU kernels: on the CPU
-    the option is only accepted) and layer_autotune (their GEMMs autotuned: on the CPU among
-    ATen's) decode a 4-layer model like generate."""
+    the option is only accepted) decode a 4-layer model like generate."""
     model = _model("tiny_qwen3", layers=4)
     ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
     torch._dynamo.reset()

@@ -231,37 +231,3 @@ def test_the_layers_residual_add_in_the_expert_kernel_leaves_the_logits_unchange
         moe.remove()
     assert folded == [True] * cfg.arch["num_hidden_layers"]
     assert torch.equal(got, expected)
-
-
-@pytest.mark.parametrize("selector", [pytest.param(None, marks=pytest.mark.slow), "base"])  # dense: slow group
-def test_the_route_in_the_selection_launch_leaves_the_logits_unchanged(monkeypatch, selector):
-    """method.route_in_select: the selection launch (dense's route launch without a selector) also
-    writes the expert kernel's pair lists, and the four-launch expert path takes them instead of
-    listing the pairs itself. Every layer's experts got the lists, and the logits equal those of
-    the path with the route launch bit for bit."""
-    import base.hf.experts_impl as impl
-    import kernels.experts as ke
-    from base.hf.moe_block import StepInputs
-
-    cfg = ModelConfig(**yaml.safe_load((ROOT / "conf/model/tiny_qwen3.yaml").read_text()))
-    model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
-    monkeypatch.setattr(ke, "get_config", lambda H, I, T, dev: ke.ExpertsConfig(use_kept=False))  # four launches
-    given = []
-    fused = impl.fused_experts
-    monkeypatch.setattr(impl, "fused_experts",
-                        lambda *a, **kw: given.append(kw.get("pairs_EP") is not None) or fused(*a, **kw))
-    sel = build_selector(selector, model_artifacts(model)) if selector else None
-    ids_BS = torch.randint(3, 250, (4, 5), generator=torch.Generator().manual_seed(6))
-    step = StepInputs(active_T=torch.ones(ids_BS.numel(), dtype=torch.bool), select=sel is not None, recorder=None)
-    logits = {}
-    for fold in (False, True):
-        moe = install_budget(model, cfg.family, sel, BudgetOptions(budget=3 if sel else None, backend="triton",
-                                                                   route_in_select=fold))
-        given.clear()
-        try:
-            with torch.no_grad(), moe.bound(step):
-                logits[fold] = model(ids_BS).logits
-        finally:
-            moe.remove()
-        assert given == [fold] * cfg.arch["num_hidden_layers"]
-    assert torch.equal(logits[True], logits[False])

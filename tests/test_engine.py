@@ -170,9 +170,9 @@ def test_skew_needs_random_weights():
 
 
 # ---- GPU: graph replay equals eager ------------------------------------------------------------
-def _decode_gpu(model, family, method, backend, graph, compile=False, regions="layer_combo", route_in_select=False):
+def _decode_gpu(model, family, method, backend, graph, compile=False, regions="layer_combo"):
     sel = None if method == "dense" else build_selector(method, model_artifacts(model))
-    budget = install_budget(model, family, sel, BudgetOptions(budget=3, backend=backend, route_in_select=route_in_select))
+    budget = install_budget(model, family, sel, BudgetOptions(budget=3, backend=backend))
     ids = torch.randint(3, 90, (16, 7), generator=torch.Generator().manual_seed(2)).cuda()
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
@@ -262,22 +262,18 @@ def _same_stats(rows: list[dict], ref: list[dict]) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,regions,route_in_select", [("dense", "layer_combo", False), ("base", "layer_combo", False),
-                                                            ("base", "layer_autotune", False), ("base", "layer_combo", True),
-                                                            ("dense", "layer_combo", True), ("base", "layer_skinny", False),
-                                                            ("dense", "layer_skinny", False)])
-def test_gpu_compiled_graph_equals_eager(method, regions, route_in_select):
+@pytest.mark.parametrize("method,regions", [("dense", "layer_combo"), ("base", "layer_combo"),
+                                            ("base", "layer_skinny"), ("dense", "layer_skinny")])
+def test_gpu_compiled_graph_equals_eager(method, regions):
     """The default GPU step: compiled attention/norm regions inside the graph (float32, base_triton
     experts, Triton selection): the same tokens and selections as uncompiled eager decoding; also
-    with the halves' GEMMs autotuned, with the experts' route launch in the selection's, and with
-    the projections on kernels/skinny.py."""
+    with the projections on kernels/skinny.py."""
     from base.hf.experts_impl import register_base_triton
 
     register_base_triton()
     model = load_model(_cfg("tiny_qwen3", device="cuda", dtype="float32"), ROOT, experts_impl="base_triton")
     eager, eager_rows = _decode_gpu(model, "qwen3_moe", method, "triton", graph=False)
-    graph, graph_rows = _decode_gpu(model, "qwen3_moe", method, "triton", graph=True, compile=True, regions=regions,
-                                    route_in_select=route_in_select)
+    graph, graph_rows = _decode_gpu(model, "qwen3_moe", method, "triton", graph=True, compile=True, regions=regions)
     assert graph.eager_steps == 1
     assert torch.equal(graph.tokens_BN, eager.tokens_BN)
     key = [(r["layer"], r["union"], r["kept"], r["tokens"]) for r in graph_rows]

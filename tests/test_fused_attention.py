@@ -361,9 +361,7 @@ def test_method_specs_take_engine_forms_and_refuse_unknown_ones():
                                                        "forms": ("fused", "skinny")}
     assert parse_method_spec("dense")["forms"] == ()
     assert parse_method_spec("base+fold")["forms"] == ("fold",)
-    assert parse_method_spec("base+route_in_select")["forms"] == ("route_in_select",)
-    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny, fold, route_in_select"
-                                          ", compile_prefill"):
+    with pytest.raises(ConfigError, match="form='fast' is not valid; choose one of: fused, skinny, fold, compile_prefill"):
         parse_method_spec("base+fast")
 
 
@@ -436,26 +434,3 @@ def test_the_fold_needs_the_fused_attention():
     model = load_model(tiny_model_config("qwen3"), ROOT, seed=0)
     with pytest.raises(ValueError, match="it needs fused_attention=True"):
         DecodeEngine(model, 2, 16, fold_input_norm=True)
-
-
-@pytest.mark.slow
-def test_a_method_form_reaches_its_variants_budget_only(compose, tmp_path, monkeypatch):
-    """`base+route_in_select` beside `base` in one throughput run (CPU, the Triton selection through
-    the interpreter): the form's budget is installed with method.route_in_select, the plain one's
-    without, and both rows are written."""
-    import pandas as pd
-
-    from base.run import pipeline
-    from tests.test_run import _run_here
-
-    seen = []
-    install = pipeline.install_budget
-    monkeypatch.setattr(pipeline, "install_budget",
-                        lambda model, family, sel, opts: seen.append(opts.route_in_select) or install(model, family, sel, opts))
-    _, out = _run_here(compose, tmp_path, "stage=throughput", "method=base", "method.backend=triton",
-                       "throughput.methods=[base,base+route_in_select]", "throughput.budgets=[4]",
-                       "throughput.batch_sizes=[2]", "throughput.prompt_len=6", "throughput.gen_tokens=5",
-                       "throughput.stats_steps=2", "calibration.num_tokens=256")
-    rows = pd.read_csv(out / "throughput.csv")
-    assert rows["variant"].tolist() == ["base", "base+route_in_select"]
-    assert True in seen and False in seen

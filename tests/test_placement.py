@@ -336,3 +336,22 @@ def test_config_hash_of_runs_recorded_before_compile_prefill(compose):
     assert same_config(OmegaConf.to_yaml(compose(overrides), resolve=True), recorded)
     on = OmegaConf.to_yaml(compose(overrides + ["scheduler.compile_prefill=true"]), resolve=True)
     assert not same_config(on, recorded)
+
+
+def test_config_hash_of_runs_recorded_with_a_removed_option(compose):
+    """method.route_in_select (deleted when it lost its A/B) at the value every run recorded with it
+    had (false) leaves such a run the same config, so it is still skipped; a run recorded with it on
+    computed another step and is not."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from base.run.outputs import config_hash, same_config
+
+    text = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
+    recorded = yaml.safe_load(text)
+    assert "route_in_select" not in recorded["method"]
+    recorded["method"]["route_in_select"] = False
+    assert same_config(text, config_hash(yaml.safe_dump(recorded)))
+    assert same_config(text, config_hash(text))  # recorded before the option existed, or after it went
+    recorded["method"]["route_in_select"] = True
+    assert not same_config(text, config_hash(yaml.safe_dump(recorded)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 import kernels._triton as kt
 from base.method.routing import RoutedBatch, pair_counts_E, reassign
@@ -458,63 +457,3 @@ def test_gpu_split_launch_equals_the_one_program_launch_eagerly_and_replayed(T, 
     for a, b in zip(static, one):
         assert torch.equal(a, b)
     assert int((one[4] >= 0).sum()) == M
-
-
-def _pair_lists_reference(idx_TK: Tensor, w_TK: Tensor, E: int) -> list[list[int]]:
-    """Per expert, its pairs p = t*K + k with nonzero weight, in p order (what the expert kernel's
-    route launch lists), from the decision alone."""
-    idx_P, w_P = idx_TK.reshape(-1), w_TK.reshape(-1)
-    return [torch.nonzero((idx_P == u) & (w_P != 0)).flatten().tolist() for u in range(E)]
-
-
-PAIR_RULES = [  # kind, tier, reassign, budget, inactive rows, tokens per tile
-    ("base", "none", "backfill", 6, True, 16), ("router_sum", "anchor", "backfill", 12, True, 4),
-    ("router_sum", "top1_union", "drop", 9, False, 16), ("router_sq", "oea", "backfill", None, True, 32),
-    ("count", "none", "similar", 7, False, 8), ("router_sum", "none", "backfill", 64, True, 16),
-]
-
-
-@pytest.mark.parametrize("kind,tier,mode,M,idle,tb", PAIR_RULES)
-def test_the_selection_writes_the_expert_kernels_pair_lists(kind, tier, mode, M, idle, tb):
-    """route_select(pairs=True): the launch also lists, per expert, the pairs of its decision with
-    nonzero weight in pair order, as the expert kernel's route launch would: against lists built
-    from the decision in PyTorch, for every tier, `drop`/`similar`, a budget the union fits (64) and
-    inactive rows; T = 37 with K = 6 (a partial last step, padded slots)."""
-    from kernels.select import SelectLaunch
-
-    E, K = 64, 6
-    logits_TE, active_T, kw = _rule_case(kind, tier, None, mode, idle, seeds=(11, 5, 2))
-    launch = SelectLaunch(tokens_per_tile=tb)
-    _, plain = route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, **kw)
-    _, sel = route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, pairs=True, **kw)
-    assert plain.pairs_EP is None and plain.cnt_E is None
-    assert torch.equal(sel.topk_idx_TK, plain.topk_idx_TK) and torch.equal(sel.topk_w_TK, plain.topk_w_TK)
-    want = _pair_lists_reference(sel.topk_idx_TK, sel.topk_w_TK, E)
-    assert sel.cnt_E.tolist() == [len(p) for p in want]
-    assert [sel.pairs_EP[u, :n].tolist() for u, n in enumerate(sel.cnt_E.tolist())] == want
-    assert sum(map(len, want)) > 0
-
-
-def test_the_experts_take_the_selections_pair_lists_and_give_the_same_output():
-    """fused_experts with the selection's pair lists skips its route launch and returns the same
-    output bit for bit (fp32, interpreted); a split launch makes no lists (None), and lists of the
-    wrong shape are refused."""
-    from kernels.experts import fused_experts
-    from kernels.select import SelectLaunch
-
-    T, E, K, H, I = 12, 16, 4, 32, 24
-    x_TH, w_EH, active_T = _inputs(T, E, H, seed=3)
-    g = torch.Generator().manual_seed(1)
-    gu, dn = torch.randn(E, 2 * I, H, generator=g) / H**0.5, torch.randn(E, H, I, generator=g) / I**0.5
-    _, sel = route_select(F.linear(x_TH, w_EH), K, active_T, 5, norm_topk=True, pairs=True)
-    kt.POISON = False
-    ref = fused_experts(x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK)
-    got = fused_experts(x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, pairs_EP=sel.pairs_EP, cnt_E=sel.cnt_E)
-    assert torch.equal(got, ref)
-    _, split = route_select(F.linear(x_TH, w_EH), K, active_T, 5, norm_topk=True, pairs=True,
-                            launch=SelectLaunch(tokens_per_tile=4, split=True))
-    assert split.pairs_EP is None and torch.equal(split.topk_idx_TK, sel.topk_idx_TK)
-    with pytest.raises(ValueError, match="do not fit"):
-        fused_experts(x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, pairs_EP=sel.pairs_EP[:, :5], cnt_E=sel.cnt_E)
-    with pytest.raises(ValueError, match="come together"):
-        fused_experts(x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, pairs_EP=sel.pairs_EP)

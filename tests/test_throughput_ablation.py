@@ -54,20 +54,20 @@ def test_the_combo_ablation_pairs_layer_with_layer_combo_and_bad_names_are_refus
     _run(tmp_path / "c", "modules", {"base": 9.0}, 17.5)
     r = ratios(run_rows(tmp_path, "combo"), "combo").iloc[0]
     assert (r["runs"], r["ratio"], r["layer_combo_kernels_per_layer"]) == ("1 + 1", 5.0 / 4.0, 13.5)
-    with pytest.raises(SystemExit, match="choose one of: regions, combo, autotune, skinny, pdl, route_in_select, fused_attention"):
+    with pytest.raises(SystemExit, match="choose one of: regions, combo, skinny, pdl, fused_attention"):
         main(str(tmp_path), str(tmp_path / "out"), "fusion")
 
 
-def test_the_route_in_select_ablation_reads_each_runs_config(tmp_path):
-    """A method key is not a column of throughput.csv: the run's config.yaml says it; a run made
+def test_the_fused_attention_ablation_reads_each_runs_config(tmp_path):
+    """A dotted key is not a column of throughput.csv: the run's config.yaml says it; a run made
     before the key existed (no such key) counts as off."""
     _run(tmp_path / "a", "layer_combo", {"base": 5.0, "dense": 12.0}, 14.5)
-    (tmp_path / "a" / "config.yaml").write_text("method:\n  name: base\n  route_in_select: false\n")
+    (tmp_path / "a" / "config.yaml").write_text("throughput:\n  fused_attention: false\n")
     _run(tmp_path / "b", "layer_combo", {"base": 4.0, "dense": 11.0}, 13.5)
-    (tmp_path / "b" / "config.yaml").write_text("method:\n  name: base\n  route_in_select: true\n")
+    (tmp_path / "b" / "config.yaml").write_text("throughput:\n  fused_attention: true\n")
     _run(tmp_path / "c", "layer_combo", {"base": 5.5, "dense": 12.5}, 14.5)
-    (tmp_path / "c" / "config.yaml").write_text("method:\n  name: base\n")
-    r = ratios(run_rows(tmp_path, "route_in_select"), "route_in_select").set_index("variant")
+    (tmp_path / "c" / "config.yaml").write_text("throughput:\n  regions: layer_combo\n")
+    r = ratios(run_rows(tmp_path, "fused_attention"), "fused_attention").set_index("variant")
     assert r.loc["base", "runs"] == "2 + 1" and r.loc["base", "ratio_min"] == 5.0 / 4.0
     assert r.loc["dense", "ratio_max"] == 12.5 / 11.0 and r.loc["base", "True_kernels_per_layer"] == 13.5
 

@@ -64,7 +64,7 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                   "lbias_ptr": "*bf16", "probs_ptr": "*fp32", "idx_ptr": "*i64", "w_ptr": "*bf16", "active_ptr": "*i1",
                   "score_ptr": "*fp32", "g_ptr": "*fp32", "bias_ptr": "*fp32", "energy_ptr": "*fp32", "sim_ptr": "*fp32",
                   "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16",
-                  "part_ptr": "*fp32", "pairs_ptr": "*i32", "pcnt_ptr": "*i32"}  # fmt: skip
+                  "part_ptr": "*fp32"}  # fmt: skip
     base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,  # noqa: C408
                 NORM=True, HAS_LBIAS=False, SCORE_IN_KERNEL=True, KIND=4, TIER=0, COVERAGE=False, REASSIGN=0,
                 RENORMALIZE=True, SELECT=True, M_BLOCK=16, KEPT_LIST=True)  # fmt: skip
@@ -102,12 +102,6 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     for phase in (1, 2):
         out.append((f"route_select split PHASE={phase}", _route_select_kernel, route_ptrs, floats,
                     {**base, "GEMV": False, "PHASE": phase}, {"num_warps": 8}))
-    # the expert kernel's pair lists written by the selection (method.route_in_select), after the router
-    # (the model's path) and with the GEMV's last program
-    out.append(("route_select pairs", _route_select_kernel, route_ptrs, floats,
-                {**base, "GEMV": False, "PAIRS": True, "PT": 16}, {"num_warps": 8}))
-    out.append(("route_select gemv pairs", _route_select_kernel, route_ptrs, floats,
-                {**base, "PAIRS": True, "PT": 16}, {"num_warps": 8}))
     # programmatic dependent launch (kernels/_triton.py) and the folded residual add
     out.append(("route_select select-after-router PDL", _route_select_kernel, route_ptrs, floats,
                 {**base, "GEMV": False, "PDL": True}, {"num_warps": 8, "launch_pdl": True}))

@@ -43,7 +43,6 @@ class BudgetOptions:
     fidelity: bool = False  # also record the MoE-output error against dense (runs the experts twice more)
     backend: str = "torch"  # torch: base/method/routing.py; triton: kernels/ where the selector has them
     layer_budgets: dict[int, int] | None = None  # per MoE layer index (budget_split=sensitivity)
-    route_in_select: bool = False  # triton: the selection launch writes the expert kernel's pair lists
 
 
 @dataclass
@@ -138,10 +137,9 @@ def install_budget(model: nn.Module, family: str, selector: Selector | None, opt
         router = softmax_topk(fam, layer.router, renormalizes) if fuse else None
         if selector is not None:
             selection = make_selection(options.backend, policy, layer.index, layer.num_experts,
-                                       layer.router.weight.device, router, pairs=options.route_in_select)
+                                       layer.router.weight.device, router)
         else:  # dense on the kernels when the backend is triton (the router in one launch, the union kept)
-            dense = make_dense_route(options.backend, layer.index, layer.router.weight.device, router,
-                                     pairs=options.route_in_select)
+            dense = make_dense_route(options.backend, layer.index, layer.router.weight.device, router)
         parent_name, _, attr = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name)
         original = getattr(parent, attr)

@@ -71,13 +71,11 @@ def base_triton_experts_forward(
 
 
 def kept_experts_forward(module: torch.nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
-                         keep_M: Tensor, residual: Tensor | None = None,
-                         pairs: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
+                         keep_M: Tensor, residual: Tensor | None = None) -> Tensor | None:
     """The two-launch kernel with the selection's kept list (kernels/experts.py v3) when the module
     runs `base_triton` and the kernel applies (decode-sized batches); None otherwise (the caller
     then runs the module as usual). With `residual`, residual + the experts' output, added in the
-    kernel's last launch; with `pairs` (the selection's pair lists) the four-launch path skips its
-    route launch."""
+    kernel's last launch."""
     if getattr(getattr(module, "config", None), "_experts_implementation", None) != NAME:
         return None
     layout = _layout(module)
@@ -87,8 +85,7 @@ def kept_experts_forward(module: torch.nn.Module, hidden_states: Tensor, top_k_i
     return fused_experts(hidden_states, module.gate_up_proj, module.down_proj, top_k_index, top_k_weights,
                          layout=layout, gate_up_bias=module.gate_up_proj_bias if has_bias else None,
                          down_bias=module.down_proj_bias if has_bias else None, keep_M=keep_M,
-                         residual_TH=residual, pairs_EP=pairs[0] if pairs else None,
-                         cnt_E=pairs[1] if pairs else None)
+                         residual_TH=residual)
 
 
 def register_base_triton() -> str:

@@ -93,9 +93,9 @@ class BudgetedMoE(nn.Module):
         base/runtime/regional.py passes), residual + output, in the expert kernel's last launch
         where it can (no shared experts, the kernel's kept list), else as the layer would add it."""
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
-        idx_TK, w_TK, keep_M, pairs = self.route(x_TH, self.step)
+        idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
         fold = residual_BSH is not None and not self.family.shared
-        y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape) if fold else None, pairs)
+        y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape) if fold else None)
         if fold:
             out_BSH = y_TH.view(hidden_BSH.shape)
         else:
@@ -105,28 +105,24 @@ class BudgetedMoE(nn.Module):
         return (out_BSH, w_TK) if self.family.returns_router_scores else out_BSH
 
     def run_experts(self, x_TH: Tensor, idx_TK: Tensor, w_TK: Tensor, keep_M: Tensor | None,
-                    residual_TH: Tensor | None = None, pairs: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                    residual_TH: Tensor | None = None) -> Tensor:
         """The routed experts' output: with the kernel's kept list and base_triton, the expert kernel
         (kernels/experts.py) directly; else the experts module as the model runs it. With
-        `residual_TH`, residual + output (added in the kernel's last launch when it runs); `pairs`:
-        the selection's pair lists for the kernel (its route launch skipped)."""
-        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M, residual_TH,
-                                                                 pairs)
+        `residual_TH`, residual + output (added in the kernel's last launch when it runs)."""
+        y_TH = None if keep_M is None else kept_experts_forward(self.experts, x_TH, idx_TK, w_TK, keep_M, residual_TH)
         if y_TH is not None:
             return y_TH
         y_TH = self.experts(x_TH, idx_TK, w_TK)
         return y_TH if residual_TH is None else residual_TH + y_TH
 
-    def route(self, x_TH: Tensor, step: StepInputs | None
-              ) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, Tensor] | None]:
-        """(topk_idx_TK, topk_w_TK, keep_M, pairs) the experts run: the router's own, or the
-        selection's; keep_M the kernel's kept list and pairs its pair lists (None when no kernel
-        made them)."""
+    def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(topk_idx_TK, topk_w_TK, keep_M) the experts run: the router's own, or the selection's;
+        keep_M the kernel's kept list (None when no kernel made one)."""
         router = self._modules[self.family.router_attr]
         T = x_TH.shape[0]
         if step is None:
             _, w_TK, idx_TK = router(x_TH)
-            return idx_TK, w_TK, None, None
+            return idx_TK, w_TK, None
         active_T = step.active_T.to(x_TH.device)  # a layer on another GPU of a spread model; no-op on one
         if step.select and self.selection.routes(T):
             batch, decision = self.selection.route(x_TH.to(router.weight.dtype), active_T)
@@ -134,7 +130,7 @@ class BudgetedMoE(nn.Module):
             batch, decision = self.dense_route.route(x_TH.to(router.weight.dtype), active_T)
         elif not (step.select or step.recorder is not None or step.observe is not None):
             _, w_TK, idx_TK = router(x_TH)
-            return idx_TK, w_TK, None, None
+            return idx_TK, w_TK, None
         else:
             logits_TE, w_TK, idx_TK = router(x_TH)
             probs_TE = torch.softmax(logits_TE.reshape(x_TH.shape[0], -1).float(), dim=-1)
@@ -148,8 +144,8 @@ class BudgetedMoE(nn.Module):
         if step.recorder is not None:
             self._record(step, batch, decision)
         if decision.topk_idx_TK is None:
-            return batch.topk_idx_TK, batch.topk_w_TK, None, None
-        return decision.topk_idx_TK, decision.topk_w_TK, decision.keep_M, decision.pairs
+            return batch.topk_idx_TK, batch.topk_w_TK, None
+        return decision.topk_idx_TK, decision.topk_w_TK, decision.keep_M
 
     def _record(self, step: StepInputs, batch: RoutedBatch, decision: Decision) -> None:
         """The step's statistics; with the recorder's fidelity, also the MoE-output error against dense."""

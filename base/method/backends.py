@@ -75,12 +75,11 @@ class TorchSelection:
 
 
 def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: Tensor, budget: int | None,
-                layer: int, pairs: bool = False, **kw) -> tuple[RoutedBatch, Decision]:
+                layer: int, **kw) -> tuple[RoutedBatch, Decision]:
     """The router's GEMM (cuBLAS; for `base` over [router; predictor] rows, so g comes with the
     logits), then softmax, top-k and the selection in one kernel. The one-launch form with the GEMM
     inside (`kernels.select.route_select_gemv`) measured slower on an H200: 19.1 against 17.3 us per
-    layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log, `gemv_rsum` against `route_rsum`).
-    `pairs`: the kernel also writes the expert kernel's pair lists (method.route_in_select)."""
+    layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log, `gemv_rsum` against `route_rsum`)."""
     from kernels.select import route_select
 
     E = router.weight_EH.shape[0]
@@ -88,19 +87,17 @@ def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: 
     logits_TE, g_TE = (out_TC[:, :E], out_TC[:, E:]) if weight_CH.shape[0] == 2 * E else (out_TC, None)
     # a skew's bias is added inside the kernel, in the weight dtype as the skewed router adds it (no launch)
     routing, out = route_select(logits_TE, router.top_k, active_T, budget, norm_topk=router.norm_topk,
-                                scale=router.scale, g_TE=g_TE, logit_bias_E=router.bias_E, pairs=pairs, **kw)  # fmt: skip
+                                scale=router.scale, g_TE=g_TE, logit_bias_E=router.bias_E, **kw)  # fmt: skip
     batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer)
-    made = (out.pairs_EP, out.cnt_E) if out.pairs_EP is not None else None
-    return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M, made)
+    return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M)
 
 
 class TritonSelection(TorchSelection):
     """kernels/select.py: one launch per layer; `route` also does the router's GEMM."""
 
     def __init__(self, policy: Policy, layer: int, num_experts: int, device: torch.device,
-                 router: SoftmaxTopK | None, pairs: bool = False) -> None:
+                 router: SoftmaxTopK | None) -> None:
         super().__init__(policy, layer, device)
-        self.pairs = pairs  # `route` also writes the expert kernel's pair lists
         from kernels.score import fuse_router_predictor
         from kernels.select import Rule
 
@@ -156,9 +153,9 @@ class TritonSelection(TorchSelection):
         if union_fits(self.rule, budget, z_TH.shape[0], self.router.top_k, E):
             # nothing can be dropped: dense's route (no predictor rows, no score), the same decision
             sim = {"sim_EE": self.extra["sim_EE"]} if "sim_EE" in self.extra else {}
-            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer,
-                               pairs=self.pairs, rule=self.rule, **sim)
-        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer, pairs=self.pairs,
+            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer, rule=self.rule,
+                               **sim)
+        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer,
                            kind=self.term or "router_sum", rule=self.rule, **self.extra)
 
 
@@ -167,14 +164,14 @@ class DenseRoute:
 
     fused_route = True
 
-    def __init__(self, layer: int, router: SoftmaxTopK, device: torch.device, pairs: bool = False) -> None:
-        self.layer, self.router, self.pairs = layer, router, pairs
+    def __init__(self, layer: int, router: SoftmaxTopK, device: torch.device) -> None:
+        self.layer, self.router = layer, router
 
     def routes(self, T: int) -> bool:
         return T <= FUSED_ROUTE_MAX_TOKENS
 
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
-        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer, pairs=self.pairs)
+        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer)
 
 
 BACKENDS = ("torch", "triton")
@@ -189,18 +186,17 @@ def runs_on_kernels(policy: Policy) -> bool:
 
 
 def make_selection(backend: str, policy: Policy, layer: int, num_experts: int, device: torch.device,
-                   router: SoftmaxTopK | None = None, pairs: bool = False) -> TorchSelection:
+                   router: SoftmaxTopK | None = None) -> TorchSelection:
     """The selection of one layer under `backend`. `router`: the layer's router when the kernel may
     replace it (a plain softmax/top-k router, and no statistics that need the model's own router
-    call); None keeps the model's router. `pairs`: method.route_in_select."""
+    call); None keeps the model's router."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "triton" and runs_on_kernels(policy):
-        return TritonSelection(policy, layer, num_experts, device, router, pairs)
+        return TritonSelection(policy, layer, num_experts, device, router)
     return TorchSelection(policy, layer, device)
 
 
-def make_dense_route(backend: str, layer: int, device: torch.device, router: SoftmaxTopK | None,
-                     pairs: bool = False) -> DenseRoute | None:
+def make_dense_route(backend: str, layer: int, device: torch.device, router: SoftmaxTopK | None) -> DenseRoute | None:
     """Dense's route on the kernels (backend triton with a softmax/top-k router), else None (the model's own)."""
-    return DenseRoute(layer, router, device, pairs) if backend == "triton" and router is not None else None
+    return DenseRoute(layer, router, device) if backend == "triton" and router is not None else None

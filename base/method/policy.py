@@ -35,9 +35,6 @@ class Decision:
     topk_idx_TK: Tensor | None  # rerouted experts; None = the router's own
     topk_w_TK: Tensor | None
     keep_M: Tensor | None = None  # kept ids by rank, -1 padded (the kernels' work list); None: not computed
-    # the expert kernel's pair lists (pairs_EP, cnt_E) when the selection launch made them
-    # (method.route_in_select; kernels/select.py); None: the expert kernel lists them itself
-    pairs: tuple[Tensor, Tensor] | None = None
 
 
 def dense_decision(batch: RoutedBatch) -> Decision:

@@ -61,6 +61,9 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                  ("scheduler",): {"packing": "padded", "chunked": False, "chunk_tokens": 256,
                                   "buckets": [64, 128, 256, 512, 1024, 2048], "min_prompt_tokens": 1,
                                   "max_wait_steps": 0, "overlap": False}}
+# Options deleted after runs were recorded with them, with the value those runs had (an option that
+# lost its A/B, at its default): a run recorded while the option existed is still the same config.
+REMOVED_OPTIONS = {("method", "route_in_select"): False}  # issue 42/44 (2026-12-05)
 
 
 def _serves_continuously(cfg: dict[str, Any]) -> bool:
@@ -93,8 +96,25 @@ def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEY
 
 
 def same_config(resolved_config: str, recorded: str | None) -> bool:
-    """Is a finished run's recorded hash this configuration's (also as hashed before issue 21)?"""
-    return recorded in (config_hash(resolved_config), config_hash(resolved_config, LEGACY_NON_SEMANTIC_KEYS))
+    """Is a finished run's recorded hash this configuration's (also as hashed before issue 21, and
+    with the REMOVED_OPTIONS it was recorded with)?"""
+    return recorded in (config_hash(resolved_config), config_hash(resolved_config, LEGACY_NON_SEMANTIC_KEYS),
+                        config_hash(_with_removed_options(resolved_config)))
+
+
+def _with_removed_options(resolved_config: str) -> str:
+    """The configuration as a run recorded it while the REMOVED_OPTIONS existed: each at its value."""
+    import yaml
+
+    cfg = yaml.safe_load(resolved_config) or {}
+    for path, value in REMOVED_OPTIONS.items():
+        *parents, key = path
+        node = cfg
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(key, value)
+    return yaml.safe_dump(cfg)
 
 
 def finished_hash(out_dir: Path) -> str | None:

@@ -62,15 +62,13 @@ def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = N
         info.setdefault("layer_budgets", {})[str(budget)] = budgets
         return budgets
 
-    def make(budget: int | None, record_stats: bool | None = None, route_in_select: bool | None = None) -> MoeBudget:
-        """The budget at `budget`; route_in_select: a throughput variant's form over method.route_in_select."""
+    def make(budget: int | None, record_stats: bool | None = None) -> MoeBudget:
         record = cfg.stats.enabled if record_stats is None else record_stats
         fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
         opts = BudgetOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
                              apply_to=m.apply_to, record_stats=record,
                              energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
-                             layer_budgets=layer_budgets(budget),
-                             route_in_select=m.route_in_select if route_in_select is None else route_in_select)
+                             layer_budgets=layer_budgets(budget))
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
         adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
         sel = selector if (budget is not None or adaptive) else None
@@ -299,7 +297,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
             if key not in budgeters:
                 budgeters[key], report.setdefault("artifacts_by_method", {})[v.label] = make_budgeter(
                     cfg, model, tokenizer, layers, v.method, v.k0)
-            return budgeters[key](v.budget, record, **v.method_options())
+            return budgeters[key](v.budget, record)
 
         if cfg.throughput.mode == "stream":
             from base.runtime.stream import measure_stream

@@ -100,8 +100,8 @@ class DecodeEngine:
             raise ValueError("fold_input_norm folds the norm into the fused attention's q/k/v GEMM: "
                              "it needs fused_attention=True")
         self.fused_attention = FusedAttention(model, fold_input_norm) if fused_attention else None
-        self.regions = (RegionalCompile(model, layers=regions != "modules", combo=regions.startswith("layer_"),
-                                        autotune=regions == "layer_autotune") if compile else None)
+        self.regions = (RegionalCompile(model, layers=regions != "modules", combo=regions.startswith("layer_"))
+                        if compile else None)
         # with the compiled regions, q/k/v in one GEMM per layer (base/hf/fused_qkv.py)
         self.fused_qkv = FusedQKV(model) if compile else None
         # layer_skinny: the projections on kernels/skinny.py where it beat cuBLAS (base/hf/skinny_proj.py)

@@ -93,14 +93,11 @@ def _regions(model: nn.Module, skip: set[int]) -> list[nn.Module]:
 class RegionalCompile:
     """Wraps the forward of each region module: compiled while `enabled()`, the original otherwise."""
 
-    def __init__(self, model: nn.Module, layers: bool = True, combo: bool = False, autotune: bool = False) -> None:
+    def __init__(self, model: nn.Module, layers: bool = True, combo: bool = False) -> None:
         """layers: each qualifying decoder layer as one attention half (the default); False: every
         attention and norm module compiled alone, the adds eager (the fusion's ablation). combo:
         the halves compiled with Inductor's combo kernels (independent kernels of a half, such as
-        the q and k norm + rotary and the cache writes, in one launch; GPU only). autotune: the
-        halves' GEMMs chosen by Inductor's autotuning among cuBLAS and its Triton templates (a
-        template can take the residual add as its epilogue and needs no split-K reduce; GPU only;
-        0.3-0.7 % slower than combo alone on an H200, results/roofline/grid_2026-12-04/)."""
+        the q and k norm + rotary and the cache writes, in one launch; GPU only)."""
         for key in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, key):
                 setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), RECOMPILE_LIMIT))
@@ -110,12 +107,10 @@ class RegionalCompile:
         self.modules = _regions(model, in_halves)
         if not self.modules and not self.layers:
             raise ValueError(f"no {REGION_ATTRS} modules to compile in {type(model).__name__}")
-        half = "half" + ("_combo" if combo else "") + ("_autotune" if autotune else "")
+        half = "half_combo" if combo else "half"
         if self.layers and half not in _COMPILED:
-            options = {"emulate_precision_casts": True, "combo_kernels": combo}
-            if autotune:
-                options.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"})
-            _COMPILED[half] = torch.compile(attention_half, dynamic=False, options=options)
+            _COMPILED[half] = torch.compile(attention_half, dynamic=False,
+                                            options={"emulate_precision_casts": True, "combo_kernels": combo})
         for layer in self.layers:
 
             def layer_forward(hidden_states, *args, _l=layer, _orig=layer.forward, **kwargs):

@@ -62,10 +62,6 @@ class Variant:
         options.update(self._form_keys("throughput"))
         return options
 
-    def method_options(self) -> dict:
-        """The method keys this variant's forms set (route_in_select), for its budget."""
-        return self._form_keys("method")
-
     def compile_prefill(self, scheduler_compile_prefill: bool) -> bool:
         """Whether this variant's continuous engine compiles its packed prefills: the run's
         scheduler.compile_prefill, or its form's."""
