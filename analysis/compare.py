@@ -1,6 +1,12 @@
 """Print one comparison table for an experiment folder: accuracy, union, kept experts, tokens/s.
 
     python -m analysis.compare outputs/demo
+
+One row per evaluate run, keyed by model, tasks (the prompt pool), engine, variant, budget, batch
+size and batching seed (and admission where the runs differ in it), so runs of two models, two
+pools or two engines are separate rows; a run repeating another's key is shown once, with a
+warning. tokens/s is the throughput runs' timing of the same model, routing, variant, budget and
+batch size (CUDA-graph rows where a configuration was also timed eagerly).
 """
 from __future__ import annotations
 
@@ -8,25 +14,51 @@ import sys
 
 import pandas as pd
 
-from analysis.load import runs_frame, throughput_frame
+from analysis.load import fail, runs_frame, throughput_frame, warn
+
+KEY = ["model", "tasks", "engine", "variant", "budget", "batch_size", "batch_seed"]
+SHOWN = ["accuracy", "union_mean", "kept_mean", "weight_retained"]
+TIMED = ["model", "routing", "variant", "budget", "batch_size"]  # what joins a timing to a run
+
+
+def _timings(root: str) -> pd.DataFrame:
+    """tokens/s per TIMED key; two timings of one key (two throughput runs) are refused."""
+    tp = throughput_frame(root)
+    if tp.empty:
+        return pd.DataFrame(columns=[*TIMED, "tokens_per_s"])
+    tp = tp.assign(budget=tp["budget"].astype("Int64"), variant=tp.get("variant", tp["method"]).fillna(tp["method"]))
+    if "mode" in tp:  # a configuration timed both ways: the CUDA-graph timing is the one served
+        graphed = tp.groupby(TIMED, dropna=False)["mode"].transform(lambda m: (m == "graph").any())
+        tp = tp[(tp["mode"] == "graph") | ~graphed.astype(bool)]
+    twice = tp[tp.duplicated(TIMED, keep=False)]
+    if len(twice):
+        r = twice.iloc[0]
+        fail(f"{root}: {len(twice)} throughput rows time the same configuration (e.g. {r['model']} {r['variant']} "
+             f"budget {r['budget']} batch {r['batch_size']} in {', '.join(sorted(twice['run'].unique()))}); "
+             "compare one throughput run per configuration")
+    return tp[[*TIMED, "tokens_per_s"]]
 
 
 def compare(root: str) -> pd.DataFrame:
     ev = runs_frame(root)
-    tp = throughput_frame(root)
     if ev.empty:
-        raise SystemExit(f"no finished evaluate runs under {root}")
-    table = ev[["method", "budget", "batch_size", "accuracy", "union_mean", "kept_mean", "weight_retained"]].copy()
-    table["budget"] = table["budget"].astype("Int64")
-    if not tp.empty:
-        tp = tp.copy()
-        tp["budget"] = tp["budget"].astype("Int64")
-        keep = tp[["method", "budget", "batch_size", "tokens_per_s"]]
-        table = table.merge(keep, on=["method", "budget", "batch_size"], how="left")
-    return table.sort_values(["method", "budget"], na_position="first").reset_index(drop=True)
+        fail(f"no finished evaluate runs under {root}")
+    key = KEY + (["admission"] if ev["admission"].nunique(dropna=False) > 1 else [])
+    ev = ev.assign(budget=ev["budget"].astype("Int64"))
+    for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
+        first, *others = g["run"].tolist()
+        warn(f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} (the same "
+             f"{', '.join(key)}): shown once")
+    ev = ev.drop_duplicates(key)
+    table = ev.reindex(columns=[*key, "routing", *SHOWN]).merge(_timings(root), on=TIMED, how="left")
+    return table.drop(columns="routing").sort_values(key, na_position="first").reset_index(drop=True)
+
+
+def main(argv: list[str]) -> None:
+    root = argv[0] if argv else "outputs/demo"
+    with pd.option_context("display.width", 160, "display.max_columns", None):
+        print(compare(root).round(3).to_string(index=False))
 
 
 if __name__ == "__main__":
-    root = sys.argv[1] if len(sys.argv) > 1 else "outputs/demo"
-    with pd.option_context("display.width", 120):
-        print(compare(root).round(3).to_string(index=False))
+    main(sys.argv[1:])

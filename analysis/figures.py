@@ -295,7 +295,8 @@ def rules_figure(w: pd.DataFrame, exp: str) -> Plot:
     metrics = [(m, lab) for m, lab in FIDELITY if m in w and w[m].notna().any()]
     budgeted = w[w["budget"].notna()] if len(w) else w
     if budgeted.empty or len(metrics) < 2:
-        return _empty(name, title, f"{exp} has no budgeted runs with fidelity metrics (eval.fidelity=true)")
+        return _empty(name, title, f"{exp} has no budgeted runs with fidelity metrics (energy_retained, out_error, "
+                                   "kl: eval.fidelity=true; runs recorded before them lack them)")
     budgets = sorted(int(b) for b in budgeted["budget"].unique())
     variants = _variants(budgeted)
     width = 0.8 / len(variants)

@@ -11,21 +11,37 @@ Every frame of run folders carries the config axes (AXES) of its run, so any two
 `run` and filter on the same columns. The run-level file readers at the bottom (`reports`,
 `runs_frame`, `metrics_frame`, `throughput_frame`) are the older per-experiment helpers the other
 analysis scripts use.
+
+What every reader here shares: a run is finished when its folder holds report.json (written last);
+a folder without one is a killed or running run, skipped with a warning naming it (`finished`). A
+report.json or samples.jsonl that does not parse is an error naming the file (`read_report`,
+`read_jsonl`), never a traceback, and never skipped: report.json is written atomically, so a
+damaged one belongs to a run the pipeline counts as finished (and skips on rerun); leaving it out
+would silently change a point's seeds. Reports of older schemas are read with defaults.
 """
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import NoReturn
 
 import pandas as pd
 import yaml
 
+from analysis.engines import engine_of
+
 # The config axes a run is keyed by. `exp` is the sweep (exp_name), `variant` the method with the
 # options that make it another rule (variant_label), `seed` the batching seed of an evaluation.
+# `engine` the decode engine's fingerprint (analysis/engines.py), `admission` eval.admission (swept by
+# the admission grids).
 AXES = ("exp", "run", "stage", "model", "pool", "method", "variant", "reassign", "k0", "coverage", "budget_split",
-        "budget", "batch_size", "seed", "routing", "hardware")
+        "budget", "batch_size", "seed", "routing", "hardware", "engine", "admission")
+# What makes two evaluate runs one measurement: a second run of the same key (dense swept over
+# budgets it ignores, a rerun under another folder name) is not another seed.
+RUN_KEY = ("exp", "model", "pool", "variant", "budget", "batch_size", "engine", "admission", "seed")
 # Per-run tables of one evaluate run folder, by the name its frame has on RunSet.
 RUN_TABLES = {"metrics": "metrics.csv", "selection": "selection.csv", "steps": "selection_steps.csv",
               "fidelity": "fidelity_steps.csv", "samples": "samples.jsonl"}
@@ -47,13 +63,63 @@ def variant_label(method: str, mc: dict) -> str:
     return label
 
 
-def _exp_name(run_dir: Path, root: Path) -> str:
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def read_report(path: str | Path) -> dict:
+    """One report.json; one that does not parse is an error naming it (see the module doc)."""
+    try:
+        rep = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        fail(f"{path} is not valid JSON ({e}); the run's report is damaged: rerun the run (force=true) or move "
+             "its folder out of the tree read")
+    if not isinstance(rep, dict):
+        fail(f"{path} holds no JSON object; rerun the run (force=true) or move its folder out of the tree read")
+    return rep
+
+
+def read_jsonl(path: str | Path) -> pd.DataFrame:
+    """One JSON record per line (samples.jsonl); a line that does not parse is an error naming the
+    file and the line (a truncated file would otherwise lose its last requests or stop the reader)."""
+    rows = []
+    for i, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            fail(f"{path} line {i} is not valid JSON ({e.msg}): the file is truncated or damaged; rerun the run "
+                 "(force=true)")
+    return pd.DataFrame(rows)
+
+
+def finished(root: str | Path, name: str) -> list[Path]:
+    """Every `name` file under root whose folder holds report.json. The others are a killed or
+    running run's partial outputs (its `.<run>.partial-<pid>` folder, a run stopped midway):
+    skipped, each folder named, so a partial file never joins a finished run's rows."""
+    found = sorted(Path(root).rglob(name))
+    partial = [p for p in found if not (p.parent / "report.json").exists()]
+    for p in partial:
+        warn(f"skipped {p.parent}: no report.json (a killed or unfinished run), so its {name} is partial")
+    return [p for p in found if p not in partial]
+
+
+def _config(run_dir: Path) -> dict:
+    path = run_dir / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def _exp_name(run_dir: Path, root: Path, config: dict | None = None) -> str:
     """exp_name from the run's config.yaml; else the top folder under root (outputs/<exp>/<run>)."""
-    cfg = run_dir / "config.yaml"
-    if cfg.exists():
-        name = (yaml.safe_load(cfg.read_text()) or {}).get("exp_name")
-        if name:
-            return str(name)
+    name = (_config(run_dir) if config is None else config).get("exp_name")
+    if name:
+        return str(name)
     rel = run_dir.relative_to(root).parts
     return rel[0] if len(rel) > 1 else root.name
 
@@ -66,16 +132,20 @@ def prompt_pool(ev: dict) -> str | None:
     return ",".join(ev["tasks"]) + ("" if ev.get("limit") is None else f"@{ev['limit']}")
 
 
-def run_axes(rep: dict, exp: str, run: str) -> dict:
-    """The AXES of one report.json (throughput reports hold many variants: theirs are per row)."""
-    mc = rep.get("method_config", {})
-    ev = rep.get("eval", {})
+def run_axes(rep: dict, exp: str, run: str, config: dict | None = None) -> dict:
+    """The AXES of one report.json (throughput reports hold many variants: theirs are per row);
+    what an older report lacks is taken from its config.yaml where that holds it."""
+    config = config or {}
+    mc = rep.get("method_config") or {}
+    ev = rep.get("eval") or {}
     return {"exp": exp, "run": run, "stage": rep.get("stage"), "model": rep.get("model"), "pool": prompt_pool(ev),
             "method": rep.get("method"), "variant": variant_label(rep.get("method", "?"), mc),
             "reassign": mc.get("reassign"), "k0": mc.get("k0"), "coverage": mc.get("coverage"),
-            "budget_split": mc.get("budget_split"), "budget": rep.get("budget"), "batch_size": rep.get("batch_size"),
+            "budget_split": mc.get("budget_split"), "budget": rep.get("budget"),
+            "batch_size": rep.get("batch_size", config.get("batch_size")),
             "seed": ev.get("batch_seed", rep.get("seed")), "routing": rep.get("routing", "uniform"),
-            "hardware": rep.get("gpu") or rep.get("device")}
+            "hardware": rep.get("gpu") or rep.get("device"), "engine": engine_of(rep, config),
+            "admission": ev.get("admission")}
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -96,9 +166,10 @@ class RunSet:
         if self.root is None or not self.root.is_dir():
             return
         for path in sorted(self.root.rglob("report.json")):
-            rep = json.loads(path.read_text())
+            rep = read_report(path)
             run = str(path.parent.relative_to(self.root)) if path.parent != self.root else "."
-            rep["_axes"] = run_axes(rep, _exp_name(path.parent, self.root), run)
+            config = _config(path.parent)
+            rep["_axes"] = run_axes(rep, _exp_name(path.parent, self.root, config), run, config)
             self.reports.append(rep)
 
     def __len__(self) -> int:
@@ -108,20 +179,37 @@ class RunSet:
     def runs(self) -> pd.DataFrame:
         """One row per finished run: AXES, the summary (accuracy, kept_mean, kl, ...), size and wall time."""
         rows = [{**rep["_axes"], **{k: rep.get(k) for k in ("num_experts", "moe_layers", "top_k", "wall_s")},
-                 **rep.get("summary", {})} for rep in self.reports]
+                 **(rep.get("summary") or {})} for rep in self.reports]
         return _typed(pd.DataFrame(rows, columns=None if rows else list(AXES)))
+
+    @cached_property
+    def evaluations(self) -> pd.DataFrame:
+        """The evaluate runs, one per RUN_KEY: of runs that are one measurement the first (by
+        folder) is kept, and the others named in a warning."""
+        ev = self.runs[self.runs["stage"] == "evaluate"] if len(self.runs) else self.runs
+        if ev.empty:
+            return ev
+        key = list(RUN_KEY)  # missing values (no budget, no pool) compare equal
+        for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
+            first, *others = g["run"].tolist()
+            r = g.iloc[0]
+            warn(f"{r['exp']}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} "
+                 f"(model {r['model']}, tasks {r['pool']}, {r['variant']}, budget {r['budget']}, engine {r['engine']}, "
+                 f"seed {r['seed']}): counted once")
+        return ev[~ev.duplicated(key, keep="first")]
 
     def table(self, name: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
         """One per-run file (a RUN_TABLES key or a file name) of the given runs (default: every
-        evaluate run), its rows prefixed with their run's AXES; runs without the file are skipped."""
+        evaluate run, a repeated measurement once), its rows prefixed with their run's AXES; runs
+        without the file are skipped."""
         fname = RUN_TABLES.get(name, name)
-        runs = self.runs[self.runs["stage"] == "evaluate"] if runs is None else runs
+        runs = self.evaluations if runs is None else runs
         frames = []
         for _, r in runs.iterrows():
             path = self.root / r["run"] / fname
             if not path.exists():
                 continue
-            df = pd.read_json(path, lines=True) if fname.endswith(".jsonl") else pd.read_csv(path)
+            df = read_jsonl(path) if fname.endswith(".jsonl") else pd.read_csv(path)
             axes = r[list(AXES)].to_dict()
             frames.append(df.assign(**axes)[[*AXES, *[c for c in df.columns if c not in axes]]])
         return _typed(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=list(AXES))
@@ -153,8 +241,10 @@ class RunSet:
         speedup_vs_dense, union_mean, kept_mean, ...), with the model's expert count."""
         rows = []
         for rep in self.reports:
-            for r in rep.get("throughput", []):
-                rows.append({**rep["_axes"], "num_experts": rep.get("num_experts"), **r})
+            for r in rep.get("throughput") or []:
+                # rows before the engine-based sweep (6a65cac) name no variant and no timing mode
+                rows.append({**rep["_axes"], "num_experts": rep.get("num_experts"), "variant": r.get("method"),
+                             "mode": None, **r})
         return _typed(pd.DataFrame(rows))
 
     @cached_property
@@ -165,12 +255,12 @@ class RunSet:
         for rep in self.reports:
             path = self.root / rep["_axes"]["run"] / "predictor.csv"
             if rep.get("stage") == "fit" and path.exists():
-                frames.append(pd.read_csv(path).assign(model=rep["model"], source=rep["_axes"]["exp"]))
+                frames.append(pd.read_csv(path).assign(model=rep.get("model"), source=rep["_axes"]["exp"]))
         have = {f["model"].iloc[0] for f in frames}
         for rep in self.reports:
-            arts = [rep.get("artifacts", {})] + list(rep.get("artifacts_by_method", {}).values())
+            arts = [rep.get("artifacts") or {}] + list((rep.get("artifacts_by_method") or {}).values())
             r2 = next((a["predictor_r2"] for a in arts if a.get("predictor_r2")), None)
-            if r2 and rep["model"] not in have:
+            if r2 and rep.get("model") not in have:
                 have.add(rep["model"])
                 frames.append(pd.DataFrame({"layer": range(len(r2)), "r2": r2, "model": rep["model"],
                                             "source": rep["_axes"]["exp"]}))
@@ -277,26 +367,31 @@ def load(outputs: str | Path | None = "outputs", results: str | Path | None = "r
 
 # ---- per-experiment helpers (analysis.quality, analysis.compare) ------------------------------
 def reports(root: str | Path) -> list[dict]:
-    """Every finished run (a folder with report.json) under root, with its folder as `run`."""
+    """Every finished run (a folder with report.json) under root, with its folder as `run` and its
+    config.yaml as `_config`."""
     out = []
     for path in sorted(Path(root).rglob("report.json")):
-        rep = json.loads(path.read_text())
+        rep = read_report(path)
         rep["run"] = str(path.parent.relative_to(root)) if path.parent != Path(root) else "."
+        rep["_config"] = _config(path.parent)
         out.append(rep)
     return out
 
 
 def runs_frame(root: str | Path) -> pd.DataFrame:
-    """One row per finished evaluate run: method, budget, batch size, accuracy and selection summary."""
+    """One row per finished evaluate run: its key (model, tasks: the prompt pool, variant, budget,
+    batch size, engine, admission, batching seed), method options, and the selection summary."""
     rows = []
     for rep in reports(root):
-        if rep["stage"] != "evaluate":
+        if rep.get("stage") != "evaluate":
             continue
-        mc = rep.get("method_config", {})
-        rows.append({"run": rep["run"], "model": rep["model"], "method": rep["method"], "budget": rep["budget"],
-                     "batch_size": rep["batch_size"], "reassign": mc.get("reassign"), "k0": mc.get("k0"),
-                     "order": rep.get("eval", {}).get("order"),
-                     "batch_seed": rep.get("eval", {}).get("batch_seed", rep.get("seed")), **rep.get("summary", {})})
+        mc = rep.get("method_config") or {}
+        axes = run_axes(rep, "", rep["run"], rep["_config"])
+        rows.append({"run": rep["run"], "model": axes["model"], "tasks": axes["pool"], "method": axes["method"],
+                     "variant": axes["variant"], "budget": axes["budget"], "batch_size": axes["batch_size"],
+                     "engine": axes["engine"], "admission": axes["admission"], "routing": axes["routing"],
+                     "reassign": mc.get("reassign"), "k0": mc.get("k0"), "order": (rep.get("eval") or {}).get("order"),
+                     "batch_seed": axes["seed"], **(rep.get("summary") or {})})
     return pd.DataFrame(rows)
 
 
@@ -305,11 +400,11 @@ def metrics_frame(root: str | Path) -> pd.DataFrame:
     frames = []
     for rep in reports(root):
         csv = Path(root) / rep["run"] / "metrics.csv"
-        if rep["stage"] == "evaluate" and csv.exists():
+        if rep.get("stage") == "evaluate" and csv.exists():
             df = pd.read_csv(csv)
             df.insert(0, "run", rep["run"])
-            df.insert(1, "method", rep["method"])
-            df.insert(2, "budget", rep["budget"])
+            df.insert(1, "method", rep.get("method"))
+            df.insert(2, "budget", rep.get("budget"))
             frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -317,6 +412,6 @@ def metrics_frame(root: str | Path) -> pd.DataFrame:
 def throughput_frame(root: str | Path) -> pd.DataFrame:
     rows = []
     for rep in reports(root):
-        for r in rep.get("throughput", []):
-            rows.append({"run": rep["run"], "model": rep["model"], "routing": rep.get("routing", "uniform"), **r})
+        for r in rep.get("throughput") or []:
+            rows.append({"run": rep["run"], "model": rep.get("model"), "routing": rep.get("routing", "uniform"), **r})
     return pd.DataFrame(rows)

@@ -3,7 +3,9 @@
     python -m analysis.paired outputs/<exp>/<run A> outputs/<exp>/<run B>
 
 Per-request records are joined on (task, doc_id); the prompts must be the same (prompt hashes are
-compared). Reported: accuracy of each run, the difference A - B with Tango's score 95 % interval,
+compared). Requests only one run holds are left out, with a warning giving the paired n and how
+many of each run's went unpaired (a run stopped early, a truncated file). A samples.jsonl line that
+does not parse is an error naming the file. Reported: accuracy of each run, the difference A - B with Tango's score 95 % interval,
 the discordant counts (A right and B wrong, and the reverse), the exact McNemar p-value, the
 equivalence (TOST) p against a 1-point margin (reported, not a call: stats.TIE_METRICS) and the call
 (analysis/stats.py): "A higher" or "B higher" where McNemar rejects, else "inconclusive". One
@@ -17,13 +19,19 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import stats as S
+from analysis.load import fail, read_jsonl, warn
 
 
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
     path = Path(run_dir) / "samples.jsonl"
     if not path.exists():
-        raise SystemExit(f"{path} is missing: the run predates per-request records; rerun it (force=true)")
-    return pd.read_json(path, lines=True)
+        fail(f"{path} is missing: the run predates per-request records; rerun it (force=true)")
+    df = read_jsonl(path)
+    missing = [c for c in ("task", "doc_id", "prompt_hash", "correct") if c not in df]
+    if missing:
+        fail(f"{path} has no {', '.join(missing)} (empty, or written before per-request records held them); "
+             "rerun the run (force=true)")
+    return df
 
 
 def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, float | int | str]:
@@ -33,6 +41,11 @@ def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, float | int | str]:
                                                    suffixes=("_a", "_b"))
     if len(j) == 0:
         raise ValueError("the two runs share no (task, doc_id) requests")
+    held_a, held_b = set(zip(a["task"], a["doc_id"])), set(zip(b["task"], b["doc_id"]))
+    unpaired_a, unpaired_b = len(held_a - held_b), len(held_b - held_a)
+    if unpaired_a or unpaired_b:
+        warn(f"paired n={len(j)}: {unpaired_a} of A's {len(held_a)} requests and {unpaired_b} of B's {len(held_b)} "
+             "have no match in the other run and are left out")
     if (j["prompt_hash_a"] != j["prompt_hash_b"]).any():
         raise ValueError("the runs' prompts differ for the same (task, doc_id): not a paired comparison")
     ca, cb = j["correct_a"].to_numpy(float), j["correct_b"].to_numpy(float)
@@ -41,10 +54,13 @@ def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, float | int | str]:
     call = {"higher": "A higher", "lower": "B higher"}.get(call, call)
     return {"n": c.n, "acc_a": float(ca.mean()), "acc_b": float(cb.mean()), "diff": c.diff, "ci_low": c.low,
             "ci_high": c.high, "a_only": c.a_only, "b_only": c.b_only, "mcnemar_p": c.p, "tost_p": c.p_tost,
-            "margin": c.margin, "call": call}
+            "margin": c.margin, "call": call, "unpaired_a": unpaired_a, "unpaired_b": unpaired_b}
 
 
 if __name__ == "__main__":
-    res = paired(load_samples(sys.argv[1]), load_samples(sys.argv[2]))
+    try:
+        res = paired(load_samples(sys.argv[1]), load_samples(sys.argv[2]))
+    except ValueError as e:
+        fail(str(e))
     for k, v in res.items():
         print(f"{k:>10}: {v:.4f}" if isinstance(v, float) else f"{k:>10}: {v}")

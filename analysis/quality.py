@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import metrics_frame, runs_frame
+from analysis.engines import one_engine
+from analysis.load import fail, metrics_frame, runs_frame
 
 
 def variant(row: pd.Series) -> str:
@@ -28,15 +29,23 @@ def variant(row: pd.Series) -> str:
 def quality_table(root: str) -> pd.DataFrame:
     runs = runs_frame(root)
     if runs.empty:
-        raise SystemExit(f"no finished evaluate runs under {root}")
+        fail(f"no finished evaluate runs under {root}")
+    # one table is one model, prompt pool and engine: its rows are keyed by variant, budget and seed only
+    for col, what in (("model", "models"), ("tasks", "prompt pools")):
+        if runs[col].nunique(dropna=False) > 1:
+            fail(f"{root} holds runs of {runs[col].nunique(dropna=False)} {what} ({', '.join(map(str, runs[col].unique()))}); "
+                 "make one table of each (one exp_name each)")
+    one_engine(runs, f"the quality table of {root}")
     runs["variant"] = runs.apply(variant, axis=1)
-    per_task = metrics_frame(root)
-    per_task = per_task[(per_task["kind"] == "result") & (per_task["metric"] == "exact_match")]
-    wide = per_task.pivot_table(index="run", columns="task", values="value").add_prefix("acc_")
     cols = ["variant", "method", "reassign", "k0", "budget", "batch_size", "batch_seed", "accuracy", "union_mean",
             "kept_mean", "weight_retained", "tokens_lost_frac"]
-    table = runs[["run", *cols]].merge(wide, left_on="run", right_index=True, how="left").drop(columns="run")
-    return table.sort_values(["variant", "budget"], na_position="first").reset_index(drop=True)
+    table = runs.reindex(columns=["run", *cols])
+    per_task = metrics_frame(root)
+    if len(per_task):  # runs recorded before metrics.csv have none
+        per_task = per_task[(per_task["kind"] == "result") & (per_task["metric"] == "exact_match")]
+        wide = per_task.pivot_table(index="run", columns="task", values="value").add_prefix("acc_")
+        table = table.merge(wide, left_on="run", right_index=True, how="left")
+    return table.drop(columns="run").sort_values(["variant", "budget"], na_position="first").reset_index(drop=True)
 
 
 def seeds_per_point(table: pd.DataFrame) -> int:

@@ -18,7 +18,7 @@ import pandas as pd
 from analysis import figures as F
 from analysis import stats as S
 from analysis import tables as T
-from analysis.load import Data, load
+from analysis.load import Data, fail, load, warn
 from analysis.style import save
 
 
@@ -57,14 +57,31 @@ def paired_grids(data: Data, points: pd.DataFrame) -> dict[str, pd.DataFrame]:
             p = data.results.paired
             p = p[p["exp"] == exp].dropna(axis=1, how="all") if len(p) else p
         else:
-            runs = data.outputs.runs
-            runs = runs[(runs["exp"] == exp) & (runs["stage"] == "evaluate")]
+            runs = T.evaluations(data)
+            runs = runs[runs["exp"] == exp]
             samples = data.outputs.table("samples", runs)
             variants = sorted(v for v in runs["variant"].dropna().unique() if v not in ("base", "dense"))
-            p = T.paired_accuracy(samples, variants) if len(samples) else pd.DataFrame()
+            p = _paired_outputs(exp, samples, variants)
         if len(p):
             out[exp] = p.reset_index(drop=True)
     return out
+
+
+def _paired_outputs(exp: str, samples: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
+    """tables.paired_accuracy over an experiment's records; records without prompt hashes (runs
+    before they were recorded) cannot show that two runs scored the same prompts: no calls, said."""
+    if samples.empty:
+        return pd.DataFrame()
+    unhashed = samples["prompt_hash"].isna() if "prompt_hash" in samples else pd.Series(True, index=samples.index)
+    if unhashed.any() or "correct" not in samples:
+        runs = sorted(samples.loc[unhashed, "run"].unique()) or sorted(samples["run"].unique())
+        warn(f"no paired calls for {exp}: the samples.jsonl of {len(runs)} run(s) ({', '.join(runs[:3])}"
+             f"{', ...' if len(runs) > 3 else ''}) lack prompt_hash or correct (an older schema)")
+        return pd.DataFrame()
+    try:
+        return T.paired_accuracy(samples, variants)
+    except ValueError as e:
+        fail(str(e))
 
 
 def _calls_text(grid: pd.DataFrame) -> str:
@@ -147,9 +164,14 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None,
     `grids` (paired_grids) is computed here when not given."""
     points = T.quality_points(data)
     if exps:
-        points = points[points["exp"].isin(exps)]
+        points = points[T.in_exps(points["exp"], exps)]
     grids = paired_grids(data, points) if grids is None else grids
     speed = T.throughput_rows(data)
+    untimed = speed[speed["mode"].isna()] if len(speed) else speed
+    if len(untimed):  # figures 1 and 3 read CUDA-graph rows (tables.graph_rows)
+        warn(f"figures 1 and 3 leave out the throughput rows of {', '.join(sorted(untimed['run'].astype(str).unique()))}:"
+             " they record no timing mode (runs before the engine-based sweep), and the figures show CUDA-graph "
+             "timings only")
     info = T.exp_info(points).set_index("exp")
     out: list[tuple[F.Plot, str]] = []
 
@@ -174,8 +196,7 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None,
         u.pivot_table(index=["model", "routing"], columns="batch_size", values="union").round(1).reset_index()
         .rename(columns=lambda c: f"B={c}" if isinstance(c, (int, np.integer)) else c), digits=1)))
 
-    fidelity = points[points["metric"].isin(["energy_retained", "kl"])]["exp"].unique()
-    for exp in [e for e in info.index if e in fidelity]:
+    for exp in info.index:  # an experiment without fidelity metrics gets its figure's "No figure" line
         w = T.wide(points[points["exp"] == exp])
         plot = F.rules_figure(w, exp)
         others = [v for v in w["variant"].unique() if v not in ("base", "dense")]
@@ -196,7 +217,7 @@ def build(data: Data, batch_size: int = 16, exps: list[str] | None = None,
                 if len(r2) else ""))
     heat = T.adaptive_kept(data)
     if exps:
-        heat = heat[heat["exp"].isin(exps)]
+        heat = heat[T.in_exps(heat["exp"], exps)]
     for exp in sorted(heat["exp"].unique()) or [""]:
         h = heat[heat["exp"] == exp]
         plot = F.heatmap_figure(h, exp)
@@ -256,12 +277,19 @@ def main(argv: list[str] | None = None) -> Path:
     args = ap.parse_args(argv)
     data = load(None if args.results_only else args.outputs, args.results)
     points = T.quality_points(data)
-    grids = paired_grids(data, points[points["exp"].isin(args.exp)] if args.exp else points)
+    unknown = [e for e in args.exp or [] if not T.in_exps(points["exp"], [e]).any()]
+    if unknown:
+        where = f"`{args.results}/`" + ("" if args.results_only else f" or `{args.outputs}/`")
+        known = sorted(set(T.sweep_of(points["exp"])))
+        fail(f"no experiment {', '.join(unknown)} in {where} (finished evaluate runs or committed tables); "
+             f"known: {', '.join(known) or 'none'}")
+    grids = paired_grids(data, points[T.in_exps(points["exp"], args.exp)] if args.exp else points)
     plots = build(data, args.batch_size, args.exp, grids)
     sources = f"`{args.results}/`" + ("" if args.results_only else f" and `{args.outputs}/` ({len(data.outputs)} runs)")
     cmd = "make report REFRESH=1" if args.results_only else "make report"
     header = (f"# Report\n\nMade by `{cmd}` (`python -m analysis.report {' '.join(argv or [])}`) from {sources}; "
-              "no model was run. An experiment found in both is read from the one holding more runs.\n\n"
+              "no model was run. An experiment found in both is read from the one holding more runs; one holding "
+              "runs of several models is reported per model, as `<exp>[<model>]`.\n\n"
               + markdown_table(T.exp_info(points).rename(columns={"seeds": "most seeds"})) + "\n"
               + recommendations_md(grids, points, Path(args.results), Path(args.out).resolve()))
     path = write(plots, Path(args.out), header)

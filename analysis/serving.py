@@ -2,8 +2,10 @@
 
     python -m analysis.serving results/serve/runs results/serve/summary
 
-Reads every serve.csv under the folder (one row per served stream: base/runtime/serving.py; a run
-stopped midway leaves the streams it finished, in its `.partial-*` folder) and writes:
+Reads every serve.csv under the folder in a finished run folder (one with report.json; one row per
+served stream: base/runtime/serving.py). A run stopped midway leaves the streams it finished in its
+`.partial-*` folder: skipped, with a warning naming it, as is any folder without report.json. Runs
+of two decode engines, or two runs serving the same cell and repeat, are refused (exit 2). Writes:
 
   <dest>.csv, <dest>.md   one row per (model, routing, slots, variant, budget, rate): the repeats
                           it has, the places it was served in (the order rotates), and over the
@@ -31,6 +33,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import style
+from analysis.engines import engine_of, one_engine
+from analysis.load import fail, finished, read_report
 
 ROUTING_ORDER = {"uniform": 0, "skewed": 1}  # tables and panels: uniform first
 # a cell: one configuration served; runs with other scheduler thresholds are other cells
@@ -50,10 +54,13 @@ STEP_COLS = ["occupancy", "step_ms", "gap_ms", "launch_ms", "rounds", "prefill_s
 
 def load(root: Path) -> pd.DataFrame:
     """Every stream row under root, with its tokens/s over dense's (same routing, slots, rate, repeat)."""
-    frames = [pd.read_csv(p) for p in sorted(root.rglob("serve.csv"))]
+    frames = [pd.read_csv(p).assign(_run=str(p.parent), engine=engine_of(read_report(p.parent / "report.json")))
+              for p in finished(root, "serve.csv")]
     if not frames:
-        raise SystemExit(f"no serve.csv under {root} (runs of throughput.mode=serve)")
+        fail(f"no serve.csv of a finished run under {root} (runs of throughput.mode=serve)")
     df = _with_thresholds(pd.concat(frames, ignore_index=True))
+    one_engine(df, f"the serving table of {root}")
+    _one_run_per_cell(df)
     df["rate"] = df["rate"].astype(float)  # NaN: the closed burst
     # the burst's NaN rate as a number for the join: pandas 2 (the GPU host's) fails to join on a
     # level that is all NaN ("cannot do a non-empty take from an empty axes") when only the burst ran
@@ -62,7 +69,19 @@ def load(root: Path) -> pd.DataFrame:
     dense = df[df["variant"] == "dense"].set_index(key)["output_throughput"].rename("dense_tok_s")
     df = df.join(dense, on=key)
     df["speedup_vs_dense"] = df["output_throughput"] / df["dense_tok_s"]
-    return df.drop(columns=["dense_tok_s", "_rate"])
+    return df.drop(columns=["dense_tok_s", "_rate", "_run"])
+
+
+def _one_run_per_cell(df: pd.DataFrame) -> None:
+    """Refuse two run folders serving the same cell and repeat: their streams would be pooled as one
+    repeat's (a rerun beside its first run, two grids under one folder)."""
+    key = [c for c in [*CELL, "arrivals", "search_step", "repeat"] if c in df]
+    twice = df.groupby(key, dropna=False)["_run"].transform("nunique") > 1
+    if twice.any():
+        r = df[twice].iloc[0]
+        fail(f"{df[twice].groupby(key, dropna=False).ngroups} cells are served by more than one run folder (e.g. "
+             f"{r['variant']} at rate {_rate(r['rate'])}, repeat {r['repeat']}; folders: "
+             f"{', '.join(sorted(df.loc[twice, '_run'].unique()))}); analyse one grid's runs at a time")
 
 
 def _with_thresholds(df: pd.DataFrame) -> pd.DataFrame:
@@ -233,7 +252,7 @@ def probe_table(root: Path) -> pd.DataFrame:
     """Per run folder holding step_probe.csv and serve.csv, per variant: the in-stream decode step
     of its first rate (median over repeats of each stream's median step) against the probes."""
     rows = []
-    for path in sorted(root.rglob("step_probe.csv")):
+    for path in finished(root, "step_probe.csv"):
         probe, serve = pd.read_csv(path), _with_thresholds(pd.read_csv(path.parent / "serve.csv"))
         serve = serve[serve["arrivals"] != "search"] if "arrivals" in serve else serve
         for _, p in probe.iterrows():

@@ -13,11 +13,12 @@ variants ran one after the other, dense first, and the first paid the most prefi
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.load import fail, finished, read_report
 
 COLUMNS = ["model", "routing", "slots", "position", "variant", "budget", "admission", "tokens_per_s", "speedup_vs_dense",
            "tpot_ms_p50", "tpot_ms_p90", "ttft_ms_p50", "ttft_ms_p90", "occupancy_mean", "union_mean", "kept_mean",
@@ -26,13 +27,13 @@ COLUMNS = ["model", "routing", "slots", "position", "variant", "budget", "admiss
 
 def load(root: Path) -> pd.DataFrame:
     frames = []
-    for csv in sorted(root.rglob("stream.csv")):
-        rep = json.loads((csv.parent / "report.json").read_text())
+    for csv in finished(root, "stream.csv"):  # a killed run's partial stream.csv is skipped, named
+        rep = read_report(csv.parent / "report.json")
         runs = pd.read_csv(csv)  # rows in run order
         runs["position"] = runs.groupby("slots").cumcount() + 1
-        frames.append(runs.assign(model=rep["model"], routing=rep.get("routing")))
+        frames.append(runs.assign(model=rep.get("model"), routing=rep.get("routing")))
     if not frames:
-        raise SystemExit(f"no stream.csv under {root}")
+        fail(f"no stream.csv of a finished run under {root}")
     df = pd.concat(frames, ignore_index=True)
     return df[[c for c in COLUMNS if c in df.columns]].sort_values(["model", "routing", "admission", "slots"],
                                                                    kind="stable")

@@ -4,6 +4,11 @@ Quality points come from outputs/ (run folders, aggregated here over batching se
 committed results/ (per-run tables, or per-seed aggregates already). An experiment found in both
 is taken from the source holding more runs (outputs/ on a tie: it has per-request records), so a
 sweep still being written to outputs/ does not hide its finished, committed version.
+
+An experiment of outputs/ holding runs of several models is reported as one experiment per model,
+`<exp>[<model>]` (per_model): its points, captions, paired calls and Holm family are one model's.
+A run repeating another's measurement is counted once (load.RunSet.evaluations); an experiment
+whose runs were decoded by different engines, or scored different prompt pools, is refused.
 """
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ import pandas as pd
 import yaml
 
 from analysis import stats as S
-from analysis.load import ROOT, Data
+from analysis.engines import one_engine
+from analysis.load import ROOT, Data, fail
 
 METRICS = ("accuracy", "kept_mean", "union_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree")
 POINT = ["exp", "model", "variant", "budget", "batch_size"]
@@ -34,9 +40,9 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
         pools = runs.dropna(subset=["pool"]).groupby("exp")["pool"].unique()
         mixed = {e: sorted(p) for e, p in pools.items() if len(p) > 1}
         if mixed:
-            raise SystemExit("runs of one experiment scored different prompt pools, so they cannot be averaged: "
-                             + "; ".join(f"{e}: {', '.join(p)}" for e, p in mixed.items())
-                             + ". Give each pool its own exp_name (or folder).")
+            fail("runs of one experiment scored different prompt pools, so they cannot be averaged: "
+                 + "; ".join(f"{e}: {', '.join(p)}" for e, p in mixed.items())
+                 + ". Give each pool its own exp_name (or folder).")
     rows = []
     for key, g in runs.groupby(POINT, dropna=False):
         for m in METRICS:
@@ -52,11 +58,43 @@ def _runs_per_exp(points: pd.DataFrame) -> pd.Series:
     return acc.groupby("exp")["n"].sum()
 
 
+def per_model(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs with an experiment holding several models renamed `<exp>[<model>]`: each model's runs
+    are their own experiment (a figure, caption and family of calls never mix two models)."""
+    if runs.empty:
+        return runs
+    models = runs.groupby("exp")["model"].nunique()
+    several = runs["exp"].isin(models[models > 1].index)
+    if not several.any():
+        return runs
+    runs = runs.copy()
+    runs.loc[several, "exp"] = runs.loc[several, "exp"] + "[" + runs.loc[several, "model"].astype(str) + "]"
+    return runs
+
+
+def sweep_of(exp: pd.Series) -> pd.Series:
+    """The experiment names as swept: `sweep[mini]` (per_model) is `sweep`."""
+    return exp.astype(str).str.replace(r"\[[^\]]*\]$", "", regex=True)
+
+
+def in_exps(exp: pd.Series, names: list[str]) -> pd.Series:
+    """Which rows belong to the named experiments (`sweep` names `sweep[mini]` too)."""
+    return exp.isin(names) | sweep_of(exp).isin(names)
+
+
+def evaluations(data: Data) -> pd.DataFrame:
+    """The evaluate runs of outputs/ the report reads: one per measurement, an experiment per
+    model; an experiment of several engines is refused (analysis/engines.py)."""
+    ev = per_model(data.outputs.evaluations)
+    for exp, g in ev.groupby("exp") if len(ev) else ():
+        one_engine(g, f"experiment {exp}")
+    return ev
+
+
 def quality_points(data: Data) -> pd.DataFrame:
     """Every quality point of every experiment, each experiment from its fuller source, with
     `source` (outputs | results) and `hardware` (where the runs recorded it)."""
-    ev = data.outputs.runs
-    ev = ev[ev["stage"] == "evaluate"] if len(ev) else ev
+    ev = evaluations(data)
     ours = aggregate(ev).assign(source="outputs")
     theirs = pd.concat([aggregate(data.results.runs), data.results.points], ignore_index=True).assign(source="results")
     n_ours, n_theirs = _runs_per_exp(ours), _runs_per_exp(theirs)
@@ -198,7 +236,7 @@ def union_by_batch(data: Data, speed: pd.DataFrame) -> pd.DataFrame:
     dense = dense[dense["variant"] == "dense"] if len(dense) else dense
     for _, r in dense.iterrows():
         rows.append({"model": r["model"], "routing": r["routing"], "batch_size": int(r["batch_size"]),
-                     "union": r["union_mean"], "experts": r.get("num_experts"), "source": "throughput"})
+                     "union": r.get("union_mean"), "experts": r.get("num_experts"), "source": "throughput"})
     for _, r in data.results.routing.iterrows():
         for col in r.index:
             if col.startswith("union_") and col[6:].isdigit():
@@ -224,11 +262,11 @@ def adaptive_kept(data: Data) -> pd.DataFrame:
     """Kept experts per (layer, decode step) of the adaptive-budget runs in outputs/ (method.coverage
     or budget_split), one run per (exp, variant, budget): the lowest batching seed. Steps are in run
     order over all decode batches, so they are not averaged over seeds (other seeds batch other prompts)."""
-    runs = data.outputs.runs
+    runs = evaluations(data)
     cols = ["exp", "model", "variant", "budget", "batch_size", "seed", "layer", "step", "kept", "tokens"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
-    adaptive = runs[(runs["stage"] == "evaluate") & (runs["coverage"].notna() | runs["budget_split"].isin(["sensitivity"]))]
+    adaptive = runs[runs["coverage"].notna() | runs["budget_split"].isin(["sensitivity"])]
     adaptive = adaptive.sort_values("seed").drop_duplicates(["exp", "variant", "budget"])
     steps = data.outputs.table("steps", adaptive) if len(adaptive) else pd.DataFrame()
     if steps.empty:

@@ -208,6 +208,11 @@ def _stream_row(variant, budget, rate, repeat, position, tok_s, tpot, goodput):
             "e2el_ms_p99": 200.0, "goodput": goodput, "good_fraction": 1.0, "slo_ttft_ms": 500.0, "slo_tpot_ms": 25.0}
 
 
+def _finished(run: Path) -> None:
+    """The report.json that marks a serving run folder finished (analysis.serving skips the others)."""
+    (run / "report.json").write_text('{"stage": "throughput", "model": "m", "device": "cuda:0"}')
+
+
 def test_the_serving_table_pairs_each_repeat_with_dense_and_takes_medians(tmp_path):
     from analysis import serving
 
@@ -217,6 +222,7 @@ def test_the_serving_table_pairs_each_repeat_with_dense_and_takes_medians(tmp_pa
     rows += [_stream_row("dense", None, 4.0, 0, 1, 50, 15.0, 1.0), _stream_row("base", 16, 4.0, 0, 2, 60, 8.0, 1.5)]
     (tmp_path / "run").mkdir()
     pd.DataFrame(rows).to_csv(tmp_path / "run" / "serve.csv", index=False)
+    _finished(tmp_path / "run")
     t = serving.summary(serving.load(tmp_path)).set_index(["variant", "arrivals"])
     burst = t.loc[("base", "burst")]
     # speed-ups paired within a repeat: 150/100, 500/200, 600/400 -> median 1.5, range [1.5, 2.5]
@@ -296,6 +302,7 @@ def test_runs_with_other_scheduler_thresholds_are_other_cells(tmp_path):
     for name, rows in (("old", old), ("new", new)):
         (tmp_path / name).mkdir()
         pd.DataFrame(rows).to_csv(tmp_path / name / "serve.csv", index=False)
+        _finished(tmp_path / name)
     t = serving.summary(serving.load(tmp_path)).set_index(["variant", "min_prompt_tokens"])
     assert len(t) == 4 and t.loc[("base", 1), "speedup"] == pytest.approx(1.5)
     assert t.loc[("base", 1024), "speedup"] == pytest.approx(2.0) and t.loc[("base", 1024), "max_wait_steps"] == 8
@@ -324,6 +331,7 @@ def test_the_probe_table_sets_the_first_rates_stream_step_beside_both_probes(tmp
     pd.DataFrame([{"model": "m", "routing": "uniform", "slots": 16, "variant": "base", "budget": 16, "prompt_tokens": 284,
                    "full_step_ms": 5.5, "static_step_ms": 5.0, "stream_context_median": 300.0}]
                  ).to_csv(run / "step_probe.csv", index=False)
+    _finished(run)
     row = probe_table(tmp_path).iloc[0]
     assert row["in_stream_ms"] == pytest.approx(6.1) and pd.isna(row["rate"])
     assert (row["context"], row["probe_from"], row["min_prompt_tokens"]) == (300.0, 284, 1)

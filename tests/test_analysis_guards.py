@@ -1,0 +1,250 @@
+"""Issue 43: analysis never mixes what differs. Each test is a defect a reviewer reproduced, on a
+small run tree written here: a killed run's partial serve.csv, an experiment of two models, two
+prompt pools or two engines, a duplicate dense run, missing sample lines, an unknown experiment,
+reports of an older schema, and truncated report.json / samples.jsonl files."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.load import load
+
+EMPTY_RESULTS = "no-results"  # a folder that does not exist: no committed tables
+
+
+def _run(d, report: dict, samples: list[dict] | None = None, exp: str | None = None) -> None:
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(f"exp_name: {exp or d.parent.name}\nbatch_size: 16\n")
+    if samples is not None:
+        (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (d / "report.json").write_text(json.dumps(report))  # last, as the pipeline does
+
+
+def _samples(correct: int, n: int = 10) -> list[dict]:
+    return [{"task": "t", "doc_id": i, "prompt_hash": f"h{i}", "correct": float(i < correct)} for i in range(n)]
+
+
+def _evaluate(root, name, model="mini", method="base", budget=4, seed=0, correct=8, pool="mini",
+              engine="c3-packed-cpu", exp="two"):
+    """One finished evaluate run of `model` in outputs/<exp>/<name>."""
+    report = {"stage": "evaluate", "model": model, "method": method, "budget": None if method == "dense" else budget,
+              "batch_size": 16, "seed": 0, "device": "cpu", "num_experts": 8,
+              "method_config": {"name": method, "reassign": "backfill"},
+              "eval": {"batch_seed": seed, "tasks": [pool], "limit": None, "batching": "continuous"},
+              "summary": {"accuracy": correct / 10, "kept_mean": 8.0 if method == "dense" else budget - 0.5,
+                          "union_mean": 7.0, "weight_retained": 0.9},
+              "provenance": {"fingerprint": engine}}
+    _run(root / exp / name, report, _samples(correct), exp)
+
+
+def _throughput(root, name, rows, model="mini", exp="two"):
+    _run(root / exp / name, {"stage": "throughput", "model": model, "device": "cpu", "routing": "uniform",
+                             "throughput": rows}, exp=exp)
+
+
+def _timing(method, budget, tok_s):
+    return {"batch_size": 16, "method": method, "budget": budget, "variant": method, "mode": "eager",
+            "tokens_per_s": tok_s}
+
+
+# ---- 1: a killed rerun's partial serve.csv ------------------------------------------------------
+def _stream(variant, repeat, tok_s):
+    return {"model": "m", "routing": "uniform", "slots": 4, "variant": variant, "method": variant,
+            "budget": None if variant == "dense" else 16, "rate": None, "repeat": repeat, "position": repeat,
+            "output_throughput": tok_s, "tpot_ms_p50": 10.0, "goodput": 1.0, "slo_ttft_ms": 500.0,
+            "slo_tpot_ms": 25.0}
+
+
+def _serve_run(d, rows, report=True, device="cuda:0"):
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(d / "serve.csv", index=False)
+    if report:
+        (d / "report.json").write_text(json.dumps({"stage": "throughput", "model": "m", "device": device}))
+
+
+def test_a_killed_reruns_partial_serve_csv_is_skipped_and_named(tmp_path, capsys):
+    from analysis import serving
+
+    _serve_run(tmp_path / "uniform", [_stream(v, r, tok) for r in (0, 1) for v, tok in (("dense", 100), ("base", 150))])
+    _serve_run(tmp_path / ".uniform.partial-99", [_stream(v, r, 999) for r in (0, 1, 2) for v in ("dense", "base")],
+               report=False)
+    df = serving.load(tmp_path)
+    assert len(df) == 4 and (df["output_throughput"] < 999).all()
+    t = serving.summary(df).set_index("variant")
+    assert t.loc["base", "repeats"] == 2 and t.loc["base", "tok_s"] == 150
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and ".uniform.partial-99" in err and "no report.json" in err
+
+
+def test_two_runs_serving_one_cell_or_two_engines_are_refused(tmp_path, capsys):
+    from analysis import serving
+
+    _serve_run(tmp_path / "twice" / "a", [_stream(v, 0, 100) for v in ("dense", "base")])
+    _serve_run(tmp_path / "twice" / "b", [_stream(v, 0, 120) for v in ("dense", "base")])  # a rerun beside it
+    with pytest.raises(SystemExit) as e:
+        serving.load(tmp_path / "twice")
+    assert e.value.code == 2 and "more than one run folder" in capsys.readouterr().err
+    _serve_run(tmp_path / "engines" / "gpu", [_stream(v, 0, 100) for v in ("dense", "base")])
+    _serve_run(tmp_path / "engines" / "cpu", [_stream(v, 1, 10) for v in ("dense", "base")], device="cpu")
+    with pytest.raises(SystemExit) as e:
+        serving.load(tmp_path / "engines")
+    assert e.value.code == 2 and "2 decode engines" in capsys.readouterr().err
+
+
+# ---- 2: analysis.compare keys rows by model, tasks and engine -----------------------------------
+def test_compare_separates_models_tasks_and_engines(tmp_path):
+    from analysis.compare import compare
+
+    for model, correct in (("mini", 8), ("mini_olmoe", 6)):
+        _evaluate(tmp_path, f"{model}-base", model=model, correct=correct)
+        _evaluate(tmp_path, f"{model}-dense", model=model, method="dense", correct=10)
+    _evaluate(tmp_path, "mini-base-other-pool", pool="mini128", correct=5)
+    _evaluate(tmp_path, "mini-base-static", engine="s1-engine-cpu", correct=7)
+    _throughput(tmp_path, "tp-mini", [_timing("base", 4, 300.0), _timing("dense", None, 200.0)])
+    _throughput(tmp_path, "tp-olmoe", [_timing("base", 4, 30.0), _timing("dense", None, 20.0)], model="mini_olmoe")
+    t = compare(str(tmp_path / "two"))
+    assert {"model", "tasks", "engine"} <= set(t.columns) and len(t) == 6
+    base = t[t["variant"] == "base"].set_index(["model", "tasks", "engine"])
+    assert base.loc[("mini", "mini", "c3-packed-cpu"), "tokens_per_s"] == 300.0
+    assert base.loc[("mini_olmoe", "mini", "c3-packed-cpu"), "tokens_per_s"] == 30.0  # its own model's timing
+    assert base.loc[("mini", "mini128", "c3-packed-cpu"), "accuracy"] == 0.5  # another pool: its own row
+    assert base.loc[("mini", "mini", "s1-engine-cpu"), "accuracy"] == 0.7  # another engine: its own row
+
+
+def test_the_quality_table_refuses_a_folder_of_two_models(tmp_path, capsys):
+    from analysis.quality import quality_table
+
+    _evaluate(tmp_path, "mini-base")
+    _evaluate(tmp_path, "olmoe-base", model="mini_olmoe")
+    with pytest.raises(SystemExit) as e:
+        quality_table(str(tmp_path / "two"))
+    assert e.value.code == 2 and "2 models (mini, mini_olmoe)" in capsys.readouterr().err
+
+
+# ---- 3: make report on a two-model experiment with a duplicate dense run ------------------------
+def test_report_handles_each_model_of_an_experiment_and_counts_a_duplicate_once(tmp_path, capsys):
+    from analysis import tables as T
+    from analysis.report import main
+
+    outputs = tmp_path / "outputs"
+    for model, correct in (("mini", 8), ("mini_olmoe", 6)):
+        for seed in (0, 1):
+            _evaluate(outputs, f"{model}-base-{seed}", model=model, seed=seed, correct=correct)
+        _evaluate(outputs, f"{model}-dense-b4", model=model, method="dense", correct=10)
+    _evaluate(outputs, "mini-dense-b6", method="dense", correct=9)  # dense swept over a budget it ignores
+    pts = T.quality_points(load(outputs, None))
+    acc = pts[pts["metric"] == "accuracy"].set_index(["exp", "variant"])
+    assert set(acc.index.get_level_values("exp")) == {"two[mini]", "two[mini_olmoe]"}
+    assert acc.loc[("two[mini]", "dense"), "n"] == 1 and acc.loc[("two[mini]", "dense"), "mean"] == 1.0
+    assert acc.loc[("two[mini_olmoe]", "base"), "n"] == 2 and acc.loc[("two[mini_olmoe]", "base"), "mean"] == 0.6
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "mini-dense-b6 is the same measurement as two/mini-dense-b4" in err
+
+    out = tmp_path / "report"
+    main(["--outputs", str(outputs), "--results", str(tmp_path / EMPTY_RESULTS), "--out", str(out), "--exp", "two"])
+    text = (out / "report.md").read_text()
+    assert "Model mini;" in text and "Model mini_olmoe;" in text
+    assert (out / "fig2_accuracy_kept_two[mini].png").exists() and (out / "fig2_accuracy_kept_two[mini_olmoe].png").exists()
+
+
+def test_an_experiment_of_two_engines_is_refused(tmp_path, capsys):
+    from analysis import tables as T
+
+    _evaluate(tmp_path, "base-0")
+    _evaluate(tmp_path, "base-1", seed=1, engine="c2-packed-cpu")
+    with pytest.raises(SystemExit) as e:
+        T.quality_points(load(tmp_path, None))
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: experiment two would mix")
+
+
+# ---- 4: analysis.paired says what it could not pair ---------------------------------------------
+def test_paired_warns_with_the_counts_it_could_not_pair(capsys):
+    from analysis.paired import paired
+
+    a, b = pd.DataFrame(_samples(12, n=16)), pd.DataFrame(_samples(8, n=10))
+    res = paired(a, b)
+    assert res["n"] == 10 and (res["unpaired_a"], res["unpaired_b"]) == (6, 0)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: paired n=10: 6 of A's 16 requests and 0 of B's 10")
+    paired(a, a)
+    assert capsys.readouterr().err == ""
+
+
+# ---- 5: make report EXP=<nonexistent> -----------------------------------------------------------
+def test_report_of_an_unknown_experiment_is_an_error(tmp_path, capsys):
+    from analysis.report import main
+
+    _evaluate(tmp_path / "outputs", "base-0")
+    with pytest.raises(SystemExit) as e:
+        main(["--outputs", str(tmp_path / "outputs"), "--results", str(tmp_path / EMPTY_RESULTS),
+              "--out", str(tmp_path / "report"), "--exp", "nosuch"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: no experiment nosuch") and "known: two" in err
+    assert not (tmp_path / "report").exists()
+
+
+# ---- 6: reports of an older schema --------------------------------------------------------------
+def _old_tree(root):
+    """Runs recorded before method_config, eval, batch_size, fidelity metrics, prompt hashes and
+    throughput modes; one without a summary."""
+    for method, budget in (("base", 4), ("router_sum", 4), ("dense", None)):
+        _run(root / "old" / f"method={method}", {"stage": "evaluate", "model": "mini", "method": method,
+                                                 "budget": budget, "summary": {"accuracy": 0.7, "kept_mean": 4.0}},
+             [{"task": "t", "doc_id": i, "correct": 1.0} for i in range(4)])
+    _run(root / "old" / "no-summary", {"stage": "evaluate", "model": "mini", "method": "base", "budget": 6})
+    _run(root / "old" / "tp", {"stage": "throughput", "model": "mini",
+                               "throughput": [{"method": "base", "budget": 4, "batch_size": 16, "tokens_per_s": 9.0}]})
+    return root
+
+
+def test_older_reports_never_raise_and_a_skipped_figure_says_why(tmp_path, capsys):
+    from analysis.compare import compare
+    from analysis.report import main
+
+    outputs = _old_tree(tmp_path / "outputs")
+    t = compare(str(outputs / "old"))
+    assert len(t) == 4 and t.loc[(t["variant"] == "base") & (t["budget"] == 4), "tokens_per_s"].item() == 9.0
+    assert (t["batch_size"] == 16).all()  # an older report's batch size from its config.yaml
+    out = tmp_path / "report"
+    main(["--outputs", str(outputs), "--results", str(tmp_path / EMPTY_RESULTS), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    fig4 = text[text.index("## Figure 4: Selection rules at equal budget: old"):]
+    assert fig4.split("\n## ")[0].count("No figure: old has no budgeted runs with fidelity metrics") == 1
+    captured = capsys.readouterr()
+    assert "fig4_rules_old: no data (old has no budgeted runs with fidelity metrics" in captured.out
+    assert "warning: no paired calls for old" in captured.err and "lack prompt_hash" in captured.err
+    assert "warning: figures 1 and 3 leave out the throughput rows of old/tp" in captured.err
+
+
+# ---- 7: truncated report.json and samples.jsonl -------------------------------------------------
+def test_a_truncated_report_is_an_error_naming_it(tmp_path, capsys):
+    from analysis.compare import compare
+    from analysis.report import main as report_main
+
+    _evaluate(tmp_path / "outputs", "base-0")
+    _evaluate(tmp_path / "outputs", "base-1", seed=1)
+    bad = tmp_path / "outputs" / "two" / "base-1" / "report.json"
+    bad.write_text(bad.read_text()[:40])
+    for run in (lambda: compare(str(tmp_path / "outputs" / "two")),
+                lambda: report_main(["--outputs", str(tmp_path / "outputs"), "--results", str(tmp_path / EMPTY_RESULTS),
+                                     "--out", str(tmp_path / "report")])):
+        with pytest.raises(SystemExit) as e:
+            run()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: {bad} is not valid JSON") and err.count("\n") == 1
+
+
+def test_a_truncated_samples_file_is_an_error_naming_it(tmp_path, capsys):
+    from analysis.paired import load_samples
+
+    _evaluate(tmp_path, "base-0")
+    path = tmp_path / "two" / "base-0" / "samples.jsonl"
+    path.write_text(path.read_text()[:-30])
+    with pytest.raises(SystemExit) as e:
+        load_samples(path.parent)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {path} line 10 is not valid JSON") and err.count("\n") == 1
+    with pytest.raises(SystemExit):  # every reader of samples goes through the same check
+        _ = load(tmp_path, None).outputs.samples
