@@ -10,6 +10,7 @@ a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Lau
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -22,7 +23,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import hydra
+try:
+    import hydra
+except ModuleNotFoundError as missing:  # `python3 run.py` outside the project's environment
+    sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `make install`, then "
+             f"`.venv/bin/python run.py ...` (or `source .venv/bin/activate`)")
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -93,12 +98,17 @@ class RunSchema:
 ConfigStore.instance().store(name="run_schema", node=RunSchema)
 
 
+NAME_MAX = 255  # bytes of one folder name on the usual filesystems (ext4, xfs, APFS)
+
+
 def folder_name(name: str) -> str:
     """exp_name as the folder it names under outputs_dir: a plain name, nothing that leaves it."""
     name = str(name)
     if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise ConfigError(f"exp_name={name!r} must be a plain folder name (no '/', '\\', '..'): runs go to "
                           f"<outputs_dir>/<exp_name>/")
+    if len(name.encode()) > NAME_MAX:
+        raise ConfigError(f"exp_name is {len(name.encode())} bytes long: a folder name holds at most {NAME_MAX}")
     return name
 
 
@@ -120,8 +130,12 @@ def calibration(c: dict, overrides: str) -> dict:
 
 
 def repo_path(path: str) -> Path:
-    """A path from the config: relative ones (artifacts_dir, files) are relative to the checkout."""
+    """A path from the config: relative ones (outputs_dir, artifacts_dir, files) are relative to the
+    checkout, wherever run.py is started (so `make report` finds the runs and models resolve)."""
     return Path(path) if Path(path).is_absolute() else ROOT / path
+
+
+OmegaConf.register_new_resolver("repo", lambda path: str(repo_path(str(path))), replace=True)
 
 
 def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "", run_key: str | None = None) -> RunConfig:
@@ -243,6 +257,17 @@ def main(cfg: DictConfig) -> dict | None:
             if sweep:
                 return None  # recorded; the sweep goes on and ends with exit 2 (RunFolders)
             sys.exit(2)
+        except KeyboardInterrupt:
+            note("interrupted", "KeyboardInterrupt")
+            print(f"interrupted: {out_dir} keeps no partial result (a rerun starts it again)", file=sys.stderr)
+            sys.exit(130)
+        except OSError as err:
+            if err.errno not in DISK_ERRORS:
+                note("failed", error_line(err))
+                raise
+            note("failed", error_line(err))
+            print(f"error: {disk_message(err)}", file=sys.stderr)
+            sys.exit(2)
         except Exception as err:
             note("failed", error_line(err))
             raise
@@ -252,6 +277,14 @@ def main(cfg: DictConfig) -> dict | None:
 
         print_report(report, out_dir)
     return report
+
+
+DISK_ERRORS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # a full disk, `ulimit -f`, a quota
+
+
+def disk_message(err: OSError, path: Path | None = None) -> str:
+    where = f" {err.filename or path}" if (err.filename or path) else ""
+    return f"could not write{where}: {err.strerror or err} (free some space, or raise the file size limit), then rerun"
 
 
 # The folders a command's start found missing (JSON list), for main to remove again, if still empty,
@@ -274,6 +307,19 @@ class RunFolders(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         _refuse_or_go(lambda: self._check_sweep(config))
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        _keep_earlier_sweep_record(sweep_dir)
+        try:  # Hydra's own write of it next would end in its traceback on a full disk
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(config, sweep_dir / "multirun.yaml")
+        except OSError as err:
+            if err.errno not in DISK_ERRORS:
+                raise
+            (sweep_dir / "multirun.yaml").unlink(missing_ok=True)  # nothing half-written stays
+            remove_if_made(sweep_dir, [Path(p) for p in json.loads(os.environ.get(NEW_FOLDERS_ENV, "[]"))],
+                           float(os.environ.get(STARTED_ENV, time.time())))
+            print(f"error: {disk_message(err, sweep_dir / 'multirun.yaml')}", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         rows = [r for sweep_dir in {d for d, _ in self.points} for r in read_summary(sweep_dir)
@@ -312,6 +358,16 @@ class RunFolders(Callback):
         _note_new_folders(sorted({d for d, _ in self.points}) or [Path(str(config.hydra.sweep.dir))])
 
 
+def _keep_earlier_sweep_record(sweep_dir: Path) -> None:
+    """Hydra writes the sweep's multirun.yaml over an earlier sweep's into the same experiment
+    folder; the earlier one is kept beside it as multirun.<its time>.yaml (two sweeps at once, or
+    one after another, each keep their record)."""
+    old = sweep_dir / "multirun.yaml"
+    if old.is_file():
+        stamp = datetime.fromtimestamp(old.stat().st_mtime).strftime("%Y%m%dT%H%M%S.%f")
+        old.rename(sweep_dir / f"multirun.{stamp}.yaml")
+
+
 def _refuse_or_go(check: Callable[[], None]) -> None:
     """Hydra turns a callback's exception into a warning: a refusal exits here."""
     try:
@@ -322,9 +378,9 @@ def _refuse_or_go(check: Callable[[], None]) -> None:
 
 
 def _check_folder(what: str, folder: Path, config: DictConfig) -> None:
-    protected = {"the checkout": ROOT, "the working directory": Path.cwd(), "outputs_dir": Path(config.outputs_dir),
+    protected = {"the checkout": ROOT, "the working directory": Path.cwd(), "outputs_dir": repo_path(config.outputs_dir),
                  "artifacts_dir": repo_path(config.artifacts_dir)}
-    check_run_folder(what, folder, Path(config.outputs_dir), bool(config.allow_outside_outputs), protected)
+    check_run_folder(what, folder, repo_path(config.outputs_dir), bool(config.allow_outside_outputs), protected)
 
 
 def _note_new_folders(folders: list[Path]) -> None:
@@ -374,16 +430,26 @@ def _hydra_config(config: DictConfig) -> Iterator[None]:
 
 def check_command_line(argv: list[str]) -> None:
     """What must be refused before Hydra makes the run folder (it creates it before any of the
-    project's code runs): an exp_name that would leave outputs_dir, an outputs_dir blocked by a file."""
-    outputs_dir = "outputs"  # conf/config.yaml's default, relative to where run.py is started
+    project's code runs): an exp_name that would leave outputs_dir or is no plain name, an
+    outputs_dir, experiment folder or artifacts_dir blocked by a file."""
+    outputs_dir, artifacts_dir, names = "outputs", "outputs/artifacts", ["default"]  # conf/config.yaml's defaults
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
         if key == "exp_name":
-            for name in value.split(","):  # a sweep over names
+            if "${" in value:
+                raise ConfigError(f"exp_name={value}: give the folder name itself, not an interpolation (its value "
+                                  f"may hold '/' or be no folder name at all)")
+            names = value.split(",")  # a sweep over names
+            for name in names:
                 folder_name(name)
         if key == "outputs_dir":
             outputs_dir = value
-    check_folder("outputs_dir", Path(outputs_dir))
+        if key == "artifacts_dir":
+            artifacts_dir = value
+    check_folder("outputs_dir", repo_path(outputs_dir))
+    for name in names:
+        check_folder("exp_name", repo_path(outputs_dir) / name)
+    check_folder("artifacts_dir", repo_path(artifacts_dir))
 
 
 GROUPS = ("model", "method", "task", "logger")  # conf/ groups a run needs one option of
@@ -413,6 +479,46 @@ def schema_gaps(cfg: DictConfig, schema: type = RunSchema, prefix: str = "",
         if kind is not None and dataclasses.is_dataclass(kind):
             gaps += schema_gaps(node, kind, key + ".", broken)
     return gaps
+
+
+def schema_extras(cfg: DictConfig, schema: type = RunSchema, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Keys in `cfg` the schema does not have (a `+key=value` override adds any key: `+bugdet=4`,
+    as Hydra's own hint after a typo suggests), each with the schema's keys beside it. Nested configs
+    are walked by their own type; free-form sections (dict-typed: model.arch, task.*) are not."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    extras = []
+    for key in cfg.keys():
+        if key == "hydra" and not prefix:
+            continue
+        if key not in fields:
+            extras.append((prefix + str(key), [prefix + k for k in fields]))
+            continue
+        if OmegaConf.is_missing(cfg, key):
+            continue
+        try:
+            node = cfg[key]
+        except InterpolationResolutionError:
+            continue
+        kind = OmegaConf.get_type(node) if OmegaConf.is_config(node) else None
+        if kind is not None and dataclasses.is_dataclass(kind):
+            extras += schema_extras(node, kind, f"{prefix}{key}.")
+    return extras
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key is one the run reads; an unknown one is refused naming the nearest valid key."""
+    import difflib
+
+    extras = schema_extras(cfg)
+    if extras:
+        key, valid = extras[0]
+        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]}?" if near else f"; the keys here are: {', '.join(valid)}"
+        more = f" (and {', '.join(k for k, _ in extras[1:])})" if len(extras) > 1 else ""
+        raise ConfigError(f"{key}{more} is not a key of the run's configuration{hint} (a `+key=value` override adds a "
+                          f"key the run would never read)")
 
 
 def check_complete(cfg: DictConfig) -> None:
@@ -505,6 +611,7 @@ def check_composition(argv: list[str]) -> None:
                 cfg = compose(config_name=args.config_name or "config", overrides=point)
             except (HydraException, OmegaConfBaseException) as err:
                 raise ConfigError(hydra_message(err)) from None
+            check_known_keys(cfg)
             check_complete(cfg)
 
 
@@ -517,4 +624,13 @@ if __name__ == "__main__":
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     os.environ.setdefault(STARTED_ENV, repr(time.time()))
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # outside a job (Hydra composing or launching): nothing was run
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except OSError as err:  # Hydra's own writes (multirun.yaml) on a full disk
+        if err.errno not in DISK_ERRORS:
+            raise
+        print(f"error: {disk_message(err)}", file=sys.stderr)
+        sys.exit(2)

@@ -27,7 +27,11 @@ def _umask() -> int:
 def _write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
+    try:
+        tmp.write_bytes(data)
+    except OSError as err:  # a full disk or a file size limit: no half-written temporary left, the file named
+        tmp.unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror, str(path)) from err
     os.chmod(tmp, 0o666 & ~_umask())
     tmp.replace(path)
 

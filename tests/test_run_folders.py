@@ -19,8 +19,13 @@ FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "stage=describe"]
 
 
 def _run_py(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """run.py started in `cwd`, its outputs_dir `cwd/outputs` unless given (a relative outputs_dir is
+    relative to the checkout, wherever run.py starts: tests/test_start_refusals.py)."""
     flags = [a for a in args if a.startswith("-")]
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *flags, *FAST, *(a for a in args if not a.startswith("-"))],
+    rest = [a for a in args if not a.startswith("-")]
+    if not any(a.startswith("outputs_dir=") for a in rest):
+        rest.insert(0, f"outputs_dir={cwd}/outputs")
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *flags, *FAST, *rest],
                           cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -48,7 +53,7 @@ SLOW = pytest.mark.slow  # one interpreter start each; the first and the last ru
                  "hydra.sweep.subdir=. puts the run of `budget=3,model=tiny_qwen3,stage=describe,task=smoke` at outputs/sw, "
                  "not in a folder of its own", marks=SLOW),
     pytest.param(["hydra.run.dir=elsewhere/run"],
-                 "hydra.run.dir=elsewhere/run is outside outputs_dir=outputs ({cwd}/outputs): runs go below outputs_dir; "
+                 "hydra.run.dir=elsewhere/run is outside outputs_dir={cwd}/outputs ({cwd}/outputs): runs go below outputs_dir; "
                  "set allow_outside_outputs=true to write to {cwd}/elsewhere/run", marks=SLOW),
     (["hydra.run.dir=outputs/mine"], ("run folder outputs/mine holds files that are not a run of these overrides "
                                       "(keep.txt, sub); a run replaces only its own folder")),
@@ -76,7 +81,7 @@ def test_outside_outputs_dir_with_the_flag_and_a_new_folder(tmp_path):
 def test_a_failed_start_leaves_nothing_behind(tmp_path):
     """No folder, no .hydra/, no log: what the command made for the run goes again; a folder that
     was there before stays."""
-    proc = _run_py(tmp_path, "outputs_dir=new/outputs", "budget=17")
+    proc = _run_py(tmp_path, f"outputs_dir={tmp_path}/new/outputs", "budget=17")
     assert proc.returncode == 2 and "error: budget=17 exceeds the 16 experts" in proc.stderr
     assert _tree(tmp_path) == []
     (tmp_path / "outputs" / "default").mkdir(parents=True)

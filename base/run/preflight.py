@@ -114,9 +114,6 @@ def _check_arch(cfg: RunConfig, value: Callable[[str], Any], experts_key: str, t
                           f"{heads}, and no head_dim is set")
 
 
-WANDB_HOST = ("api.wandb.ai", 443)
-
-
 def check_logger(cfg: RunConfig, reach: Callable[[tuple[str, int]], bool] | None = None) -> None:
     """logger=wandb logger.mode=online needs a login and the wandb server: without either, wandb
     failed after minutes of retries, after the run had started. `reach` (tests): the connection probe."""
