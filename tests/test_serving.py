@@ -373,3 +373,68 @@ def test_a_prefill_form_reaches_its_variants_engine_only(monkeypatch):
     for v in (Variant("base", 4), Variant("base", 4, forms=("compile_prefill",))):
         serving._Engine(None, lambda v, record: None, v, 2, 16, ThroughputConfig(batch_sizes=[2]), SchedulerConfig())
     assert seen == [False, True]
+
+
+class _Killed(Exception):
+    """Stands for SIGTERM after a stream: the run stops where emit was called."""
+
+
+def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_once(compose, tmp_path, monkeypatch):
+    """Fault injection (issue 43: a rerun of a stopped serve run deleted its finished streams and
+    served nothing again). The run is stopped right after its k-th stream's rows are written, for
+    k = 1, 2, ...; each time the same command is run again. At the end every stream (and every
+    request of it) is there exactly once, the streams served before a stop are the rows written then,
+    and the search steps bisect to the same rates as an uninterrupted run's."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run import pipeline
+
+    overrides = ["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
+                 "stage=throughput", "throughput.mode=serve", "throughput.batch_sizes=[2]",
+                 "throughput.methods=[dense,router_sum]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
+                 "stream.output_len=[2,5]", "serve.requests=3", "serve.rates=[null,400]", "serve.repeats=2", "seed=5",
+                 "serve.search_steps=1"]
+    cfg = compose(overrides)
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    out = tmp_path / "run"
+    real = pipeline.outputs.write_table
+    written: dict[str, list] = {"before": []}
+
+    def stop_after(k: int):
+        def write_table(path, rows):
+            real(path, rows)
+            if path.name == "serve.csv" and len(rows) >= k:
+                written["before"] = [dict(r) for r in rows]
+                raise _Killed
+        return write_table
+
+    total = 2 * 2 * 3  # repeats x variants x (two rates + one search step)
+    attempts = 0
+    for k in range(1, total + 1):
+        monkeypatch.setattr(pipeline.outputs, "write_table", stop_after(k))
+        try:
+            pipeline.run(run.build_config(cfg, out), text)
+        except _Killed:
+            attempts += 1
+            continue
+        break
+    monkeypatch.setattr(pipeline.outputs, "write_table", real)
+    if not (out / "report.json").exists():
+        pipeline.run(run.build_config(cfg, out), text)
+    assert attempts >= total - 1
+    streams = pd.read_csv(out / "serve.csv")
+    requests = pd.read_json(out / "requests.jsonl", lines=True)
+    key = ["repeat", "variant", "arrivals", "search_step"]
+    assert len(streams) == total and not streams.duplicated(key).any()
+    assert len(requests) == 3 * total and not requests.duplicated([*key, "request"]).any()
+    assert sorted(streams["attempt"].unique()) == list(range(streams["attempt"].max() + 1))
+    before = pd.DataFrame(written["before"])  # the last stop's rows stay as they were written
+    cols = ["variant", "repeat", "arrivals", "output_tokens", "duration_s"]
+    assert streams.iloc[:len(before)][cols].values.tolist() == before[cols].values.tolist()
+    fresh = tmp_path / "fresh"
+    pipeline.run(run.build_config(cfg, fresh), text)
+    again = pd.read_csv(fresh / "serve.csv")
+    assert streams[key[:3]].equals(again[key[:3]])  # the same streams in the same order
+    search = streams["arrivals"] == "search"
+    assert streams.loc[search, "rate"].tolist() == pytest.approx(again.loc[search, "rate"].tolist())

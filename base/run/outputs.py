@@ -27,6 +27,19 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """write_jsonl's rows back ([] when the file is missing; a line cut by a kill is dropped)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
+
+
 def write_report(out_dir: Path, report: dict[str, Any], name: str = REPORT) -> None:
     atomic_write_text(out_dir / name, json.dumps(report, indent=2, default=str))
 
@@ -125,6 +138,34 @@ def finished_hash(out_dir: Path) -> str | None:
         return json.loads((out_dir / REPORT).read_text()).get("config_hash", "")
     except (OSError, ValueError):
         return ""
+
+
+COUNTED = ("*.jsonl", "*.csv")  # the run's tables: their line counts go into its report
+
+
+def line_counts(out_dir: Path) -> dict[str, int]:
+    """Lines of each table the run wrote (report.json's `files`)."""
+    return {p.name: _lines(p) for pattern in COUNTED for p in sorted(out_dir.glob(pattern))}
+
+
+def _lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def damaged(out_dir: Path) -> list[str]:
+    """The tables of a finished run that are missing or hold another number of lines than its
+    report recorded (a truncated samples.jsonl was skipped as finished); [] for reports from
+    before the counts were recorded."""
+    report = read_report(out_dir) or {}
+    out = []
+    for name, n in (report.get("files") or {}).items():
+        path = out_dir / name
+        if not path.exists():
+            out.append(f"{name} is missing")
+        elif _lines(path) != n:
+            out.append(f"{name} has {_lines(path)} lines, its report says {n}")
+    return out
 
 
 def read_report(out_dir: Path) -> dict[str, Any] | None:

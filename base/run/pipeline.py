@@ -138,33 +138,67 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
     with run_folder.run_lock(out):
         run_folder.recover(out)
         run_folder.check_target(out, cfg.run_key)  # as it is now, after any run that held the lock
-        if _finished_before(cfg, resolved_config, chash):
+        if _finished_before(cfg, resolved_config, chash, say=False):
             return None
-        stage = run_folder.staging_dir(out)
+        keep = _kept_name(cfg, resolved_config)
+        stage = run_folder.staging_dir(out, RESUMABLE, resolved_config)
         try:
             report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash, extra_files or {})
         except ConfigError:  # a bad input found after preflight: the run leaves nothing
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        run_folder.publish(stage, out)
+        run_folder.publish(stage, out, keep)
+        if keep is not None:
+            print(f"[base] the earlier run in {out} is kept as {keep}")
     return report
 
 
-def _finished_before(cfg: RunConfig, resolved_config: str, chash: str) -> bool:
-    """Is out_dir a finished run of this config (skipped unless force)? Says what it found."""
+def _finished_before(cfg: RunConfig, resolved_config: str, chash: str, say: bool = True) -> bool:
+    """Is out_dir a finished, intact run of this config (skipped unless force)? Says what it found.
+    A finished run of another config (a task file or a default changed since), or of an older
+    engine, is not replaced: it is kept beside the new one (`_kept_name`)."""
     out = cfg.out_dir
     done = outputs.finished_hash(out)
+    note = print if say else (lambda *a, **k: None)
     if outputs.same_config(resolved_config, done) and not cfg.force and _older_engine(cfg):
-        print(f"[base] {out} is finished, but its continuous-batching decode ran on an older engine "
-              f"(base/run/provenance.py: version {_older_engine(cfg)}, now {CONTINUOUS_VERSION}); rerunning.")
+        note(f"[base] {out} is finished, but its continuous-batching decode ran on an older engine "
+             f"(base/run/provenance.py: version {_older_engine(cfg)}, now {CONTINUOUS_VERSION}); running it again "
+             f"(the earlier run is kept beside it)")
         return False
     if outputs.same_config(resolved_config, done) and not cfg.force:
-        print(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
-              f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
+        damage = outputs.damaged(out)
+        if damage:
+            note(f"[base] {out} is finished but damaged ({'; '.join(damage)}); running it again")
+            return False
+        note(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
+             f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
         return True
     if done is not None and not outputs.same_config(resolved_config, done):
-        print(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); rerunning.")
+        note(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); running this "
+             f"one (the earlier run is kept beside it)")
     return False
+
+
+def _kept_name(cfg: RunConfig, resolved_config: str) -> Path | None:
+    """Where the finished run in out_dir goes when this run replaces it without being the same
+    measurement (another config, an older engine): `<run>~<its config hash or engine>`, a run folder
+    of its own. None: nothing to keep (no finished run, a damaged one, or force=true on the same config)."""
+    out = cfg.out_dir
+    done = outputs.finished_hash(out)
+    if done is None:
+        return None
+    if not outputs.same_config(resolved_config, done):
+        tag = done or "old"
+    elif _older_engine(cfg) and not cfg.force:
+        tag = f"engine{_older_engine(cfg)}"
+    else:
+        return None
+    name = f"{out.name}~{tag}"
+    n = 1
+    while (out.parent / name).exists():
+        n += 1
+        name = f"{out.name}~{tag}.{n}"
+    return out.parent / name
 
 
 def _older_engine(cfg: RunConfig) -> int | None:
@@ -210,6 +244,7 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
             _run_stage(cfg, model, layers, report, logger)
         report.setdefault("provenance", commit(cfg.root))  # stages that decode nothing: the code only
         report["wall_s"] = time.perf_counter() - t0
+        report["files"] = outputs.line_counts(out)  # a rerun checks them before skipping the run as finished
         logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
         outputs.write_report(out, report, outputs.PENDING_REPORT)  # last: publish makes it report.json
         ok = True
@@ -220,20 +255,33 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
     return report
 
 
+# Files a stopped attempt of a run wrote as it went, carried into the rerun's folder to resume from
+# (base/run/run_folder.py staging_dir): a serve run's finished streams and step probes.
+RESUMABLE = ("requests.jsonl", "serve_streams.jsonl", "step_probe.jsonl")
+
+
 def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], logger: Logger) -> None:
     """throughput.mode=serve: requests.jsonl (one record per request) and serve.csv (one row per
-    stream), rewritten after every stream so that a run stopped midway keeps what it served."""
-    from base.runtime.serving import measure_serving
+    stream), rewritten after every stream so that a run stopped midway keeps what it served; the
+    same command then resumes from it (base/runtime/serving.py: only what is missing is served)."""
+    from base.runtime.serving import Earlier, measure_serving
 
     out = cfg.out_dir
     tag = {"model": cfg.model.name, "routing": cfg.model.routing}
+    earlier = Earlier(*(outputs.read_jsonl(out / name) for name in RESUMABLE))
+    if earlier.streams:
+        print(f"[base] resuming: {len(earlier.streams)} streams served by a stopped attempt of this run are kept",
+              flush=True)
 
-    def emit(requests: list[dict], streams: list[dict]) -> None:
+    def emit(requests: list[dict], streams: list[dict], probes: list[dict]) -> None:
         outputs.write_jsonl(out / "requests.jsonl", [{**tag, **r} for r in requests])
+        outputs.write_jsonl(out / "serve_streams.jsonl", [{**tag, **r} for r in streams])  # exact, for a resume
         outputs.write_table(out / "serve.csv", [{**tag, **r} for r in streams])
+        outputs.write_jsonl(out / "step_probe.jsonl", probes)
 
     _, streams, info = measure_serving(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream,
-                                       cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit, cfg.scheduler)
+                                       cfg.serve, cfg.seed, cfg.stream.task_lengths(cfg.root), emit, cfg.scheduler,
+                                       earlier)
     logger.table("serve", streams)
     outputs.write_table(out / "step_probe.csv", [{**tag, **{k: v for k, v in r.items() if k != "kernels"}}
                                                  for r in info["step_probe"]])

@@ -120,14 +120,26 @@ def run_lock(out_dir: Path) -> Iterator[None]:
         lock.release()
 
 
-def staging_dir(out_dir: Path) -> Path:
+def staging_dir(out_dir: Path, carry: tuple[str, ...] = (), config: str | None = None) -> Path:
     """A fresh folder for the run's results, beside out_dir; leftovers of killed reruns go. Call it
-    holding run_lock(out_dir): no other run of the folder is live then."""
+    holding run_lock(out_dir): no other run of the folder is live then. `carry`: files a stopped
+    attempt of the same run wrote as it went (a serve run's finished streams), copied from the
+    newest leftover whose config.yaml is `config` into the new folder, where the run resumes from
+    them instead of serving them again."""
     recover(out_dir)
-    for stale in _siblings(out_dir, "partial"):
-        shutil.rmtree(stale, ignore_errors=True)
+    stale = _siblings(out_dir, "partial")
+    carried: dict[str, bytes] = {}
+    if carry and config is not None:
+        for old in sorted(stale, key=lambda p: p.stat().st_mtime, reverse=True):
+            if (old / "config.yaml").is_file() and (old / "config.yaml").read_text() == config:
+                carried = {name: (old / name).read_bytes() for name in carry if (old / name).is_file()}
+                break
+    for old in stale:
+        shutil.rmtree(old, ignore_errors=True)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     stage.mkdir(parents=True)
+    for name, data in carried.items():
+        (stage / name).write_bytes(data)
     return stage
 
 
@@ -148,18 +160,19 @@ def recover(out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def publish(stage: Path, out_dir: Path) -> None:
+def publish(stage: Path, out_dir: Path, keep: Path | None = None) -> None:
     """The complete new result replaces out_dir's (checked by check_target to be this run's own):
     two renames swap the folders, and the pending report becomes report.json last (until then no
-    reader sees a report.json beside half a run; recover() finishes or undoes a killed swap)."""
-    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    reader sees a report.json beside half a run; recover() finishes or undoes a killed swap).
+    `keep`: where the earlier run goes instead of being deleted (another measurement)."""
+    old = keep if keep is not None else out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
     try:
         out_dir.rename(old)
     except FileNotFoundError:
         old = None
     stage.rename(out_dir)
     (out_dir / PENDING_REPORT).rename(out_dir / REPORT)
-    if old is not None:
+    if old is not None and keep is None:
         shutil.rmtree(old, ignore_errors=True)
 
 

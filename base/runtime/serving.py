@@ -46,6 +46,13 @@ variants' order rotated, per-request latency and goodput.
 
 Statistics are not recorded (the recorder adds kernels to the step): union and kept experts per
 variant are what stream mode measures.
+
+Resuming: `earlier` holds the rows a stopped attempt of the same run wrote as it went (its
+requests, streams and step probes: the run folder's requests.jsonl, serve.csv, step_probe.jsonl).
+A stream already served is not served again: its rows are taken as they were, in their place in
+the order, and a variant whose streams and probe are all done is not even built; the search
+reuses the outcomes of its earlier steps, so it bisects to the same rates. Each stream row says
+which attempt served it (`attempt`: 0 the first, counting up), so a reader can tell resumed rows apart.
 """
 from __future__ import annotations
 
@@ -54,7 +61,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -75,7 +82,45 @@ from base.runtime.step_probe import STEPS, longest_context, probe_forwards
 from base.runtime.stream import make_stream
 from base.runtime.throughput import Variant, static_step_ms
 
-Emit = Callable[[list[dict], list[dict]], None]
+Emit = Callable[[list[dict], list[dict], list[dict]], None]
+STREAM_KEY = ("slots", "repeat", "variant", "budget", "rate", "arrivals", "search_step")
+
+
+def stream_key(row: dict) -> tuple:
+    """A stream's identity within a run (CSV-read rows: NaN is None, whole floats are ints)."""
+    def norm(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        return v
+    key = [norm(row.get(k)) for k in STREAM_KEY]
+    if row.get("arrivals") == "search":  # a search step is known by its number (its rate follows from the earlier ones)
+        key[STREAM_KEY.index("rate")] = None
+    return tuple(key)
+
+
+@dataclass
+class Earlier:
+    """What a stopped attempt of the run served: its rows, by stream (see the module doc)."""
+
+    requests: list[dict] = field(default_factory=list)
+    streams: list[dict] = field(default_factory=list)
+    probes: list[dict] = field(default_factory=list)
+
+    def stream(self, keys: dict) -> tuple[dict, list[dict]] | None:
+        key = stream_key(keys)
+        for row in self.streams:
+            if stream_key(row) == key:
+                return row, [r for r in self.requests if stream_key(r) == key]
+        return None
+
+    def probe(self, slots: int, label: str) -> dict | None:
+        return next((p for p in self.probes if p.get("slots") == slots and p.get("variant") == label), None)
+
+    @property
+    def attempt(self) -> int:
+        return 1 + max((int(r.get("attempt") or 0) for r in self.streams), default=-1)
 
 
 def rotated(items: list, repeat: int, repeats: int) -> list:
@@ -186,20 +231,40 @@ def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo
                                       "context_median")}}
 
 
-def _serve_stream(engine: ContinuousEngine, requests: list[Request], seed: int, scheduler: SchedulerConfig,
-                  slo: Slo, request_rows: list[dict], stream_rows: list[dict], emit: Emit | None,
-                  keys: dict[str, Any]) -> dict:
+class _Rows:
+    """The run's rows so far, handed to `emit` after every stream and probe."""
+
+    def __init__(self, emit: Emit | None) -> None:
+        self.requests: list[dict] = []
+        self.streams: list[dict] = []
+        self.probes: list[dict] = []
+        self._emit = emit
+
+    def emit(self) -> None:
+        if self._emit is not None:
+            self._emit(self.requests, self.streams, self.probes)
+
+
+def _serve_stream(engine: ContinuousEngine | None, requests: list[Request], seed: int, scheduler: SchedulerConfig,
+                  slo: Slo, rows_so_far: _Rows, earlier: Earlier, attempt: int, keys: dict[str, Any]) -> dict:
     """Serve `requests` arriving at keys["rate"] (None: the burst; the seeded draw, scaled) through
-    the engine; the rows go to request_rows / stream_rows (and `emit`); returns the stream's row."""
+    the engine, or take the stream's rows from an earlier attempt; the rows go to `rows_so_far`
+    (emitted); returns the stream's row."""
     rate = keys["rate"]
+    served = earlier.stream(keys)
+    if served is not None:  # a stopped attempt of this run served it
+        summary, rows = served
+        rows_so_far.requests.extend(rows)
+        rows_so_far.streams.append(summary)
+        rows_so_far.emit()
+        return summary
     stream = [replace(r, arrival_s=a) for r, a in zip(requests, arrival_times(len(requests), rate, seed))]
     done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
     rows = _records(done, stream, keys)
-    summary = _summary(rows, stats, keys, slo)
-    request_rows.extend(rows)
-    stream_rows.append(summary)
-    if emit is not None:
-        emit(request_rows, stream_rows)
+    summary = {**_summary(rows, stats, keys, slo), "attempt": attempt}
+    rows_so_far.requests.extend(rows)
+    rows_so_far.streams.append(summary)
+    rows_so_far.emit()
     print(f"[serve] {keys['slots']} slots, repeat {keys['repeat']}, {keys['variant']} budget={keys['budget']}, "
           f"{'burst' if rate is None else f'{rate:g} req/s'}{' (search)' if keys['arrivals'] == 'search' else ''}: "
           f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
@@ -208,62 +273,107 @@ def _serve_stream(engine: ContinuousEngine, requests: list[Request], seed: int, 
     return summary
 
 
+def _stream_plan(cfg: ServeConfig, keys: dict[str, Any]) -> list[dict[str, Any]]:
+    """The keys of a variant's rate streams (the search's depend on their outcomes: not planned)."""
+    return [{**keys, "rate": rate, "arrivals": "burst" if rate is None else "poisson"} for rate in cfg.rates]
+
+
+def _all_done(cfg: ServeConfig, keys: dict[str, Any], earlier: Earlier) -> bool:
+    """Every stream of a variant served by an earlier attempt (the search's steps replayed from it)."""
+    if any(earlier.stream(k) is None for k in _stream_plan(cfg, keys)):
+        return False
+    if not cfg.search_steps:
+        return True
+    done = [r for r in earlier.streams if stream_key(r)[:4] == stream_key(keys)[:4] and r.get("arrivals") == "search"]
+    return len(done) >= cfg.search_steps
+
+
 def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
                     variants: list[Variant], tp: ThroughputConfig, stream_cfg: StreamConfig, cfg: ServeConfig,
                     seed: int, lengths: list[tuple[int, int]] | None = None, emit: Emit | None = None,
-                    scheduler: SchedulerConfig | None = None) -> tuple[list[dict], list[dict], dict[str, Any]]:
-    """(request rows, stream rows, info) as the module doc says; `emit(requests, streams)` gets the
-    rows so far after every stream (a run folder can hold them before the run ends)."""
+                    scheduler: SchedulerConfig | None = None,
+                    earlier: Earlier | None = None) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """(request rows, stream rows, info) as the module doc says; `emit(requests, streams, probes)`
+    gets the rows so far after every stream and probe (a run folder holds them before the run
+    ends); `earlier`: a stopped attempt's rows, resumed from (the module doc)."""
     scheduler = scheduler or SchedulerConfig()
+    earlier = earlier or Earlier()
+    attempt = earlier.attempt
     vocab = model.config.vocab_size
     length = cache_length(stream_cfg.longest(lengths))
     slo = Slo(cfg.slo_ttft_ms, cfg.slo_tpot_ms)
-    request_rows: list[dict] = []
-    stream_rows: list[dict] = []
-    info: dict[str, Any] = {"warmup_s": {}, "orders": [], "step_probe": []}
+    rows = _Rows(emit)
+    info: dict[str, Any] = {"warmup_s": {}, "orders": [], "step_probe": rows.probes, "resumed_streams": 0,
+                            "attempt": attempt}
     for slots in tp.batch_sizes:
         requests = make_stream(cfg.requests, vocab, stream_cfg, seed + slots, lengths)  # stream.rate: null
-        if not info["warmup_s"]:  # calibration and predictor fits, before anything is timed
-            for v in variants:
-                budget = make_budget(v, False)
-                if budget is not None:
-                    budget.remove()
-        info["warmup_s"][slots] = warm_prefill(model, make_budget, variants[0], slots, length, tp, scheduler,
-                                               requests)
+        plans = []
         for repeat in range(cfg.repeats):
             order = rotated(variants, repeat, cfg.repeats)
             info["orders"].append({"slots": slots, "repeat": repeat, "order": [v.label for v in order]})
             for position, v in enumerate(order, 1):
+                keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
+                        "method": v.method, "budget": v.budget, "k0": v.k0, "packing": scheduler.packing,
+                        "chunked": scheduler.chunked, "min_prompt_tokens": scheduler.min_prompt_tokens,
+                        "max_wait_steps": scheduler.max_wait_steps}
                 probing = repeat == 0 and scheduler.packing == "packed"
-                with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
-                    _warm_engine(engine, scheduler, requests)
-                    keys = {"slots": slots, "repeat": repeat, "position": position, "variant": v.label,
-                            "method": v.method, "budget": v.budget, "k0": v.k0, "packing": scheduler.packing,
-                            "chunked": scheduler.chunked, "min_prompt_tokens": scheduler.min_prompt_tokens,
-                            "max_wait_steps": scheduler.max_wait_steps}
-                    stream_at = functools.partial(_serve_stream, engine, requests, seed + slots, scheduler, slo,
-                                                  request_rows, stream_rows, emit)
-                    first = None
-                    for rate in cfg.rates:
-                        row = stream_at({**keys, "rate": rate, "arrivals": "burst" if rate is None else "poisson"})
-                        first = first or row
-                    if cfg.search_steps:
-                        bisect_rates(*cfg.search_range, cfg.search_steps,
-                                     lambda rate, step, at=stream_at, keys=keys: at({
-                                         **keys, "rate": rate, "arrivals": "search", "search_step": step,
-                                         "search_attainment": cfg.search_attainment,
-                                     })["good_fraction"] >= cfg.search_attainment)
-                    if probing:
-                        probe = probe_forwards(engine, [r.ids for r in requests],
-                                               prompt_tokens=_probe_context(engine, first or {}, requests))
-                if probing:  # the static engine's step at the same rows and context, its engine released first
-                    probe["static_step_ms"] = static_step_ms(model, make_budget, v, slots, probe["prompt_tokens"], tp)
-                    info["step_probe"].append({"slots": slots, "variant": v.label, "budget": v.budget,
-                                               "stream_context_median": (first or {}).get("context_median"), **probe})
-                    print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding from "
-                          f"{probe['prompt_tokens']} tokens of context, {probe['full_step_ms']:.2f} ms per replayed "
-                          f"step (the static engine's {probe['static_step_ms']:.2f} ms), "
-                          f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
-                          f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
-                          f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
-    return request_rows, stream_rows, info
+                done = _all_done(cfg, keys, earlier) and (not probing or earlier.probe(slots, v.label) is not None)
+                plans.append((v, keys, probing, done))
+        if not all(done for *_, done in plans):
+            if not info["warmup_s"]:  # calibration and predictor fits, before anything is timed
+                for v in variants:
+                    budget = make_budget(v, False)
+                    if budget is not None:
+                        budget.remove()
+            info["warmup_s"][slots] = warm_prefill(model, make_budget, variants[0], slots, length, tp, scheduler,
+                                                   requests)
+        for v, keys, probing, done in plans:
+            if done:  # every stream and the probe from the earlier attempt: no engine to build
+                _replay(cfg, keys, earlier, rows, requests, seed + slots, scheduler, slo, attempt)
+                if probing:
+                    rows.probes.append(earlier.probe(slots, v.label))
+                info["resumed_streams"] += len(_stream_plan(cfg, keys)) + cfg.search_steps
+                rows.emit()
+                continue
+            with _Engine(model, make_budget, v, slots, length, tp, scheduler) as engine:
+                _warm_engine(engine, scheduler, requests)
+                first = _replay(cfg, keys, earlier, rows, requests, seed + slots, scheduler, slo, attempt, engine)
+                info["resumed_streams"] += sum(earlier.stream(k) is not None for k in _stream_plan(cfg, keys))
+                probe = earlier.probe(slots, v.label) if probing else None
+                if probing and probe is None:
+                    probe = probe_forwards(engine, [r.ids for r in requests],
+                                           prompt_tokens=_probe_context(engine, first or {}, requests))
+                    probe = {"slots": slots, "variant": v.label, "budget": v.budget,
+                             "stream_context_median": (first or {}).get("context_median"), **probe}
+                    fresh = True
+                else:
+                    fresh = False
+            if probing and fresh:  # the static engine's step at the same rows and context, its engine released first
+                probe["static_step_ms"] = static_step_ms(model, make_budget, v, slots, probe["prompt_tokens"], tp)
+                print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding from "
+                      f"{probe['prompt_tokens']} tokens of context, {probe['full_step_ms']:.2f} ms per replayed "
+                      f"step (the static engine's {probe['static_step_ms']:.2f} ms), "
+                      f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
+                      f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
+                      f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
+            if probing:
+                rows.probes.append(probe)
+                rows.emit()
+    return rows.requests, rows.streams, info
+
+
+def _replay(cfg: ServeConfig, keys: dict[str, Any], earlier: Earlier, rows: _Rows, requests: list[Request], seed: int,
+            scheduler: SchedulerConfig, slo: Slo, attempt: int, engine: ContinuousEngine | None = None) -> dict | None:
+    """A variant's streams in order: each served through `engine`, or taken from `earlier`
+    (engine None: all of them are there); returns its first stream's row."""
+    stream_at = functools.partial(_serve_stream, engine, requests, seed, scheduler, slo, rows, earlier, attempt)
+    first = None
+    for stream_keys in _stream_plan(cfg, keys):
+        row = stream_at(stream_keys)
+        first = first or row
+    if cfg.search_steps:
+        bisect_rates(*cfg.search_range, cfg.search_steps,
+                     lambda rate, step: stream_at({**keys, "rate": rate, "arrivals": "search", "search_step": step,
+                                                   "search_attainment": cfg.search_attainment})["good_fraction"]
+                     >= cfg.search_attainment)
+    return first
