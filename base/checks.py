@@ -88,3 +88,17 @@ def check_file(what: str, path: Path, shown: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{what}={shown} is a folder (looked for {p}); give a file")
+
+
+def check_unique(what: str, values: list) -> None:
+    """A list whose entries name measurements: each once (a repeated task counted twice in the
+    summary accuracy; a repeated batch size was measured twice)."""
+    seen, repeated = set(), []
+    for v in values:
+        key = repr(v)
+        if key in seen and v not in repeated:
+            repeated.append(v)
+        seen.add(key)
+    if repeated:
+        raise ConfigError(f"{what}={list(values)} names {', '.join(map(str, repeated))} more than once: give each once")
+

@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from base.checks import ConfigError, check_choice, check_float, check_int
+from base.checks import ConfigError, check_choice, check_float, check_int, check_unique
 from base.method.predictor import PredictorConfig
 from base.method.routing import REASSIGN_MODES, RENORMALIZE_MODES
 
@@ -34,6 +34,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
 # families whose attention base/hf/fused_attention.py computes (its `qualifies`; tests/test_fused_attention.py)
 FUSED_ATTENTION_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
+PROFILE_BATCH = 16  # ThroughputConfig.profile_batch's default
 REGION_KINDS = ("layer", "modules", "layer_combo", "layer_skinny")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 
@@ -132,6 +133,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ConfigError(f"task {self.name}: tasks is empty")
+        check_unique("task.tasks", list(self.tasks))
         self.limit = check_int("task.limit", self.limit, 1, allow_none=True)
         self.num_fewshot = check_int("task.num_fewshot", self.num_fewshot, 0, allow_none=True)
 
@@ -247,7 +249,8 @@ class ThroughputConfig:
     non_expert: bool = True  # CUDA: also time the step with the expert FFN skipped (dense, oea and
     # the first budget only: each is one more capture)
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
-    profile_batch: int | None = 16  # profile the step by kernel class at this batch size (null: never)
+    profile_batch: int | None = PROFILE_BATCH  # profile the step by kernel class at this batch size (null: never;
+    # the default only where 16 is among batch_sizes, another value must be among them)
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
     regions: str = "layer_combo"  # with compile: layer_combo (layer, with Inductor's combo kernels:
     # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer) |
@@ -274,15 +277,24 @@ class ThroughputConfig:
         if not self.batch_sizes:
             raise ConfigError("throughput.batch_sizes is empty")
         self.batch_sizes = [check_int("throughput.batch_sizes[]", b, 1) for b in self.batch_sizes]
+        check_unique("throughput.batch_sizes", self.batch_sizes)
         self.budgets = None if self.budgets is None else [check_int("throughput.budgets[]", b, 1) for b in self.budgets]
+        check_unique("throughput.budgets", self.budgets or [])
         for spec in self.methods or []:
             parse_method_spec(spec)  # fails with the valid choices
+        check_unique("throughput.methods", list(self.methods or []))
         self.prompt_len = check_int("throughput.prompt_len", self.prompt_len, 1)
         self.gen_tokens = check_int("throughput.gen_tokens", self.gen_tokens, 2)
         self.warmup = check_int("throughput.warmup", self.warmup, 0)
         self.repeats = check_int("throughput.repeats", self.repeats, 1)
         self.stats_steps = check_int("throughput.stats_steps", self.stats_steps, 1)
         self.profile_batch = check_int("throughput.profile_batch", self.profile_batch, 1, allow_none=True)
+        # the default (16) profiles when 16 is measured; another value must be one that is
+        if (self.mode == "steps" and self.profile_batch not in (None, PROFILE_BATCH)
+                and self.profile_batch not in self.batch_sizes):
+            raise ConfigError(f"throughput.profile_batch={self.profile_batch} is not among throughput.batch_sizes="
+                              f"{self.batch_sizes}: the profile is taken at a measured batch size; give one of them, or "
+                              f"throughput.profile_batch=null for none")
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
         check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
         if self.fold_input_norm and not self.fused_attention:
