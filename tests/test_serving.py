@@ -438,3 +438,35 @@ def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_
     assert streams[key[:3]].equals(again[key[:3]])  # the same streams in the same order
     search = streams["arrivals"] == "search"
     assert streams.loc[search, "rate"].tolist() == pytest.approx(again.loc[search, "rate"].tolist())
+
+
+def test_a_stream_run_stopped_after_a_variant_resumes_from_it(compose, tmp_path, monkeypatch):
+    """throughput.mode=stream: stopped after its first variant's row was written, the same command
+    serves only the others; the first row stays as it was written."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run import pipeline
+
+    cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
+                   "stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[2]",
+                   "throughput.methods=[dense,router_sum]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
+                   "stream.output_len=[2,5]", "stream.requests_per_slot=2", "stream.stats_requests_per_slot=1"])
+    text, out = OmegaConf.to_yaml(cfg, resolve=True), tmp_path / "run"
+    real = pipeline.outputs.write_table
+    first: list = []
+
+    def stop(path, rows):
+        real(path, rows)
+        if path.name == "stream.csv":
+            first.extend(dict(r) for r in rows)
+            raise _Killed
+
+    monkeypatch.setattr(pipeline.outputs, "write_table", stop)
+    with pytest.raises(_Killed):
+        pipeline.run(run.build_config(cfg, out), text)
+    monkeypatch.setattr(pipeline.outputs, "write_table", real)
+    pipeline.run(run.build_config(cfg, out), text)
+    rows = pd.read_csv(out / "stream.csv")
+    assert rows["variant"].tolist() == ["dense", "router_sum"] and rows["attempt"].tolist() == [0, 1]
+    assert rows.iloc[0]["tokens_per_s"] == pytest.approx(first[0]["tokens_per_s"], rel=1e-12)

@@ -257,7 +257,7 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
 
 # Files a stopped attempt of a run wrote as it went, carried into the rerun's folder to resume from
 # (base/run/run_folder.py staging_dir): a serve run's finished streams and step probes.
-RESUMABLE = ("requests.jsonl", "serve_streams.jsonl", "step_probe.jsonl")
+RESUMABLE = ("requests.jsonl", "serve_streams.jsonl", "step_probe.jsonl", "stream_rows.jsonl")
 
 
 def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], logger: Logger) -> None:
@@ -350,8 +350,16 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         if cfg.throughput.mode == "stream":
             from base.runtime.stream import measure_stream
 
+            def emit(rows: list[dict]) -> None:  # after every variant: a stopped run resumes from them
+                outputs.write_jsonl(out / "stream_rows.jsonl", rows)
+                outputs.write_table(out / "stream.csv", rows)
+
+            earlier = outputs.read_jsonl(out / "stream_rows.jsonl")
+            if earlier:
+                print(f"[base] resuming: {len(earlier)} variants served by a stopped attempt of this run are kept",
+                      flush=True)
             rows = measure_stream(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.stream, cfg.seed,
-                                  cfg.stream.task_lengths(cfg.root), cfg.scheduler)
+                                  cfg.stream.task_lengths(cfg.root), cfg.scheduler, earlier, emit)
             outputs.write_table(out / "stream.csv", rows)
             logger.table("stream", rows)
             report["stream"] = rows

@@ -23,6 +23,10 @@ at a Poisson `stream.rate`; every (method, budget) variant serves the same strea
              the budget binds) and in mixed steps (`_mixed`)
 
 On a CPU the same code runs eagerly: a check of the bookkeeping, not a speed figure.
+
+Resuming: `emit(rows)` gets the rows after every variant; a stopped run's rows (`earlier`) are
+taken as they were for the (slots, variant) they cover, and only the others are served (each row
+names the attempt that served it).
 """
 from __future__ import annotations
 
@@ -126,10 +130,14 @@ def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, l
 def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
                    variants: list[Variant], tp: ThroughputConfig, cfg: StreamConfig, seed: int,
                    lengths: list[tuple[int, int]] | None = None,
-                   scheduler: SchedulerConfig | None = None) -> list[dict]:
+                   scheduler: SchedulerConfig | None = None, earlier: list[dict] | None = None,
+                   emit: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """One row per (slots, variant); see the module doc for the columns. `lengths`: a task's own
-    (prompt, output) token lengths to draw from (stream.lengths_from)."""
+    (prompt, output) token lengths to draw from (stream.lengths_from); `earlier`, `emit`: resuming
+    (the module doc)."""
     scheduler = scheduler or SchedulerConfig()
+    earlier = earlier or []
+    attempt = 1 + max((int(r.get("attempt") or 0) for r in earlier), default=-1)
     active_params = active_parameters(model)
     vocab = model.config.vocab_size
     length = cache_length(cfg.longest(lengths))
@@ -138,6 +146,11 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
         stream = make_stream(slots * cfg.requests_per_slot, vocab, cfg, seed + slots, lengths)
         short = make_stream(slots * cfg.stats_requests_per_slot, vocab, cfg, seed + slots + 1, lengths)
         for v in variants:
+            before = next((r for r in earlier if r.get("slots") == slots and r.get("variant") == v.label
+                           and r.get("budget") == v.budget), None)
+            if before is not None:  # served by a stopped attempt of this run
+                rows.append({k: val for k, val in before.items() if k != "speedup_vs_dense"})
+                continue
             budget = make_budget(v, False)
             try:
                 done, stats, predict_s = _serve(model, budget, v, slots, length, tp, cfg, stream, scheduler)
@@ -164,6 +177,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
                 "prefills": stats.prefills, "mixed_steps": stats.mixed_steps, "mixed_share": steady["mixed_share"],
                 "mixed_s": steady["mixed_s"], "mixed_prompt_tokens": stats.mixed_prompt_tokens,
                 "captures": stats.captures, "packing": scheduler.packing, "chunked": scheduler.chunked,
+                "attempt": attempt,
             }
             budget = make_budget(v, True)
             try:
@@ -178,6 +192,8 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
                 row[f"union_mean{suffix}"] = sum(r["union"] for r in kept) / n if kept else None
                 row[f"kept_mean{suffix}"] = sum(r["kept"] for r in kept) / n if kept else None
             rows.append(row)
+            if emit is not None:
+                emit(rows)
             print(f"[stream] {slots} slots {v.label} budget={v.budget}: {row['tokens_per_s']:.0f} tok/s, "
                   f"TPOT p50 {row['tpot_ms_p50']:.2f} ms, TTFT p50 {row['ttft_ms_p50']:.0f} ms, "
                   f"occupancy {row['occupancy_mean']:.1f}", flush=True)
