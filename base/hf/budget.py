@@ -17,7 +17,7 @@ Shapes: T tokens, E experts.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -61,6 +61,8 @@ class MoeBudget:
         self.model, self.family, self.layers, self.policy, self.options = model, family, layers, policy, options
         self.recorder = recorder
         self._installed = installed
+        # a trace of the selecting forwards (base/method/trace.py), set by the driver that wants it
+        self.observe: Callable | None = None
 
     @property
     def selector(self) -> Selector | None:
@@ -77,7 +79,8 @@ class MoeBudget:
         applies = decode or self.options.apply_to == "all"
         select = applies and self.selector is not None and not reference
         recording = applies and record and self.options.record_stats and not reference
-        return StepInputs(active_T, select, self.recorder if recording else None, decode)
+        return StepInputs(active_T, select, self.recorder if recording else None, decode,
+                          observe=self.observe if select else None)
 
     def bind(self, inputs: StepInputs | None) -> None:
         """Hand every block the inputs of the forward(s) that follow (None: the model's own blocks'

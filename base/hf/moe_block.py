@@ -45,7 +45,8 @@ class StepInputs:
     select: bool  # run the layer's selection (a budgeted decode step; every forward with apply_to=all)
     recorder: StatsRecorder | None  # where this forward's selection statistics go; None: nowhere
     decode: bool = True  # the kind of the recorded row
-    observe: Callable[[int, RoutedBatch], None] | None = None  # sees each layer's own routing (a probe)
+    observe: Callable[[int, RoutedBatch, Decision], None] | None = None  # sees each layer's routing and
+    # the selection's decision (a probe, or a trace of the decode steps: eager only, a CUDA graph replays none)
 
 
 def expert_norms_TK(experts: nn.Module, z_TH: Tensor, idx_TK: Tensor) -> Tensor:
@@ -140,7 +141,7 @@ class BudgetedMoE(nn.Module):
                 batch.norms_TK = expert_norms_TK(self.experts, x_TH, idx_TK)
             decision = self.selection.select(batch) if step.select else dense_decision(batch)
         if step.observe is not None:
-            step.observe(self.index, batch)
+            step.observe(self.index, batch, decision)
         if step.recorder is not None:
             self._record(step, batch, decision)
         if decision.topk_idx_TK is None:

@@ -40,7 +40,7 @@ def prompt_experts(model: nn.Module, budget: MoeBudget, ids: list[int], per_laye
     E = budget.layers[0].num_experts
     weight_LE = torch.zeros(layers, E, device=device)
 
-    def observe(layer: int, batch: RoutedBatch) -> None:
+    def observe(layer: int, batch: RoutedBatch, decision=None) -> None:
         weight_LE[layer] = aggregate_E(batch.topk_w_TK, batch.topk_idx_TK, batch.active_T, E).to(device)
 
     ids_1T = torch.tensor([ids], dtype=torch.long, device=device)
