@@ -21,6 +21,8 @@ predictor, k0) and how the fused kernels can run it (`kernel_term` or `static_sc
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -65,9 +67,16 @@ class Selector:
     kernel_tier: ClassVar[str] = "none"  # how the kernels rank beyond the term (kernels/select.py TIERS)
 
     def __init__(self, artifacts: Artifacts | None = None, k0: int | None = None,
-                 coverage: float | None = None) -> None:
+                 coverage: float | None = None, shrink: float | None = None) -> None:
         self.artifacts = artifacts or Artifacts()
         self.k0 = k0
+        if shrink is not None:
+            if not (self.needs_predictor and 0.0 <= shrink <= 1.0):
+                raise ValueError(f"shrink={shrink}: needs 0 <= shrink <= 1 and a selector with a predictor "
+                                 f"({', '.join(n for n in SELECTORS.names() if SELECTORS.get(n).needs_predictor)}); "
+                                 f"got {self.name!r}")
+            self.artifacts = shrunk(self.artifacts, shrink)
+        self.shrink = shrink
         if self.needs_k0 and (k0 is None or k0 < 1):
             raise ValueError(f"{self.name} needs k0 >= 1 (method.k0), got {k0}")
         if coverage is not None and not (self.supports_coverage and 0 < coverage <= 1):
@@ -104,6 +113,17 @@ class Selector:
         if budget is None:
             return union_E, score_E
         return select_top_m(score_E, union_E, budget), score_E
+
+
+def shrunk(artifacts: Artifacts, alpha: float) -> Artifacts:
+    """The predictor of log||E_u(z)|| pulled toward a layer-wide constant by 1 - alpha:
+    g' = c + alpha (g - c). For any constant c the ranking of sum_t w^2 exp(2 g') equals that of
+    sum_t w^2 exp(2 alpha g), since exp(2 (1 - alpha) c) factors out of the sum: so the predictor's
+    weights and bias are scaled by alpha. alpha = 1 is `base`; alpha = 0 sets every predicted norm
+    to 1, and `base`'s score becomes `router_sq`'s exactly (issue 41: how far to trust the norms)."""
+    if artifacts.pred_w_LHE is None:
+        return artifacts
+    return dataclasses.replace(artifacts, pred_w_LHE=artifacts.pred_w_LHE * alpha, pred_b_LE=artifacts.pred_b_LE * alpha)
 
 
 def coverage_count(score_E: Tensor, union_E: Tensor, coverage: float, budget: int | None) -> Tensor:
@@ -359,5 +379,5 @@ class Top1Union(Selector):
 
 
 def build_selector(name: str, artifacts: Artifacts | None = None, k0: int | None = None,
-                   coverage: float | None = None) -> Selector:
-    return SELECTORS.get(name)(artifacts=artifacts, k0=k0, coverage=coverage)
+                   coverage: float | None = None, shrink: float | None = None) -> Selector:
+    return SELECTORS.get(name)(artifacts=artifacts, k0=k0, coverage=coverage, shrink=shrink)
