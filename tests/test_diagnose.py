@@ -1,0 +1,68 @@
+"""Issue 41's calibration-time diagnostic (base/run/diagnose.py) against a direct computation on a
+tiny model: every rule's agreement is the prefix agreement of its own served tokens with dense's,
+worked out here token by token; the paired comparison calls a rule that stays on dense's path
+where another leaves it higher, and names it in worse_than."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from base.hf.budget import BudgetOptions, install_budget
+from base.hf.loading import load_model
+from base.method.selectors import build_selector
+from base.run.diagnose import Agreement, agreement, decode, held_out_prompts, prefix_agreement
+from tests.helpers import ROOT, model_artifacts, tiny_model_config, torch_threads
+
+
+@pytest.fixture(scope="module")
+def model():
+    with torch_threads(1):
+        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+
+
+def test_held_out_prompts_come_after_the_calibrations_tokens():
+    ids = list(range(100))
+    prompts = held_out_prompts(ids, skip=40, prompt_len=5, count=4)
+    assert prompts == [list(range(40, 45)), list(range(55, 60)), list(range(70, 75)), list(range(85, 90))]
+    assert held_out_prompts(ids, skip=98, prompt_len=5, count=4) == []
+
+
+def test_prefix_agreement_by_hand():
+    assert prefix_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
+    assert prefix_agreement([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert prefix_agreement([5, 2, 3, 4], [1, 2, 3, 4]) == 0.0
+
+
+def test_the_diagnostic_equals_a_direct_computation_on_a_tiny_model(model):
+    arts = model_artifacts(model)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 200, (6,), generator=g).tolist() for _ in range(10)]
+
+    def make(rule: str):
+        return install_budget(model, "qwen3_moe", build_selector(rule, arts), BudgetOptions(budget=2, record_stats=False))
+
+    with torch_threads(1):
+        result = agreement(model, make, ["base", "router_sum"], prompts, gen_tokens=8, slots=4, budget=2)
+        dense = decode(model, None, prompts, 8, 4)
+        for rule in ("base", "router_sum"):
+            b = make(rule)
+            try:
+                tokens = decode(model, b, prompts, 8, 4)
+            finally:
+                b.remove()
+            by_hand = [next((i for i, (a, d) in enumerate(zip(t, r)) if a != d), 8) / 8 for t, r in zip(tokens, dense)]
+            assert result.per_prompt[rule].tolist() == pytest.approx(by_hand)
+    assert 0 <= result.mean["base"] <= 1 and result.budget == 2
+
+
+def test_a_rule_that_stays_on_the_dense_path_is_called_higher():
+    rng = np.random.default_rng(0)
+    good = rng.uniform(0.8, 1.0, 60)
+    bad = good - rng.uniform(0.1, 0.3, 60)
+    same = good.copy()
+    result = Agreement(12, {"base": bad, "router_sq": good, "twin": bad.copy(), "other": same})
+    rows = {r["rule"]: r for r in result.compare("base")}
+    assert rows["router_sq"]["call"] == "higher" and rows["twin"]["call"] == "inconclusive"
+    assert result.worse_than("base") == ["router_sq", "other"]
+    assert result.report("base")["mean_agreement"]["router_sq"] == pytest.approx(good.mean())
