@@ -86,12 +86,21 @@ def test_replication_pool_is_the_preregistered_size_and_new():
     """Issue 27's pool: 800 prompts per domain (docs/preregistration.md), drawn after every other pool,
     so none of its prompts is in a pool a committed grid scored."""
     sets = _pool("replication")
-    assert list(POOLS)[-1] == "replication" and {len(v) for v in sets.values()} == {800} and len(sets) == 7
-    earlier = {s.prompt for pool in list(POOLS)[:-1] for v in _pool(pool).values() for s in v}
+    assert list(POOLS)[3] == "replication" and {len(v) for v in sets.values()} == {800} and len(sets) == 7
+    earlier = {s.prompt for pool in list(POOLS)[:3] for v in _pool(pool).values() for s in v}
     assert len(earlier) == 3 * 7 * 1000 and not earlier & {s.prompt for v in sets.values() for s in v}
 
 
-@pytest.mark.parametrize("pool", ["ablation", "replication"])
+def test_heldout_pool_is_the_preregistered_size_and_new():
+    """Issue 41's pool (docs/preregistration_heldout.md): 200 prompts per domain, drawn after every
+    other pool, none of its prompts in a pool a committed grid scored."""
+    sets = _pool("heldout")
+    assert list(POOLS)[-1] == "heldout" and {len(v) for v in sets.values()} == {200} and len(sets) == 7
+    earlier = {s.prompt for pool in list(POOLS)[:-1] for v in _pool(pool).values() for s in v}
+    assert not earlier & {s.prompt for v in sets.values() for s in v}
+
+
+@pytest.mark.parametrize("pool", ["ablation", "replication", "heldout"])
 def test_regenerating_one_domain_gives_the_committed_files(train_domain, tmp_path, pool):
     drawn = draw_pools([DOMAIN], train=train_domain, pools=[pool])  # draws the pools before it first, as the generator
     write_pool(tmp_path, pool, drawn[pool])

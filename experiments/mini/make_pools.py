@@ -51,12 +51,13 @@ from experiments.mini_calibration import SEED as CALIB_SEED
 # Drawn in this order; a pool excludes the pools before it. Seeds differ from TEST_SEED, the
 # training seeds (TRAIN_SEED + train.py's --seed) and the calibration seed, and the streams are
 # named "pool-..." where those are "test-..."/"train-...", so no stream is shared either way.
-POOLS: dict[str, int] = {"quality": 20260301, "ablation": 20260302, "rules": 20260303, "replication": 20260304}
+POOLS: dict[str, int] = {"quality": 20260301, "ablation": 20260302, "rules": 20260303, "replication": 20260304,
+                         "heldout": 20260305}
 N_PER_DOMAIN = 1000
 # Prompts per domain where a pool differs from N_PER_DOMAIN. replication: sized by the time one
 # one-thread process has for its grid (docs/preregistration.md), not by the domains' capacity
 # (each domain gives 3000 more held-out prompts after the other three pools).
-POOL_SIZES: dict[str, int] = {"replication": 800}
+POOL_SIZES: dict[str, int] = {"replication": 800, "heldout": 200}  # heldout: issue 41's models (docs/preregistration_heldout.md)
 N_TEST = 200        # tasks/mini, per domain (make_tasks' default)
 N_TRAIN = 200_000   # training corpus per domain as models/mini was trained (metrics.json: 1.6 M examples)
 N_CALIB = 300       # data/calibration/mini.jsonl per domain (mini_calibration.main's default)

@@ -69,7 +69,11 @@ class TrainConfig:
     # but left routing only weakly domain-specific; smaller keeps all experts used and lets them specialise.
     aux_coef: float = 0.005
     grad_clip: float = 1.0
-    seed: int = 0
+    seed: int = 0  # the initialisation and batch order
+    # the training corpus's stream (TRAIN_SEED + data_seed); -1: `seed` (as before). The held-out
+    # prompt pools (make_pools.py) exclude the corpus of data_seed 0, so a model evaluated on them
+    # must train on it: other data seeds draw other examples, which may be pool prompts.
+    data_seed: int = -1
     experts_impl: str = "auto"  # auto | eager | grouped_mm | batched_mm
     log_every: int = 25
     eval_every_s: float = 60.0
@@ -285,7 +289,8 @@ def main() -> None:
 
     tok = build_tokenizer()
     test_sets = make_test_sets(cfg.n_test, TEST_SEED)
-    train = make_train_corpus(cfg.n_train, held_out_prompts(test_sets), TRAIN_SEED + cfg.seed)
+    data_seed = cfg.seed if cfg.data_seed < 0 else cfg.data_seed
+    train = make_train_corpus(cfg.n_train, held_out_prompts(test_sets), TRAIN_SEED + data_seed)
     disjoint = check_disjoint(train, test_sets)
     corpus = tokenize_corpus(train, tok, cfg.device)
     n_corpus, seq_len = corpus["ids"].shape
@@ -338,7 +343,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if cfg.device == "cuda" else platform.processor() or "cpu",
         "seed": cfg.seed,
         "test_seed": TEST_SEED,
-        "train_seed": TRAIN_SEED + cfg.seed,
+        "train_seed": TRAIN_SEED + data_seed,
         "held_out_check": disjoint,
         "experts_implementation": impl,
         "train_config": asdict(cfg),
