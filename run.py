@@ -44,6 +44,7 @@ from base.config import (
     LoggerConfig,
     MethodConfig,
     ModelConfig,
+    RENAMED_KEYS,
     PredictorConfig,
     RunConfig,
     SchedulerConfig,
@@ -597,6 +598,7 @@ def check_composition(argv: list[str]) -> None:
             or args.experimental_rerun:
         return
     overrides = [o for o in args.overrides if not o.lstrip("~+").startswith("hydra")]
+    check_renamed([o.lstrip("~+").partition("=")[0] for o in overrides])
     for o in overrides:
         key, _, value = o.lstrip("+").partition("=")
         if key in GROUPS and any(v.strip() in ("null", "~", "") for v in value.split(",")):  # a sweep's too
@@ -610,9 +612,30 @@ def check_composition(argv: list[str]) -> None:
             try:
                 cfg = compose(config_name=args.config_name or "config", overrides=point)
             except (HydraException, OmegaConfBaseException) as err:
+                check_renamed(_error_keys(err), " (set in a config file the run composes: conf/experiment/, conf/task/, ...)")
                 raise ConfigError(hydra_message(err)) from None
             check_known_keys(cfg)
             check_complete(cfg)
+        if args.multirun:  # an experiment's own sweep (hydra.sweeper.params) names keys too
+            swept = compose(config_name=args.config_name or "config", overrides=points[0], return_hydra_config=True)
+            check_renamed([str(k) for k in (swept.hydra.sweeper.get("params") or {})], " (in hydra.sweeper.params)")
+
+
+def check_renamed(keys: list[str], where: str = "") -> None:
+    """A key renamed or moved since (base/config.py RENAMED_KEYS) is refused, naming the new one."""
+    for key in keys:
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"{key} was renamed {RENAMED_KEYS[key]}{where}: write {RENAMED_KEYS[key]} instead")
+
+
+def _error_keys(err: BaseException) -> list[str]:
+    """The full keys OmegaConf names in a composition error and the errors behind it."""
+    keys, seen = [], [err]
+    while seen[-1] is not None and len(seen) < 8:
+        if getattr(seen[-1], "full_key", None):
+            keys.append(str(seen[-1].full_key))
+        seen.append(seen[-1].__cause__ or seen[-1].__context__)
+    return keys
 
 
 if __name__ == "__main__":

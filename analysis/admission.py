@@ -4,7 +4,7 @@
     python -m analysis.admission --from-table results/admission_mini   # re-test a committed table
 
 Reads the evaluate runs of one experiment folder (`conf/experiment/admission_*.yaml`: continuous
-batching, eval.admission=fifo,union, several eval.seed) and pairs each union run with the FIFO run
+batching, scheduler.admission=fifo,union, several eval.seed) and pairs each union run with the FIFO run
 of the same method, budget and seed. Per (method, budget): each admission's mean over seeds of the
 union before selection, kept experts, occupancy and accuracy; union minus FIFO per seed (every
 seed's sign is listed); and accuracy union minus FIFO.

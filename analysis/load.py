@@ -35,8 +35,8 @@ from analysis.engines import engine_of
 
 # The config axes a run is keyed by. `exp` is the sweep (exp_name), `variant` the method with the
 # options that make it another rule (variant_label), `seed` the batching seed of an evaluation.
-# `engine` the decode engine's fingerprint (analysis/engines.py), `admission` eval.admission (swept by
-# the admission grids).
+# `engine` the decode engine's fingerprint (analysis/engines.py), `admission` report.json's eval.admission
+# (swept by the admission grids: scheduler.admission, eval.admission before issue 44).
 AXES = ("exp", "run", "stage", "model", "pool", "method", "variant", "reassign", "k0", "coverage", "budget_split",
         "budget", "batch_size", "seed", "routing", "hardware", "engine", "admission")
 # What makes two evaluate runs one measurement: a second run of the same key (dense swept over

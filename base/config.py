@@ -37,6 +37,13 @@ FUSED_ATTENTION_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 PROFILE_BATCH = 16  # ThroughputConfig.profile_batch's default
 REGION_KINDS = ("layer", "modules", "layer_combo", "layer_skinny")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
+ADMISSION_KEYS = ("admission", "max_wait_rounds")  # SchedulerConfig's admission policy
+# Keys renamed or moved (issue 44), old -> new: an old key is refused at start, naming the new one
+# (run.py); base/run/outputs.py hashes a configuration with them where runs recorded them.
+RENAMED_KEYS = {"eval.gen_toks": "eval.gen_tokens", "eval.max_gen_toks": "eval.max_gen_tokens",
+                "eval.admission": "scheduler.admission", "stream.admission": "scheduler.admission",
+                "eval.max_wait_rounds": "scheduler.max_wait_rounds",
+                "stream.max_wait_rounds": "scheduler.max_wait_rounds"}
 
 
 @dataclass
@@ -145,8 +152,8 @@ class EvalConfig:
     temperature: float = 0.7
     top_p: float = 0.8
     top_k: int = 20
-    max_gen_toks: int | None = None  # cap over the tasks' own max_gen_toks
-    gen_toks: int | None = None  # new tokens per request, set (replaces the tasks' own; the paper: 384)
+    max_gen_tokens: int | None = None  # cap over the tasks' own limit (their max_gen_toks)
+    gen_tokens: int | None = None  # new tokens per request, set (replaces the tasks' own; the paper: 384)
     engine: str = "auto"  # decode through base/runtime/engine.py: auto = on a GPU (CUDA graphs); on; off
     confirm_unsafe_code: bool = False  # run tasks that execute model-written code (humaneval, mbpp)
     seed: int | None = None  # batching seed: the mixing order (which requests share a decode batch);
@@ -154,19 +161,12 @@ class EvalConfig:
     fidelity: bool = False  # also measure layer-output error, retained energy, next-token KL and the
     # teacher-forced log-likelihood change against dense, in the same decode batches (analysis only)
     batching: str = "continuous"  # continuous: a finished request's slot takes the next one
-    # (base/runtime/continuous.py), as a server does; static: a batch ends with its longest request
-    admission: str = "fifo"  # continuous: fifo (the mixed order) | union: the waiting request whose
-    # predicted experts overlap the running batch most (base/runtime/admission.py)
-    max_wait_rounds: int = 4  # union: a request passed over this many admission rounds goes next
+    # (base/runtime/continuous.py, admitted as scheduler.admission says), as a server does; static:
+    # a batch ends with its longest request
 
     def __post_init__(self) -> None:
         check_choice("eval.order", self.order, EVAL_ORDERS)
         check_choice("eval.batching", self.batching, BATCHINGS)
-        check_choice("eval.admission", self.admission, ADMISSIONS)
-        if self.admission != "fifo" and self.batching != "continuous":
-            raise ConfigError(f"eval.admission={self.admission} chooses who takes a free slot: it needs "
-                              f"eval.batching=continuous")
-        self.max_wait_rounds = check_int("eval.max_wait_rounds", self.max_wait_rounds, 0)
         self.seed = check_int("eval.seed", self.seed, 0, allow_none=True)
         if not isinstance(self.fidelity, bool):
             raise ConfigError(f"eval.fidelity={self.fidelity!r} must be true or false")
@@ -174,8 +174,8 @@ class EvalConfig:
         if self.batching == "continuous" and self.engine == "off":
             raise ConfigError("eval.engine=off decodes through transformers' generate, which batches statically: "
                               "use eval.batching=static with it, or eval.engine=auto|on")
-        self.max_gen_toks = check_int("eval.max_gen_toks", self.max_gen_toks, 1, allow_none=True)
-        self.gen_toks = check_int("eval.gen_toks", self.gen_toks, 1, allow_none=True)
+        self.max_gen_tokens = check_int("eval.max_gen_tokens", self.max_gen_tokens, 1, allow_none=True)
+        self.gen_tokens = check_int("eval.gen_tokens", self.gen_tokens, 1, allow_none=True)
         check_float("eval.temperature", self.temperature, low=MIN_TEMPERATURE, high=MAX_TEMPERATURE)
         check_float("eval.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         self.top_k = check_int("eval.top_k", self.top_k, 1)
@@ -341,8 +341,6 @@ class StreamConfig:
     prompt_len: list[int] = field(default_factory=lambda: [128, 512])  # tokens, uniform in [low, high]
     output_len: list[int] = field(default_factory=lambda: [32, 256])  # new tokens, uniform (EOS ignored)
     rate: float | None = None  # Poisson arrivals per second; null: every request at once
-    admission: str = "fifo"  # fifo | union: the waiting request whose experts overlap the batch most
-    max_wait_rounds: int = 4  # union admission: a request passed over this many rounds goes next
     stats_requests_per_slot: int = 2  # the statistics pass (union, kept experts): a shorter stream
     lengths_from: str | None = None  # a run's samples.jsonl: draw (prompt, output) lengths from a
     # task's own requests instead of prompt_len / output_len
@@ -355,8 +353,6 @@ class StreamConfig:
             raise ConfigError(f"stream.output_len={self.output_len}: at least 2 new tokens (one decode step)")
         if self.rate is not None:
             self.rate = check_float("stream.rate", self.rate, low=0.0, low_open=True)
-        check_choice("stream.admission", self.admission, ADMISSIONS)
-        self.max_wait_rounds = check_int("stream.max_wait_rounds", self.max_wait_rounds, 0)
         self.stats_requests_per_slot = check_int("stream.stats_requests_per_slot", self.stats_requests_per_slot, 1)
 
     def longest(self, lengths: list[tuple[int, int]] | None = None) -> int:
@@ -398,8 +394,8 @@ class StreamConfig:
 @dataclass
 class ServeConfig:
     """throughput.mode=serve: Poisson arrivals at several rates, repeats with the variants' order
-    rotated, per-request latency and goodput (base/runtime/serving.py). The requests' lengths and
-    admission come from `stream.*`."""
+    rotated, per-request latency and goodput (base/runtime/serving.py). The requests' lengths come
+    from `stream.*`; admission is FIFO."""
 
     rates: list[float | None] = field(default_factory=lambda: [None, 4.0, 16.0])  # requests/s of
     # each stream's Poisson arrivals; null: the closed burst (every request at once)
@@ -437,8 +433,9 @@ class ServeConfig:
 
 @dataclass
 class SchedulerConfig:
-    """How the continuous-batching engine prefills and when (base/runtime/scheduler.py): evaluation
-    with eval.batching=continuous and throughput.mode=stream both serve through it.
+    """Whom the continuous-batching engine admits, how it prefills and when
+    (base/runtime/scheduler.py): evaluation with eval.batching=continuous and throughput.mode=stream
+    or serve all serve through it.
 
     A prefill (a round of its own, or chunks riding in mixed steps) starts when a slot is free and
     the round it would admit (the first waiting requests the free slots take) holds
@@ -459,9 +456,14 @@ class SchedulerConfig:
     # it also waits for each step before launching the next. Timing only: the schedule is the same
     compile_prefill: bool = False  # packed prefills (and mixed steps) through the compiled attention
     # halves too, one compile per bucket (GPU, throughput.compile; not yet timed: off by default)
+    admission: str = "fifo"  # who takes a free slot: fifo (arrival order; evaluation: the mixed order) |
+    # union: the waiting request whose predicted experts overlap the running batch most (base/runtime/admission.py)
+    max_wait_rounds: int = 4  # union: a request passed over this many admission rounds goes next
 
     def __post_init__(self) -> None:
         check_choice("scheduler.packing", self.packing, PACKINGS)
+        check_choice("scheduler.admission", self.admission, ADMISSIONS)
+        self.max_wait_rounds = check_int("scheduler.max_wait_rounds", self.max_wait_rounds, 0)
         for key in ("chunked", "overlap", "compile_prefill"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"scheduler.{key}={getattr(self, key)!r} must be true or false")
@@ -548,6 +550,7 @@ class RunConfig:
         self._check_method_budget()
         self._check_unused_options()
         self._check_serve()
+        self._check_admission()
         self._check_arrival_span()
 
     def _check_unused_options(self) -> None:
@@ -572,15 +575,14 @@ class RunConfig:
             if not self.eval.do_sample:
                 unused.append((_changed("eval", self.eval, ("temperature", "top_p", "top_k")),
                                "greedy decoding (eval.do_sample=false) does not sample"))
-            if self.eval.admission == "fifo":
-                unused.append((_changed("eval", self.eval, ("max_wait_rounds",)), "eval.admission=fifo waits on no one"))
+        if self.stage == "throughput" and tp is not None and tp.mode == "steps":
+            unused.append((_changed("stream", self.stream, [f.name for f in fields(StreamConfig)]) +
+                           _changed("scheduler", self.scheduler, ADMISSION_KEYS),
+                           "throughput.mode=steps times full batches, no request stream"))
+        elif self.scheduler.admission == "fifo" and self.stage in ("evaluate", "throughput"):
+            unused.append((_changed("scheduler", self.scheduler, ("max_wait_rounds",)),
+                           "scheduler.admission=fifo waits on no one"))
         if self.stage == "throughput" and tp is not None:
-            if tp.mode == "steps":
-                unused.append((_changed("stream", self.stream, [f.name for f in fields(StreamConfig)]),
-                               "throughput.mode=steps times full batches, no request stream"))
-            elif self.stream.admission == "fifo":
-                unused.append((_changed("stream", self.stream, ("max_wait_rounds",)),
-                               "stream.admission=fifo waits on no one"))
             if tp.mode != "serve":
                 unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                                "only throughput.mode=serve reads serve.*"))
@@ -640,9 +642,15 @@ class RunConfig:
         if self.stream.rate is not None:
             raise ConfigError(f"stream.rate={self.stream.rate} is for throughput.mode=stream; throughput.mode=serve "
                               f"takes its request rates from serve.rates (null: the burst)")
-        if self.stream.admission != "fifo":
-            raise ConfigError(f"stream.admission={self.stream.admission}: throughput.mode=serve admits fifo only "
+        if self.scheduler.admission != "fifo":
+            raise ConfigError(f"scheduler.admission={self.scheduler.admission}: throughput.mode=serve admits fifo only "
                               f"(union admission predicts each request's experts with a dense forward first)")
+
+    def _check_admission(self) -> None:
+        """Union admission chooses who takes a free slot: an evaluation needs continuous batching."""
+        if self.stage == "evaluate" and self.scheduler.admission != "fifo" and self.eval.batching != "continuous":
+            raise ConfigError(f"scheduler.admission={self.scheduler.admission} chooses who takes a free slot: it needs "
+                              f"eval.batching=continuous")
 
     def _check_arrival_span(self) -> None:
         """A Poisson stream waits for its arrivals in real time: at a rate so low that its requests

@@ -100,7 +100,7 @@ CASES = [
     ("garbage", "is not a readable predictor file"),
     ("other_model", "was fitted for another model"),
     (["predictor.path=/nonexistent/pred.safetensors", "method=base", "budget=2"], "does not exist"),
-    (["eval.max_gen_toks=0"], "eval.max_gen_toks=0 is out of range: must be >= 1 or null"),
+    (["eval.max_gen_tokens=0"], "eval.max_gen_tokens=0 is out of range: must be >= 1 or null"),
     # more shots than the task's few-shot docs (found by tests/test_schema_property.py: random.sample's ValueError)
     (["task.num_fewshot=2147483648"], "task.num_fewshot=2147483648: task smoke_copy has"),
     (["eval.seed=-1"], "eval.seed=-1 is out of range: must be >= 0 or null"),
@@ -135,7 +135,7 @@ CASES = [
     # what a downstream library would reject, refused at start
     (["model=mini", "task=paper_standin", "method=dense", "eval.confirm_unsafe_code=true"],
      "would generate 384 new tokens, but mini has 256 positions in all"),
-    (["eval.admission=union", "eval.batching=static"], "eval.admission=union chooses who takes a free slot: it needs"),
+    (["scheduler.admission=union", "eval.batching=static"], "scheduler.admission=union chooses who takes a free slot: it needs"),
     (["stage=throughput", "throughput.regions=fused"], "throughput.regions='fused' is not valid; choose one of: layer, modules, layer_combo, layer_skinny"),
     # removed: it lost its A/B (issue 42/44)
     (["stage=throughput", "throughput.regions=layer_autotune"],
@@ -160,8 +160,10 @@ CASES = [
     (["stage=throughput", "throughput.mode=serve", "serve.slo_tpot_ms=0"], "serve.slo_tpot_ms=0.0 is out of range"),
     (["stage=throughput", "throughput.mode=serve", "stream.rate=4"],
      "stream.rate=4.0 is for throughput.mode=stream; throughput.mode=serve takes its request rates from serve.rates"),
-    (["stage=throughput", "throughput.mode=serve", "stream.admission=union"],
-     "stream.admission=union: throughput.mode=serve admits fifo only"),
+    (["stage=throughput", "throughput.mode=serve", "scheduler.admission=union"],
+     "scheduler.admission=union: throughput.mode=serve admits fifo only"),
+    (["stage=throughput", "scheduler.admission=union"],
+     "scheduler.admission=union would be ignored: throughput.mode=steps times full batches"),
     (["scheduler.packing=ragged"], "scheduler.packing='ragged' is not valid; choose one of: packed, padded"),
     (["scheduler.chunked=true", "scheduler.packing=padded"], "scheduler.chunked=true rides prompt chunks in the decode"),
     (["scheduler.compile_prefill=true", "scheduler.packing=padded"], "scheduler.compile_prefill=true compiles the packed"),
@@ -322,9 +324,9 @@ def test_dense_may_score_by_log_likelihood_and_confirmed_code_tasks_pass(compose
 def test_task_paper_sets_the_papers_decoding(compose, tmp_path):
     rc = run.build_config(compose(["task=paper"]), tmp_path)
     e = rc.eval
-    assert (e.do_sample, e.temperature, e.top_p, e.top_k, e.gen_toks) == (True, 0.7, 0.8, 20, 384)
+    assert (e.do_sample, e.temperature, e.top_p, e.top_k, e.gen_tokens) == (True, 0.7, 0.8, 20, 384)
     assert rc.task.tasks[0] == "gsm8k" and "humaneval" in rc.task.tasks
-    assert run.build_config(compose(["task=paper", "eval.gen_toks=64"]), tmp_path).eval.gen_toks == 64
+    assert run.build_config(compose(["task=paper", "eval.gen_tokens=64"]), tmp_path).eval.gen_tokens == 64
 
 
 # A value of the wrong type, or a key the schema does not have, fails when Hydra composes the

@@ -249,11 +249,11 @@ def test_two_processes_computing_one_artifact(tmp_path):
 
 
 def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(compose, tmp_path):
-    """eval.gen_toks=1: the prefill makes the only token, so no decode step ever sees the budget."""
+    """eval.gen_tokens=1: the prefill makes the only token, so no decode step ever sees the budget."""
     from base.checks import ConfigError
 
     with pytest.raises(ConfigError, match="smoke_copy ran no decode step: method=router_sum changes decode steps only"):
-        _run_here(compose, tmp_path, "method=router_sum", "budget=3", "eval.gen_toks=1")
+        _run_here(compose, tmp_path, "method=router_sum", "budget=3", "eval.gen_tokens=1")
     assert not list(tmp_path.rglob("report.json"))
 
 
@@ -270,7 +270,7 @@ def test_paper_standin_runs_end_to_end_and_every_task_decodes(tmp_path):
     assert all(report["eval"]["decode_steps_by_task"][t] > 0 for t in tasks)
     assert [r["task"] for r in report["summary_tasks"]] == tasks
     gen = report["eval"]["generation"]
-    assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"], gen["gen_toks"]) == (True, 0.7, 0.8, 20, 384)
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"], gen["gen_tokens"]) == (True, 0.7, 0.8, 20, 384)
 
 
 def test_a_failing_run_finishes_its_logger_as_failed(compose, tmp_path, monkeypatch):
@@ -307,7 +307,7 @@ def test_request_stream_mode_reports_latency_and_occupancy(compose, tmp_path):
     has tokens/s, TPOT and TTFT percentiles, occupancy, union and kept experts."""
     _, out = _run_here(compose, tmp_path, "stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[3]",
                        "throughput.methods=[dense,router_sum]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
-                       "stream.output_len=[3,7]", "stream.requests_per_slot=3", "stream.admission=union")
+                       "stream.output_len=[3,7]", "stream.requests_per_slot=3", "scheduler.admission=union")
     rows = pd.read_csv(out / "stream.csv")
     assert rows["variant"].tolist() == ["dense", "router_sum"] and (rows["requests"] == 9).all()
     assert (rows["tokens_per_s"] > 0).all() and (rows["tpot_ms_p50"] <= rows["tpot_ms_p90"]).all()

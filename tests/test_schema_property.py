@@ -63,7 +63,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
             "method.renormalize": RENORMALIZE_MODES, "method.apply_to": C.APPLY_TO, "method.backend": ("torch", "triton"),
             "method.budget_split": ("uniform", "sensitivity"), "predictor.fit_on": ("routed", "all"),
             "eval.order": C.EVAL_ORDERS, "eval.engine": ("auto", "on", "off"), "eval.batching": C.BATCHINGS,
-            "eval.admission": C.ADMISSIONS, "stream.admission": C.ADMISSIONS, "throughput.mode": C.THROUGHPUT_MODES,
+            "scheduler.admission": C.ADMISSIONS, "throughput.mode": C.THROUGHPUT_MODES,
             "throughput.regions": C.REGION_KINDS,
             "stage": C.STAGES, "logger.name": ("wandb", "none"), "logger.mode": ("offline", "disabled"),
             "throughput.methods": ("dense", "router_sum", "oea:1", "oea", "base:2", "dense:eager", "dense:fast", "x:")}
@@ -194,8 +194,8 @@ E2E = [*BASE, "task.limit=4", "calibration.num_tokens=2048", "throughput.batch_s
        "throughput.prompt_len=8", "throughput.warmup=0", "throughput.stats_steps=2", "throughput.profile_batch=null",
        "stream.requests_per_slot=1", "stream.prompt_len=[4,8]", "stream.output_len=[2,6]", "serve.requests=2",
        "serve.repeats=1", "serve.rates=[null]"]
-E2E_KEYS = ["budget", "batch_size", "seed", "stage", "method.k0", "method.reassign", "method.coverage", "eval.gen_toks",
-            "eval.max_gen_toks", "eval.temperature", "eval.do_sample", "eval.batching", "eval.top_p", "task.limit",
+E2E_KEYS = ["budget", "batch_size", "seed", "stage", "method.k0", "method.reassign", "method.coverage", "eval.gen_tokens",
+            "eval.max_gen_tokens", "eval.temperature", "eval.do_sample", "eval.batching", "eval.top_p", "task.limit",
             "task.num_fewshot", "predictor.ridge", "calibration.seq_len", "throughput.mode", "throughput.gen_tokens",
             "stream.prompt_len", "model.device"]
 small = st.one_of(st.integers(-2, 12).map(str), junk, st.just("null"))

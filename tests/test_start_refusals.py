@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("override, message", [
     ("+bugdet=4", "bugdet is not a key of the run's configuration; did you mean budget?"),
-    ("+eval.gen_tok=3", "eval.gen_tok is not a key of the run's configuration; did you mean eval.gen_toks?"),
+    ("+eval.gen_token=3", "eval.gen_token is not a key of the run's configuration; did you mean eval.gen_tokens?"),
     ("+zzz=1", "zzz is not a key of the run's configuration; the keys here are: model, method"),
 ])
 def test_a_key_the_run_would_never_read_is_refused_with_the_nearest_valid_one(override, message):

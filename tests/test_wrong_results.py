@@ -105,7 +105,7 @@ def test_a_whole_checkpoint_loads(tmp_path):
 # ---- prompt + new tokens against the context -----------------------------------------------------
 @pytest.mark.parametrize("overrides, message", [
     # smoke's prompts are 5-12 tokens; 505 new tokens fit 512 positions alone, not with the prompt
-    (["eval.gen_toks=505"], "plus 505 new tokens needs"),
+    (["eval.gen_tokens=505"], "plus 505 new tokens needs"),
     (["stage=throughput", "throughput.prompt_len=500", "throughput.gen_tokens=40", "method=dense"],
      ("throughput.prompt_len=500 + throughput.gen_tokens=40: a prompt of 500 tokens plus 40 new tokens needs 540 "
      "positions, but tiny_qwen3 has 512")),
@@ -125,7 +125,7 @@ def test_a_replayed_request_beyond_the_context_is_refused(compose, tmp_path):
 
 
 def test_requests_that_fit_pass(compose, tmp_path):
-    preflight(run.build_config(compose([*FAST, "eval.gen_toks=400", "method=dense"]), tmp_path / "o"))
+    preflight(run.build_config(compose([*FAST, "eval.gen_tokens=400", "method=dense"]), tmp_path / "o"))
     preflight(run.build_config(compose([*FAST, "stage=throughput", "method=dense", "throughput.prompt_len=472",
                                         "throughput.gen_tokens=40"]), tmp_path / "o"))
 
@@ -168,7 +168,9 @@ def test_a_temperature_that_makes_sampling_noise_or_overflow_is_refused(compose,
      "method.reassign=drop, method.backend=triton would be ignored: dense selects no experts"),
     (["method=dense", "eval.temperature=0.3", "eval.top_k=5"],
      "eval.temperature=0.3, eval.top_k=5 would be ignored: greedy decoding (eval.do_sample=false) does not sample"),
-    (["method=dense", "eval.max_wait_rounds=9"], "eval.max_wait_rounds=9 would be ignored: eval.admission=fifo"),
+    (["method=dense", "scheduler.max_wait_rounds=9"], "scheduler.max_wait_rounds=9 would be ignored: scheduler.admission=fifo"),
+    (["stage=throughput", "throughput.mode=stream", "scheduler.max_wait_rounds=9"],
+     "scheduler.max_wait_rounds=9 would be ignored: scheduler.admission=fifo"),
     (["stage=throughput", "method=dense", "stream.rate=3"], "stream.rate=3.0 would be ignored: throughput.mode=steps"),
     (["stage=throughput", "method=dense", "throughput.mode=stream", "serve.repeats=5"],
      "serve.repeats=5 would be ignored: only throughput.mode=serve reads serve.*"),
@@ -183,7 +185,7 @@ def test_an_option_the_run_never_reads_is_refused_naming_it(compose, tmp_path, o
 
 @pytest.mark.parametrize("overrides", [
     ["method=oea", "method.k0=2", "budget=null"], ["method=base", "method.reassign=drop"],
-    ["method=dense", "eval.do_sample=true", "eval.temperature=0.3"], ["eval.admission=union", "eval.max_wait_rounds=9"],
+    ["method=dense", "eval.do_sample=true", "eval.temperature=0.3"], ["scheduler.admission=union", "scheduler.max_wait_rounds=9"],
     ["stage=throughput", "throughput.mode=stream", "stream.rate=3"], ["stage=fit", "method.k0=2"],
     ["stage=throughput", "throughput.methods=[dense,base]", "method=dense", "throughput.budgets=[2]", "method.backend=triton"],
 ])

@@ -171,11 +171,11 @@ class DecodeBatches:
         """fifo: the mixed order; union: by predicted experts (one dense probe forward per prompt)."""
         from base.runtime.admission import UnionAdmission, fifo, prompt_experts
 
-        if self.cfg.admission == "fifo":
+        if self.scheduler.admission == "fifo":
             return fifo
         per_layer = 2 * self.budget.layers[0].top_k
         predicted = [prompt_experts(self.model, self.budget, j.ids, per_layer) for j in jobs]
-        return UnionAdmission(lambda i: predicted[i], self.cfg.max_wait_rounds)
+        return UnionAdmission(lambda i: predicted[i], self.scheduler.max_wait_rounds)
 
     def _decode(self, batch: list[Request]) -> tuple[list[str], list[int], list[int]]:
         """One decode batch: texts, each row's decode steps until it finished, its prompt tokens."""

@@ -12,12 +12,12 @@ HFLM_MAX_GEN_TOKS = 256  # lm-eval's HFLM: new tokens of a task that names no ma
 
 
 def new_tokens(gen_kwargs: dict[str, Any], cfg: EvalConfig, default: int = HFLM_MAX_GEN_TOKS) -> int:
-    """A request's new-token limit: its task's max_gen_toks, replaced by eval.gen_toks or capped by
-    eval.max_gen_toks."""
-    if cfg.gen_toks is not None:
-        return cfg.gen_toks  # set: the paper's 384 whatever the task says
+    """A request's new-token limit: its task's max_gen_toks, replaced by eval.gen_tokens or capped by
+    eval.max_gen_tokens."""
+    if cfg.gen_tokens is not None:
+        return cfg.gen_tokens  # set: the paper's 384 whatever the task says
     asked = int(gen_kwargs.get("max_gen_toks", default))
-    return asked if cfg.max_gen_toks is None else min(asked, cfg.max_gen_toks)
+    return asked if cfg.max_gen_tokens is None else min(asked, cfg.max_gen_tokens)
 
 
 def overflow(where: str, prompt: int, new: int, context: int, model: str, fix: str) -> ConfigError:
@@ -26,5 +26,5 @@ def overflow(where: str, prompt: int, new: int, context: int, model: str, fix: s
                        f"but {model} has {context}; {fix}")
 
 
-SHORTEN = ("shorten the prompts (task.num_fewshot) or the generation (eval.gen_toks / eval.max_gen_toks), or use a "
+SHORTEN = ("shorten the prompts (task.num_fewshot) or the generation (eval.gen_tokens / eval.max_gen_tokens), or use a "
            "model with more positions")

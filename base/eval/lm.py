@@ -1,7 +1,7 @@
 """lm-eval's model interface over a budgeted model: generation requests go to the decode batches.
 
 lm-eval calls `generate_until` with its requests; this class turns each into a Request (its
-context, stop strings and token limit, with eval.gen_toks / eval.max_gen_toks applied) and hands
+context, stop strings and token limit, with eval.gen_tokens / eval.max_gen_tokens applied) and hands
 them to DecodeBatches (base/eval/batches.py), which schedules, decodes and keeps the statistics.
 Log-likelihood requests run through HFLM unchanged.
 """

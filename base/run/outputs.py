@@ -88,14 +88,41 @@ def _serves_continuously(cfg: dict[str, Any]) -> bool:
     return False
 
 
+# Keys renamed after runs were recorded (issue 44), new path -> the path they were hashed under: a
+# configuration is hashed with its keys where they were then, so a run recorded before keeps its hash.
+RENAMED_OPTIONS = {("eval", "gen_tokens"): ("eval", "gen_toks"), ("eval", "max_gen_tokens"): ("eval", "max_gen_toks")}
+# Keys moved into scheduler.* (issue 44), with the value runs had before: they were eval.* in an
+# evaluation's config and stream.* in a throughput run's (the other group held these values).
+MOVED_TO_SCHEDULER = {"admission": "fifo", "max_wait_rounds": 4}
+
+
+def as_recorded(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The resolved configuration with RENAMED_OPTIONS and MOVED_TO_SCHEDULER back where runs were
+    hashed (in place; a configuration already in that layout is returned as it is)."""
+    for (group, new), (old_group, old) in RENAMED_OPTIONS.items():
+        node = cfg.get(group)
+        if isinstance(node, dict) and new in node:
+            cfg.setdefault(old_group, {})[old] = node.pop(new)
+    scheduler = cfg.get("scheduler")
+    if isinstance(scheduler, dict) and MOVED_TO_SCHEDULER.keys() & scheduler.keys():
+        home = "stream" if cfg.get("stage") == "throughput" else "eval"
+        for key, before in MOVED_TO_SCHEDULER.items():
+            value = scheduler.pop(key, before)
+            for group in ("eval", "stream"):
+                if isinstance(cfg.get(group), dict):
+                    cfg[group][key] = value if group == home else before
+    return cfg
+
+
 def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEYS) -> str:
-    """Hash of the resolved configuration (YAML) without the `ignore` keys, LATER_OPTIONS at
-    their defaults, and `scheduler.*` where nothing serves through the continuous engine."""
+    """Hash of the resolved configuration (YAML) with renamed and moved keys where runs recorded
+    them (as_recorded), without the `ignore` keys, LATER_OPTIONS at their defaults, and
+    `scheduler.*` where nothing serves through the continuous engine."""
     import hashlib
 
     import yaml
 
-    cfg = {k: v for k, v in (yaml.safe_load(resolved_config) or {}).items() if k not in ignore}
+    cfg = {k: v for k, v in as_recorded(yaml.safe_load(resolved_config) or {}).items() if k not in ignore}
     if not _serves_continuously(cfg):  # scheduler.* cannot change what it computes
         cfg.pop("scheduler", None)
     for path, default in LATER_OPTIONS.items():

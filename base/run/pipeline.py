@@ -398,7 +398,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     idle = sorted(t for t, n in result.decode_steps_by_task.items() if n == 0)
     if selects and idle:
         raise ConfigError(f"task(s) {', '.join(idle)} ran no decode step: method={cfg.method.name} changes decode "
-                          f"steps only, so their scores equal dense; give them tokens to generate (eval.gen_toks)")
+                          f"steps only, so their scores equal dense; give them tokens to generate (eval.gen_tokens)")
     summary_rows = outputs.selection_summary(step_rows)
     outputs.write_table(out / "metrics.csv", result.metrics)
     outputs.write_jsonl(out / "samples.jsonl", result.samples)
@@ -414,7 +414,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     logger.lm_eval(result.raw)
     continuous = cfg.eval.batching == "continuous"
     report["eval"] = {"order": cfg.eval.order, "batch_seed": cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
-                      "batching": cfg.eval.batching, "admission": cfg.eval.admission,
+                      "batching": cfg.eval.batching, "admission": cfg.scheduler.admission,
                       # continuous batching has no fixed batch to teacher-force the dense continuation in:
                       # its fidelity is the per-layer error and retained energy, no KL / dll
                       "fidelity": ("layer metrics only" if continuous else True) if cfg.eval.fidelity else False,
@@ -422,7 +422,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                       "limit": cfg.task.limit, "decode_batches": result.decode_batches, "seconds": eval_s, "engine": result.engine,
                       "decode_steps": result.decode_steps, "decode_steps_by_task": result.decode_steps_by_task,
                       "generation": {k: getattr(cfg.eval, k) for k in ("do_sample", "temperature", "top_p", "top_k",
-                                                                        "gen_toks", "max_gen_toks")},
+                                                                        "gen_tokens", "max_gen_tokens")},
                       "decode_steps_per_s": result.decode_steps / eval_s if eval_s > 0 else None,
                       **(result.serving or {})}
     _record_hardware(model, report)  # figure captions name the hardware (analysis/figures.py)

@@ -371,7 +371,7 @@ def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
         new = new_tokens(task.config.generation_kwargs or {}, cfg.eval)
         if new >= context:
             raise ConfigError(f"task {cfg.task.name}: {name} would generate {new} new tokens, but {cfg.model.name} "
-                              f"has {context} positions in all: set eval.gen_toks or eval.max_gen_toks below {context}")
+                              f"has {context} positions in all: set eval.gen_tokens or eval.max_gen_tokens below {context}")
     if context:
         check_eval_requests(cfg, leaves, _tokenizer(cfg), context)
 

@@ -82,7 +82,7 @@ def engine_settings(cfg, device: str, path: str, stop_mode: str | None = None) -
             "chunked": s.chunked, "chunk_tokens": s.chunk_tokens, "buckets": list(s.buckets),
             "min_prompt_tokens": s.min_prompt_tokens, "max_wait_steps": s.max_wait_steps,
             "compile_prefill": s.compile_prefill, "stop_mode": stop_mode or "device",
-            "admission": cfg.eval.admission, "overlap": s.overlap}
+            "admission": s.admission, "overlap": s.overlap}
 
 
 def provenance(cfg, device: str, path: str, stop_mode: str | None = None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from filelock import Timeout
 
 from base.checks import ConfigError
 from base.files import atomic_write_text, new_lock
-from base.run.outputs import PENDING_REPORT, REPORT, is_finished
+from base.run.outputs import PENDING_REPORT, REPORT, config_hash, is_finished
 
 MARKER = ".base_run.json"  # {"run": the overrides that name the folder, "config_hash": ...}
 HYDRA_FILES = (".hydra", "run.log")  # what Hydra wrote into a run folder before the run wrote its own
@@ -124,14 +124,15 @@ def staging_dir(out_dir: Path, carry: tuple[str, ...] = (), config: str | None =
     """A fresh folder for the run's results, beside out_dir; leftovers of killed reruns go. Call it
     holding run_lock(out_dir): no other run of the folder is live then. `carry`: files a stopped
     attempt of the same run wrote as it went (a serve run's finished streams), copied from the
-    newest leftover whose config.yaml is `config` into the new folder, where the run resumes from
-    them instead of serving them again."""
+    newest leftover whose config.yaml is `config` (every key, renamed ones as outputs.as_recorded
+    reads them) into the new folder, where the run resumes from them instead of serving them again."""
     recover(out_dir)
     stale = _siblings(out_dir, "partial")
     carried: dict[str, bytes] = {}
     if carry and config is not None:
         for old in sorted(stale, key=lambda p: p.stat().st_mtime, reverse=True):
-            if (old / "config.yaml").is_file() and (old / "config.yaml").read_text() == config:
+            if (old / "config.yaml").is_file() and config_hash((old / "config.yaml").read_text(), ()) == \
+                    config_hash(config, ()):
                 carried = {name: (old / name).read_bytes() for name in carry if (old / name).is_file()}
                 break
     for old in stale:

@@ -7,7 +7,7 @@ slots x `stream.requests_per_slot` requests, random prompt tokens, prompt and ou
 uniformly from `stream.prompt_len` and `stream.output_len`, or from a task's own requests
 (`stream.lengths_from`: an evaluate run's samples.jsonl) (EOS ignored), arriving all at once or
 at a Poisson `stream.rate`; every (method, budget) variant serves the same stream
-(base/runtime/scheduler.py; admission by `stream.admission`, base/runtime/admission.py). Per variant:
+(base/runtime/scheduler.py; admission by `scheduler.admission`, base/runtime/admission.py). Per variant:
 
   warm-up    ContinuousEngine.warm_up: compiles the regions and captures the decode step and the
              packed prefill (and mixed step, `scheduler.chunked`) of every token bucket, so the
@@ -94,14 +94,14 @@ def make_stream(n: int, vocab: int, cfg: StreamConfig, seed: int,
             for p, o, a in zip(plen, olen, arrival)]
 
 
-def _pick(cfg: StreamConfig, model: nn.Module, budget: MoeBudget | None, requests: list[Request]):
-    if cfg.admission == "fifo":
+def _pick(scheduler: SchedulerConfig, model: nn.Module, budget: MoeBudget | None, requests: list[Request]):
+    if scheduler.admission == "fifo":
         return fifo
     if budget is None:
-        raise ValueError("stream.admission=union predicts experts through the owned MoE blocks: it needs a budget")
+        raise ValueError("scheduler.admission=union predicts experts through the owned MoE blocks: it needs a budget")
     per_layer = 2 * budget.layers[0].top_k
     predicted = [prompt_experts(model, budget, r.ids, per_layer) for r in requests]
-    return UnionAdmission(lambda i: predicted[i], cfg.max_wait_rounds)
+    return UnionAdmission(lambda i: predicted[i], scheduler.max_wait_rounds)
 
 
 def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, length: int, tp: ThroughputConfig,
@@ -119,7 +119,7 @@ def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, l
             serve(engine, [Request(r.ids, 3) for r in requests[:slots]], pad_id=0, stop_at_eos=False,
                   policy=scheduler)
         t0 = time.perf_counter()
-        pick = _pick(cfg, model, budget, requests)
+        pick = _pick(scheduler, model, budget, requests)
         predict_s = time.perf_counter() - t0
         done, stats = serve(engine, requests, pad_id=0, pick=pick, stop_at_eos=False, policy=scheduler)
     finally:
@@ -163,7 +163,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
             floor_s = prefill_floor_s(active_params, stats.prompt_tokens, next(model.parameters()).device)
             row = {
                 "slots": slots, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
-                "admission": cfg.admission, "rate": cfg.rate, "requests": len(done), "output_tokens": tokens,
+                "admission": scheduler.admission, "rate": cfg.rate, "requests": len(done), "output_tokens": tokens,
                 "seconds": span, "tokens_per_s": tokens / span,
                 "tpot_ms_p50": 1e3 * _quantile([d.tpot_s for d in done], 0.5),
                 "tpot_ms_p90": 1e3 * _quantile([d.tpot_s for d in done], 0.9),
