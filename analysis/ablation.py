@@ -47,7 +47,7 @@ def runs(root: str | Path) -> pd.DataFrame:
     pools = df[list(POOL)].astype(str).drop_duplicates()
     if len(pools) > 1:
         listing = "; ".join(", ".join(f"{k}={v}" for k, v in r.items()) for r in pools.to_dict("records"))
-        raise SystemExit(f"{root} holds runs of {len(pools)} prompt pools or models ({listing}): one grid is one "
+        raise SystemExit(f"error: {root} holds runs of {len(pools)} prompt pools or models ({listing}): one grid is one "
                          f"model on one prompt pool; analyse each in its own folder")
     return df
 

@@ -61,7 +61,7 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
             f = at[(at["seed"] == s) & (at["admission"] == "fifo")].set_index(R.PROMPT)
             j = u.add_suffix("_u").join(f.add_suffix("_f"), how="inner")
             if len(j) != len(u) or len(j) != len(f) or (j["prompt_hash_u"] != j["prompt_hash_f"]).any():
-                raise SystemExit(f"{method} seed {s}: the two admissions scored different prompts")
+                raise SystemExit(f"error: {method} seed {s}: the two admissions scored different prompts")
             per_seed.append(j[["correct_u", "correct_f"]].astype(float))
         by_prompt = pd.concat(per_seed).groupby(level=[0, 1]).mean()  # a prompt counts once, seeds nested
         prompt = S.paired_accuracy(by_prompt["correct_u"].to_numpy(), by_prompt["correct_f"].to_numpy())
@@ -110,7 +110,7 @@ def from_table(t: pd.DataFrame) -> pd.DataFrame:
         base |= {k: r[k] for k in ("accuracy_fifo", "accuracy_union")}
         counts = seed_counts(str(r["accuracy_diff_by_seed"]), n, diff)
         if counts is None:
-            raise SystemExit(f"{r['method']}: the per-seed differences {r['accuracy_diff_by_seed']!r} do not give "
+            raise SystemExit(f"error: {r['method']}: the per-seed differences {r['accuracy_diff_by_seed']!r} do not give "
                              f"whole prompts of {n} adding up to {diff}")
         seed_diffs = [k / n for k in counts]
         base["accuracy_diff_by_seed"] = " ".join(f"{d:+.6f}" for d in seed_diffs)

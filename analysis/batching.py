@@ -35,7 +35,7 @@ def shift_table(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
 def shift_from_records(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.DataFrame:
     """Continuous minus static per (method, budget) both grids' prompt records hold, with the grid's calls."""
     if set(static["batching"]) != {"static"} or set(continuous["batching"]) != {"continuous"}:
-        raise SystemExit("the first folder must hold static runs and the second continuous ones "
+        raise SystemExit("error: the first folder must hold static runs and the second continuous ones "
                          f"(got {sorted(set(static['batching']))} and {sorted(set(continuous['batching']))})")
     rows = []
     for (method, budget), gc in continuous.groupby(["method", "budget"], dropna=False):
@@ -45,13 +45,13 @@ def shift_from_records(static: pd.DataFrame, continuous: pd.DataFrame) -> pd.Dat
         pc, ps = R.per_prompt(gc), R.per_prompt(gs)
         j = pc.add_suffix("_c").join(ps.add_suffix("_s"), how="inner")
         if len(j) != len(pc) or len(j) != len(ps) or (j["prompt_hash_c"] != j["prompt_hash_s"]).any():
-            raise SystemExit(f"{method} at budget {budget}: the two batchings scored different prompts")
+            raise SystemExit(f"error: {method} at budget {budget}: the two batchings scored different prompts")
         c = S.paired_accuracy(j["correct_c"].to_numpy(float), j["correct_s"].to_numpy(float))
         rows.append({"method": method, "budget": budget, "metric": "accuracy", "static": ps["correct"].mean(),
                      "continuous": pc["correct"].mean(), "unit": f"prompts ({len(j)})", **c.row(),
                      "excluded": NULL_BY_CONSTRUCTION.get(method, "")})
     if not rows:
-        raise SystemExit("no (method, budget) point was run under both batchings")
+        raise SystemExit("error: no (method, budget) point was run under both batchings")
     return S.grid_calls(pd.DataFrame(rows))
 
 

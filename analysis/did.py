@@ -103,7 +103,7 @@ def from_tables(static: str | Path, continuous: str | Path, batching: str | Path
         n, rs, bs, rs_only, bs_only = _counts(ps, acc_s, method, budget)
         n_c, rc, bc, rc_only, bc_only = _counts(pc, acc_c, method, budget)
         if n_c != n:
-            raise SystemExit(f"{method} at M={budget}: {n} prompts static, {n_c} continuous")
+            raise SystemExit(f"error: {method} at M={budget}: {n} prompts static, {n_c} continuous")
         margins = {("rule_s", "base_s"): table_2x2(n, rs, bs, rs_only, bs_only),
                    ("rule_c", "base_c"): table_2x2(n, rc, bc, rc_only, bc_only)}
         if shift is not None:
@@ -122,7 +122,7 @@ def from_tables(static: str | Path, continuous: str | Path, batching: str | Path
                      "test": f"z test at the largest variance {len(margins)} committed 2x2 margins allow",
                      "unit": f"prompts ({n})"})
     if not rows:
-        raise SystemExit(f"{static} and {continuous} compare no rule at the same budget")
+        raise SystemExit(f"error: {static} and {continuous} compare no rule at the same budget")
     return S.grid_calls(pd.DataFrame(rows))
 
 
@@ -138,7 +138,7 @@ def from_records(static: str | Path, continuous: str | Path, ref: str = "base") 
         for method in sorted((set(per["s"].columns) & set(per["c"].columns)) - {ref}):
             j = pd.concat({k: per[k][[method, ref]] for k in ("s", "c")}, axis=1).dropna()
             if len(j) != len(per["s"]) or len(j) != len(per["c"]):
-                raise SystemExit(f"{method} at M={budget}: the two grids scored different prompts")
+                raise SystemExit(f"error: {method} at M={budget}: the two grids scored different prompts")
             static_d, cont_d = j[("s", method)] - j[("s", ref)], j[("c", method)] - j[("c", ref)]
             d = (cont_d - static_d).to_numpy(float)
             p, low, high = S.sign_flip(d)
@@ -150,7 +150,7 @@ def from_records(static: str | Path, continuous: str | Path, ref: str = "base") 
                          "margin": S.MARGINS["accuracy"], "se": se, "se_min": se, "n": len(d),
                          "test": "sign-flip permutation over prompts; the interval inverts it", "unit": f"prompts ({len(d)})"})
     if not rows:
-        raise SystemExit(f"{static} and {continuous} share no rule and budget")
+        raise SystemExit(f"error: {static} and {continuous} share no rule and budget")
     return S.grid_calls(pd.DataFrame(rows))
 
 

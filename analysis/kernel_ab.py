@@ -74,15 +74,15 @@ def main() -> None:
     ap.add_argument("--over", default=None, help="the reference implementation (default: baseline, else the first)")
     args = ap.parse_args()
     if not args.csv.is_file():
-        raise SystemExit(f"{args.csv}: no such file")
+        raise SystemExit(f"error: {args.csv}: no such file")
     t = pd.read_csv(args.csv)
     missing = {"impl", "round", "us"} - set(t.columns)
     if missing:
-        raise SystemExit(f"{args.csv} lacks the columns {sorted(missing)} (a tools/bench_* table has them)")
+        raise SystemExit(f"error: {args.csv} lacks the columns {sorted(missing)} (a tools/bench_* table has them)")
     impls = list(dict.fromkeys(t["impl"]))
     over = args.over or ("baseline" if "baseline" in impls else impls[0])
     if over not in impls:
-        raise SystemExit(f"--over {over!r} is not an implementation of the table; choose one of: {', '.join(impls)}")
+        raise SystemExit(f"error: --over {over!r} is not an implementation of the table; choose one of: {', '.join(impls)}")
     pd.set_option("display.width", 200)
     print(f"µs per call: median [min, max] over {t['round'].nunique()} rounds\n")
     print(medians(t).round(3).to_string(index=False))

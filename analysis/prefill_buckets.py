@@ -79,18 +79,18 @@ def main() -> None:
     try:
         other = sorted({int(b) for b in args.buckets.split(",")})
     except ValueError:
-        raise SystemExit(f"--buckets {args.buckets!r}: give token counts separated by commas") from None
+        raise SystemExit(f"error: --buckets {args.buckets!r}: give token counts separated by commas") from None
     if not other or other[0] < 1:
-        raise SystemExit(f"--buckets {args.buckets!r}: token counts must be >= 1")
+        raise SystemExit(f"error: --buckets {args.buckets!r}: token counts must be >= 1")
     folders = [r for root in args.runs for r in ([root] if (root / "serve.csv").exists() else sorted(root.iterdir()))
                if (r / "serve.csv").exists() and (r / "requests.jsonl.gz").exists()]
     df = pd.concat([streams(r) for r in folders] or [pd.DataFrame()], ignore_index=True)
     if df.empty:
-        raise SystemExit(f"no packed, unchunked serving runs with requests.jsonl.gz under {', '.join(map(str, args.runs))}")
+        raise SystemExit(f"error: no packed, unchunked serving runs with requests.jsonl.gz under {', '.join(map(str, args.runs))}")
     matched = df["forwards"] == df["forwards_recorded"]
     kept = df[matched].copy()
     if kept["padded_tokens"].nunique() < 2:
-        raise SystemExit("the fit needs streams of at least two different padded totals")
+        raise SystemExit("error: the fit needs streams of at least two different padded totals")
     a, b = fit(kept)
     kept["fitted_s"] = a * kept["forwards"] + b * kept["padded_tokens"]
     kept["padding"] = 1 - kept["prompt_tokens"] / kept["padded_tokens"]

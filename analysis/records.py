@@ -80,7 +80,7 @@ def runs(root: str | Path, summary: tuple[str, ...] = ()) -> pd.DataFrame:
                      "grid": config.get("exp_name") or path.parent.parent.name, "dir": str(path.parent),
                      **{m: rep.get("summary", {}).get(m) for m in summary}})
     if not rows:
-        raise SystemExit(f"no finished evaluate runs under {root}")
+        raise SystemExit(f"error: no finished evaluate runs under {root}")
     df = pd.DataFrame(rows)
     df["budget"] = df["budget"].astype("Int64")
     return df
@@ -198,7 +198,7 @@ def read(dest: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(prompts, batches) of a records file; batches empty where the grid has none."""
     p, b = paths(dest)
     if not p.exists():
-        raise SystemExit(f"{p} is missing: write it with `python -m analysis.records write <grid folder> {dest}`")
+        raise SystemExit(f"error: {p} is missing: write it with `python -m analysis.records write <grid folder> {dest}`")
     str_cols = {"prompt_hash": "string", "task": "string", "method": "string", "batching": "string",
                 "admission": "string", "model": "string", "tasks": "string", "engine": "string"}
     prompts = _typed(pd.read_csv(p, dtype=str_cols))

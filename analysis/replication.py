@@ -155,7 +155,7 @@ def read_records(dest: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     elif legacy.exists():
         steps = pd.read_csv(legacy, dtype={"method": "string", "batching": "string", "admission": "string"})
     else:
-        raise SystemExit(f"{path} is missing: `python -m analysis.replication <grid folders> --out ...` writes it")
+        raise SystemExit(f"error: {path} is missing: `python -m analysis.replication <grid folders> --out ...` writes it")
     return prompts, R._typed(steps)
 
 
@@ -219,10 +219,10 @@ def primary(prompts_by_model: dict[str, pd.DataFrame]) -> pd.DataFrame:
             b = R.per_prompt(at[(REF, budget)])
             for rule in RULES:
                 if (rule, budget) not in at:
-                    raise SystemExit(f"{model}: no run of {rule} at M={budget}; the pre-registered family needs all")
+                    raise SystemExit(f"error: {model}: no run of {rule} at M={budget}; the pre-registered family needs all")
                 a = R.per_prompt(at[(rule, budget)])
                 if a.empty:
-                    raise SystemExit(f"{model}: no run of {rule} at M={budget}; the pre-registered family needs all")
+                    raise SystemExit(f"error: {model}: no run of {rule} at M={budget}; the pre-registered family needs all")
                 j = a.add_suffix("_a").join(b.add_suffix("_b"), how="inner")
                 if len(j) != len(a) or len(j) != len(b) or (j["prompt_hash_a"] != j["prompt_hash_b"]).any():
                     raise ValueError(f"{model}: {rule} and {REF} at M={budget} scored different prompts")

@@ -37,7 +37,7 @@ def budget(grid: Path, variant: str, batch: int, tbps: float, layers: int, exper
     pick = lambda df: df[(df["routing"] == "uniform") & (df["batch_size"] == batch) & (df["variant"] == variant)]
     total = pick(prof)[pick(prof)["class"] == "total"]
     if total.empty:
-        raise SystemExit(f"{grid}: no uniform-routing profile of {variant} at batch {batch}")
+        raise SystemExit(f"error: {grid}: no uniform-routing profile of {variant} at batch {batch}")
     total = total.iloc[0]
     gap_ms = (total["graph_ms_per_step"] - total["ms_per_step"]) / total["kernels_per_step"]
     k = pick(kern)

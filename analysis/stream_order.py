@@ -44,7 +44,7 @@ def order_table(runs: pd.DataFrame) -> pd.DataFrame:
     for _, g in runs.groupby(GROUP, sort=False, dropna=False):
         dense = g[g["variant"] == "dense"]
         if len(dense) != 1:
-            raise SystemExit(f"{dict(zip(GROUP, g.iloc[0][GROUP]))}: {len(dense)} dense rows, need exactly one")
+            raise SystemExit(f"error: {dict(zip(GROUP, g.iloc[0][GROUP]))}: {len(dense)} dense rows, need exactly one")
         d = dense.iloc[0]
         others = g[g["variant"] != "dense"]
         adjusted_s = d["seconds"] - d["prefill_s"] + others["prefill_s"].mean()

@@ -93,7 +93,7 @@ def collect(exp_dir: Path) -> pd.DataFrame:
         df["gpu"] = rep.get("gpu", rep.get("device"))
         frames.append(df)
     if not frames:
-        raise SystemExit(f"no throughput runs under {exp_dir}")
+        raise SystemExit(f"error: no throughput runs under {exp_dir}")
     df = pd.concat(frames, ignore_index=True)
     for col in ("non_expert_ms", "moe_share"):  # CPU runs have no non-expert timing
         if col not in df:

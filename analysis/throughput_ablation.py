@@ -82,10 +82,10 @@ def ratios(df: pd.DataFrame, by: str = "regions") -> pd.DataFrame:
 
 def main(runs: str, out: str, by: str = "regions") -> None:
     if by not in ABLATIONS:
-        raise SystemExit(f"unknown ablation {by!r}; choose one of: {', '.join(ABLATIONS)}")
+        raise SystemExit(f"error: unknown ablation {by!r}; choose one of: {', '.join(ABLATIONS)}")
     df = run_rows(Path(runs), by)
     if df.empty:
-        raise SystemExit(f"no run folders with throughput.csv under {runs}")
+        raise SystemExit(f"error: no run folders with throughput.csv under {runs}")
     out_p = Path(out)
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)

@@ -50,7 +50,7 @@ def compare(csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     column name kernel_ab gives them."""
     t = passes(pd.read_csv(csv))
     if t.empty or PLAIN not in set(t["impl"]) or set(t["impl"]) == {PLAIN}:
-        raise SystemExit(f"{csv}: no variant with a form beside its plain variant (throughput.methods=[base,base+fused])")
+        raise SystemExit(f"error: {csv}: no variant with a form beside its plain variant (throughput.methods=[base,base+fused])")
     paired = t.groupby(["batch_size", "variant", "budget"], dropna=False)["impl"].transform(
         lambda s: PLAIN in set(s) and len(set(s)) > 1)
     t = t[paired.astype(bool)]
@@ -65,7 +65,7 @@ def compare(csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 def main(path: str, out: str | None = None) -> None:
     csv = Path(path) / "throughput.csv" if Path(path).is_dir() else Path(path)
     if not csv.is_file():
-        raise SystemExit(f"{csv}: no such file (give a throughput run folder or its throughput.csv)")
+        raise SystemExit(f"error: {csv}: no such file (give a throughput run folder or its throughput.csv)")
     med, ratio = compare(csv)
     text = ["ms per replayed step, median [min, max] over the run's interleaved rounds\n",
             med.round(4).to_markdown(index=False),

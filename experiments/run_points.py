@@ -51,7 +51,7 @@ def parse_extra(text: str) -> dict[str, str]:
     for item in text.split():
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise SystemExit(f"--extra {text!r}: each item must be key=value (a comma list sweeps), got {item!r}")
+            raise SystemExit(f"error: --extra {text!r}: each item must be key=value (a comma list sweeps), got {item!r}")
         out[key] = value
     return out
 
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     valid = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
     unknown = [e for e in args.experiments if e not in valid]
     if unknown:
-        raise SystemExit(f"unknown experiment(s) {unknown}; valid: {', '.join(valid)}")
+        raise SystemExit(f"error: unknown experiment(s) {unknown}; valid: {', '.join(valid)}")
     if args.jobs < 1:
-        raise SystemExit(f"--jobs={args.jobs}: must be >= 1")
+        raise SystemExit(f"error: --jobs={args.jobs}: must be >= 1")
     queue = [(e, p + args.set) for e in args.experiments for p in points(e, args.extra)]
     if args.dry_run:
         for e, p in queue:

@@ -337,3 +337,16 @@ def test_a_cached_predictor_fitted_for_another_model_is_fitted_again(capsys):
     assert "was fitted for another model" in capsys.readouterr().out
     pred.meta["model"] = ours
     assert _load_cached(lambda p: pred, Path("cached"), lambda p: p.check_model(ours, Path("cached"))) is pred
+
+
+# ---- one spelling of an error ---------------------------------------------------------------------
+def test_every_error_message_starts_with_error():
+    """What the code prints or exits with as an error starts `error: ` (never `Error:`/`ERROR:`),
+    as run.py's own (usage lines excepted)."""
+    import re
+
+    files = subprocess.run(["git", "ls-files", "*.py", "*.sh"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    said = re.compile(r"""(SystemExit\(f?["'](?!error: |usage: )|["'](Error|ERROR): )""")
+    found = [f"{f}:{n}: {line.strip()}" for f in files if not f.startswith("tests/")
+             for n, line in enumerate((ROOT / f).read_text().splitlines(), 1) if said.search(line)]
+    assert not found, "\n".join(found)

@@ -163,9 +163,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_csv is not None:
         if not args.from_csv.exists():
-            raise SystemExit(f"--from-csv {args.from_csv}: no such file")
+            raise SystemExit(f"error: --from-csv {args.from_csv}: no such file")
         if not args.device_name:
-            raise SystemExit("--from-csv needs --device-name (the GPU the timings were made on, e.g. NVIDIA_H200)")
+            raise SystemExit("error: --from-csv needs --device-name (the GPU the timings were made on, e.g. NVIDIA_H200)")
         table = attention_table(pd.read_csv(args.from_csv))
         from tools.tune_kernels import install_named
 

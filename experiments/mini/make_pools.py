@@ -201,7 +201,7 @@ def main() -> None:
     try:
         pools = draw_pools(domains, args.n, train)
     except PoolShortfall as e:
-        raise SystemExit(f"ERROR: {e}. Nothing written; leave such a domain out with --skip.") from None
+        raise SystemExit(f"error: {e}. Nothing written; leave such a domain out with --skip.") from None
     record = verify(pools, train)
     out = Path(args.out)
     for pool, sets in pools.items():
