@@ -10,6 +10,7 @@ a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Lau
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -19,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from pathlib import Path
 
@@ -36,24 +37,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from base.checks import check_folder
-from base.config import (
-    CalibConfig,
-    ConfigError,
-    DescribeConfig,
-    EvalConfig,
-    LoggerConfig,
-    MethodConfig,
-    ModelConfig,
-    RENAMED_KEYS,
-    PredictorConfig,
-    RunConfig,
-    SchedulerConfig,
-    ServeConfig,
-    StatsConfig,
-    StreamConfig,
-    TaskConfig,
-    ThroughputConfig,
-)
+from base.config import RENAMED_KEYS, ConfigError, RunConfig, config_fields
 from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
 from base.run.outputs import config_hash
 from base.run.run_folder import check_run_folder, check_target, remove_if_made, run_name
@@ -64,38 +48,38 @@ ROOT = Path(__file__).resolve().parent
 # Set when the command starts and inherited by every job a launcher starts (worker processes,
 # SLURM tasks): force=true recomputes a shared artifact once per sweep (base/run/artifacts.py).
 STARTED_ENV = "BASE_SWEEP_STARTED"
-@dataclass
-class RunSchema:
-    """conf/config.yaml's shape, registered with Hydra's ConfigStore (conf/config.yaml's defaults list
-    starts with it): every key has a type, so a value of the wrong type (`force=maybe`, `budget=abc`)
-    or an unknown key fails when Hydra composes the configuration, naming the key, and on/off
-    switches are booleans (`no` is false). Ranges and cross-field rules are checked after
-    composition, in the dataclasses' __post_init__ (base/config.py)."""
 
-    model: ModelConfig = MISSING
-    method: MethodConfig = MISSING
-    task: TaskConfig = MISSING
-    logger: LoggerConfig = MISSING
-    budget: int | None = 8
-    batch_size: int = 16
-    seed: int = 0
-    stage: str = "evaluate"
-    force: bool = False
-    exp_name: str = "default"
-    outputs_dir: str = "outputs"
-    allow_outside_outputs: bool = False  # hydra.run.dir / hydra.sweep.dir may name a folder outside outputs_dir
-    artifacts_dir: str = "outputs/artifacts"
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    calibration: CalibConfig = MISSING
-    predictor: PredictorConfig = field(default_factory=PredictorConfig)
-    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
-    stream: StreamConfig = field(default_factory=StreamConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    stats: StatsConfig = field(default_factory=StatsConfig)
-    describe: DescribeConfig = field(default_factory=DescribeConfig)
+# run.py's own keys, where runs go (not part of a run: RunConfig has none), after exp_name
+FOLDER_KEYS = [("outputs_dir", str, "outputs"),
+               ("allow_outside_outputs", bool, False)]  # hydra.run.dir / hydra.sweep.dir may name a folder outside outputs_dir
 
 
+def run_schema() -> type:
+    """conf/config.yaml's shape, made from RunConfig's fields (base/config.py config_fields) and
+    FOLDER_KEYS, registered with Hydra's ConfigStore (conf/config.yaml's defaults list starts with
+    it): every key has a type, so a value of the wrong type (`force=maybe`, `budget=abc`) or an
+    unknown key fails when Hydra composes the configuration, naming the key, and on/off switches
+    are booleans (`no` is false). A conf/ group (model, method, task, logger) and a group that needs
+    a value (calibration.files) are ??? until conf/config.yaml fills them; a key without a default
+    likewise. Ranges and cross-field rules are checked after composition, in the dataclasses'
+    __post_init__ (base/config.py)."""
+    specs = []
+    for f, key, kind in config_fields():
+        if dataclasses.is_dataclass(kind):
+            needs = any(g.default is dataclasses.MISSING and g.default_factory is dataclasses.MISSING
+                        for g in dataclasses.fields(kind))
+            spec = field(default=MISSING) if needs or (ROOT / "conf" / key).is_dir() else field(default_factory=kind)
+        else:
+            spec = field(default=MISSING if f.default is dataclasses.MISSING else f.default)
+        specs.append((key, kind, spec))
+        if key == "exp_name":
+            specs += [(k, t, field(default=d)) for k, t, d in FOLDER_KEYS]
+    schema = dataclasses.make_dataclass("RunSchema", specs, namespace={"__module__": __name__})
+    schema.__doc__ = run_schema.__doc__
+    return schema
+
+
+RunSchema = run_schema()
 ConfigStore.instance().store(name="run_schema", node=RunSchema)
 
 
@@ -144,33 +128,12 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "", run_key: s
     the overrides that name the run folder (Hydra's override_dirname; default: overrides)."""
     check_complete(cfg)
     c = OmegaConf.to_container(cfg, resolve=True)
-    return RunConfig(
-        model=ModelConfig(**c["model"]),
-        method=MethodConfig(**c["method"]),
-        task=TaskConfig(**c["task"]),
-        budget=c["budget"],
-        batch_size=c["batch_size"],
-        seed=c["seed"],
-        stage=c["stage"],
-        out_dir=out_dir,
-        artifacts_dir=repo_path(c["artifacts_dir"]),
-        root=ROOT,
-        overrides=overrides,
-        run_key=overrides if run_key is None else run_key,
-        force=bool(c["force"]),
-        experiment=c["exp_name"],
-        eval=EvalConfig(**c["eval"]),
-        calibration=CalibConfig(**calibration(c, overrides)),
-        predictor=PredictorConfig(**c["predictor"]),
-        throughput=ThroughputConfig(**c["throughput"]),
-        stats=StatsConfig(**c["stats"]),
-        logger=LoggerConfig(**c["logger"]),
-        describe=DescribeConfig(**c["describe"]),
-        stream=StreamConfig(**c["stream"]),
-        serve=ServeConfig(**c["serve"]),
-        scheduler=SchedulerConfig(**c["scheduler"]),
-        started=float(os.environ.get(STARTED_ENV, time.time())),
-    )
+    c["calibration"] = calibration(c, overrides)
+    c["artifacts_dir"] = repo_path(c["artifacts_dir"])
+    values = {f.name: kind(**c[key]) if dataclasses.is_dataclass(kind) else c[key] for f, key, kind in config_fields()}
+    return RunConfig(**values, out_dir=out_dir, root=ROOT, overrides=overrides,
+                     run_key=overrides if run_key is None else run_key,
+                     started=float(os.environ.get(STARTED_ENV, time.time())))
 
 
 # The launcher settings conf/hydra/launcher/*.yaml read from the environment, with their minimum:

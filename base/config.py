@@ -511,34 +511,44 @@ class LoggerConfig:
         check_choice("logger.mode", self.mode, ("offline", "online", "disabled"))
 
 
-@dataclass
+# RunConfig's fields run.py fills in itself: no key of conf/config.yaml (config_fields)
+FILLED = {"filled": True}
+
+
+@dataclass(kw_only=True)
 class RunConfig:
+    """The run, as conf/config.yaml's keys give it (in its order) and run.py completes it. This is the
+    one list of the configuration's groups and top-level keys: run.py builds Hydra's typed schema
+    and this object from config_fields(), so a key or group added here is added everywhere."""
+
     model: ModelConfig
     method: MethodConfig
     task: TaskConfig
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     budget: int | None  # distinct routed experts kept per MoE layer per decode step; null = dense
     batch_size: int  # concurrent decode requests sharing the budget
     seed: int
     stage: str
-    out_dir: Path
-    artifacts_dir: Path
-    root: Path  # repo root: relative paths in configs resolve against it
     force: bool = False
-    experiment: str = "default"
-    overrides: str = ""  # the run's command-line overrides (its folder name may be shortened)
-    run_key: str = ""  # the overrides that name its folder (Hydra's override_dirname): the folder's marker
+    experiment: str = field(default="default", metadata={"key": "exp_name"})
+    artifacts_dir: Path = field(metadata={"yaml": str})
     eval: EvalConfig = field(default_factory=EvalConfig)
     calibration: CalibConfig | None = None
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     throughput: ThroughputConfig | None = None
-    stats: StatsConfig = field(default_factory=StatsConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    describe: DescribeConfig = field(default_factory=DescribeConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    started: float = 0.0  # when the command (a sweep's launching process) started: with force, an
-    # artifact made since then was recomputed by another job of this sweep and is reused
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    describe: DescribeConfig = field(default_factory=DescribeConfig)
+    out_dir: Path = field(metadata=FILLED)
+    root: Path = field(metadata=FILLED)  # repo root: relative paths in configs resolve against it
+    overrides: str = field(default="", metadata=FILLED)  # the run's command-line overrides (its folder name
+    # may be shortened)
+    run_key: str = field(default="", metadata=FILLED)  # the overrides that name its folder (Hydra's
+    # override_dirname): the folder's marker
+    started: float = field(default=0.0, metadata=FILLED)  # when the command (a sweep's launching process)
+    # started: with force, an artifact made since then was recomputed by another job of this sweep and is reused
 
     def __post_init__(self) -> None:
         check_choice("stage", self.stage, STAGES)
@@ -712,3 +722,20 @@ class RunConfig:
     def resolve(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else self.root / p
+
+
+def config_fields() -> list[tuple[Any, str, Any]]:
+    """RunConfig's fields that are keys of conf/config.yaml, in its order: (field, its key there,
+    its type there: a group's dataclass, or a value's type)."""
+    import typing
+    from dataclasses import is_dataclass
+
+    hints = typing.get_type_hints(RunConfig)
+    out = []
+    for f in fields(RunConfig):
+        if f.metadata.get("filled"):
+            continue
+        kind = f.metadata.get("yaml", hints[f.name])
+        group = next((t for t in (kind, *typing.get_args(kind)) if is_dataclass(t)), None)
+        out.append((f, f.metadata.get("key", f.name), group or kind))
+    return out

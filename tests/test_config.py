@@ -102,3 +102,23 @@ def test_calibration_files_on_the_command_line_beat_the_models_own(compose, tmp_
     override = "calibration.files=[data/calibration/stdlib.txt]"
     given = run.build_config(compose(["model=mini", override]), tmp_path, overrides=override)
     assert given.calibration.files == ["data/calibration/stdlib.txt"]
+
+
+def test_the_schema_is_run_config_s_keys(compose, tmp_path):
+    """RunSchema (Hydra's typed schema) is made from RunConfig: the same keys in the same order,
+    each group typed by its dataclass, plus run.py's folder keys; a group added to RunConfig is
+    composed, typed and built without a second list."""
+    import dataclasses
+    import typing
+
+    from base.config import RunConfig, config_fields
+
+    schema = typing.get_type_hints(run.RunSchema)
+    assert [k for k in schema if k not in {k for k, _, _ in run.FOLDER_KEYS}] == [k for _, k, _ in config_fields()]
+    assert schema["eval"] is not None and dataclasses.is_dataclass(schema["scheduler"]) and schema["exp_name"] is str
+    built = run.build_config(compose(["model=tiny_qwen3", "exp_name=named"]), tmp_path)
+    assert built.experiment == "named" and built.out_dir == tmp_path and built.root == ROOT
+    filled = {f.name for f in dataclasses.fields(RunConfig) if f.metadata.get("filled")}
+    assert filled == {"out_dir", "root", "overrides", "run_key", "started"}
+    with pytest.raises(ConfigError, match="Value 'maybe' is not a valid bool"):  # typed: composition refuses it
+        run.check_composition(["scheduler.overlap=maybe"])
