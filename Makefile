@@ -101,7 +101,7 @@ ablation: $(STAMP)  ## selection-rule ablation on mini (ABLATION_EXP=ablation_mi
 # QS_EXP=quality_seeds_mini_olmoe for the second embedded model, *_continuous for continuous batching.
 # On a many-core host, python -m experiments.run_points --jobs N runs the same points in parallel.
 QS_EXP ?= quality_seeds_mini
-QS_EXTRA ?=  # e.g. scheduler.overlap=false: the committed continuous grids (made before issue 26)
+QS_EXTRA ?=  # more overrides (the archived continuous grids, results/archive/, were made with scheduler.overlap=false)
 quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired tests (QS_EXP=quality_seeds_mini_olmoe; QS_EXTRA: more overrides) -> results/$(QS_EXP).*
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=dense budget=null $(QS_EXTRA)
 	$(RUNENV) $(PY) run.py -m experiment=$(QS_EXP) method=oea method.k0=1,2 budget=null $(QS_EXTRA)
@@ -112,7 +112,7 @@ quality-seeds: $(STAMP)  ## all selectors x budgets on the quality pool, paired 
 
 # Union-aware admission against FIFO under continuous batching (ADM_EXP=admission_mini_olmoe: the other model).
 ADM_EXP ?= admission_mini
-ADM_EXTRA ?=  # e.g. scheduler.overlap=false: the committed admission grids (made before issue 26)
+ADM_EXTRA ?=  # more overrides (the archived admission grids, results/archive/, were made with scheduler.overlap=false)
 admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 seeds (ADM_EXP=admission_mini_olmoe; ADM_EXTRA: more overrides) -> results/$(ADM_EXP).*
 	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) $(ADM_EXTRA)
 	$(RUNENV) $(PY) run.py -m experiment=$(ADM_EXP) method=dense budget=null $(ADM_EXTRA)
@@ -122,7 +122,7 @@ admission: $(STAMP)  ## union-aware admission vs FIFO, continuous batching, 3 se
 
 # RULES_EXP=rules_mini_olmoe: the same comparison on the second embedded model.
 RULES_EXP ?= rules_mini
-RULES_EXTRA ?=  # e.g. scheduler.overlap=false: the committed continuous rules grids (made before issue 26)
+RULES_EXTRA ?=  # more overrides (the archived continuous rules grids, results/archive/, used scheduler.overlap=false)
 rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and adaptive budgets) vs base (RULES_EXTRA: more overrides) -> results/$(RULES_EXP).*
 	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) $(RULES_EXTRA)
 	$(RUNENV) $(PY) run.py -m experiment=$(RULES_EXP) method=base method.reassign=similar,drop $(RULES_EXTRA)
@@ -135,7 +135,7 @@ rules: $(STAMP)  ## issue 10's rules (anchored, peers, re-routing, per-layer and
 # Issue 27's pre-registered replication grid (docs/preregistration.md): both embedded models on the
 # replication pool, continuous batching, one one-thread process at a time (REPL_JOBS=N on a many-core
 # host); then the pre-registered calls. REPL_EXP=replication_mini128 REPL_OUT=results/replication_mini128: the
-# 128-expert model (make mini128; its own family).
+# 128-expert model (make mini128; its own family; the earlier one is archived in results/archive/).
 REPL_EXP ?= replication_mini replication_mini_olmoe
 REPL_JOBS ?= 1
 REPL_OUT ?= results/replication

@@ -1,23 +1,29 @@
-"""The README's headline numbers, recomputed from the committed files they cite (issue 20 item 7).
+"""The READMEs' numbers, recomputed from the committed files they cite (issue 20 item 7; one
+registry per document since issue 44).
 
-    python -m analysis.claims            # print every disagreement between README.md and the files (exit 1 if any)
-    python -m analysis.claims --write    # first rewrite the generated blocks (README.md, results/README.md), then check
+    python -m analysis.claims                 # every disagreement between the documents and the files (exit 1 if any)
+    python -m analysis.claims --write         # first rewrite each document's generated blocks, then check
+    python -m analysis.claims --doc results/speed/README.md   # one document (repeatable)
 
-`CHECKS` holds one entry per README phrase: the exact text as README.md has it (compared with runs
-of white space collapsed, so re-wrapping a paragraph changes nothing) and a function that rebuilds
-that text from the committed file(s) the bullet cites. `check(readme_text)` reports a phrase the
-README no longer has, and a phrase whose numbers (or beats/ties wording) the files no longer give.
+`DOCS` maps each checked document (path from the repository root) to its registry,
+`Document(checks, blocks)`:
 
-`BLOCKS` registers generated blocks: README.md text between `<!-- claims:NAME ... -->` and
-`<!-- /claims:NAME -->` that is written by a function (`--write`) instead of by hand; `check` also
-asserts each registered block's content equals its rendering.
+  checks  one `Check` per phrase: the exact text as the document has it (compared with runs of
+          white space collapsed, so re-wrapping a paragraph changes nothing) and a function that
+          rebuilds that text from the committed file(s) it cites. A phrase the document no longer
+          has, or whose numbers (or beats/ties wording) the files no longer give, is reported.
+  blocks  generated blocks: text between `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`
+          written by a function (`--write`) instead of by hand; each must equal its rendering.
 
-`RESULT_BLOCKS` does the same for results/README.md: the reading of each quality grid re-run
-under issue 20's tests, written from its `<grid>_paired.csv` (analysis/readings.py).
+    README.md                  CHECKS, BLOCKS (the headline bullets, the recommendation)
+    results/README.md          RESULT_CHECKS, RESULT_BLOCKS (the pre-registered replication)
+    results/quality/README.md  QUALITY_CHECKS, QUALITY_BLOCKS (each static grid's reading, written from
+                               its `<grid>_paired.csv` by analysis/readings.py; calls across grids)
+    results/speed/README.md    SPEED_CHECKS (the kernel table)
 
-`RESULT_CHECKS` holds the phrases of results/README.md the same way (analysis/claims_calls.py:
-issue 27's readings of calls across grids), and `check_tables` asserts the committed comparison
-tables carry up-to-date cross-grid columns (analysis/cross_grid.py).
+The phrases of issue 27 live in analysis/claims_calls.py and analysis/claims_replication.py.
+`check_document(path)` checks one document; `check_tables` asserts the committed comparison tables
+carry up-to-date cross-grid columns (analysis/cross_grid.py).
 
 Reads results/ and benchmarks/ only (no model, no torch); the older checks use the standard
 library, issue 27's phrases and the generated readings pandas.
@@ -32,12 +38,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from analysis import claims_calls as calls_phrases
 from analysis import claims_replication as replication_phrases
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 THROUGHPUT = "results/throughput/summary.csv"
 GUARD = "results/refactor_guard/h200/comparison.csv"
 KERNELS = "benchmarks/kernels/NVIDIA_H200.json"
@@ -236,77 +242,6 @@ def kernel_bandwidth(model: str = "qwen3_30b_a3b", routing: str = "random", t_ma
             f"the other {len(miss)} stay below: {miss_text}")
 
 
-# ---------------------------------------------------------------------------- continuous batching
-
-def _grid(rel: str) -> dict[tuple[str, str, str], float]:
-    """(method, budget, metric) -> mean of a quality_seeds grid CSV (budget '' for dense / oea)."""
-    return {(r["method"], r["budget"], r["metric"]): float(r["mean"]) for r in _rows(rel) if r["mean"] != ""}
-
-
-def continuous_batches() -> str:
-    occ = {m: _grid(f"results/quality_seeds_{m}_continuous.csv")[("dense", "", "occupancy_mean")]
-           for m in ("mini", "mini_olmoe")}
-    static = [_grid(f"results/quality_seeds_{m}.csv")[("dense", "", "occupancy_mean")] for m in ("mini", "mini_olmoe")]
-    cont = _rng(occ.values(), ".1f", " and ")
-    stat = _rng(static, ".1f", " and ")
-    un = {m: (_grid(f"results/quality_seeds_{m}.csv")[("dense", "", "kept_mean")],  # static dense keeps the union
-              _grid(f"results/quality_seeds_{m}_continuous.csv")[("dense", "", "union_mean")])
-          for m in ("mini", "mini_olmoe")}
-    return (f"the mini evaluations decode {cont} requests per step instead of {stat}, the dense union to cut grows "
-            f"from {un['mini'][0]:.1f} to {un['mini'][1]:.1f} experts (`mini_olmoe`: {un['mini_olmoe'][0]:.1f} to "
-            f"{un['mini_olmoe'][1]:.1f})")
-
-
-def _shift(model: str) -> list[dict[str, str]]:
-    """Continuous minus static accuracy per point (analysis/batching.py)."""
-    return _rows(f"results/quality_seeds_{model}_batching.csv")
-
-
-def continuous_accuracy() -> str:
-    budgeted = {m: [r for r in _shift(m) if r["budget"]] for m in ("mini", "mini_olmoe")}  # dense, oea: none
-    ex = {m: sum(r["call"] == "lower" and r.get("scope") == "exploratory" for r in rows) for m, rows in budgeted.items()}
-    lower = {m: f"{sum(r['call'] == 'lower' for r in rows)} of {len(rows)}" for m, rows in budgeted.items()}
-    mark = {m: f" ({ex[m]} exploratory)" if ex[m] else "" for m in budgeted}
-    higher = sum(r["call"] == "higher" for rows in budgeted.values() for r in rows)
-    dense = [_one(_shift(m), "batching shift", method="dense") for m in budgeted]
-    same = all(d["a_only"] == d["b_only"] == "0" for d in dense)
-    base8 = _one(_shift("mini"), "batching shift", method="base", budget="8")
-    return (f"accuracy is lower under continuous batching at {lower['mini']} selector-budget points{mark['mini']} on "
-            f"`mini` and {lower['mini_olmoe']}{mark['mini_olmoe']} on `mini_olmoe` and higher at {higher or 'none'} (exact McNemar, Holm over each "
-            f"grid, dense left out; base at M=8 on `mini`: {float(base8['static']):.3f} to "
-            f"{float(base8['continuous']):.3f}), while "
-            f"dense {'gives the same answer to every prompt under both' if same else 'changes answers between them'}")
-
-
-def heldout() -> str:
-    static, cont = "results/heldout_mini128_paired.csv", "results/heldout_mini128_continuous_paired.csv"
-
-    def calls(rel: str, call: str, metric: str = "accuracy", budget: str | None = None) -> dict[str, bool]:
-        """method -> whether its call is exploratory (fails the cross-grid correction)."""
-        return {r["method"]: r.get("scope") == "exploratory" for r in _rows(rel)
-                if r["metric"] == metric and r["call"] == call and (budget is None or float(r["budget"]) == float(budget))}
-
-    def join(found: dict[str, bool], empty: str = "none") -> str:
-        names = [f"`{m}`" + (" (exploratory)" if found[m] else "") for m in sorted(found)]
-        return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else (names[0] if names else empty)
-
-    def verb(found: dict[str, bool], one: str, many: str) -> str:
-        return many if len(found) > 1 else one
-
-    above = {**calls(static, "higher"), **calls(cont, "higher")}
-    s8, c8 = calls(static, "lower", budget="8"), calls(cont, "lower", budget="8")
-    worse8 = {m: s8[m] or c8[m] for m in s8.keys() & c8.keys()}
-    smaller = {m: x for m, x in calls(static, "lower", "out_error", "8").items() if m != "oracle"}
-    larger = {m: x for m, x in calls(static, "higher", "out_error", "8").items() if m != "oracle"}
-    lead = "no rule is" if not above else f"{join(above)} {verb(above, 'is', 'are')}"
-    error = (f"at M=8 {join(smaller)} {verb(smaller, 'has', 'have')} a smaller MoE-output error than `base`"
-             if smaller else "at M=8 no rule has a smaller MoE-output error than `base`")
-    if larger:
-        error += f" ({join(larger)} a larger one)"
-    return (f"{lead} above `base` in accuracy under either batching, {join(worse8, 'no rule')} "
-            f"{verb(worse8, 'is', 'are')} below it at M=8 under both, and {error}")
-
-
 # ------------------------------------------------------------------------------------ request streams
 
 def _stream() -> list[dict]:
@@ -401,16 +336,6 @@ def routing_first_choices() -> str:
             f"keeps {' / '.join(sorted(k))} experts")
 
 
-def routing_full_batches() -> str:
-    kept = {m: _grid(f"results/quality_seeds_{m}_continuous.csv")[("oea(k0=1)", "", "kept_mean")]
-            for m in ("mini", "mini_olmoe")}
-    active = _rng([_grid(f"results/quality_seeds_{m}.csv")[("dense", "", "occupancy_mean")]
-                   for m in ("mini", "mini_olmoe")], ".0f", " and ")
-    return (f"in static batches, where about {active} requests are still decoding per step; at full batches "
-            f"(continuous batching) `oea` k0=1 keeps {kept['mini']:.1f} experts on `mini` and "
-            f"{kept['mini_olmoe']:.1f} on `mini_olmoe`")
-
-
 def routing_oea_cost() -> str:
     mini = _paired_md("results/routing/paired_oea_mini.md", "outputs/routing_check_mini/budget=null,method=dense",
                       "outputs/routing_check_mini/budget=null,method.k0=1,method=oea")
@@ -428,10 +353,18 @@ def routing_oea_cost() -> str:
 class Check:
     name: str                    # the README bullet
     source: str                  # the committed file(s) the numbers are recomputed from
-    phrase: str                  # the text as README.md has it
+    phrase: str                  # the text as the document has it
     render: Callable[[], str]    # the same text rebuilt from `source`
 
 
+KERNEL_BANDWIDTH = Check(
+    "Kernels", KERNELS,
+    "reaches ≥80 % of copy bandwidth in 8 of its 25 cells up to T=64: M=32 at T=8 (81.9 %), M=64 at T=8–32 "
+    "(86.5–90.4 %) and the dense union at T=8–64 (81.3–92.5 %); the other 17 stay below: every M at T=1 "
+    "(56.2–57.5 %), M=8 and M=16 at T=8–64 (44.5–71.6 %), M=32 at T=16–64 (70.0–79.5 %) and M=64 at T=64 "
+    "(76.9 %)", kernel_bandwidth)
+
+# README.md's phrases (the lead's rewrite of README.md registers its own; these are the old ones still there)
 CHECKS: list[Check] = [
     Check("End to end on an H200", THROUGHPUT,
           "dense Qwen3-30B-A3B decodes 1,205 tokens/s (13.27 ms/step) and BASE at M=16 2,738 tokens/s, 2.27× dense "
@@ -452,20 +385,7 @@ CHECKS: list[Check] = [
     Check("Kernels", KERNELS,
           "is 1.47–3.55× faster than transformers' `grouped_mm` on every row up to T=64 (all three shapes, both "
           "routings; 1.07–3.1× at T=128)", kernel_speed),
-    Check("Kernels", KERNELS,
-          "reaches ≥80 % of copy bandwidth in 8 of its 25 cells up to T=64: M=32 at T=8 (81.9 %), M=64 at T=8–32 "
-          "(86.5–90.4 %) and the dense union at T=8–64 (81.3–92.5 %); the other 17 stay below: every M at T=1 "
-          "(56.2–57.5 %), M=8 and M=16 at T=8–64 (44.5–71.6 %), M=32 at T=16–64 (70.0–79.5 %) and M=64 at T=64 "
-          "(76.9 %)", kernel_bandwidth),
-    Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}{,_continuous}.csv",
-          "the mini evaluations decode 15.8 requests per step instead of 6.0, the dense union to cut grows from 11.8 "
-          "to 23.6 experts (`mini_olmoe`: 18.4 to 30.0)", continuous_batches),
-    Check("Under continuous batching", "results/quality_seeds_mini{,_olmoe}_batching.csv",
-          "accuracy is lower under continuous batching at 18 of 32 selector-budget points (1 exploratory) on `mini` "
-          "and 11 of 24 (2 exploratory) on `mini_olmoe` and higher at none (exact McNemar, Holm over each grid, dense "
-          "left out; base at M=8 on `mini`: 0.970 to 0.938), while dense gives the same answer to every prompt under "
-          "both", continuous_accuracy),
-    Check("Held-out model", "results/heldout_mini128{,_continuous}_paired.csv", "no rule is above `base` in accuracy under either batching, `router_sq` (exploratory) and `router_sum` are below it at M=8 under both, and at M=8 no rule has a smaller MoE-output error than `base` (`router_sq`, `router_sum` and `top1_union` a larger one)", heldout),
+    KERNEL_BANDWIDTH,
     Check("Request streams on an H200", STREAM + ", results/stream/runs/*/report.json",
           "(Qwen3-30B-A3B shape, 16 and 64 slots, prompts 128–512 tokens)", stream_setup),
     Check("Request streams on an H200", ORDER,
@@ -483,30 +403,24 @@ CHECKS: list[Check] = [
     Check("Routing realism", ROUTING + ", results/quality_mini{,_olmoe}.csv",
           "both embedded models have about 4 distinct first choices per decode step, so `oea` k0=1 keeps about 4 "
           "experts", routing_first_choices),
-    Check("Routing realism", "results/quality_seeds_mini{,_olmoe}{,_continuous}.csv",
-          "in static batches, where about 6 requests are still decoding per step; at full batches (continuous "
-          "batching) `oea` k0=1 keeps 9.5 experts on `mini` and 9.7 on `mini_olmoe`", routing_full_batches),
     Check("Routing realism", "results/routing/paired_oea_mini.md, results/quality_mini_olmoe_paired.md",
           "costs dense − oea +0.009 [+0.004, +0.014] on `mini` and +0.019 [+0.011, +0.028] on `mini_olmoe`, a "
           "difference on both", routing_oea_cost),
 ]
-
-# Issue 27's phrases (the cross-grid correction, exploratory calls, differences in differences, the
-# admission test): README.md's join CHECKS, results/README.md's are RESULT_CHECKS.
+# Issue 27's phrases: the cross-grid correction and the replication (README.md), the calls across
+# the static quality grids (results/quality/README.md), the replication (results/README.md).
 CHECKS += [Check(*c) for c in calls_phrases.README_CHECKS]
-RESULT_CHECKS: list[Check] = [Check(*c) for c in calls_phrases.RESULTS_CHECKS]
 CHECKS += [Check(*c) for c in replication_phrases.README_CHECKS]
-RESULT_CHECKS += [Check(*c) for c in replication_phrases.RESULTS_CHECKS]
+RESULT_CHECKS: list[Check] = [Check(*c) for c in replication_phrases.RESULTS_CHECKS]
+QUALITY_CHECKS: list[Check] = [Check(*c) for c in calls_phrases.QUALITY_CHECKS]
+SPEED_CHECKS: list[Check] = [KERNEL_BANDWIDTH]
 
-# Generated README blocks: name -> function returning the block's text. README.md holds it between
+# Generated blocks: name -> function returning the block's text. A document holds it between
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
-# The quality readings come from the re-run grids' paired tables (analysis/readings.py, pandas).
+# The quality readings come from the static grids' paired tables (analysis/readings.py, pandas).
 ABLATION_GRIDS = ("results/ablation_mini", "results/ablation_mini_olmoe")
 RULES_GRIDS = ("results/rules_mini", "results/rules_mini_olmoe")
-SEEDS_GRIDS = tuple(f"results/quality_seeds_{m}{b}" for m in ("mini", "mini_olmoe") for b in ("", "_continuous"))
-SERVING_GRIDS = tuple(g for g in SEEDS_GRIDS if g.endswith("_continuous"))
-HELDOUT_GRIDS = ("results/heldout_mini128", "results/heldout_mini128_continuous")
-RULES_CONTINUOUS = ("results/rules_mini_continuous", "results/rules_mini_olmoe_continuous")
+SEEDS_GRIDS = ("results/quality_seeds_mini", "results/quality_seeds_mini_olmoe")
 
 
 def _reading(grid: str) -> Callable[[], str]:
@@ -528,23 +442,6 @@ def _headline(grids: tuple[str, ...], intro: str, metrics: tuple[str, ...] = ("a
     return render
 
 
-BLOCKS: dict[str, Callable[[], str]] = {
-    "quality": _headline(ABLATION_GRIDS, "- **Quality on the embedded models** (issue 20's ablation grids: both models on "
-                         "the ablation's own pool of {n} held-out prompts, one batching seed, batch 16, static batches; "
-                         "every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL by a "
-                         "cluster bootstrap over prompts; Holm over each grid; {cross}; `make ablation`, `make ablation "
-                         "ABLATION_EXP=ablation_mini_olmoe`):"),
-    "serving": _headline(SERVING_GRIDS, "- **Quality at full batches** (the quality grids under continuous batching, as a "
-                         "server batches: both models on the quality pool's {n} held-out prompts, 16 slots refilled as "
-                         "requests finish; every rule minus `base` at the same budget by the exact McNemar test, Holm "
-                         "over each grid; {cross}; none replicated on other prompts yet; made before issue 26, "
-                         "with the host reading each step's tokens before launching the next "
-                         "(`scheduler.overlap=false`; `mini`'s grid re-run so reproduces every accuracy and call); with the host one "
-                         "step behind, today's default, `mini`'s grid changes 3 of its 28 calls and its "
-                         "retained energy, `results/rerun_2026-12-02/`; "
-                         "`make quality-seeds QS_EXP=quality_seeds_mini_continuous QS_EXTRA=scheduler.overlap=false`, "
-                         "`QS_EXP=quality_seeds_mini_olmoe_continuous`):", metrics=("accuracy",)),
-}
 def _replication(name: str) -> Callable[[], str]:
     """The pre-registered replication's recommendation (README) or reading (results/README.md)."""
     def render() -> str:
@@ -554,29 +451,38 @@ def _replication(name: str) -> Callable[[], str]:
     return render
 
 
-BLOCKS["recommendation"] = _replication("recommendation")
-# The same for results/README.md: one reading per re-run grid.
-RESULTS_README = ROOT / "results" / "README.md"
-RESULT_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
-                                               for g in (*ABLATION_GRIDS, *RULES_GRIDS, *RULES_CONTINUOUS, *SEEDS_GRIDS,
-                                                         *HELDOUT_GRIDS)}
-RESULT_BLOCKS["replication"] = _replication("reading")
-MINI128_PAIRED = "results/replication_mini128_paired.csv"  # the 128-expert model's own family
+BLOCKS: dict[str, Callable[[], str]] = {
+    "quality": _headline(ABLATION_GRIDS, "- **Quality on the embedded models** (issue 20's ablation grids: both models on "
+                         "the ablation's own pool of {n} held-out prompts, one batching seed, batch 16, static batches; "
+                         "every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL by a "
+                         "cluster bootstrap over prompts; Holm over each grid; {cross}; `make ablation`, `make ablation "
+                         "ABLATION_EXP=ablation_mini_olmoe`):"),
+    "recommendation": _replication("recommendation"),
+}
+RESULT_BLOCKS: dict[str, Callable[[], str]] = {"replication": _replication("reading")}
+# results/quality/README.md: one reading per static grid
+QUALITY_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
+                                                for g in (*ABLATION_GRIDS, *RULES_GRIDS, *SEEDS_GRIDS)}
 
 
-def _mini128_reading() -> str:
-    from analysis import replication
-
-    return replication.reading(paired_rel=MINI128_PAIRED) + "\n" if (ROOT / MINI128_PAIRED).exists() else ""
-
-
-RESULT_BLOCKS["replication_mini128"] = _mini128_reading
+class Document(NamedTuple):
+    checks: list[Check]                    # phrases the document must hold, each rebuilt from its files
+    blocks: dict[str, Callable[[], str]]   # its generated blocks
 
 
-def generated_blocks(blocks: dict[str, Callable[[], str]] | None = None) -> dict[str, str]:
-    """Every registered block, rendered (text ending in one newline, or empty)."""
+# Every checked document (path relative to the repository root) with its own registry.
+DOCS: dict[str, Document] = {
+    "README.md": Document(CHECKS, BLOCKS),
+    "results/README.md": Document(RESULT_CHECKS, RESULT_BLOCKS),
+    "results/quality/README.md": Document(QUALITY_CHECKS, QUALITY_BLOCKS),
+    "results/speed/README.md": Document(SPEED_CHECKS, {}),
+}
+
+
+def generated_blocks(blocks: dict[str, Callable[[], str]]) -> dict[str, str]:
+    """Every block of `blocks`, rendered (text ending in one newline, or empty)."""
     out = {}
-    for name, fn in (BLOCKS if blocks is None else blocks).items():
+    for name, fn in blocks.items():
         text = fn().strip("\n")
         out[name] = text + "\n" if text else ""
     return out
@@ -586,14 +492,26 @@ def _block_re(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- claims:{re.escape(name)}\b[^\n]*-->\n)(.*?)(<!-- /claims:{re.escape(name)} -->)", re.DOTALL)
 
 
-def write_blocks(readme_text: str, blocks: dict[str, Callable[[], str]] | None = None) -> str:
-    """readme_text with each registered block's content replaced by its rendering."""
-    for name, text in generated_blocks(blocks).items():
+def write_blocks(text: str, blocks: dict[str, Callable[[], str]]) -> str:
+    """`text` with each of `blocks`' content replaced by its rendering."""
+    for name, rendered in generated_blocks(blocks).items():
         pat = _block_re(name)
-        if not pat.search(readme_text):
-            raise ValueError(f"README has no <!-- claims:{name} --> ... <!-- /claims:{name} --> markers")
-        readme_text = pat.sub(lambda m, t=text: m.group(1) + t + m.group(3), readme_text, count=1)
-    return readme_text
+        if not pat.search(text):
+            raise ValueError(f"no <!-- claims:{name} --> ... <!-- /claims:{name} --> markers")
+        text = pat.sub(lambda m, t=rendered: m.group(1) + t + m.group(3), text, count=1)
+    return text
+
+
+def write_document(path: str) -> list[str]:
+    """Rewrite the generated blocks of DOCS[path] in place; the names of the blocks that changed."""
+    blocks = DOCS[path].blocks
+    file = ROOT / path
+    text = file.read_text()
+    new = write_blocks(text, blocks)
+    if new == text:
+        return []
+    file.write_text(new)
+    return [name for name in blocks if _block_re(name).search(text).group(2) != _block_re(name).search(new).group(2)]
 
 
 # ------------------------------------------------------------------------------------------- checking
@@ -602,16 +520,13 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def check(readme_text: str) -> list[str]:
-    """Every disagreement: a checked phrase the README lacks, a phrase the committed files no longer
-    give (numbers or wording), a generated block out of date."""
-    return check_phrases(readme_text, CHECKS, "README.md") + check_blocks(readme_text, BLOCKS, "README.md")
-
-
-def check_results(results_text: str) -> list[str]:
-    """The same for results/README.md: its checked phrases and its generated readings."""
-    return (check_phrases(results_text, RESULT_CHECKS, "results/README.md")
-            + check_blocks(results_text, RESULT_BLOCKS, "results/README.md"))
+def check_document(path: str, text: str | None = None) -> list[str]:
+    """Every disagreement of one registered document (DOCS; `text` instead of the file's, if given): a
+    checked phrase it lacks, a phrase the committed files no longer give (numbers or wording), a
+    generated block out of date."""
+    doc = DOCS[path]
+    text = (ROOT / path).read_text() if text is None else text
+    return check_phrases(text, doc.checks, path) + check_blocks(text, doc.blocks, path)
 
 
 def check_tables() -> list[str]:
@@ -651,29 +566,24 @@ def check_blocks(text: str, blocks: dict[str, Callable[[], str]], where: str) ->
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the registered generated blocks of README.md first")
-    ap.add_argument("--readme", default=str(README))
+    ap.add_argument("--write", action="store_true", help="rewrite each document's generated blocks first")
+    ap.add_argument("--doc", action="append", choices=list(DOCS), metavar="PATH",
+                    help=f"only this document (repeatable; default: all of {', '.join(DOCS)})")
     args = ap.parse_args(argv)
-    path = Path(args.readme)
-    text = path.read_text()
-    if args.write and BLOCKS:
-        new = write_blocks(text)
-        if new != text:
-            path.write_text(new)
-            print(f"rewrote {', '.join(BLOCKS)} in {path}")
-        text = new
-    results_text = RESULTS_README.read_text()
-    if args.write and RESULT_BLOCKS:
-        new = write_blocks(results_text, RESULT_BLOCKS)
-        if new != results_text:
-            RESULTS_README.write_text(new)
-            print(f"rewrote {', '.join(RESULT_BLOCKS)} in {RESULTS_README}")
-        results_text = new
-    failures = check(text) + check_results(results_text) + check_tables()
+    paths = args.doc or list(DOCS)
+    failures = []
+    for path in paths:
+        if args.write and DOCS[path].blocks:
+            changed = write_document(path)
+            if changed:
+                print(f"rewrote {', '.join(changed)} in {path}")
+        failures += check_document(path)
+    failures += check_tables()
     for f in failures:
         print(f)
-    print(f"{len(CHECKS) + len(RESULT_CHECKS)} phrases, {len(BLOCKS) + len(RESULT_BLOCKS)} generated blocks, "
-          f"the comparison tables' cross-grid columns: "
+    docs = [DOCS[p] for p in paths]
+    print(f"{len(paths)} documents: {sum(len(d.checks) for d in docs)} phrases, "
+          f"{sum(len(d.blocks) for d in docs)} generated blocks; the comparison tables' cross-grid columns: "
           f"{len(failures)} disagreement{'s' if len(failures) != 1 else ''}")
     return 1 if failures else 0
 

@@ -21,7 +21,7 @@ import sys
 import pandas as pd
 
 # Committed grids whose records were written before fingerprints: the engine each was made on
-# (the commit and settings are in the grid's README or results/README.md's index).
+# (the commit and settings are in the grid's README, in results/archive/README.md for the archived ones).
 LEGACY_GRIDS = {
     # static batching on this project's CPU machine (transformers' generate: eval.engine=auto on a CPU)
     **{g: "s1-generate-cpu" for g in (
@@ -35,7 +35,7 @@ LEGACY_GRIDS = {
     "replication_mini@2166d53": "c1-padded-cpu", "replication_mini_olmoe@2166d53": "c1-padded-cpu",
     # its 128-expert family at 270ce4d, scheduler defaults (overlap on: host stops one step late)
     "replication_mini128": "c2-packed-cpu",
-    # results/rerun_2026-12-02: quality_seeds_mini_continuous on the default of that day (overlap on)
+    # results/archive/rerun_2026-12-02: quality_seeds_mini_continuous on the default of that day (overlap on)
     "rerun_quality_seeds_mini_continuous": "c2-packed-cpu",
 }
 

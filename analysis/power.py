@@ -12,7 +12,7 @@ of discordant prompts is Binomial(n, d), and given D of them the rule-only count
 q = (d + delta) / (2 d); power sums the exact test's rejection probability over both. The normal
 approximation stats.mdd uses, (z_{1-a/2m} + z_0.8) sqrt(d / n), is printed beside it.
 
-Reads results/*_paired.csv only.
+Reads results/archive/*_continuous_paired.csv only (SOURCES).
 """
 from __future__ import annotations
 
@@ -27,12 +27,14 @@ from analysis import stats as S
 
 ROOT = Path(__file__).resolve().parents[1]
 # The committed grids of the primary family's models batched as the replication batches
-# (continuous), with the budgets the replication repeats.
+# (continuous), with the budgets the replication repeats: the plan docs/preregistration.md quotes
+# was made from them. They were made on an engine that is no longer current and now live in
+# results/archive/ (issue 44); the plan reads them there, unchanged.
 SOURCES = {
-    "results/quality_seeds_mini_continuous_paired.csv": (6, 8, 10),
-    "results/rules_mini_continuous_paired.csv": (6, 8),
-    "results/quality_seeds_mini_olmoe_continuous_paired.csv": (6, 9, 12),
-    "results/rules_mini_olmoe_continuous_paired.csv": (6, 9),
+    "results/archive/quality_seeds_mini_continuous_paired.csv": (6, 8, 10),
+    "results/archive/rules_mini_continuous_paired.csv": (6, 8),
+    "results/archive/quality_seeds_mini_olmoe_continuous_paired.csv": (6, 9, 12),
+    "results/archive/rules_mini_olmoe_continuous_paired.csv": (6, 9),
 }
 RULES = ("base_anchor(k0=1)", "base_anchor(k0=2)", "top1_union", "router_sq", "router_sum", "oracle")
 PLAN_N = 5600      # prompts: 800 per domain of the replication pool (docs/preregistration.md)

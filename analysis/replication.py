@@ -83,13 +83,13 @@ DEVIATIONS = """
   reinstalled by other work (`ModuleNotFoundError: pandas.core.methods.to_dict`, after 643 s); nothing of it
   was kept and the grid was restarted from its first point.
 - `mini128` is not in this family (as the pre-registration says: no usable CPU-trained model): its own
-  family, run later, is in `results/replication_mini128.md`.
+  family, run later, is in `results/archive/replication_mini128.md`.
 """
-# What was done differently for the 128-expert model's own family (results/replication_mini128.md).
+# What was done differently for the 128-expert model's own family (results/archive/replication_mini128.md).
 DEVIATIONS_MINI128 = """
 - The model: trained on one H200 on 2026-12-02 by the command of `make mini128` (120 s, 822 steps; the
   trainer's own evaluation: mean exact match 0.747 over its eight tasks), not the checkpoint of issue 20's
-  held-out check (not kept). Its config, metrics and training log are in `results/replication_mini128_model/`;
+  held-out check (not kept). Its config, metrics and training log are in `results/archive/replication_mini128_model/`;
   the checkpoint (23 MB) is not committed.
 - Its 22 runs ran one at a time on this project's own 2-core machine (one torch thread each, from a worktree
   at commit 270ce4d), not on the GPU host's CPU cores as `experiments/gpu/replication_mini128.sh` planned:

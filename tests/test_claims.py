@@ -1,56 +1,75 @@
-"""The README's headline numbers against the committed files they cite (analysis/claims.py, issue 20)."""
+"""The READMEs' numbers against the committed files they cite (analysis/claims.py, issue 20; one registry
+per document since issue 44)."""
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from analysis import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_numbers_match_the_committed_files():
-    failures = claims.check((ROOT / "README.md").read_text())
-    failures += claims.check_results((ROOT / "results/README.md").read_text())
-    failures += claims.check_tables()
-    assert not failures, "the READMEs disagree with the committed files:\n" + "\n".join(failures)
+@pytest.mark.parametrize("path", list(claims.DOCS))
+def test_each_document_matches_the_committed_files(path):
+    """Every registered document: its checked phrases and its generated blocks."""
+    failures = claims.check_document(path)
+    assert not failures, f"{path} disagrees with the committed files:\n" + "\n".join(failures)
 
 
-def test_a_results_phrase_whose_call_changed_is_reported():
-    """results/README.md's checked phrases (issue 27): dropping an exploratory mark is a disagreement."""
-    text = (ROOT / "results/README.md").read_text()
-    phrase = "at M=6 (exploratory) on `mini`"
-    assert phrase in " ".join(text.split())
-    failures = claims.check_phrases(" ".join(text.split()).replace(phrase, "at M=6 on `mini`"), claims.RESULT_CHECKS,
-                                    "results/README.md")
-    assert len(failures) == 1 and "lacks" in failures[0] and "exploratory" in failures[0]
+def test_the_comparison_tables_carry_current_cross_grid_columns():
+    failures = claims.check_tables()
+    assert not failures, "\n".join(failures)
+
+
+def test_every_results_readme_is_registered():
+    """A README under results/ that reads committed numbers (the index and each area's) is checked;
+    the archive's is left out on purpose (nothing reads its grids), so are the per-folder READMEs
+    written by hand beside their own tables."""
+    assert {"README.md", "results/README.md", "results/quality/README.md", "results/speed/README.md"} <= set(claims.DOCS)
+    assert all((ROOT / path).exists() for path in claims.DOCS)
+
+
+def test_a_quality_phrase_whose_call_changed_is_reported():
+    """results/quality/README.md's checked phrases (issue 27): a call the tables no longer make is a disagreement."""
+    path = "results/quality/README.md"
+    text = " ".join((ROOT / path).read_text().split())
+    phrase = "only `router_sum` is shown worse than `base`"
+    assert phrase in text
+    failures = claims.check_phrases(text.replace(phrase, "no rule is shown worse than `base`"), claims.DOCS[path].checks,
+                                    path)
+    assert len(failures) == 1 and "lacks" in failures[0] and "Ablation" in failures[0]
 
 
 def test_an_altered_number_is_reported():
-    readme = (ROOT / "README.md").read_text()
-    assert "1,205 tokens/s" in readme
-    failures = claims.check(readme.replace("1,205 tokens/s", "1,250 tokens/s", 1))
-    assert len(failures) == 1 and "End to end on an H200" in failures[0] and "lacks" in failures[0]
+    path = "results/speed/README.md"
+    text = (ROOT / path).read_text()
+    assert "in 8 of its 25 cells" in text
+    failures = claims.check_document(path, text.replace("in 8 of its 25 cells", "in 9 of its 25 cells", 1))
+    assert len(failures) == 1 and "[Kernels]" in failures[0] and "lacks" in failures[0]
 
 
 def test_a_phrase_the_file_no_longer_gives_is_reported(monkeypatch):
-    """The other direction: README and phrase agree, the recomputed text does not."""
-    check = claims.CHECKS[0]
-    monkeypatch.setattr(claims, "CHECKS", [claims.Check(check.name, check.source, check.phrase,
-                                                        lambda: check.render().replace("2.27×", "2.30×"))])
-    monkeypatch.setattr(claims, "BLOCKS", {})
-    failures = claims.check((ROOT / "README.md").read_text())
-    assert len(failures) == 1 and "gives" in failures[0] and "2.30×" in failures[0]
+    """The other direction: document and phrase agree, the recomputed text does not."""
+    check = claims.KERNEL_BANDWIDTH
+    stale = claims.Check(check.name, check.source, check.phrase, lambda: check.render().replace("8 of its", "7 of its"))
+    monkeypatch.setitem(claims.DOCS, "results/speed/README.md", claims.Document([stale], {}))
+    failures = claims.check_document("results/speed/README.md")
+    assert len(failures) == 1 and "gives" in failures[0] and "7 of its" in failures[0]
 
 
-def test_generated_blocks_are_checked_and_written(monkeypatch):
-    monkeypatch.setattr(claims, "CHECKS", [])
-    monkeypatch.setattr(claims, "BLOCKS", {"demo": lambda: "- generated line\n"})
+def test_generated_blocks_are_checked_and_written(monkeypatch, tmp_path):
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    monkeypatch.setitem(claims.DOCS, "demo.md", claims.Document([], {"demo": lambda: "- generated line\n"}))
     readme = "intro\n<!-- claims:demo (generated) -->\n- stale line\n<!-- /claims:demo -->\nrest\n"
-    assert any("block demo" in f for f in claims.check(readme))
-    written = claims.write_blocks(readme)
-    assert written == "intro\n<!-- claims:demo (generated) -->\n- generated line\n<!-- /claims:demo -->\nrest\n"
-    assert claims.check(written) == []
-    assert any("no <!-- claims:demo" in f for f in claims.check("no markers\n"))
+    assert any("block demo" in f for f in claims.check_document("demo.md", readme))
+    written = "intro\n<!-- claims:demo (generated) -->\n- generated line\n<!-- /claims:demo -->\nrest\n"
+    (tmp_path / "demo.md").write_text(readme)
+    assert claims.write_document("demo.md") == ["demo"] and (tmp_path / "demo.md").read_text() == written
+    assert claims.write_document("demo.md") == []  # already current: nothing rewritten
+    assert claims.check_document("demo.md") == []
+    assert any("no <!-- claims:demo" in f for f in claims.check_document("demo.md", "no markers\n"))
 
 
 def _grid(tmp_path: Path) -> Path:
