@@ -39,7 +39,8 @@ from omegaconf.errors import InterpolationResolutionError
 from base.checks import check_folder
 from base.config import RENAMED_KEYS, ConfigError, RunConfig, config_fields
 from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
-from base.run.outputs import config_hash
+from base.run.outputs import config_hash, read_report
+from base.run.report import headline
 from base.run.run_folder import check_run_folder, check_target, remove_if_made, run_name
 from base.run.sweep import error_line, read_summary, record_job
 
@@ -169,7 +170,8 @@ def check_launcher_env() -> None:
 
 
 def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
-    """note(status=..., error=...) writes this job's row of the sweep summary (base/run/sweep.py)."""
+    """note(status=..., error=..., report=...) writes this job's row of the sweep summary
+    (base/run/sweep.py), with the headline numbers of a finished run's report."""
     hc = HydraConfig.get()
     sweep_dir, run = Path(hc.sweep.dir), str(hc.sweep.subdir)
     fixed = {"job": hc.job.num, "overrides": ",".join(hc.overrides.task), "host": socket.gethostname(),
@@ -177,12 +179,13 @@ def sweep_note(cfg: DictConfig, gpu: str | None) -> Callable[..., None]:
              "launcher": str(hc.launcher.get("_target_", "")).rsplit(".", 1)[-1]}
     t0 = time.time()
 
-    def note(status: str, error: str | None = None) -> None:
+    def note(status: str, error: str | None = None, report: dict | None = None) -> None:
         now = datetime.now().isoformat(timespec="seconds")
         if status == "started":
             record_job(sweep_dir, run, status=status, started=now, **fixed)
         else:
-            record_job(sweep_dir, run, status=status, error=error, ended=now, wall_s=f"{time.time() - t0:.1f}")
+            record_job(sweep_dir, run, status=status, error=error, ended=now, wall_s=f"{time.time() - t0:.1f}",
+                       **(headline(report) if report else {}))
 
     return note
 
@@ -209,7 +212,7 @@ def main(cfg: DictConfig) -> dict | None:
     # joblib workers share this host's GPUs: each job holds one (base/run/gpu_pool.py)
     local_parallel = sweep and "joblib" in str(hc.launcher.get("_target_", ""))
     with job_gpu(visible_gpus(), lock_dir()) if local_parallel else nullcontext() as gpu:
-        note = sweep_note(cfg, gpu) if sweep else lambda status, error=None: None
+        note = sweep_note(cfg, gpu) if sweep else lambda status, error=None, report=None: None
         note("started")
         try:
             report = run_job(cfg, out_dir, ",".join(hc.overrides.task), hc.job.override_dirname)
@@ -235,7 +238,7 @@ def main(cfg: DictConfig) -> dict | None:
         except Exception as err:
             note("failed", error_line(err))
             raise
-        note("skipped" if report is None else "finished")
+        note("skipped" if report is None else "finished", report=report or read_report(out_dir))
     if report is not None:
         from base.run.report import print_report
 

@@ -135,3 +135,42 @@ def test_a_killed_sweep_resumes(tmp_path):
     rows = by_run(sweep_dir)
     assert len(rows) == 3 and {k for k, r in rows.items() if r["status"] == "skipped"} == done
     assert {r["status"] for k, r in rows.items() if k not in done} == {"finished"}
+
+
+def test_a_finished_run_s_row_carries_its_headline_numbers(tmp_path):
+    """Evaluation: summary accuracy, kept and union experts; a rerun that skips it keeps them."""
+    assert multirun(tmp_path, "method=base", "budget=2,3", "batch_size=4").returncode == 0
+    rows = by_run(tmp_path / "default")
+    for name, row in rows.items():
+        report = json.loads((tmp_path / "default" / name / "report.json").read_text())
+        assert row["status"] == "finished" and row["tokens_per_s"] == ""
+        assert float(row["accuracy"]) == pytest.approx(report["summary"]["accuracy"], rel=1e-5)
+        assert 0 < float(row["kept_mean"]) <= report["budget"] < float(row["union_mean"])
+    (tmp_path / "default" / "sweep_summary.csv").unlink()  # a summary that never saw the runs finish
+    assert multirun(tmp_path, "method=base", "budget=2,3", "batch_size=4").returncode == 0
+    again = by_run(tmp_path / "default")
+    assert {r["status"] for r in again.values()} == {"skipped"}
+    assert [r["accuracy"] for r in again.values()] == [r["accuracy"] for r in rows.values()]
+
+
+def test_headline_numbers_of_each_kind_of_run(tmp_path):
+    from base.run.report import headline
+
+    ev = {"summary": {"accuracy": 0.5, "kept_mean": 3.0, "union_mean": 9.5, "weight_retained": 0.9}}
+    assert headline(ev) == {"accuracy": 0.5, "kept_mean": 3.0, "union_mean": 9.5, "tokens_per_s": None}
+    steps = {"throughput": [
+        {"batch_size": 8, "mode": "graph", "budget": None, "tokens_per_s": 100.0, "kept_mean": 9.0, "union_mean": 9.0},
+        {"batch_size": 16, "mode": "eager", "budget": None, "tokens_per_s": 1.0, "kept_mean": 9.0, "union_mean": 9.0},
+        {"batch_size": 16, "mode": "graph", "budget": None, "tokens_per_s": 150.0, "kept_mean": 12.0, "union_mean": 12.0},
+        {"batch_size": 16, "mode": "graph", "budget": 4, "tokens_per_s": 300.0, "kept_mean": 4.0, "union_mean": 12.0}]}
+    assert headline(steps) == {"accuracy": None, "kept_mean": 4.0, "union_mean": 12.0, "tokens_per_s": 300.0}
+    stream = {"stream": [{"slots": 4, "budget": None, "tokens_per_s": 50, "kept_mean": None, "union_mean": None}]}
+    assert headline(stream)["tokens_per_s"] == 50.0 and headline(stream)["kept_mean"] is None
+    serve = {"serve": [{"slots": 4, "variant": v, "budget": b, "rate": r, "arrivals": "burst" if r is None else "poisson",
+                        "output_throughput": t} for v, b, r, t in
+                       [("dense", None, None, 10.0), ("base", 4, None, 20.0), ("base", 4, None, 40.0),
+                        ("base", 4, None, 30.0), ("base", 4, 2.0, 5.0)]]}
+    assert headline(serve)["tokens_per_s"] == 30.0  # base's burst streams, the median over repeats
+    record_job(tmp_path, "r", status="finished", **headline(steps))
+    row = by_run(tmp_path)["r"]
+    assert (row["accuracy"], row["kept_mean"], row["union_mean"], row["tokens_per_s"]) == ("", "4", "12", "300")

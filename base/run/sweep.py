@@ -9,7 +9,9 @@ even when the launcher's parent process dies. Status: started (still running, or
 of the sweep redoes it), finished, skipped (finished before with the same config), failed (with
 `error`, the exception's type and first line), interrupted (Ctrl-C or a termination signal). Two
 sweeps of one experiment at once share the file: a run one of them finished stays `finished`
-when the other then finds it done (`skipped` never replaces `finished`).
+when the other then finds it done (`skipped` never replaces `finished`). A finished or skipped
+run's row carries its headline numbers (base/run/report.py headline): accuracy, kept_mean and
+union_mean of an evaluation, tokens_per_s (with kept and union) of a throughput run.
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from base.files import atomic_write_text, file_lock
+from base.run.report import HEADLINE
 
 SUMMARY = "sweep_summary.csv"
 COLUMNS = ("run", "status", "error", "job", "overrides", "config_hash", "host", "pid", "gpu", "launcher",
-           "started", "ended", "wall_s")
+           "started", "ended", "wall_s", *HEADLINE)
 STATUSES = ("started", "finished", "skipped", "failed", "interrupted")
 
 
@@ -54,9 +57,9 @@ def record_job(sweep_dir: Path, run: str, **fields: Any) -> None:
         if fields.get("status") == "skipped" and row.get("status") == "finished":
             return  # another sweep finished it while this one waited: its row stays
         if fields.get("status") == "started":  # a new attempt: the last one's outcome no longer holds
-            for key in ("error", "ended", "wall_s"):
+            for key in ("error", "ended", "wall_s", *HEADLINE):
                 row.pop(key, None)
-        row.update({k: "" if v is None else str(v) for k, v in fields.items()})
+        row.update({k: "" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for k, v in fields.items()})
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=COLUMNS, restval="", lineterminator="\n")
         writer.writeheader()
