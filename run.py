@@ -131,6 +131,7 @@ def build_config(cfg: DictConfig, out_dir: Path, overrides: str = "", run_key: s
     c = OmegaConf.to_container(cfg, resolve=True)
     c["calibration"] = calibration(c, overrides)
     c["artifacts_dir"] = repo_path(c["artifacts_dir"])
+    c["logger"]["dir"] = str(repo_path(c["logger"]["dir"]))  # relative to the checkout, as outputs_dir
     values = {f.name: kind(**c[key]) if dataclasses.is_dataclass(kind) else c[key] for f, key, kind in config_fields()}
     return RunConfig(**values, out_dir=out_dir, root=ROOT, overrides=overrides,
                      run_key=overrides if run_key is None else run_key,

@@ -504,7 +504,7 @@ class LoggerConfig:
     name: str = "wandb"  # wandb | none
     mode: str = "offline"  # offline | online
     project: str = "base-moe"
-    dir: str = "outputs/wandb"  # every run's offline files, in one place for `wandb sync --sync-all`
+    dir: str = "outputs/wandb"  # every run's offline files, in one place: `wandb sync <dir>/wandb` uploads them
 
     def __post_init__(self) -> None:
         check_choice("logger", self.name, ("wandb", "none"))

@@ -248,6 +248,20 @@ def test_two_processes_computing_one_artifact(tmp_path):
     assert not [p for p in calib_dir.iterdir() if ".tmp" in p.name]
 
 
+def test_run_log_ends_with_the_results_the_run_prints(compose, tmp_path, capsys):
+    """run.log holds lm-eval's and transformers' log records, and then the table run.py prints at
+    the end (base/run/report.py): a run folder alone says how the run ended."""
+    from base.run.report import print_report
+
+    report, out = _run_here(compose, tmp_path, "method=router_sum", "budget=2", "task.limit=3")
+    capsys.readouterr()
+    print_report(report, out)
+    printed = capsys.readouterr().out.lstrip("\n")
+    log = (out / "run.log").read_text()
+    assert log.endswith(printed) and len(log) > len(printed)
+    assert f"-> {out}" in printed and "smoke_copy" in printed and "  summary: accuracy=" in printed
+
+
 def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(compose, tmp_path):
     """eval.gen_tokens=1: the prefill makes the only token, so no decode step ever sees the budget."""
     from base.checks import ConfigError

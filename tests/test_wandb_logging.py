@@ -73,3 +73,42 @@ def test_log_run_refuses_a_folder_that_holds_no_finished_run(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "is not a finished run folder (it needs report.json" in proc.stderr
     assert not (tmp_path / "wb").exists()
+
+
+def test_a_run_logged_offline_ends_with_the_sync_command_the_installed_wandb_takes(compose, tmp_path, capsys):
+    """wandb 0.2x/0.3x has no `--sync-all` and keeps runs one folder deeper: the run's report, its
+    printed summary and its run.log name `wandb sync <its folder>`, which the installed wandb finds."""
+    import run
+    from base.run.pipeline import run as run_pipeline
+    from base.run.report import print_report
+
+    cfg = compose(["model=tiny_qwen3", "task=smoke", "task.limit=2", "method=dense", "logger=wandb",
+                   f"outputs_dir={tmp_path}/outputs"])
+    out = tmp_path / "outputs" / "default" / "run1"
+    report = run_pipeline(run.build_config(cfg, out, "method=dense"), OmegaConf.to_yaml(cfg, resolve=True))
+    (folder,) = _offline_runs(tmp_path / "outputs" / "wandb")
+    assert Path(report["wandb"]["dir"]).resolve() == folder.resolve()
+    command = report["wandb"]["sync"].split()
+    assert command[:2] == ["wandb", "sync"] and "--sync-all" not in command
+    print_report(report, out)
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith("  wandb: logged offline to") and report["wandb"]["sync"] in said
+    assert (out / "run.log").read_text().strip().splitlines()[-1] == said
+    for cmd in (command, report["wandb"]["all"].split()):  # what the installed wandb would upload
+        dry = subprocess.run([str(Path(sys.executable).parent / "wandb"), *cmd[1:], "--dry-run"], capture_output=True,
+                             text=True, timeout=120, check=False)
+        assert dry.returncode == 0 and "Would sync 1 run(s)" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+
+
+def test_sync_hint_names_an_offline_run_only(tmp_path):
+    import wandb
+
+    from base.run.logger import sync_hint
+
+    offline = wandb.init(project="t", dir=str(tmp_path), mode="offline")
+    offline.finish()
+    hint = sync_hint(offline)
+    assert hint.startswith("[wandb] logged offline to ") and "`wandb sync " in hint and "offline-run-" in hint
+    disabled = wandb.init(project="t", dir=str(tmp_path), mode="disabled")
+    disabled.finish()
+    assert sync_hint(disabled) is None and sync_hint(None) is None

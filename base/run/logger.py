@@ -1,9 +1,13 @@
 """Experiment logging: wandb (offline by default, no account needed), or nothing with logger=none.
 One wandb run per run folder, finished at its end, grouped by experiment (exp_name), tagged with
 its axes (model, method, budget, stage) and named by them. Offline runs of every experiment collect
-in one folder, logger.dir (outputs/wandb by default), so one command uploads them all:
+in one folder, logger.dir (outputs/wandb by default; wandb keeps each run one folder deeper, in
+<logger.dir>/wandb/offline-run-*), so one command uploads them all (wandb 0.2x/0.3x: `--sync-all`
+is gone; a folder of runs syncs those not synced yet, without asking):
 
-    wandb sync --sync-all outputs/wandb        # or: wandb sync outputs/wandb/wandb/offline-run-*
+    wandb sync outputs/wandb/wandb             # one run: wandb sync outputs/wandb/wandb/offline-run-<time>-<id>
+
+A run that logged offline names its own command at its end (its report's `wandb`, sync_hint).
 
 A run that finished without wandb (logger=none, or before an account existed) is logged afterwards
 from its folder, without running it again: `python -m base.run.log_run outputs/<exp>/<run> ...`.
@@ -12,6 +16,7 @@ line charts. wandb is imported only when a run logs to it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,11 +103,32 @@ class Logger:
         except Exception as err:  # noqa: BLE001  (logging must never fail a finished evaluation)
             print(f"[logger] lm-eval WandbLogger skipped: {err}")
 
+    def offline(self) -> dict[str, str] | None:
+        """An offline run's folder and the command that uploads it (None: online, or no run)."""
+        return offline_sync(self.run)
+
     def finish(self, ok: bool = True) -> None:
         """End the wandb run; a run that raised is finished with exit code 1 (shown as failed)."""
         if self.run is not None:
             self.run.finish(exit_code=0 if ok else 1)
             self.run = None
+
+
+def offline_sync(run) -> dict[str, str] | None:
+    """{"dir": the offline wandb run's folder, "sync": the command that uploads it, "all": the one
+    that uploads every offline run beside it}; None for an online or disabled run."""
+    if run is None or not getattr(run, "offline", False):
+        return None
+    folder = Path(run.settings.sync_dir)
+    shown = os.path.relpath(folder) if not os.path.relpath(folder).startswith("..") else str(folder)
+    return {"dir": shown, "sync": f"wandb sync {shown}", "all": f"wandb sync {Path(shown).parent}"}
+
+
+def sync_hint(run) -> str | None:
+    """One line for the end of a command that logged `run` offline: where it is and how to upload it."""
+    done = offline_sync(run)
+    return None if done is None else (f"[wandb] logged offline to {done['dir']}: upload it with `{done['sync']}` "
+                                      f"(every offline run there: `{done['all']}`)")
 
 
 def selection_plots(rows: list[dict[str, Any]]) -> dict[str, Any]:

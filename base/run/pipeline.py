@@ -30,6 +30,7 @@ from base.run.artifacts import ensure_calibration, ensure_predictor, selector_ar
 from base.run.logger import Logger, run_identity
 from base.run.preflight import preflight
 from base.run.provenance import CONTINUOUS_VERSION, commit, provenance
+from base.run.report import report_text
 from base.run.sweep import host_info
 from base.runtime.throughput import Variant
 
@@ -147,6 +148,8 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
         except ConfigError:  # a bad input found after preflight: the run leaves nothing
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        with open(stage / "run.log", "a") as log:  # the log ends with what the run prints at its end
+            log.write("\n" + report_text(report, out))
         run_folder.publish(stage, out, keep)
         if keep is not None:
             print(f"[base] the earlier run in {out} is kept as {keep}")
@@ -246,6 +249,8 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
         report["wall_s"] = time.perf_counter() - t0
         report["files"] = outputs.line_counts(out)  # a rerun checks them before skipping the run as finished
         logger.metrics({k: v for k, v in report.get("summary", {}).items() if isinstance(v, (int, float))})
+        if logger.offline():
+            report["wandb"] = logger.offline()  # its folder and `wandb sync` command, shown at the run's end
         outputs.write_report(out, report, outputs.PENDING_REPORT)  # last: publish makes it report.json
         ok = True
     finally:

@@ -38,8 +38,10 @@ def report_text(report: dict[str, Any], out_dir: Path) -> str:
     if "summary" in report:
         lines.append("  summary: " + ", ".join(f"{k}={v:.4g}" for k, v in report["summary"].items()
                                                if isinstance(v, (int, float))))
-    if (report.get("wandb") or {}).get("sync"):
-        lines.append(f"  wandb: logged offline to {report['wandb']['dir']}; upload it with `{report['wandb']['sync']}`")
+    if (report.get("wandb") or {}).get("sync"):  # logged offline (base/run/logger.py offline_sync)
+        w = report["wandb"]
+        lines.append(f"  wandb: logged offline to {w['dir']}: upload it with `{w['sync']}` (every offline run "
+                     f"there: `{w['all']}`)")
     return "\n".join(lines) + "\n"
 
 
