@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_SILENT=true
 STAMP := .venv/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
-.PHONY: help install test test-all gpu-test demo mini mini-olmoe mini128 routing specialisation quality quality-seeds ablation admission rules replication bench-kernels report clean
+.PHONY: help install test test-all gpu-test demo mini mini-olmoe mini128 routing specialisation quality quality-seeds ablation admission rules replication bench-kernels report report-all clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -144,15 +144,20 @@ replication: $(STAMP)  ## the pre-registered replication grid and its calls (REP
 		--extra "method=base_anchor method.k0=2" --extra "method=dense budget=null"
 	$(PY) -m analysis.replication $(addprefix outputs/,$(REPL_EXP)) --out $(REPL_OUT)
 
-# Figures and report.md from results/ (committed) and outputs/ (when present); no model runs.
-# REFRESH=1: from results/ alone into results/figures/ (the committed figures the README shows).
+# Figures and report.md from results/ (the committed grids) and outputs/ (your runs, their own
+# section "Your runs"); no model runs. `make report`: a one-page summary (at most 8 figures);
+# `make report-all`: every figure of every grid with its table.
+# REFRESH=1: every figure from results/ alone into results/figures/ (the committed figures the READMEs show).
 # LOG=wandb: also one wandb summary run with the figures (offline unless WANDB_MODE=online).
 # EXP=name: only that sweep's quality figures.
-REPORT_ARGS := $(if $(REFRESH),--results-only --out results/figures,--out outputs/report) \
+REPORT_ARGS := $(if $(REFRESH),--results-only --all --out results/figures,--out outputs/report) \
 	$(if $(LOG),--log $(LOG)) $(if $(EXP),--exp $(EXP))
 # Analysis reads files only: an existing .venv is enough (no reinstall when pyproject.toml changed).
-report: | $(PY)  ## figures + report.md -> outputs/report/ (REFRESH=1: results/ only -> results/figures/; LOG=wandb; EXP=sweep)
+report: | $(PY)  ## one-page summary, <= 8 figures + report.md -> outputs/report/ (REFRESH=1: every committed figure -> results/figures/; LOG=wandb; EXP=sweep)
 	OMP_NUM_THREADS=1 WANDB_SILENT=true $(PY) -m analysis.report $(REPORT_ARGS)
+
+report-all: | $(PY)  ## every figure of every grid with its table -> outputs/report/ (same options as report)
+	OMP_NUM_THREADS=1 WANDB_SILENT=true $(PY) -m analysis.report --all $(REPORT_ARGS)
 
 bench-kernels:  ## on a CUDA machine: GPU tests, copy bandwidth, tuning, kernel timings -> benchmarks/kernels/
 	python -m tools.bench_kernels --out benchmarks/kernels

@@ -6,6 +6,7 @@ figure then says so instead of failing). Numbering follows issue 11:
   1 accuracy and speed-up vs kept share (two)   2 accuracy vs kept experts, bands over seeds
   3 union before selection vs batch size         4 the selection-rule ablation at equal budget
   5 backfill vs drop / re-routing                6 predictor R² per layer; kept-experts heat map
+  7 the pre-registered replication's calls        8 decode speed-up over dense per batch size (H200 grid)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from analysis import stats as S
 from analysis import style
 from analysis.tables import REASSIGN
 
@@ -79,13 +81,21 @@ def _grid(n: int, ncols: int = 3, height: float = 3.0):
     return fig, axes
 
 
-def _legend(fig: Figure, axes: list) -> None:
-    """One legend for the figure, from every axis's labelled artists."""
+def _legend(fig: Figure, axes: list, below: int = 0, handles: list | None = None) -> None:
+    """One legend for the figure, from every axis's labelled artists (or `handles`): right of the
+    axes, or `below` > 0: under them in that many columns (for a long legend, which on the right
+    would run past the figure's top and bottom). Either way outside the axes, over no data."""
     seen: dict[str, object] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
-    if seen:
+    for h in handles or []:
+        seen.setdefault(h.get_label(), h)
+    if not seen:
+        return
+    if below:
+        style.legend_below(fig, list(seen.values()), list(seen.keys()), min(below, len(seen)))
+    else:
         fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=7.5)
 
 
@@ -214,9 +224,12 @@ def _yerr(g: pd.DataFrame, col: str):
 
 # ---- 2: accuracy vs kept experts, bands over seeds or prompts -----------------------------------
 def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
+    """Accuracy against the mean experts kept, one curve per selector across its budgets; the
+    caption names only what was drawn (a dense line, squares, bands where the data has them)."""
     name, title = f"fig2_accuracy_kept_{exp}", f"Accuracy vs experts kept: {exp}"
     if w.empty or "accuracy" not in w or "kept_mean" not in w:
         return _empty(name, title, f"no evaluate runs with accuracy and kept experts in {exp}")
+    drawn = {"curves": 0, "squares": [], "dense": False, "dense_band": False, "bands": False}
     with style.context():
         fig, (ax,) = style.new_figure(height=4.0, width=8.0)
         for v in _variants(w):
@@ -224,25 +237,42 @@ def kept_figure(w: pd.DataFrame, exp: str) -> Plot:
             c = style.color(v)
             if v == "dense":
                 ax.axhline(g["accuracy"].iloc[0], color="black", lw=1, label="dense")
+                drawn["dense"] = True
                 if g["accuracy_low"].notna().any():
                     ax.axhspan(g["accuracy_low"].iloc[0], g["accuracy_high"].iloc[0], color="black", alpha=0.08)
+                    drawn["dense_band"] = True
             elif g["budget"].isna().all():  # no budget: one point at its own kept count
                 ax.errorbar(g["kept_mean"], g["accuracy"], yerr=_yerr(g, "accuracy"), color=c, marker="s", ls="none",
                             capsize=2, label=v)
+                drawn["squares"].append(v)
             else:
                 ax.plot(g["kept_mean"], g["accuracy"], color=c, marker="o", label=v)
+                drawn["curves"] += 1
                 if g["accuracy_low"].notna().any():
                     ax.fill_between(g["kept_mean"], g["accuracy_low"], g["accuracy_high"], color=c, alpha=0.15, lw=0)
+                    drawn["bands"] = True
         ax.set_xlabel(KEPT)
         ax.set_ylabel(ACC)
         _legend(fig, [ax])
     seeds = int(w["n"].max())
-    band = ("bands: range (min to max) over batching seeds" if seeds > 1 else
-            "bands: the committed 95 % interval over prompts (Wilson)" if w["accuracy_low"].notna().any() else
-            "one batching seed per point: no interval (make quality SEEDS=0,1,2 adds them)")
+    spread = ("the range (min to max) over batching seeds" if seeds > 1 else
+              "the committed 95 % interval over prompts (Wilson)")
+    parts = []
+    if drawn["curves"]:
+        parts.append(f"{drawn['curves']} selector(s), one curve each across budgets M (dots)"
+                     + (f", shaded band: {spread}" if drawn["bands"] else ", no interval (one batching seed; "
+                        "make quality SEEDS=0,1,2 adds them)"))
+    if drawn["squares"]:
+        parts.append(f"squares: rules without a budget ({', '.join(drawn['squares'])}), each at its own mean kept "
+                     "count" + (f", whiskers: {spread}" if any(w.loc[w["variant"].isin(drawn["squares"]),
+                                                                     "accuracy_low"].notna()) else ""))
+    if drawn["dense"]:
+        parts.append("black line: dense (every routed expert)" + (", grey band: its interval" if drawn["dense_band"]
+                                                                  else ""))
+    else:
+        parts.append("no dense run in this grid")
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(w['n'])} "
-               f"({_seeds(seeds)} per point). One curve per selector across budgets M; squares: rules "
-               f"without a budget (their own kept count); black line: dense; {band}.")
+               f"({_seeds(seeds)} per point). " + "; ".join(parts) + ".")
     cols = ["variant", "budget", "kept_mean", "accuracy", "accuracy_low", "accuracy_high", "n"]
     return _finish(fig, name, title, caption, w.reindex(columns=cols))
 
@@ -257,30 +287,56 @@ def _batch(w: pd.DataFrame) -> str:
 
 
 # ---- 3: union before selection vs batch size ---------------------------------------------------
+# Control models whose routing statistics are committed beside the shipped models' (results/routing/<folder>/):
+# what each controls for, for the caption.
+CONTROLS = {"mini_olmoe_control": "mini_olmoe's size, data and steps trained with mini's routing settings (top-4, "
+                                  "balance 0.005): like mini, top-4 of 32 experts"}
+
+
+def _control(source) -> bool:
+    """A routing-statistics row of a control model (results/routing/<control>/), not a shipped one."""
+    return isinstance(source, str) and source not in ("throughput", "routing")
+
+
 def union_figure(u: pd.DataFrame) -> Plot:
+    """Distinct experts per layer per step before selection, and that count over the layer's experts,
+    against batch size: colour the model, line style the router. A control model's routing statistics
+    (a folder under results/routing/) are labelled so and drawn hollow, beneath the shipped models'."""
     name, title = "fig3_union_batch", "Union before selection vs batch size"
     if u.empty:
         return _empty(name, title, "no throughput runs and no routing statistics")
+    controls = sorted({(m, s) for m, s in zip(u["model"], u["source"]) if _control(s)})
     with style.context():
         fig, axes = style.new_figure(1, 2, height=3.6)
         colors = style.palette(u["model"])
-        for (model, routing), g in u.groupby(["model", "routing"]):
+        for (model, routing, source), g in u.groupby(["model", "routing", "source"]):
             g = g.sort_values("batch_size")
-            kw = {"color": colors[model], "ls": style.ROUTING_STYLE.get(routing, "-"), "marker": "o",
-                  "label": f"{model} ({routing})"}
+            control = _control(source)
+            label = f"{model} ({routing})" if not control else f"{model} (trained; a control)"
+            kw = {"color": colors[model], "ls": "-." if control else style.ROUTING_STYLE.get(routing, "-"),
+                  "marker": "o", "label": label, "zorder": 2 if control else 3}
+            if control:
+                kw.update(mfc="white", ms=6, lw=1.2)
             axes[0].plot(g["batch_size"], g["union"], **kw)
             axes[1].plot(g["batch_size"], g["pool_share"], **kw)
         for ax in axes:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("decode batch size (sequences)")
-        axes[0].set_ylabel("distinct experts per layer per step")
-        axes[1].set_ylabel("union / experts in the layer")
-        _legend(fig, axes)
+        axes[0].set_ylabel("distinct experts\nper MoE layer per decode step")
+        axes[1].set_ylabel("union / experts in the layer\n(fraction of the layer's experts)")
+        _legend(fig, axes, below=4)
     tp = u[u["source"] == "throughput"]
+    trained = u[u["routing"] == "trained"]
     caption = ("Mean over MoE layers and decode steps of the distinct experts the batch routes to, before any "
-               "selection. Solid/dashed: dense rows of the throughput runs (random weights of each architecture; "
-               f"uniform router or skewed bias; {tp['model'].nunique()} models); dotted 'trained': routing statistics "
-               "of the embedded models on their task prompts (results/routing).")
+               f"selection. Solid (uniform router) and dashed (skewed bias): dense rows of the throughput runs, random "
+               f"weights of {tp['model'].nunique()} real architectures' shapes"
+               + (f"; dotted ('trained'): routing statistics of the embedded models on their task prompts "
+                  f"({', '.join(sorted(trained.loc[~trained['source'].map(_control), 'model'].unique()))}; "
+                  "results/routing)" if len(trained) else "")
+               + "".join(f"; dash-dot, hollow markers: {m}, a control model, not shipped (results/{src}): "
+                         f"{CONTROLS.get(m, 'trained for a comparison')}; drawn beneath the shipped models' curves"
+                         for m, src in controls)
+               + ".")
     return _finish(fig, name, title, caption, u)
 
 
@@ -341,7 +397,7 @@ def reassign_figure(w: pd.DataFrame, exp: str, paired: pd.DataFrame) -> Plot:
             ax.set_xticks(sorted(modes["budget"].astype(int).unique()))
             ax.set_xlabel("budget M")
             ax.set_title(lab, fontsize=8.5)
-        _legend(fig, axes)
+        _legend(fig, axes, below=3)
     seeds = int(modes["n"].max())
     caption = (f"Model {w['model'].iloc[0]}; batch {_batch(w)}; hardware {_hw(w['hardware'])}; {_runs(modes['n'])}. "
                "backfill: a token that lost experts takes its next-preferred kept ones; drop: the slots stay empty; "
@@ -366,12 +422,14 @@ def r2_figure(r2: pd.DataFrame) -> Plot:
         for model, g in r2.groupby("model"):
             g = g.sort_values("layer")
             depth = g["layer"] / max(1, g["layer"].max())
-            ax.plot(depth, g["r2"], color=colors[model], marker="o", label=f"{model} ({len(g)} layers)")
+            random = g["source"].iloc[0] == "throughput"  # the throughput grid's models: random weights
+            ax.plot(depth, g["r2"], color=colors[model], marker="o",
+                    label=f"{model} ({len(g)} layers{', random weights' if random else ', trained'})")
             if "r2_within" in g and g["r2_within"].notna().any():
                 ax.plot(depth, g["r2_within"], color=colors[model], ls="--", marker=".")
         ax.set_xlabel("layer / (layers − 1)")
         ax.set_ylabel("held-out R² of log‖E_u(z)‖")
-        _legend(fig, [ax])
+        _legend(fig, [ax], below=2)
     caption = ("Per MoE layer, R² of the linear predictor of log expert-output norm on held-out calibration tokens "
                "(solid; dashed: within experts, the token-dependent part). Sources: " +
                "; ".join(f"{m}: {s}" for m, s in r2.groupby("model")["source"].first().items()) +
@@ -404,3 +462,87 @@ def heatmap_figure(h: pd.DataFrame, exp: str) -> Plot:
                "lowest batching seed. Experts kept at each MoE layer and decode step, steps in run order over all "
                "decode batches (a batch's last steps hold few unfinished sequences, hence the dark columns).")
     return _finish(fig, name, title, caption, h)
+
+
+# ---- 7: the pre-registered replication: each rule minus base, with its corrected call ------------
+CALL_COLORS = {"higher": "#2ca02c", "lower": "#d62728", "tie": "#1f77b4", "inconclusive": "#8c8c8c"}
+LEVEL_MARKERS = {"tight": "o", "middle": "s", "loose": "^"}
+
+
+def replication_figure(calls: pd.DataFrame) -> Plot:
+    """One panel per model: each rule's accuracy minus base's at the same budget, in percentage
+    points, with its 95 % interval, coloured by its Holm-corrected call (tables.replication_calls)."""
+    name, title = "fig7_replication", "Pre-registered replication: accuracy of each rule minus base, same budget"
+    if calls.empty:
+        return _empty(name, title, "no results/replication*_paired.csv (make replication, docs/preregistration.md)")
+    models = list(dict.fromkeys(calls["model"]))
+    rules = list(dict.fromkeys(calls["method"]))
+    levels = [lv for lv in LEVEL_MARKERS if lv in set(calls["level"])]
+    step = 0.8 / max(len(levels), 1)
+    with style.context():
+        fig, axes = style.new_figure(1, len(models), height=3.6, sharey=True)
+        for ax, model in zip(axes, models):
+            g = calls[calls["model"] == model]
+            for i, lv in enumerate(levels):
+                for _, r in g[g["level"] == lv].iterrows():
+                    y = rules.index(r["method"]) - 0.4 + step * (i + 0.5)
+                    d, lo, hi = 100 * r["diff"], 100 * r["low"], 100 * r["high"]
+                    ax.errorbar([d], [y], xerr=[[d - lo], [hi - d]], color=CALL_COLORS.get(r["call"], "#000000"),
+                                marker=LEVEL_MARKERS[lv], ls="none", capsize=2, ms=5)
+            ax.axvline(0, color="black", lw=0.8)
+            budgets = g.drop_duplicates("level").set_index("level").reindex(levels)["budget"].dropna().astype(int)
+            ax.set_title(f"{model}: M = {', '.join(map(str, budgets))}", fontsize=9)
+            ax.set_xlabel("rule − base (accuracy, percentage points)")
+        axes[0].set_yticks(range(len(rules)), rules)
+        axes[0].invert_yaxis()
+        keys = [_key(CALL_COLORS[c], marker="o", label=c) for c in CALL_COLORS if c in set(calls["call"])]
+        keys += [_key(marker=LEVEL_MARKERS[lv], label=f"{lv} budget") for lv in levels]
+        _legend(fig, [], below=len(keys), handles=keys)
+    fams = calls.groupby("source").agg(models=("model", lambda m: ", ".join(dict.fromkeys(m))),
+                                       m=("family_size", "first"), n=("n", "first"))
+    caption = ("Each rule's accuracy minus base's at the same budget M (distinct experts kept per MoE layer per "
+               "decode step), paired over the same fresh prompts, continuous batching; marker: the difference, bar: "
+               "its own 95 % interval (Tango score; not Holm-adjusted). Colour: the call of the exact McNemar test "
+               f"after Holm's correction over its family at {S.ALPHA:g}: "
+               + "; ".join(f"{r['models']}: {int(r['n']):,} prompts, {int(r['m'])} comparisons ({src})"
+                           for src, r in fams.iterrows())
+               + ". Higher/lower where the corrected test rejects, else inconclusive; no accuracy tie is called "
+               "(analysis/stats.py: accuracy is not among its TIE_METRICS). oracle is an upper bound, not a rule to "
+               "deploy. Pre-registered in docs/preregistration.md.")
+    return _finish(fig, name, title, caption, calls)
+
+
+# ---- 8: decode speed-up over dense per batch size, the committed H200 grid ----------------------
+def speedup_figure(speed: pd.DataFrame, variant: str = "base") -> Plot:
+    """One panel per decode batch size: `variant`'s end-to-end decode speed-up over dense against
+    the share of experts kept, one curve per model (colour) and router (line style); CUDA-graph rows."""
+    name, title = "fig8_speedup_batch", f"Decode speed-up of {variant} over dense, per batch size"
+    s = speed[(speed["mode"] == "graph") & (speed["variant"] == variant)] if len(speed) and "mode" in speed else speed
+    if s.empty or "num_experts" not in s or s["num_experts"].isna().all():
+        return _empty(name, title, f"no CUDA-graph throughput rows of {variant} with the model's expert count")
+    s = s.assign(kept_frac=pd.to_numeric(s["kept_mean"], errors="coerce") / pd.to_numeric(s["num_experts"]))
+    sizes = sorted(int(b) for b in s["batch_size"].dropna().unique())
+    colors = style.palette(s["model"])
+    with style.context():
+        fig, axes = style.new_figure(1, len(sizes), height=3.4, sharey=True)
+        for ax, bs in zip(axes, sizes):
+            for (model, routing), g in s[s["batch_size"] == bs].groupby(["model", "routing"], dropna=False):
+                g = g.sort_values("kept_frac")
+                ax.plot(g["kept_frac"], g["speedup_vs_dense"], color=colors[model], marker="o",
+                        ls=style.ROUTING_STYLE.get(routing, "-"), label=f"{model} ({routing} router)")
+            ax.axhline(1.0, color="black", lw=1, label="dense (1×)")
+            ax.set_title(f"batch {bs}", fontsize=9)
+        axes[0].set_ylabel(SPEED)
+        _legend(fig, axes, below=5)
+    pools = s.groupby("model")["num_experts"].first()
+    budgets = sorted(int(b) for b in s["budget"].dropna().unique())
+    caption = (f"{variant} at budgets M = {', '.join(map(str, budgets))} against dense: tokens/s ratio in the same "
+               "process, CUDA-graph replay, one timed run per point; x: mean experts kept per MoE layer per decode step "
+               "over the layer's experts. Random bf16 weights of real architectures' shapes ("
+               + ", ".join(f"{m}: {int(n)} experts" for m, n in pools.items())
+               + f"); solid: uniform router, dashed: skewed router bias; hardware {_hw(s['hardware'])}. "
+               f"Only {variant} is drawn; the other rules timed in the same runs are not.")
+    cols = ["model", "routing", "batch_size", "budget", "kept_mean", "kept_frac", "tokens_per_s", "speedup_vs_dense",
+            "hardware"]
+    return _finish(fig, name, title, caption, s.reindex(columns=cols),
+                   xlabel="experts kept per MoE layer per decode step (fraction of the layer's experts)")

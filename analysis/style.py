@@ -65,19 +65,36 @@ def new_figure(nrows: int = 1, ncols: int = 1, height: float = 3.2, width: float
     return fig, [ax for row in axes for ax in row]
 
 
+def legend_below(fig: Figure, handles: list, labels: list[str], ncols: int):
+    """A figure legend under the axes, in `ncols` columns: `caption` places it between the axes and
+    the caption and keeps the axes above it (constrained layout would pin an "outside lower" legend
+    to the figure's bottom edge, onto the caption)."""
+    leg = fig.legend(handles, labels, loc="lower center", ncols=ncols, fontsize=7.5)
+    leg.rows = -(-len(labels) // ncols)  # the legend's rows: its height, for caption's layout
+    return leg
+
+
 def caption(fig: Figure, text: str, xlabel: str | None = None) -> None:
-    """The caption under the axes (model, batch size, hardware, runs), and `xlabel`, one x label
-    for every panel, between the axes and the caption: the layout leaves room for both.
+    """The caption under the axes (model, batch size, hardware, runs), above it a legend_below,
+    and `xlabel`, one x label for every panel, between the axes and the caption: the layout leaves
+    room for all three.
 
     (Not fig.supxlabel: constrained layout pins that to the figure's bottom edge, onto the caption.)"""
     lines = textwrap.wrap(text, CAPTION_CHARS)
+    below = [leg for leg in fig.legends if hasattr(leg, "rows")]
+    legend_in = sum(0.16 * leg.rows + 0.1 for leg in below)
+    fig.set_figheight(fig.get_figheight() + legend_in)  # the legend below takes no height from the axes
     height = fig.get_figheight()
     room = (0.16 * len(lines) + 0.12) / height
+    legend = legend_in / height
     label = 0.3 / height if xlabel else 0.0
-    fig.get_layout_engine().set(rect=(0, room + label, 1, 1 - room - label))
+    bottom = room + legend + label
+    fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))
     fig.text(0.01, 0.02 / height, "\n".join(lines), fontsize=7.5, va="bottom", ha="left", color="#333333")
+    for leg in below:
+        leg.set_bbox_to_anchor((0.5, room), transform=fig.transFigure)
     if xlabel:
-        fig.text(0.5, room + 0.04 / height, xlabel, fontsize=9, va="bottom", ha="center")
+        fig.text(0.5, room + legend + 0.04 / height, xlabel, fontsize=9, va="bottom", ha="center")
 
 
 def empty_axes(ax, reason: str) -> None:

@@ -362,3 +362,20 @@ def recommendations(paired: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
                          "test": "; ".join(at["test"].dropna().unique()) if new and "test" in at else OLD_TEST,
                          "correction": correction})
     return pd.DataFrame(rows, columns=cols)
+
+
+def replication_calls(data: Data) -> pd.DataFrame:
+    """The pre-registered replication's primary family (accuracy, each rule minus base at the same
+    budget) from the committed results/replication*_paired.csv (analysis/replication.py), one file per
+    Holm family: model, level, method, budget, diff, low, high, p_holm, call, n, with `family_size`
+    (the comparisons Holm corrected over) and `source` (the file)."""
+    root = data.results.root
+    cols = ["model", "level", "method", "budget", "diff", "low", "high", "p_holm", "call", "n", "family_size", "source"]
+    frames = []
+    for path in sorted(root.glob("replication*_paired.csv")) if root is not None and root.is_dir() else []:
+        t = pd.read_csv(path)
+        if not {"family", "metric", "model", "method", "call"} <= set(t.columns):
+            continue
+        prim = t[t["family"] == "primary"]
+        frames.append(prim[prim["metric"] == "accuracy"].assign(family_size=len(prim), source=path.name))
+    return pd.concat(frames, ignore_index=True).reindex(columns=cols) if frames else pd.DataFrame(columns=cols)

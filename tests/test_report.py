@@ -18,6 +18,22 @@ def outputs(tmp_path):
     return make_outputs(tmp_path / "outputs")
 
 
+@pytest.fixture
+def no_rendering(monkeypatch):
+    """report.write names the files it would render (empty PNG and SVG): the page's content without
+    the ~1 s per figure of rendering (test_make_report_all_... renders every figure)."""
+    import analysis.report
+
+    def touch(fig, directory, name):
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [directory / f"{name}.png", directory / f"{name}.svg"]
+        for path in paths:
+            path.touch()
+        return paths
+
+    monkeypatch.setattr(analysis.report, "save", touch)
+
+
 def _results(root, exp="ablation_mini", seeds=5):
     """A committed results/ tree: one per-seed aggregate, its paired table, a predictor and routing stats."""
     root.mkdir(parents=True, exist_ok=True)
@@ -250,21 +266,27 @@ def test_figures_with_some_data_missing_still_draw(outputs):
 
 
 @pytest.mark.slow  # every figure from outputs/ and results/ (~10 s); the results-only report below stays fast
-def test_make_report_writes_figures_and_a_markdown_that_embeds_them(tmp_path, outputs):
+def test_make_report_all_writes_figures_and_a_markdown_that_embeds_them(tmp_path, outputs):
     from analysis.report import main
 
     out = tmp_path / "report"
     results = _results(tmp_path / "results")
-    main(["--outputs", str(outputs), "--results", str(results), "--out", str(out)])
+    main(["--outputs", str(outputs), "--results", str(results), "--out", str(out), "--all"])
     text = (out / "report.md").read_text()
+    committed, yours = text.split("\n# Your runs\n")
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert {"fig1_tradeoff.png", "fig2_accuracy_kept_qs_fixture.png", "fig3_union_batch.png",
-            "fig4_rules_ablation_mini.png", "fig5_reassign_qs_fixture.png", "fig6a_predictor_r2.png",
-            "fig6b_kept_heatmap_qs_fixture.png"} <= set(pngs)
+    assert {"fig1_tradeoff.png", "fig3_union_batch.png", "fig4_rules_ablation_mini.png",
+            "fig6a_predictor_r2.png"} <= set(pngs)  # the committed grid's, from results/ alone
+    # yours: under their own names, or `_yours` where a committed figure has the name
+    assert {"fig1_tradeoff_yours.png", "fig2_accuracy_kept_qs_fixture.png", "fig3_union_batch_yours.png",
+            "fig5_reassign_qs_fixture.png", "fig6a_predictor_r2_yours.png", "fig6b_kept_heatmap_qs_fixture.png",
+            "fig8_speedup_batch.png"} <= set(pngs)
     for png in pngs:
         assert f"]({png})" in text and (out / png.replace(".png", ".svg")).exists()
-    assert "lower" in text  # the committed paired call of ablation_mini is in its table
-    assert "Fake GPU" in text and "cpu" in text  # captions name the hardware
+        assert (f"]({png})" in yours) == ("qs_fixture" in png or "_yours" in png or png.startswith("fig8"))
+    assert "lower" in committed  # the committed paired call of ablation_mini is in its table
+    assert "qs_fixture" not in committed and "Fake GPU" not in committed  # nothing of outputs/ up there
+    assert "Fake GPU" in yours and "cpu" in yours  # captions name the hardware
 
 
 @pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
@@ -279,7 +301,7 @@ def test_report_recommends_and_shows_old_and_new_paired_files(tmp_path):
                          "p_tost_holm": 0.9, "call": "lower", "mdd": 0.03} for m in ("accuracy", "kl")])
     new.to_csv(results / "rules_mini_paired.csv", index=False)
     out = tmp_path / "report"
-    main(["--results", str(results), "--out", str(out), "--results-only"])
+    main(["--results", str(results), "--out", str(out), "--results-only", "--all"])
     text = (out / "report.md").read_text()
     recs = text[text.index("## Recommendations"):text.index("## Figure 1")]
     assert "TOST" in recs and "Holm over 2 calls" in recs and T.OLD_TEST in recs
@@ -299,7 +321,7 @@ def test_a_redrawn_figure_is_byte_identical(tmp_path, outputs):
         assert (tmp_path / "a" / f"r2.{ext}").read_bytes() == (tmp_path / "b" / f"r2.{ext}").read_bytes()
 
 
-def test_results_only_report_ignores_outputs(tmp_path, outputs):
+def test_results_only_report_ignores_outputs(tmp_path, outputs, no_rendering):
     from analysis.report import main
 
     out = tmp_path / "figs"
@@ -307,6 +329,85 @@ def test_results_only_report_ignores_outputs(tmp_path, outputs):
           "--results-only"])
     text = (out / "report.md").read_text()
     assert "qs_fixture" not in text and "ablation_mini" in text and "make report REFRESH=1" in text
+    assert "# Your runs" not in text
+
+
+# ---- the one-page summary, and your runs apart from the committed grids (issue 44) ---------------
+def test_make_report_on_the_committed_results_is_one_page(tmp_path, no_rendering):
+    """`make report`'s default on the committed results/: at most 8 figures, report.md at most 150
+    lines, every figure embedded once with its caption."""
+    from analysis.load import ROOT
+    from analysis.report import SUMMARY_MAX, main
+
+    out = tmp_path / "summary"
+    main(["--results-only", "--results", str(ROOT / "results"), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert 0 < len(pngs) <= SUMMARY_MAX == 8
+    assert len(text.splitlines()) <= 150
+    for png in pngs:
+        assert text.count(f"]({png})") == 1 and (out / png.replace(".png", ".svg")).exists()
+    assert "make report-all" in text and "# Your runs" not in text
+
+
+def test_your_runs_are_shown_only_in_their_own_section(tmp_path, no_rendering):
+    """A user's smoke sweep (exp_name `default`) under outputs/ is never listed or drawn among the
+    committed grids: it has its own section, figures and calls, and the page stays at 8 figures."""
+    from analysis.report import main
+
+    outputs = make_outputs(tmp_path / "outputs", exp="default")
+    out = tmp_path / "report"
+    main(["--outputs", str(outputs), "--results", str(_results(tmp_path / "results")), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    committed, yours = text.split("\n# Your runs\n")
+    assert "default" not in committed and "Fake GPU" not in committed and "tp_fixture" not in committed
+    assert "ablation_mini" in committed and "ablation_mini" not in yours
+    assert "| default" in yours and "fig2_accuracy_kept_default.png" in yours  # its grid, figure and calls
+    assert "inconclusive" in yours and "Model mini; batch 16; hardware cpu" in yours
+    pngs = {p.name for p in out.glob("*.png")}
+    assert len(pngs) <= 8
+    for png in pngs:  # each figure in one section: yours are drawn from outputs/ alone
+        assert (f"]({png})" in yours) != (f"]({png})" in committed)
+    assert "](fig1_tradeoff.png)" in committed and "](fig1_tradeoff_yours.png)" in yours
+
+
+def test_union_legend_fits_and_names_the_control_apart_from_mini(tmp_path):
+    """Figure 3: the legend lies inside the figure and over no axes; mini and the top-4 control are
+    two labelled series, the control drawn hollow beneath mini; the caption says what the control is."""
+    res = tmp_path / "results"
+    _results(res)
+    (res / "routing" / "olmoe_top4_control").mkdir()
+    (res / "routing" / "olmoe_top4_control" / "routing_stats.csv").write_text(
+        "model,layer,experts,union_1,union_16\nmini_olmoe_control,mean,32,4.0,12.1\n")
+    data = load(None, res)
+    plot = F.union_figure(T.union_by_batch(data, T.throughput_rows(data)))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot.fig
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # lays the figure out as saving does
+    (legend,) = fig.legends
+    box, whole = legend.get_window_extent(renderer), fig.bbox
+    assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0 and box.y1 <= whole.y1
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "mini (trained)" in labels and "mini_olmoe_control (trained; a control)" in labels
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert lines["mini (trained)"].get_zorder() > lines["mini_olmoe_control (trained; a control)"].get_zorder()
+    assert lines["mini_olmoe_control (trained; a control)"].get_markerfacecolor() == "white"
+    assert "control model, not shipped" in plot.caption and "top-4" in plot.caption
+
+
+def test_the_accuracy_kept_caption_names_only_what_is_drawn(outputs):
+    """Figure 2: no dense run, no rule without a budget: the caption mentions neither a dense line
+    nor squares; with them, it does."""
+    w = T.wide(T.quality_points(load(outputs, None)))
+    bare = F.kept_figure(w[w["variant"].isin(["base", "router_sum"])], "qs_fixture")
+    assert "dense" not in bare.caption.replace("no dense run", "") and "square" not in bare.caption
+    assert "no dense run" in bare.caption and "2 selector(s)" in bare.caption
+    assert len(bare.fig.axes[0].collections) == 2  # the two bands the caption names (seed ranges)
+    full = F.kept_figure(w, "qs_fixture")
+    assert "black line: dense" in full.caption and "squares: rules without a budget (base@cov0.9)" in full.caption
 
 
 # ---- wandb charts of a run ----------------------------------------------------------------------
