@@ -142,6 +142,38 @@ def test_a_second_run_of_the_same_folder_waits_for_the_first(compose, tmp_path, 
         assert job.is_alive() and not _beside(out, "partial")  # waiting, nothing staged
     job.join(120)
     assert second[0]["config_hash"] == _whole(out)["config_hash"]
+    assert not (out.parent / f".{out.name}.lock").exists()  # the finished run leaves no lock file
+
+
+def test_the_folder_lock_goes_when_its_run_ends_and_still_admits_one_at_a_time(tmp_path):
+    """A finished run leaves no `.<name>.lock` beside its folder. Its holder removes it while it
+    holds it; a run that was waiting on the removed file, or one that made a new file meanwhile,
+    still takes its turn alone: many holders in a row, each checking that no other holds it."""
+    out = tmp_path / BRACKETED
+    lock = out.parent / f".{out.name}.lock"
+    holding, seen, errors = [0], [], []
+
+    def take_turns(n: int) -> None:
+        try:
+            for _ in range(n):
+                with run_folder.run_lock(out):
+                    holding[0] += 1
+                    seen.append(holding[0])
+                    time.sleep(0.002)
+                    holding[0] -= 1
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    with run_folder.run_lock(out):
+        assert lock.exists()
+    assert not lock.exists()
+    workers = [threading.Thread(target=take_turns, args=(40,)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert not errors and len(seen) == 160 and set(seen) == {1}  # never two holders at once
+    assert not lock.exists() and not list(out.parent.iterdir())
 
 
 @pytest.mark.slow  # test_a_second_run_of_the_same_folder_waits_for_the_first is the fast one

@@ -46,7 +46,7 @@ def _run_here(compose, tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
 
 
 def _runs_in(root: Path) -> list[Path]:
-    """The run folders under root (beside them: each run's `.<name>.lock`, base/run/run_folder.py)."""
+    """The run folders under root (beside them while a run holds it: its `.<name>.lock`, base/run/run_folder.py)."""
     return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
 
 

@@ -12,6 +12,7 @@ never as a glob pattern (a run name holds the brackets of list overrides).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -20,10 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import Timeout
-
 from base.checks import ConfigError
-from base.files import atomic_write_text, new_lock
+from base.files import atomic_write_text
 from base.run.outputs import PENDING_REPORT, REPORT, config_hash, is_finished
 
 MARKER = ".base_run.json"  # {"run": the overrides that name the folder, "config_hash": ...}
@@ -105,19 +104,49 @@ def _siblings(out_dir: Path, kind: str) -> list[Path]:
 
 @contextmanager
 def run_lock(out_dir: Path) -> Iterator[None]:
-    """Hold the lock of one run folder (a file beside it) for the with-block: two runs of one
-    folder never stage or publish at once; the second waits, and says so."""
+    """Hold the lock of one run folder (`.<name>.lock` beside it) for the with-block: two runs of
+    one folder never stage or publish at once; the second waits, and says so. The holder removes
+    the file when it is done, so a finished run leaves none behind: a run that waited on the removed
+    file finds, once it has the lock, that the path no longer names that file, and locks the one
+    there now (or a new one) instead (flock(2): the kernel drops the lock of a killed holder)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock = new_lock(out_dir.parent / f".{out_dir.name}.lock")
-    try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        print(f"[base] another run of {out_dir} is in progress (lock {lock.lock_file}); waiting for it", flush=True)
-        lock.acquire()
+    path = out_dir.parent / f".{out_dir.name}.lock"
+    fd = _lock(path, f"[base] another run of {out_dir} is in progress (lock {path}); waiting for it")
     try:
         yield
     finally:
-        lock.release()
+        try:
+            if os.path.samestat(os.fstat(fd), path.stat()):  # ours (nobody removes a file they do not hold)
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _lock(path: Path, waiting: str) -> int:
+    """A descriptor holding the exclusive flock of the file at `path` (created if missing, 0666 less
+    the umask), once the file it locked is still the one the path names."""
+    told = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not told:
+                    print(waiting, flush=True)
+                    told = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.path.samestat(os.fstat(fd), path.stat()):
+                    return fd
+            except FileNotFoundError:
+                pass  # removed by the run that held it: lock the path anew
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
 
 
 def staging_dir(out_dir: Path, carry: tuple[str, ...] = (), config: str | None = None) -> Path:
