@@ -273,7 +273,8 @@ def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], lo
 
     out = cfg.out_dir
     tag = {"model": cfg.model.name, "routing": cfg.model.routing}
-    earlier = Earlier(*(outputs.read_jsonl(out / name) for name in RESUMABLE))
+    earlier = Earlier(*(outputs.read_jsonl(out / name) for name in ("requests.jsonl", "serve_streams.jsonl",
+                                                                     "step_probe.jsonl")))
     if earlier.streams:
         print(f"[base] resuming: {len(earlier.streams)} streams served by a stopped attempt of this run are kept",
               flush=True)
