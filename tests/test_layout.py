@@ -2,7 +2,7 @@
 
     base/method -> base/config -> base/hf -> base/runtime -> base/eval -> base/run
 A module may import from its own package and from the packages before it; the shared modules
-(base/checks.py, files.py, registry.py) and kernels/ import nothing from base/. Imports are read
+(base/checks.py, files.py, registry.py, progress.py) and kernels/ import nothing from base/. Imports are read
 from the source (every `import`, also inside functions), so a lazy import counts too.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["shared", "method", "config", "hf", "runtime", "eval", "run"]
-SHARED = {"base.checks", "base.files", "base.registry", "base"}
+SHARED = {"base.checks", "base.files", "base.registry", "base.progress", "base"}
 
 
 def layer(module: str) -> str | None:

@@ -30,13 +30,13 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from base.config import EvalConfig, SchedulerConfig, cache_length
 from base.eval.fidelity import teacher_forced
 from base.eval.generate import budgeted_generate, ended_token_ids
 from base.eval.stops import RowStops
 from base.hf.budget import MoeBudget
+from base.progress import progress
 from base.runtime.scheduler import ServeStats
 
 
@@ -96,12 +96,13 @@ class DecodeBatches:
         return order
 
     def run(self, requests: list[Request], disable_tqdm: bool = False) -> list[str]:
+        """One text per request; a progress bar of finished requests (base/progress.py)."""
         if self.cfg.batching == "continuous":
-            return self._serve(requests)
+            return self._serve(requests, disable_tqdm)
         results: list[str | None] = [None] * len(requests)
         order = self.order(requests)
         bs = self.batch_size
-        for start in tqdm(range(0, len(order), bs), desc="generate", disable=disable_tqdm):
+        for start in progress(range(0, len(order), bs), desc="decode", unit="batch", disable=disable_tqdm):
             ids = order[start:start + bs]
             texts, row_steps, prompt_tokens = self._decode([requests[i] for i in ids])
             for i, text, n, p in zip(ids, texts, row_steps, prompt_tokens):
@@ -112,7 +113,7 @@ class DecodeBatches:
                 self.decode_steps_by_task[r.task] = self.decode_steps_by_task.get(r.task, 0) + n
         return results  # type: ignore[return-value]
 
-    def _serve(self, requests: list[Request]) -> list[str]:
+    def _serve(self, requests: list[Request], disable_tqdm: bool = False) -> list[str]:
         """Every request through the continuous-batching engine, admitted in `order`."""
         from base.runtime.continuous import ContinuousEngine
         from base.runtime.sampling import Sampling
@@ -137,10 +138,12 @@ class DecodeBatches:
                                   eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling,
                                   buckets=self.scheduler.buckets, compile_prefill=self.scheduler.compile_prefill,
                                   stops=table)
+        bar = progress(total=len(jobs), desc="decode", unit="request", disable=disable_tqdm)
         try:
             done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs),
-                                           policy=self.scheduler)
+                                           policy=self.scheduler, progress=bar.update)
         finally:
+            bar.close()
             engine.release()
         results: list[str | None] = [None] * len(requests)
         for i, job, d in zip(order, jobs, done):

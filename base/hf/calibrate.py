@@ -10,12 +10,11 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
-
 from base.config import CalibConfig
 from base.hf.families import MoeLayer
 from base.hf.moe_block import expert_norms_TK
 from base.method.calibration import Calibration, LayerCalib
+from base.progress import progress
 
 
 def read_texts(files: list[Path]) -> str:
@@ -73,7 +72,7 @@ def calibrate(model: nn.Module, layers: list[MoeLayer], batches: list[Tensor], c
     ]
     device = next(model.parameters()).device
     try:
-        for ids in tqdm(batches, desc="calibrate", unit="batch"):
+        for ids in progress(batches, desc="calibrate", unit="batch"):
             model(input_ids=ids.to(device), use_cache=False)
     finally:
         for h in handles:

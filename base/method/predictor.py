@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,7 +129,10 @@ def _pairs(layer, rows: Tensor, fit_on: str) -> tuple[Tensor, Tensor, Tensor]:
     return rows.repeat_interleave(K), layer.idx_NK[rows].reshape(-1), layer.norms_NK[rows].reshape(-1).clamp_min(1e-12).log()
 
 
-def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Predictor:
+def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0,
+                  progress: Callable[[int], None] | None = None) -> Predictor:
+    """One ridge fit per (layer, expert) on the calibration's routed (or all) pairs, with held-out
+    R^2 per layer; `progress(1)` after each layer (a progress bar's update)."""
     E, L, H = calib.meta["num_experts"], calib.meta["num_layers"], calib.meta["hidden"]
     if cfg.fit_on == "all" and calib.layers[0].norms_NE is None:
         raise ValueError("predictor.fit_on=all needs calibration.all_experts=true")
@@ -165,6 +169,8 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0) -> Pr
         r2.append(float(1 - sse / (h_y - h_y.mean()).pow(2).sum().clamp_min(1e-12)))
         mean_u = torch.zeros(E).index_add_(0, t_exp, t_y) / torch.bincount(t_exp, minlength=E).clamp_min(1)
         r2_within.append(float(1 - sse / (h_y - mean_u[h_exp]).pow(2).sum().clamp_min(1e-12)))
+        if progress is not None:
+            progress(1)
     meta = {
         "model": calib.meta["model"],
         "calibration": calib.meta["calibration"],

@@ -23,6 +23,7 @@ from base.hf.loading import resolve_path
 from base.method.calibration import Calibration
 from base.method.predictor import Predictor, fit_predictor
 from base.method.selectors import Artifacts, Selector
+from base.progress import progress
 
 
 def _hash(obj: object) -> str:
@@ -186,7 +187,8 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
                 print(f"[base] predictor reused: {path}", flush=True)
                 return pred, path
         clear_temp(path.parent)
-        pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed)
+        with progress(total=len(calib.layers), desc="fit predictor", unit="layer") as bar:
+            pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed, progress=bar.update)
         pred.save(path)
         print(f"[base] predictor fitted: {path}", flush=True)
     return pred, path

@@ -209,10 +209,12 @@ class _Forward:
 
 
 def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: bool = True,
-          policy: SchedulerConfig | None = None) -> tuple[list[Finished], ServeStats]:
+          policy: SchedulerConfig | None = None,
+          progress: Callable[[int], None] | None = None) -> tuple[list[Finished], ServeStats]:
     """Decode every request to its end; results in the requests' order. `pick(waiting, free,
     running)` chooses whom to admit (indices into `requests`, at most `free`;
-    base/runtime/admission.py); default FIFO. `engine`: a ContinuousEngine."""
+    base/runtime/admission.py); default FIFO. `engine`: a ContinuousEngine. `progress(n)` is
+    called as n more requests end (a progress bar's update; host work between forwards)."""
     policy = policy or SchedulerConfig()
     pick = pick or (lambda waiting, free, running: waiting[:free])
     for n, r in enumerate(requests):
@@ -270,6 +272,8 @@ def serve(engine, requests: list[Request], pad_id: int, pick=None, stop_at_eos: 
             if ended(i, ended_B[slot]):
                 live.discard(i)
                 out[i].finished_s, out[i].tokens = t, tokens[i]
+                if progress is not None:
+                    progress(1)
                 if running.get(slot) == i:  # ended by EOS or a stop, before its limit
                     del running[slot]
                     engine.end(slot)

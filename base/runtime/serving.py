@@ -74,6 +74,7 @@ from base.config import (
     cache_length,
 )
 from base.hf.budget import MoeBudget
+from base.progress import progress, say
 from base.runtime.arrivals import arrival_times
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Finished, Request, ServeStats, serve
@@ -232,13 +233,14 @@ def _summary(rows: list[dict], stats: ServeStats, keys: dict[str, Any], slo: Slo
 
 
 class _Rows:
-    """The run's rows so far, handed to `emit` after every stream and probe."""
+    """The run's rows so far, handed to `emit` after every stream and probe; `bar` counts the streams."""
 
-    def __init__(self, emit: Emit | None) -> None:
+    def __init__(self, emit: Emit | None, streams: int = 0) -> None:
         self.requests: list[dict] = []
         self.streams: list[dict] = []
         self.probes: list[dict] = []
         self._emit = emit
+        self.bar = progress(total=streams, desc="serve", unit="stream")
 
     def emit(self) -> None:
         if self._emit is not None:
@@ -257,6 +259,7 @@ def _serve_stream(engine: ContinuousEngine | None, requests: list[Request], seed
         rows_so_far.requests.extend(rows)
         rows_so_far.streams.append(summary)
         rows_so_far.emit()
+        rows_so_far.bar.update()
         return summary
     stream = [replace(r, arrival_s=a) for r, a in zip(requests, arrival_times(len(requests), rate, seed))]
     done, stats = serve(engine, stream, pad_id=0, stop_at_eos=False, policy=scheduler)
@@ -265,11 +268,11 @@ def _serve_stream(engine: ContinuousEngine | None, requests: list[Request], seed
     rows_so_far.requests.extend(rows)
     rows_so_far.streams.append(summary)
     rows_so_far.emit()
-    print(f"[serve] {keys['slots']} slots, repeat {keys['repeat']}, {keys['variant']} budget={keys['budget']}, "
-          f"{'burst' if rate is None else f'{rate:g} req/s'}{' (search)' if keys['arrivals'] == 'search' else ''}: "
-          f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
-          f"TPOT p50 {summary['tpot_ms_p50'] or float('nan'):.2f} ms, goodput {summary['goodput']:.2f} req/s",
-          flush=True)
+    rows_so_far.bar.update()
+    say(f"[serve] {keys['slots']} slots, repeat {keys['repeat']}, {keys['variant']} budget={keys['budget']}, "
+        f"{'burst' if rate is None else f'{rate:g} req/s'}{' (search)' if keys['arrivals'] == 'search' else ''}: "
+        f"{summary['output_throughput']:.0f} tok/s, TTFT p50 {summary['ttft_ms_p50']:.0f} ms, "
+        f"TPOT p50 {summary['tpot_ms_p50'] or float('nan'):.2f} ms, goodput {summary['goodput']:.2f} req/s")
     return summary
 
 
@@ -302,7 +305,7 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
     vocab = model.config.vocab_size
     length = cache_length(stream_cfg.longest(lengths))
     slo = Slo(cfg.slo_ttft_ms, cfg.slo_tpot_ms)
-    rows = _Rows(emit)
+    rows = _Rows(emit, len(tp.batch_sizes) * cfg.repeats * len(variants) * (len(cfg.rates) + cfg.search_steps))
     info: dict[str, Any] = {"warmup_s": {}, "orders": [], "step_probe": rows.probes, "resumed_streams": 0,
                             "attempt": attempt}
     for slots in tp.batch_sizes:
@@ -350,15 +353,16 @@ def measure_serving(model: nn.Module, make_budget: Callable[[Variant, bool], Moe
                     fresh = False
             if probing and fresh:  # the static engine's step at the same rows and context, its engine released first
                 probe["static_step_ms"] = static_step_ms(model, make_budget, v, slots, probe["prompt_tokens"], tp)
-                print(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding from "
-                      f"{probe['prompt_tokens']} tokens of context, {probe['full_step_ms']:.2f} ms per replayed "
-                      f"step (the static engine's {probe['static_step_ms']:.2f} ms), "
-                      f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
-                      f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
-                      f"({probe['prefill_tokens_per_s']:.0f} tokens/s)", flush=True)
+                say(f"[serve] {slots} slots, {v.label} budget={v.budget}: every slot decoding from "
+                    f"{probe['prompt_tokens']} tokens of context, {probe['full_step_ms']:.2f} ms per replayed "
+                    f"step (the static engine's {probe['static_step_ms']:.2f} ms), "
+                    f"{probe['kernels_per_layer']:.1f} kernels per layer; a packed prefill of "
+                    f"{probe['prefill_tokens']} prompt tokens {probe['prefill_ms']:.1f} ms "
+                    f"({probe['prefill_tokens_per_s']:.0f} tokens/s)")
             if probing:
                 rows.probes.append(probe)
                 rows.emit()
+    rows.bar.close()
     return rows.requests, rows.streams, info
 
 

@@ -38,6 +38,7 @@ from torch import nn
 
 from base.config import SchedulerConfig, StreamConfig, ThroughputConfig, cache_length
 from base.hf.budget import MoeBudget
+from base.progress import progress, say
 from base.runtime.admission import UnionAdmission, fifo, prompt_experts
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Finished, Request, ServeStats, forwards_bound, serve
@@ -142,6 +143,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
     vocab = model.config.vocab_size
     length = cache_length(cfg.longest(lengths))
     rows = []
+    bar = progress(total=len(tp.batch_sizes) * len(variants), desc="stream", unit="variant")
     for slots in tp.batch_sizes:
         stream = make_stream(slots * cfg.requests_per_slot, vocab, cfg, seed + slots, lengths)
         short = make_stream(slots * cfg.stats_requests_per_slot, vocab, cfg, seed + slots + 1, lengths)
@@ -150,6 +152,7 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
                            and r.get("budget") == v.budget), None)
             if before is not None:  # served by a stopped attempt of this run
                 rows.append({k: val for k, val in before.items() if k != "speedup_vs_dense"})
+                bar.update()
                 continue
             budget = make_budget(v, False)
             try:
@@ -194,9 +197,11 @@ def measure_stream(model: nn.Module, make_budget: Callable[[Variant, bool], MoeB
             rows.append(row)
             if emit is not None:
                 emit(rows)
-            print(f"[stream] {slots} slots {v.label} budget={v.budget}: {row['tokens_per_s']:.0f} tok/s, "
-                  f"TPOT p50 {row['tpot_ms_p50']:.2f} ms, TTFT p50 {row['ttft_ms_p50']:.0f} ms, "
-                  f"occupancy {row['occupancy_mean']:.1f}", flush=True)
+            bar.update()
+            say(f"[stream] {slots} slots {v.label} budget={v.budget}: {row['tokens_per_s']:.0f} tok/s, "
+                f"TPOT p50 {row['tpot_ms_p50']:.2f} ms, TTFT p50 {row['ttft_ms_p50']:.0f} ms, "
+                f"occupancy {row['occupancy_mean']:.1f}")
+    bar.close()
     dense = {r["slots"]: r["tokens_per_s"] for r in rows if r["variant"] == "dense"}
     for r in rows:
         r["speedup_vs_dense"] = r["tokens_per_s"] / dense[r["slots"]] if r["slots"] in dense else None

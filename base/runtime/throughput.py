@@ -32,6 +32,7 @@ from torch import nn
 from base.config import VARIANT_FORMS, ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
+from base.progress import progress, say
 from base.runtime.engine import DecodeEngine
 from kernels import pdl, pdl_active
 
@@ -236,6 +237,7 @@ def _measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
     rows: list[dict] = []
     profile: list[dict] = []
     kernels: list[dict] = []
+    bar = progress(total=len(cfg.batch_sizes) * len(variants) * cfg.repeats, desc="throughput", unit="pass")
     for bs in cfg.batch_sizes:
         timed: dict[Variant, dict] = {}  # the graph-timed row of each variant (not the eager reference)
         gen = torch.Generator().manual_seed(seed + bs)
@@ -265,15 +267,18 @@ def _measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
             row["config_s"] = time.perf_counter() - t0
             row["ms_runs"] = [row["ms_per_step"]]
             timed[v] = row
-            print(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
-                  f"({row['config_s']:.1f} s)", flush=True)
-        _repeat(model, make_budget, variants, bs, cfg, ids_BP, timed)
+            bar.update()
+            say(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
+                f"({row['config_s']:.1f} s)")
+        _repeat(model, make_budget, variants, bs, cfg, ids_BP, timed, bar.update)
+    bar.close()
     _speedups(rows)
     return rows, profile, kernels
 
 
 def _repeat(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None], variants: list[Variant],
-            bs: int, cfg: ThroughputConfig, ids_BP: torch.Tensor, timed: dict[Variant, dict]) -> None:
+            bs: int, cfg: ThroughputConfig, ids_BP: torch.Tensor, timed: dict[Variant, dict],
+            tick: Callable[[], object] = lambda: None) -> None:
     """cfg.repeats - 1 more timed passes of every variant, each round in a rotated order (round r
     starts at variant r), so no configuration always runs first or after the same neighbour; each
     row's ms_per_step becomes the median of its passes, with their spread and the passes themselves
@@ -285,6 +290,7 @@ def _repeat(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
             with _ExpertsImpl(model, v.experts_impl):
                 ms, wall, _, _ = _decode(model, make_budget, v, bs, cfg, ids_BP, False, steps)
             timed[v]["ms_runs"].append(statistics.median(ms) if ms else 1e3 * wall / steps)
+            tick()
     for row in timed.values():
         runs = row["ms_runs"]
         row["ms_per_step"] = statistics.median(runs)
