@@ -7,6 +7,13 @@
 Each run writes outputs/<exp_name>/<run name from overrides>/ (config.yaml, report.json, CSVs);
 a sweep also keeps outputs/<exp_name>/sweep_summary.csv (base/run/sweep.py). Launchers
 (docs/cluster.md): hydra/launcher=local_gpus | joblib | submitit_local | slurm | ray.
+
+Offline by itself: when none of HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE is set
+and no network is configured, run.py sets all three to 1 (one warning line), so models, tokenizers
+and datasets come from local files and the cache at once instead of after the Hub's retries. "No
+network configured": neither HF_ENDPOINT (a mirror) nor an HTTPS or ALL proxy variable is set, and
+a TCP connection to huggingface.co:443 does not open within 1.5 s (the name lookup included). Set
+any of the three yourself (HF_HUB_OFFLINE=0: try the Hub) and run.py leaves them alone.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -605,6 +613,41 @@ def _error_keys(err: BaseException) -> list[str]:
     return keys
 
 
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+HUB = ("huggingface.co", 443)
+NETWORK_VARS = ("HF_ENDPOINT", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")  # a mirror or proxy
+
+
+def reachable(address: tuple[str, int] = HUB, timeout: float = 1.5) -> bool:
+    """Does a TCP connection to `address` open within `timeout` s (its name lookup included)?"""
+    opened: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            opened.append(True)
+        except OSError:
+            opened.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo has no timeout of its own
+    thread.start()
+    thread.join(timeout)
+    return bool(opened and opened[0])
+
+
+def go_offline_without_network() -> str | None:
+    """The module doc's rule: set OFFLINE_VARS to 1 when none is set and no network is configured;
+    returns the warning line to print, or None."""
+    if any(v in os.environ for v in OFFLINE_VARS) or any(os.environ.get(v) for v in NETWORK_VARS):
+        return None
+    if reachable():
+        return None
+    for v in OFFLINE_VARS:
+        os.environ[v] = "1"
+    return (f"warning: {HUB[0]}:{HUB[1]} is not reachable, so this run is offline ({'=1, '.join(OFFLINE_VARS)}=1): "
+            f"models, tokenizers and datasets come from local files and the cache; HF_HUB_OFFLINE=0 tries the Hub")
+
+
 if __name__ == "__main__":
     try:
         check_launcher_env()
@@ -614,6 +657,9 @@ if __name__ == "__main__":
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     os.environ.setdefault(STARTED_ENV, repr(time.time()))
+    offline = go_offline_without_network()  # before anything imports huggingface_hub (it reads them once)
+    if offline:
+        print(offline, file=sys.stderr)
     try:
         main()
     except KeyboardInterrupt:  # outside a job (Hydra composing or launching): nothing was run
