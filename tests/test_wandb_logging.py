@@ -64,6 +64,7 @@ def test_a_finished_run_is_logged_afterwards_from_its_folder(compose, tmp_path):
     assert done["group"] == "late" and done["name"] == "tiny_qwen3 router_sum M=2"
     assert done["tables"] == ["metrics", "selection"]
     assert len(_offline_runs(tmp_path / "wb")) == 1
+    assert done["sync"].startswith("wandb sync ") and "offline-run-" in done["sync"]
 
 
 def test_log_run_refuses_a_folder_that_holds_no_finished_run(tmp_path):
@@ -100,15 +101,15 @@ def test_a_run_logged_offline_ends_with_the_sync_command_the_installed_wandb_tak
         assert dry.returncode == 0 and "Would sync 1 run(s)" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
 
 
-def test_sync_hint_names_an_offline_run_only(tmp_path):
+def test_where_logged_names_an_offline_run_s_folder_and_sync_command(tmp_path):
     import wandb
 
-    from base.run.logger import sync_hint
+    from base.run.logger import where_logged
 
     offline = wandb.init(project="t", dir=str(tmp_path), mode="offline")
     offline.finish()
-    hint = sync_hint(offline)
+    hint = where_logged(offline)
     assert hint.startswith("[wandb] logged offline to ") and "`wandb sync " in hint and "offline-run-" in hint
     disabled = wandb.init(project="t", dir=str(tmp_path), mode="disabled")
     disabled.finish()
-    assert sync_hint(disabled) is None and sync_hint(None) is None
+    assert where_logged(disabled) is None and where_logged(None) is None

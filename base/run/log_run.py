@@ -48,10 +48,11 @@ def log_folder(folder: Path, mode: str, directory: str | None = None) -> dict:
                 logger.table(name, rows)
                 tables.append(name)
         ok = True
+        offline = logger.offline()
     finally:
         logger.finish(ok)
     return {"name": identity.name, "group": identity.group, "tags": list(identity.tags), "tables": tables,
-            "dir": cfg.dir, "mode": mode}
+            "dir": cfg.dir, "mode": mode, "sync": offline["sync"] if offline else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.folders:
         done = log_folder(folder, args.mode, args.dir)
         print(f"[log_run] {folder} -> wandb run '{done['name']}' (group {done['group']}, {done['mode']}, "
-              f"tables: {', '.join(done['tables']) or 'none'}) in {done['dir']}")
+              f"tables: {', '.join(done['tables']) or 'none'}) in {done['dir']}"
+              + (f"; upload it with `{done['sync']}`" if done["sync"] else ""))
     return 0
 
 

@@ -7,7 +7,8 @@ is gone; a folder of runs syncs those not synced yet, without asking):
 
     wandb sync outputs/wandb/wandb             # one run: wandb sync outputs/wandb/wandb/offline-run-<time>-<id>
 
-A run that logged offline names its own command at its end (its report's `wandb`, sync_hint).
+A run that logged offline names its own command at its end (its report's `wandb`; where_logged for
+other commands that log).
 
 A run that finished without wandb (logger=none, or before an account existed) is logged afterwards
 from its folder, without running it again: `python -m base.run.log_run outputs/<exp>/<run> ...`.
@@ -124,11 +125,18 @@ def offline_sync(run) -> dict[str, str] | None:
     return {"dir": shown, "sync": f"wandb sync {shown}", "all": f"wandb sync {Path(shown).parent}"}
 
 
-def sync_hint(run) -> str | None:
-    """One line for the end of a command that logged `run` offline: where it is and how to upload it."""
+def where_logged(run) -> str | None:
+    """One line for the end of a command that logged `run` (a finished wandb run): offline, its folder
+    and the `wandb sync` command that uploads it; online, its page; None when nothing was logged.
+
+        print(where_logged(run))   # e.g. analysis/report.py log_wandb, after run.finish()
+    """
     done = offline_sync(run)
-    return None if done is None else (f"[wandb] logged offline to {done['dir']}: upload it with `{done['sync']}` "
-                                      f"(every offline run there: `{done['all']}`)")
+    if done is not None:
+        return (f"[wandb] logged offline to {done['dir']}: upload it with `{done['sync']}` "
+                f"(every offline run there: `{done['all']}`)")
+    url = getattr(run, "url", None) if run is not None and not getattr(run, "disabled", False) else None
+    return f"[wandb] logged online: {url}" if url else None
 
 
 def selection_plots(rows: list[dict[str, Any]]) -> dict[str, Any]:
