@@ -76,7 +76,9 @@ def test_a_rerun_killed_midway_leaves_the_finished_result_whole(compose, tmp_pat
                                           pytest.param(2, marks=pytest.mark.slow)])
 def test_a_kill_between_the_swaps_renames_leaves_a_whole_result(compose, tmp_path, monkeypatch, renames_done):
     """publish swaps by three renames (old result aside, new result in, its report last); a kill
-    after any of them leaves the next run a whole result: the old one, or the new one completed."""
+    after any of them leaves the next run a whole result: the old one, or the new one completed.
+    The old run is of another config (batch_size 8), so it is kept beside the new one (issue 43):
+    once it has been moved aside, the next run completes the new one in place."""
     out = tmp_path / BRACKETED
     old = _finish(compose, out, "batch_size=8", f"artifacts_dir={tmp_path}/a")
     cfg = compose([*FAST, "batch_size=4", f"artifacts_dir={tmp_path}/a"])
@@ -89,20 +91,22 @@ def test_a_kill_between_the_swaps_renames_leaves_a_whole_result(compose, tmp_pat
         done.append(target)
         return real_rename(self, target)
 
-    monkeypatch.setattr(run_folder, "publish", lambda stage, target, publish=run_folder.publish: (
-        monkeypatch.setattr(Path, "rename", dying_rename), publish(stage, target)))
+    monkeypatch.setattr(run_folder, "publish", lambda stage, target, keep=None, publish=run_folder.publish: (
+        monkeypatch.setattr(Path, "rename", dying_rename), publish(stage, target, keep)))
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(rc, OmegaConf.to_yaml(cfg, resolve=True))
     monkeypatch.undo()
     assert not out.exists() or not (out / "report.json").exists() or _whole(out)
     run_folder.recover(out)  # as the next run does first
     report = _whole(out)
-    assert report["config_hash"] == (old["config_hash"] if renames_done < 2 else outputs.config_hash(
+    assert report["config_hash"] == (old["config_hash"] if renames_done < 1 else outputs.config_hash(
         OmegaConf.to_yaml(cfg, resolve=True)))
+    kept = [p for p in out.parent.iterdir() if p.name.startswith(out.name + "~")]
+    assert [_whole(p)["config_hash"] for p in kept] == ([old["config_hash"]] if renames_done >= 1 else [])
     assert not _beside(out, "old")
     # and the next run carries on from there: skips the finished new result, or reruns over the old
     again = run_pipeline(rc, OmegaConf.to_yaml(cfg, resolve=True))
-    assert (again is None) == (renames_done == 2) and _whole(out)["batch_size"] == 4 and not _beside(out, "partial")
+    assert (again is None) == (renames_done >= 1) and _whole(out)["batch_size"] == 4 and not _beside(out, "partial")
 
 
 @pytest.mark.slow  # the fast tier keeps one representative of this file's slow group

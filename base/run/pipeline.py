@@ -139,7 +139,8 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
     with run_folder.run_lock(out):
         run_folder.recover(out)
         run_folder.check_target(out, cfg.run_key)  # as it is now, after any run that held the lock
-        if _finished_before(cfg, resolved_config, chash, say=False):
+        if _finished_before(cfg, resolved_config, chash, say=False):  # another run finished it while this one waited
+            print(f"[base] {out} was finished by another run meanwhile (same config); skipping.")
             return None
         keep = _kept_name(cfg, resolved_config)
         stage = run_folder.staging_dir(out, RESUMABLE, resolved_config)

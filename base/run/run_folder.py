@@ -177,9 +177,16 @@ def recover(out_dir: Path) -> None:
     """Finish or undo a publish that was killed (call it holding run_lock(out_dir)). Killed after
     its second rename, out_dir holds the whole new result with the report still pending: the report
     is put in place. Killed after its first rename, the previous result is .<name>.old-<pid>: it is
-    put back. Old folders of finished swaps go."""
+    put back; or, when the previous result was kept as another measurement (publish's `keep`) and
+    out_dir is gone, the complete new result (its staging folder holds the pending report) is put in
+    place. Old folders of finished swaps go."""
     if (out_dir / PENDING_REPORT).exists() and not is_finished(out_dir):
         (out_dir / PENDING_REPORT).rename(out_dir / REPORT)
+    if not out_dir.exists():
+        complete = [s for s in _siblings(out_dir, "partial") if (s / PENDING_REPORT).exists()]
+        if complete:
+            complete[-1].rename(out_dir)
+            (out_dir / PENDING_REPORT).rename(out_dir / REPORT)
     for old in _siblings(out_dir, "old"):
         if not is_finished(out_dir) and is_finished(old):
             if out_dir.is_dir() and not any(out_dir.iterdir()):
