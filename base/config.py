@@ -95,6 +95,10 @@ class MethodConfig:
     backend: str = "torch"  # torch reference, or triton kernels (kernels/)
     coverage: float | None = None  # adaptive budget: keep the fewest experts covering this share of the score
     budget_split: str = "uniform"  # uniform: `budget` in every layer; sensitivity: L x budget split by calibration
+    # base and base_anchor: how far to trust the predicted norms (base/method/selectors.py shrunk): a
+    # number in [0, 1] (0: every norm equal, router_sq's ranking; 1: base as fitted), or "auto": the
+    # value the calibration-time diagnostic finds best at the run's budget (base/run/diagnose.py)
+    shrink: str | None = None
 
     def __post_init__(self) -> None:
         from base.method.selectors import SELECTORS
@@ -127,6 +131,20 @@ class MethodConfig:
                                   f"got method={self.name}")
             if self.backend == "triton":
                 raise ConfigError("method.coverage runs on the PyTorch backend only (method.backend=torch)")
+        if self.shrink is not None:
+            if cls is None or not cls.needs_predictor:
+                raise ConfigError(f"method.shrink scales a predictor's norms: it needs base or base_anchor; got "
+                                  f"method={self.name}")
+            if str(self.shrink) != "auto":
+                try:
+                    value = float(self.shrink)
+                except ValueError:
+                    raise ConfigError(f"method.shrink={self.shrink!r} must be a number in [0, 1] or auto") from None
+                self.shrink = str(check_float("method.shrink", value, low=0.0, high=1.0))
+
+    def shrink_value(self) -> float | str | None:
+        """method.shrink as the selector takes it: a float, "auto", or None (base as fitted)."""
+        return None if self.shrink is None else ("auto" if self.shrink == "auto" else float(self.shrink))
 
 
 @dataclass
@@ -188,13 +206,51 @@ class CalibConfig:
     seq_len: int = 128
     batch_size: int = 8
     all_experts: bool = False  # also record ||E_u(z)|| for every expert, not only routed ones
+    # the calibration grows with the expert count: at least this many routed tokens per expert on
+    # average, tokens_per_expert x E / K in all (`tokens`); num_tokens stays the floor (issue 41: a
+    # 64-expert model left experts with fewer training tokens than weights at a fixed 8,192)
+    tokens_per_expert: int = 1024
 
     def __post_init__(self) -> None:
         if not self.files:
             raise ConfigError("calibration.files is empty")
         self.num_tokens = check_int("calibration.num_tokens", self.num_tokens, 1)
+        self.tokens_per_expert = check_int("calibration.tokens_per_expert", self.tokens_per_expert, 1)
         self.seq_len = check_int("calibration.seq_len", self.seq_len, 2, max(2, self.num_tokens))
         self.batch_size = check_int("calibration.batch_size", self.batch_size, 1)
+
+
+def calibration_tokens(c: CalibConfig, num_experts: int, top_k: int) -> int:
+    """The tokens a model's calibration runs on: num_tokens, or more where the expert count asks
+    (tokens_per_expert routed tokens per expert on average: tokens_per_expert x E / K)."""
+    return max(c.num_tokens, -(-c.tokens_per_expert * num_experts // top_k))
+
+
+@dataclass
+class DiagnoseConfig:
+    """The calibration-time diagnostic (base/run/diagnose.py): before an evaluation of a budgeted
+    rule, each rule of `rules` (null: the run's, router_sq, base, base_anchor with k0=1) decodes
+    `prompts` held-out calibration prompts of `prompt_len` tokens free-running at the run's
+    budget and batch size, `gen_tokens` new tokens each, scored by its agreement with dense; a
+    rule significantly closer to dense than the run's is named in a warning and in report.json.
+    Cached per model, calibration, budget and these settings."""
+
+    enabled: bool = True
+    prompts: int = 64
+    prompt_len: int = 32
+    gen_tokens: int = 16
+    rules: list[str] | None = None  # entries as throughput.methods[]: router_sq, base_anchor:1, ...
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"diagnose.enabled={self.enabled!r} must be true or false")
+        self.prompts = check_int("diagnose.prompts", self.prompts, 2)
+        self.prompt_len = check_int("diagnose.prompt_len", self.prompt_len, 1)
+        self.gen_tokens = check_int("diagnose.gen_tokens", self.gen_tokens, 1)
+        if self.rules is not None:
+            for spec in self.rules:
+                parse_method_spec(spec)
+            check_unique("diagnose.rules", list(self.rules))
 
 
 # Forms a throughput variant may add to the run's own (`base+fused`): each sets keys for that
@@ -541,6 +597,7 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     describe: DescribeConfig = field(default_factory=DescribeConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     out_dir: Path = field(metadata=FILLED)
     root: Path = field(metadata=FILLED)  # repo root: relative paths in configs resolve against it
     overrides: str = field(default="", metadata=FILLED)  # the run's command-line overrides (its folder name

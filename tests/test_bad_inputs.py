@@ -113,7 +113,7 @@ CASES = [
     ("short_calibration", "tokens, fewer than calibration.seq_len=128"),
     # more tokens asked than the files hold: calibration would have used what they hold, unsaid
     (["method=calib_energy", "budget=2", "calibration.num_tokens=100000000"],
-     "calibration.num_tokens=100000000, but calibration.files hold"),
+     "calibration.num_tokens asks for 100000000 calibration tokens, but calibration.files hold"),
     ("damaged_checkpoint", "is not a readable safetensors file"),
     # a hub id with no local tokenizer (offline here; a 404 online), met by a stage that tokenises
     (["stage=calibrate", "model.path=no-such-org/no-such-model", "model.init=random", "model.tokenizer=null"],
@@ -130,7 +130,7 @@ CASES = [
     # paths of the wrong kind
     ("folder_as_predictor", "is a folder (looked for"),
     ("file_as_artifacts_dir", "is a file, not a folder; give a folder path"),
-    (["method=base", "budget=2", "calibration.num_tokens=32", "calibration.seq_len=16"],
+    (["method=base", "budget=2", "calibration.num_tokens=32", "calibration.tokens_per_expert=1", "calibration.seq_len=16"],
      "gives the predictor fit about 6.4 tokens per expert (16 experts, top-4, holdout 0.2); a meaningful fit needs at least 8"),
     # what a downstream library would reject, refused at start
     (["model=mini", "task=paper_standin", "method=dense", "eval.confirm_unsafe_code=true"],

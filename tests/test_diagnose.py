@@ -66,3 +66,52 @@ def test_a_rule_that_stays_on_the_dense_path_is_called_higher():
     assert rows["router_sq"]["call"] == "higher" and rows["twin"]["call"] == "inconclusive"
     assert result.worse_than("base") == ["router_sq", "other"]
     assert result.report("base")["mean_agreement"]["router_sq"] == pytest.approx(good.mean())
+
+
+def test_the_calibration_grows_with_the_expert_count():
+    from base.config import CalibConfig, calibration_tokens
+
+    c = CalibConfig(files=["x"])
+    assert [calibration_tokens(c, e, k) for e, k in ((32, 4), (32, 8), (64, 8), (128, 8))] == [8192, 8192, 8192, 16384]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["method=router_sq", "method.shrink=0.5"], "method.shrink scales a predictor's norms: it needs base or base_anchor"),
+    (["method=base", "method.shrink=1.5"], "method.shrink=1.5 is out of range"),
+])
+def test_a_bad_shrink_is_refused(compose, tmp_path, overrides, message):
+    import run
+    from base.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        run.build_config(compose(["model=tiny_qwen3", "task=smoke", *overrides]), tmp_path)
+    assert run.build_config(compose(["model=tiny_qwen3", "task=smoke", "method=base", "method.shrink=auto"]),
+                            tmp_path).method.shrink_value() == "auto"
+
+
+def test_the_run_warns_when_another_rule_stays_closer_to_dense(compose, tmp_path, monkeypatch, capsys):
+    """run_diagnostic on measured agreements (stubbed): a rule significantly closer to dense than the
+    run's is named in a warning and the report; `auto` picks the alpha with the highest mean."""
+    import run
+    from base.run import diagnose
+
+    cfg = run.build_config(compose(["model=tiny_qwen3", "task=smoke", "method=base", "budget=3",
+                                    f"artifacts_dir={tmp_path}/a"]), tmp_path / "o")
+    rng = np.random.default_rng(1)
+    good = rng.uniform(0.7, 1.0, 64)
+
+    def measured(cfg, model, tokenizer, layers, budget, specs):
+        labels = [diagnose.rule_label(*s) for s in specs]
+        values = {lab: (good - 0.2 if lab == "base" else good) for lab in labels}
+        if any("shrink" in lab for lab in labels):  # the alpha grid: 0.5 best
+            values = {lab: good - abs(float(lab.split("=")[-1].rstrip(")")) - 0.5) for lab in labels}
+        return {"per_prompt": {k: v.tolist() for k, v in values.items()}, "budget": budget}
+
+    monkeypatch.setattr(diagnose, "_measure", measured)
+    layers = [type("L", (), {"num_experts": 16, "top_k": 4, "router": type("R", (), {"weight": torch.zeros(4, 8)})()})()]
+    monkeypatch.setattr(diagnose, "_cached", lambda cfg, layers, key, compute: compute())
+    report = diagnose.run_diagnostic(cfg, None, None, layers)
+    assert report["chosen"] == "base" and "router_sq stays closer to dense than base" in report["warning"]
+    assert "WARNING diagnostic" in capsys.readouterr().out
+    alpha, _ = diagnose.resolve_shrink(cfg, None, None, layers, "base", None, 3)
+    assert alpha == 0.5

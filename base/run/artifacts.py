@@ -7,6 +7,7 @@ calib.json, predictor-<fit hash>.safetensors, predictor-<fit hash>.json}.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from base.config import RunConfig
+from base.config import RunConfig, calibration_tokens
 from base.files import clear_temp, clear_temp_if_idle, file_lock
 from base.hf.calibrate import calibrate, read_texts, token_batches
 from base.hf.families import MoeLayer
@@ -67,7 +68,7 @@ def model_identity(cfg: RunConfig, layers: list[MoeLayer]) -> dict:
     tokenizer's content (local paths), and for random weights the architecture, seed and routing."""
     m = cfg.model
     ident = {"name": m.name, "family": m.family, "path": m.path, "init": m.init, "dtype": m.dtype,
-             "num_layers": len(layers), "num_experts": layers[0].num_experts,
+             "num_layers": len(layers), "num_experts": layers[0].num_experts, "top_k": layers[0].top_k,
              "hidden": int(layers[0].router.weight.shape[-1])}
     if m.init == "pretrained":
         ident["weights"] = content_fingerprint(Path(resolve_path(m.path, cfg.root)))
@@ -80,12 +81,15 @@ def model_identity(cfg: RunConfig, layers: list[MoeLayer]) -> dict:
     return ident
 
 
-def calibration_settings(cfg: RunConfig) -> dict:
+def calibration_settings(cfg: RunConfig, num_experts: int | None = None, top_k: int | None = None) -> dict:
+    """The calibration's settings as its artifacts are keyed (the token count as run: num_tokens, or
+    more for a model whose expert count asks for it, calibration_tokens)."""
     c = cfg.calibration
     files = [str(cfg.resolve(f).relative_to(cfg.root)) if cfg.resolve(f).is_relative_to(cfg.root) else f
              for f in c.files]
     content = [content_fingerprint(cfg.resolve(f)) for f in c.files]  # edited text: new calibration
-    return {"files": files, "content": content, "num_tokens": c.num_tokens, "seq_len": c.seq_len,
+    tokens = c.num_tokens if num_experts is None else calibration_tokens(c, num_experts, top_k)
+    return {"files": files, "content": content, "num_tokens": tokens, "seq_len": c.seq_len,
             "all_experts": c.all_experts}
 
 
@@ -98,7 +102,8 @@ def model_folder(name: str) -> str:
 
 
 def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
-    return cfg.artifacts_dir / model_folder(cfg.model.name) / _hash([identity, calibration_settings(cfg)])
+    settings = calibration_settings(cfg, identity["num_experts"], identity["top_k"])
+    return cfg.artifacts_dir / model_folder(cfg.model.name) / _hash([identity, settings])
 
 
 def _load_cached(load, path: Path, check=None):
@@ -147,8 +152,9 @@ def ensure_calibration(cfg: RunConfig, model: nn.Module, tokenizer, layers: list
                 return calib, directory
         clear_temp(directory)
         text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
-        batches = token_batches(tokenizer, text, cfg.calibration)
-        meta = {"model": identity, "calibration": calibration_settings(cfg)}
+        settings = calibration_settings(cfg, identity["num_experts"], identity["top_k"])
+        batches = token_batches(tokenizer, text, dataclasses.replace(cfg.calibration, num_tokens=settings["num_tokens"]))
+        meta = {"model": identity, "calibration": settings}
         calib = calibrate(model, layers, batches, cfg.calibration, meta)
         calib.save(directory)
         print(f"[base] calibration computed: {directory}", flush=True)

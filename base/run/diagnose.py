@@ -126,3 +126,126 @@ def agreement(model: nn.Module, make_budget: Callable[[str], MoeBudget], rules: 
                 b.remove()
             per_prompt[rule] = np.array([prefix_agreement(t, d) for t, d in zip(tokens, dense)])
     return Agreement(budget, per_prompt)
+
+
+# ---- the run's diagnostic: prompts, rules, caching ------------------------------------------------
+
+SHRINK_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)  # method.shrink=auto picks among these
+
+
+def rule_label(name: str, k0: int | None = None, shrink: float | None = None) -> str:
+    return name + (f"(k0={k0})" if k0 is not None else "") + (f"(shrink={shrink:g})" if shrink is not None else "")
+
+
+def _run_prompts(cfg, tokenizer, layers) -> list[list[int]]:
+    """Held-out calibration prompts: windows after the tokens the calibration uses."""
+    from base.config import calibration_tokens
+    from base.hf.calibrate import read_texts
+
+    text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    skip = calibration_tokens(cfg.calibration, layers[0].num_experts, layers[0].top_k)
+    return held_out_prompts(ids, skip, cfg.diagnose.prompt_len, cfg.diagnose.prompts)
+
+
+def _cached(cfg, layers, key: dict, compute: Callable[[], dict]) -> dict:
+    """A diagnostic's result from the model's artifact folder, or computed and stored there."""
+    import hashlib
+    import json
+
+    from base.files import atomic_write_text, file_lock
+    from base.run.artifacts import artifact_dir, model_identity
+
+    directory = artifact_dir(cfg, model_identity(cfg, layers))
+    name = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = directory / f"diagnostic-{name}.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory, ".diagnostic.lock"):  # not the artifacts' own lock: computing takes that one
+        if path.exists() and not cfg.force:
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                pass  # a damaged file: computed again
+        result = {**compute(), "key": key}
+        atomic_write_text(path, json.dumps(result, indent=2))
+    return result
+
+
+def _key(cfg, budget: int, labels: list[str]) -> dict:
+    from dataclasses import asdict
+
+    d = cfg.diagnose
+    return {"budget": budget, "slots": cfg.batch_size, "rules": labels, "prompts": d.prompts,
+            "prompt_len": d.prompt_len, "gen_tokens": d.gen_tokens, "predictor": asdict(cfg.predictor),
+            "seed": cfg.seed, "backend": cfg.method.backend, "reassign": cfg.method.reassign}
+
+
+def _measure(cfg, model, tokenizer, layers, budget: int, specs: list[tuple[str, int | None, float | None]]) -> dict:
+    from base.run.pipeline import make_budgeter
+
+    prompts = _run_prompts(cfg, tokenizer, layers)
+    if len(prompts) < 2:
+        return {"skipped": f"the calibration files hold too little text beyond the calibration's tokens for "
+                           f"{cfg.diagnose.prompts} prompts of {cfg.diagnose.prompt_len} tokens"}
+    makers = {rule_label(*s): make_budgeter(cfg, model, tokenizer, layers, *s)[0] for s in specs}
+    result = agreement(model, lambda label: makers[label](budget, False), list(makers), prompts,
+                       cfg.diagnose.gen_tokens, cfg.batch_size, budget)
+    return {"per_prompt": {k: v.tolist() for k, v in result.per_prompt.items()}, "budget": budget}
+
+
+def _agreement_of(stored: dict) -> Agreement:
+    return Agreement(stored["budget"], {k: np.array(v) for k, v in stored["per_prompt"].items()})
+
+
+def resolve_shrink(cfg, model, tokenizer, layers, name: str, k0: int | None, budget: int) -> tuple[float, dict]:
+    """method.shrink=auto: the alpha of SHRINK_GRID whose rule stays closest to dense at `budget`
+    (mean agreement; ties to the larger alpha), with the agreement of each."""
+    specs = [(name, k0, a) for a in SHRINK_GRID]
+    labels = [rule_label(*s) for s in specs]
+    stored = _cached(cfg, layers, {**_key(cfg, budget, labels), "kind": "shrink"},
+                     lambda: _measure(cfg, model, tokenizer, layers, budget, specs))
+    if "skipped" in stored:
+        print(f"[base] method.shrink=auto: {stored['skipped']}; using 1 (base as fitted)", flush=True)
+        return 1.0, stored
+    means = _agreement_of(stored).mean
+    alpha = max(SHRINK_GRID, key=lambda a: (round(means[rule_label(name, k0, a)], 12), a))
+    print(f"[base] method.shrink=auto at M={budget}: alpha {alpha:g} (mean agreement with dense "
+          + ", ".join(f"{a:g}: {means[rule_label(name, k0, a)]:.3f}" for a in SHRINK_GRID) + ")", flush=True)
+    return alpha, {"alpha": alpha, "mean_agreement": means}
+
+
+def run_diagnostic(cfg, model, tokenizer, layers) -> dict | None:
+    """The diagnostic of an evaluation of a budgeted rule (None when off or not applicable): the
+    run's rule against cfg.diagnose.rules at its budget; prints a warning naming every rule that
+    stays significantly closer to dense. The run's own rule with shrink=auto is diagnosed at the
+    alpha resolve_shrink picks."""
+    from base.config import parse_method_spec
+    from base.method.selectors import SELECTORS
+
+    m = cfg.method
+    if not cfg.diagnose.enabled or m.name == "dense" or cfg.budget is None or not SELECTORS.get(m.name).uses_budget:
+        return None
+    shrink = m.shrink_value()
+    if shrink == "auto":
+        shrink, _ = resolve_shrink(cfg, model, tokenizer, layers, m.name, m.k0, cfg.budget)
+    chosen = (m.name, m.k0, shrink)
+    others = [(p["method"], p["k0"], None) for p in map(parse_method_spec, cfg.diagnose.rules or
+                                                      ["router_sq", "base", "base_anchor:1"])]
+    specs = list(dict.fromkeys([chosen, *[s for s in others if s[0] != "dense"]]))
+    labels = [rule_label(*s) for s in specs]
+    stored = _cached(cfg, layers, {**_key(cfg, cfg.budget, labels), "kind": "rules"},
+                     lambda: _measure(cfg, model, tokenizer, layers, cfg.budget, specs))
+    if "skipped" in stored:
+        print(f"[base] diagnostic skipped: {stored['skipped']}", flush=True)
+        return {"skipped": stored["skipped"]}
+    result = _agreement_of(stored)
+    report = result.report(labels[0])
+    better = [r for r in report["against_chosen"] if r["call"] == "higher"]
+    report["warning"] = None
+    if better:
+        report["warning"] = (f"at M={cfg.budget}, " + "; ".join(
+            f"{r['rule']} stays closer to dense than {labels[0]} (mean agreement {result.mean[r['rule']]:.3f} against "
+            f"{result.mean[labels[0]]:.3f}, Wilcoxon p_holm {r['p_holm']:.2g})" for r in better)
+            + f": {labels[0]} may answer worse here (base/run/diagnose.py; diagnose.enabled=false turns this off)")
+        print(f"[base] WARNING diagnostic: {report['warning']}", flush=True)
+    return report

@@ -66,6 +66,9 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                  ("serve", "search_attainment"): 0.9,
                  ("serve",): {"rates": [None, 4.0, 16.0], "requests": 12, "repeats": 3, "slo_ttft_ms": 500.0,
                               "slo_tpot_ms": 25.0},
+                 # issue 41 (2026-12-05): the calibration's floor per expert, method.shrink, the diagnostic
+                 ("calibration", "tokens_per_expert"): 1024, ("method", "shrink"): None,
+                 ("diagnose",): {"enabled": True, "prompts": 64, "prompt_len": 32, "gen_tokens": 16, "rules": None},
                  # scheduler.compile_prefill (2026-12-04) first: a run recorded before it keeps its hash
                  ("scheduler", "compile_prefill"): False,
                  # throughput.fused_attention (2026-12-04): likewise

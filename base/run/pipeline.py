@@ -36,18 +36,20 @@ from base.runtime.throughput import Variant
 
 
 def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
-                  k0: int | None = None) -> tuple[Any, dict]:
+                  k0: int | None = None, shrink: float | str | None = None) -> tuple[Any, dict]:
     """A function (budget, record_stats) -> MoeBudget installed on the model for a method (the
-    run's by default), and where its artifacts came from."""
+    run's by default, with its method.shrink), and where its artifacts came from. shrink="auto":
+    the value the diagnostic finds best at each budget (base/run/diagnose.py resolve_shrink)."""
     m = cfg.method
     if name is None:  # the run's own method
-        name, k0 = m.name, m.k0
+        name, k0, shrink = m.name, m.k0, m.shrink_value()
     if name == "dense":
         selector, info = None, {}
     else:
         cls = SELECTORS.get(name)
         arts, info = selector_artifacts(cfg, cls, model, tokenizer, layers)
-        selector = build_selector(name, arts, k0=k0, coverage=m.coverage if name == m.name else None)
+        fixed = None if shrink == "auto" else shrink
+        selector = build_selector(name, arts, k0=k0, coverage=m.coverage if name == m.name else None, shrink=fixed)
 
     split: dict[str, Any] = {}  # budget_split=sensitivity: the calibrated loss curves, once
 
@@ -65,14 +67,21 @@ def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = N
 
     def make(budget: int | None, record_stats: bool | None = None) -> MoeBudget:
         record = cfg.stats.enabled if record_stats is None else record_stats
+        sel_here = selector
+        if shrink == "auto" and selector is not None and budget is not None:
+            from base.run.diagnose import resolve_shrink
+
+            alpha, chosen = resolve_shrink(cfg, model, tokenizer, layers, name, k0, budget)
+            info.setdefault("shrink", {})[str(budget)] = {"alpha": alpha, "diagnostic": chosen}
+            sel_here = build_selector(name, arts, k0=k0, shrink=alpha)
         fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
         opts = BudgetOptions(budget=budget, reassign=m.reassign, renormalize=m.renormalize,
                              apply_to=m.apply_to, record_stats=record,
                              energy=(cfg.stats.energy or fidelity) and record, fidelity=fidelity, backend=m.backend,
                              layer_budgets=layer_budgets(budget))
         # budget=None with a budgeted selector is the dense baseline of a throughput sweep.
-        adaptive = selector is not None and (not selector.uses_budget or selector.coverage is not None)
-        sel = selector if (budget is not None or adaptive) else None
+        adaptive = sel_here is not None and (not sel_here.uses_budget or sel_here.coverage is not None)
+        sel = sel_here if (budget is not None or adaptive) else None
         return install_budget(model, cfg.model.family, sel, opts)
 
     return make, info
@@ -388,6 +397,9 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         _record_hardware(model, report, cfg)
         return
     # evaluate
+    from base.run.diagnose import run_diagnostic
+
+    report["diagnostic"] = run_diagnostic(cfg, model, tokenizer, layers)  # before anything is scored
     make_budget, info = make_budgeter(cfg, model, tokenizer, layers)
     report["artifacts"] = info
     from base.eval.evaluate import evaluate

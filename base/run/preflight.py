@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from base.checks import check_file, check_folder
-from base.config import ConfigError, RunConfig, ThroughputConfig
+from base.config import ConfigError, RunConfig, ThroughputConfig, calibration_tokens
 from base.hf.compat import check_kernels_name_clash
 from base.hf.families import FAMILIES
 from base.hf.loading import hf_config
@@ -62,9 +62,10 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.predictor.path and (needs_pred or cfg.stage == "fit"):
         _check_predictor_file(cfg, hf)
     elif needs_calib or needs_pred:
-        _check_calibration_files(cfg)
+        E, K = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
+        _check_calibration_files(cfg, calibration_tokens(cfg.calibration, E, K))
         if needs_pred or cfg.stage == "fit":
-            _check_fit_size(cfg, int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key)))
+            _check_fit_size(cfg, E, K)
     context = getattr(hf, "max_position_embeddings", None)
     if cfg.stage == "evaluate":
         check_tasks(cfg, context)
@@ -260,7 +261,7 @@ def _tokenizer(cfg: RunConfig, vocab_size: int | None = None):
     return tok
 
 
-def _check_calibration_files(cfg: RunConfig) -> None:
+def _check_calibration_files(cfg: RunConfig, needed: int | None = None) -> None:
     """Every file exists, parses, and together they hold the tokens calibration cuts into windows."""
     from base.hf.calibrate import read_texts
 
@@ -282,10 +283,12 @@ def _check_calibration_files(cfg: RunConfig) -> None:
     if tokens < cfg.calibration.seq_len:
         raise ConfigError(f"calibration.files hold {tokens} tokens, fewer than calibration.seq_len="
                           f"{cfg.calibration.seq_len}: give more text or a shorter seq_len")
-    if tokens < cfg.calibration.num_tokens:  # calibration would quietly use what the files hold
-        raise ConfigError(f"calibration.num_tokens={cfg.calibration.num_tokens}, but calibration.files hold "
-                          f"{tokens} tokens for this model's tokenizer: choose calibration.num_tokens <= {tokens}, "
-                          f"or give more text")
+    needed = cfg.calibration.num_tokens if needed is None else needed
+    if tokens < needed:  # calibration would quietly use what the files hold
+        why = ("calibration.num_tokens" if needed == cfg.calibration.num_tokens else
+               f"calibration.tokens_per_expert={cfg.calibration.tokens_per_expert} (x experts / top-k)")
+        raise ConfigError(f"{why} asks for {needed} calibration tokens, but calibration.files hold {tokens} tokens for "
+                          f"this model's tokenizer: lower it to fit, or give more text")
 
 
 MIN_PAIRS_PER_EXPERT = 8  # below this a per-expert linear fit is mostly constants and noise
@@ -294,7 +297,7 @@ MIN_PAIRS_PER_EXPERT = 8  # below this a per-expert linear fit is mostly constan
 def _check_fit_size(cfg: RunConfig, num_experts: int, top_k: int) -> None:
     """A predictor fit gets, per expert, about num_tokens * (1 - holdout) * k / E routed tokens;
     too few and the fit is meaningless (fewer than the weights: fit_predictor warns in the report)."""
-    per_expert = cfg.calibration.num_tokens * (1 - cfg.predictor.holdout) * top_k / num_experts
+    per_expert = calibration_tokens(cfg.calibration, num_experts, top_k) * (1 - cfg.predictor.holdout) * top_k / num_experts
     if cfg.predictor.fit_on == "routed" and per_expert < MIN_PAIRS_PER_EXPERT:
         need = int(MIN_PAIRS_PER_EXPERT * num_experts / (top_k * (1 - cfg.predictor.holdout))) + 1
         raise ConfigError(f"calibration.num_tokens={cfg.calibration.num_tokens} gives the predictor fit about "
