@@ -744,3 +744,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def first_token_text(root: Path = ROOT, records: str = "results/records") -> str:
+    """README's scope line: the share of generated tokens that are an answer's first (made by the
+    dense prefill) in the replication's budgeted runs, from the committed records."""
+    prompts = {}
+    for name in GRIDS:
+        p, _ = R.read(root / records / name)
+        prompts[name] = p
+    share = first_token_share(prompts)
+    return (f"{share:.1%} of the tokens the replication's budgeted runs generated (`results/records/replication_mini"
+            f"{{,_olmoe}}.csv.gz`).\n")
