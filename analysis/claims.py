@@ -15,11 +15,12 @@ registry per document since issue 44).
   blocks  generated blocks: text between `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`
           written by a function (`--write`) instead of by hand; each must equal its rendering.
 
-    README.md                  CHECKS, BLOCKS (the headline bullets, the recommendation)
+    README.md                  CHECKS, BLOCKS (the recommendation)
     results/README.md          RESULT_CHECKS, RESULT_BLOCKS (the pre-registered replication)
     results/quality/README.md  QUALITY_CHECKS, QUALITY_BLOCKS (each static grid's reading, written from
-                               its `<grid>_paired.csv` by analysis/readings.py; calls across grids)
-    results/speed/README.md    SPEED_CHECKS (the kernel table)
+                               its `<grid>_paired.csv` by analysis/readings.py; calls across grids; the
+                               front page's quality bullets until 2026-12-05 and how a difference is called)
+    results/speed/README.md    SPEED_CHECKS (the kernel table; the front page's speed bullets until 2026-12-05)
 
 The phrases of issue 27 live in analysis/claims_calls.py and analysis/claims_replication.py.
 `check_document(path)` checks one document; `check_tables` asserts the committed comparison tables
@@ -364,8 +365,21 @@ KERNEL_BANDWIDTH = Check(
     "(56.2–57.5 %), M=8 and M=16 at T=8–64 (44.5–71.6 %), M=32 at T=16–64 (70.0–79.5 %) and M=64 at T=64 "
     "(76.9 %)", kernel_bandwidth)
 
-# README.md's phrases (the lead's rewrite of README.md registers its own; these are the old ones still there)
-CHECKS: list[Check] = [
+# README.md's phrases (the front page registers its own)
+CHECKS: list[Check] = []
+RESULT_CHECKS: list[Check] = [Check(*c) for c in replication_phrases.RESULTS_CHECKS]
+# results/quality/README.md: issue 27's calls across the static quality grids and how a difference is
+# called (analysis/claims_calls.py), and the front page's quality bullets until 2026-12-05
+QUALITY_CHECKS: list[Check] = [Check(*c) for c in calls_phrases.QUALITY_CHECKS] + [
+    Check("Routing realism", ROUTING + ", results/quality_mini{,_olmoe}.csv",
+          "both embedded models have about 4 distinct first choices per decode step, so `oea` k0=1 keeps about 4 "
+          "experts", routing_first_choices),
+    Check("Routing realism", "results/routing/paired_oea_mini.md, results/quality_mini_olmoe_paired.md",
+          "costs dense − oea +0.009 [+0.004, +0.014] on `mini` and +0.019 [+0.011, +0.028] on `mini_olmoe`, a "
+          "difference on both", routing_oea_cost),
+]
+# results/speed/README.md: the kernel table's reading, and the front page's speed bullets until 2026-12-05
+SPEED_CHECKS: list[Check] = [
     Check("End to end on an H200", THROUGHPUT,
           "dense Qwen3-30B-A3B decodes 1,205 tokens/s (13.27 ms/step) and BASE at M=16 2,738 tokens/s, 2.27× dense "
           "(2.54× at M=10, 2.67× at M=8; 1.61× at M=16 with skewed routing)", end_to_end),
@@ -385,7 +399,7 @@ CHECKS: list[Check] = [
     Check("Kernels", KERNELS,
           "is 1.47–3.55× faster than transformers' `grouped_mm` on every row up to T=64 (all three shapes, both "
           "routings; 1.07–3.1× at T=128)", kernel_speed),
-    KERNEL_BANDWIDTH,
+    KERNEL_BANDWIDTH,  # the kernel table's reading and the Kernels bullet say it alike
     Check("Request streams on an H200", STREAM + ", results/stream/runs/*/report.json",
           "(Qwen3-30B-A3B shape, 16 and 64 slots, prompts 128–512 tokens)", stream_setup),
     Check("Request streams on an H200", ORDER,
@@ -400,20 +414,7 @@ CHECKS: list[Check] = [
           stream_tpot),
     Check("Request streams on an H200", STREAM,
           "the eager admission prefills take half or more of a stream's time, one run per cell", stream_prefill),
-    Check("Routing realism", ROUTING + ", results/quality_mini{,_olmoe}.csv",
-          "both embedded models have about 4 distinct first choices per decode step, so `oea` k0=1 keeps about 4 "
-          "experts", routing_first_choices),
-    Check("Routing realism", "results/routing/paired_oea_mini.md, results/quality_mini_olmoe_paired.md",
-          "costs dense − oea +0.009 [+0.004, +0.014] on `mini` and +0.019 [+0.011, +0.028] on `mini_olmoe`, a "
-          "difference on both", routing_oea_cost),
 ]
-# Issue 27's phrases: the cross-grid correction and the replication (README.md), the calls across
-# the static quality grids (results/quality/README.md), the replication (results/README.md).
-CHECKS += [Check(*c) for c in calls_phrases.README_CHECKS]
-CHECKS += [Check(*c) for c in replication_phrases.README_CHECKS]
-RESULT_CHECKS: list[Check] = [Check(*c) for c in replication_phrases.RESULTS_CHECKS]
-QUALITY_CHECKS: list[Check] = [Check(*c) for c in calls_phrases.QUALITY_CHECKS]
-SPEED_CHECKS: list[Check] = [KERNEL_BANDWIDTH]
 
 # Generated blocks: name -> function returning the block's text. A document holds it between
 # `<!-- claims:NAME ... -->` and `<!-- /claims:NAME -->`; `--write` fills it, `check` compares it.
@@ -451,18 +452,17 @@ def _replication(name: str) -> Callable[[], str]:
     return render
 
 
-BLOCKS: dict[str, Callable[[], str]] = {
+BLOCKS: dict[str, Callable[[], str]] = {"recommendation": _replication("recommendation")}
+RESULT_BLOCKS: dict[str, Callable[[], str]] = {"replication": _replication("reading")}
+# results/quality/README.md: one reading per static grid, and the front page's quality bullet (until 2026-12-05)
+QUALITY_BLOCKS: dict[str, Callable[[], str]] = {
     "quality": _headline(ABLATION_GRIDS, "- **Quality on the embedded models** (issue 20's ablation grids: both models on "
                          "the ablation's own pool of {n} held-out prompts, one batching seed, batch 16, static batches; "
                          "every rule minus `base` at the same budget, accuracy by the exact McNemar test, KL by a "
                          "cluster bootstrap over prompts; Holm over each grid; {cross}; `make ablation`, `make ablation "
                          "ABLATION_EXP=ablation_mini_olmoe`):"),
-    "recommendation": _replication("recommendation"),
+    **{Path(g).name: _reading(g) for g in (*ABLATION_GRIDS, *RULES_GRIDS, *SEEDS_GRIDS)},
 }
-RESULT_BLOCKS: dict[str, Callable[[], str]] = {"replication": _replication("reading")}
-# results/quality/README.md: one reading per static grid
-QUALITY_BLOCKS: dict[str, Callable[[], str]] = {Path(g).name: _reading(g)
-                                                for g in (*ABLATION_GRIDS, *RULES_GRIDS, *SEEDS_GRIDS)}
 
 
 class Document(NamedTuple):

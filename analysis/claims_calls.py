@@ -1,8 +1,9 @@
 """The phrases of the written readings that state calls across grids (issue 27), each rebuilt from
-the committed tables it cites, for analysis/claims.py: `README_CHECKS` for README.md and
-`QUALITY_CHECKS` for results/quality/README.md (the static quality grids), (name, source, phrase,
-render) as claims.Check takes them. The phrases about the continuous-batching, admission and
-held-out grids left with their text when those grids were archived (results/archive/, issue 44).
+the committed tables it cites, for analysis/claims.py: `QUALITY_CHECKS` for results/quality/README.md
+(the static quality grids, and how a difference is called: moved there from README.md by issue 44),
+(name, source, phrase, render) as claims.Check takes them. The phrases about the continuous-batching,
+admission and held-out grids left with their text when those grids were archived (results/archive/,
+issue 44).
 
 A call that fails the cross-grid correction (column `scope`, analysis/cross_grid.py) is marked
 "exploratory" in the phrase; a phrase that names a call the tables no longer make, or omits the
@@ -113,7 +114,7 @@ def olmoe_transcripts() -> str:
                "M=6 (0.656) from `oea` k0=1 (0.662, 4.0 experts)" if none else "; other calls changed"))
 
 
-# ---- README.md ----------------------------------------------------------------------------------
+# ---- results/quality/README.md: how a difference is called (README.md's until issue 44) ----------
 
 def how_called() -> str:
     f = pd.read_csv(ROOT / "results" / "cross_grid.csv")
@@ -152,11 +153,8 @@ QUALITY_CHECKS = [
      "base is above router_sum at M=6, 8 and 12 (+0.034, +0.019, +0.009; exact McNemar, all three confirmed by the "
      "cross-grid correction); it is not shown different from router_sq at M=6, `oea` k0=2 (7.2 experts) from dense, "
      "nor base at M=6 (0.656) from `oea` k0=1 (0.662, 4.0 experts)", olmoe_transcripts),
-]
-# checked against README.md
-README_CHECKS = [
     _p("How a difference is called", "results/cross_grid.csv",
-     "Across grids, every call is corrected again: Benjamini–Hochberg over all 711 committed comparisons and Holm "
-     "over the 181 the headline bullets report (`python -m analysis.cross_grid`, `results/cross_grid.md`); 15 of the 399 "
+     "Across grids, every call is corrected again: Benjamini–Hochberg over all 539 committed comparisons and Holm "
+     "over the 42 the headline bullets report (`python -m analysis.cross_grid`, `results/cross_grid.md`); 2 of the 371 "
      "calls fail it and are marked exploratory wherever they are shown", how_called),
 ]

@@ -1,8 +1,8 @@
 """The hand-written phrases about issue 27's pre-registered replication, each rebuilt from the
-committed files it cites, for analysis/claims.py: `README_CHECKS` for README.md, `RESULTS_CHECKS`
-for results/README.md, (name, source, phrase, render) as claims.Check takes them. The generated
-parts (the recommendation, the calls) are claims blocks; these are the sentences around them.
-Reads results/ only (pandas).
+committed files it cites, for analysis/claims.py: `RESULTS_CHECKS` for results/README.md, (name,
+source, phrase, render) as claims.Check takes them (the old front page's two, the runs' hours and the
+interaction's tau range, went with it in issue 44). The generated parts (the recommendation, the
+calls) are claims blocks; these are the sentences around them. Reads results/ only (pandas).
 """
 from __future__ import annotations
 
@@ -38,23 +38,10 @@ def _minus(x: float, fmt: str = ".3f") -> str:
     return format(x, fmt).replace("-", "−")
 
 
-def tau_range() -> str:
-    om = _csv(INTER)
-    om = om[om["test"] == "omnibus"]
-    every = "rejects at every budget level" if (om["call"] == "differs").all() else \
-        f"rejects at {int((om['call'] == 'differs').sum())} of {len(om)} budget levels"
-    return f"{every}, with Kendall's tau between the two orders of {_rng(om['kendall_tau'], '.2f')}"
-
-
 def tau_short() -> str:
     om = _csv(INTER)
     om = om[om["test"] == "omnibus"]
     return f"(Kendall's tau {_rng(om['kendall_tau'], '.2f')})"
-
-
-def run_hours() -> str:
-    r = _csv(RUNS)
-    return f"({len(r)} runs of one CPU thread; {r['wall_s'].sum() / 3600:.1f} h here)"
 
 
 def run_times() -> str:
@@ -116,12 +103,6 @@ def olmoe_secondary() -> str:
     return ("`base_anchor` is above `base` in accuracy while its MoE-output error is higher and its retained energy "
             "lower at every budget")
 
-
-README_CHECKS = [
-    ("Which rule to use", RUNS, "(44 runs of one CPU thread; 2.0 h here)", run_hours),
-    ("Which rule to use", INTER, "rejects at every budget level, with Kendall's tau between the two orders of "
-     "0.73–0.87", tau_range),
-]
 
 RESULTS_CHECKS = [
     ("Pre-registered replication", "results/*_paired.csv (analysis.power)",
