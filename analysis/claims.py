@@ -452,7 +452,22 @@ def _replication(name: str) -> Callable[[], str]:
     return render
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"recommendation": _replication("recommendation")}
+def _front_page(name: str) -> Callable[[], str]:
+    """README.md's generated headline table (analysis/headline.py) and its scope line (the share of
+    tokens the dense prefill makes, analysis/replication.py)."""
+    def render() -> str:
+        if name == "headline":
+            from analysis.headline import table
+
+            return table()
+        from analysis.replication import first_token_text
+
+        return first_token_text()
+    return render
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"recommendation": _replication("recommendation"),
+                                        "headline": _front_page("headline"), "first_token": _front_page("first_token")}
 RESULT_BLOCKS: dict[str, Callable[[], str]] = {"replication": _replication("reading")}
 # results/quality/README.md: one reading per static grid, and the front page's quality bullet (until 2026-12-05)
 QUALITY_BLOCKS: dict[str, Callable[[], str]] = {

@@ -125,3 +125,10 @@ def test_a_reading_marks_exploratory_calls_and_states_what_an_accuracy_tie_would
     assert "1 of the 4 calls fail the cross-grid correction" in text
     need = equivalence_n(70 / 1050, alpha=ALPHA / 5)  # the median of 70, 8 and 70 discordant of 1050 prompts
     assert f"would need about {need:,} prompts" in text and "(6.7 % of prompts)" in text
+
+
+def test_the_front_pages_stay_front_pages():
+    """Issue 44: README.md a front page of at most 200 lines, results/README.md an index of at most
+    150; the history lives in the area READMEs."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    assert len((ROOT / "results/README.md").read_text().splitlines()) <= 150
