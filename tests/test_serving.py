@@ -470,3 +470,38 @@ def test_a_stream_run_stopped_after_a_variant_resumes_from_it(compose, tmp_path,
     rows = pd.read_csv(out / "stream.csv")
     assert rows["variant"].tolist() == ["dense", "router_sum"] and rows["attempt"].tolist() == [0, 1]
     assert rows.iloc[0]["tokens_per_s"] == pytest.approx(first[0]["tokens_per_s"], rel=1e-12)
+
+
+def test_a_throughput_run_stopped_after_a_batch_size_resumes_from_it(compose, tmp_path, monkeypatch):
+    """throughput.mode=steps: stopped after its first batch size (every variant and repeat of it),
+    the same command measures only the second; the first batch size's rows stay as written."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run import pipeline
+
+    cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
+                   "stage=throughput", "throughput.batch_sizes=[1,2]", "throughput.methods=[dense,router_sum]",
+                   "throughput.budgets=[2]", "throughput.prompt_len=4", "throughput.gen_tokens=5", "throughput.repeats=2",
+                   "throughput.profile_batch=null"])
+    text, out = OmegaConf.to_yaml(cfg, resolve=True), tmp_path / "run"
+    real = pipeline.outputs.write_jsonl
+    first: list = []
+
+    def stop(path, rows):
+        real(path, rows)
+        if path.name == "kernel_rows.jsonl":
+            first.extend(dict(r) for r in pipeline.outputs.read_jsonl(path.with_name("throughput_rows.jsonl")))
+            raise _Killed
+
+    monkeypatch.setattr(pipeline.outputs, "write_jsonl", stop)
+    with pytest.raises(_Killed):
+        pipeline.run(run.build_config(cfg, out), text)
+    monkeypatch.setattr(pipeline.outputs, "write_jsonl", real)
+    assert {r["batch_size"] for r in first} == {1}
+    pipeline.run(run.build_config(cfg, out), text)
+    rows = pd.read_csv(out / "throughput.csv")
+    assert sorted(set(rows["batch_size"])) == [1, 2] and len(rows) == 4
+    was = {(r["variant"], r["mode"]): r["ms_per_step"] for r in first}
+    for _, r in rows[rows["batch_size"] == 1].iterrows():
+        assert r["ms_per_step"] == pytest.approx(was[(r["variant"], r["mode"])], rel=1e-12)

@@ -272,7 +272,8 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
 
 # Files a stopped attempt of a run wrote as it went, carried into the rerun's folder to resume from
 # (base/run/run_folder.py staging_dir): a serve run's finished streams and step probes.
-RESUMABLE = ("requests.jsonl", "serve_streams.jsonl", "step_probe.jsonl", "stream_rows.jsonl")
+RESUMABLE = ("requests.jsonl", "serve_streams.jsonl", "step_probe.jsonl", "stream_rows.jsonl",
+             "throughput_rows.jsonl", "profile_rows.jsonl", "kernel_rows.jsonl")
 
 
 def _serve_stage(cfg: RunConfig, model, make_variant, report: dict[str, Any], logger: Logger) -> None:
@@ -386,7 +387,16 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
             _serve_stage(cfg, model, make_variant, report, logger)
             _record_hardware(model, report, cfg)
             return
-        rows, profile, kernels = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed)
+        def emit_steps(rows: list[dict], profile: list[dict], kernels: list[dict]) -> None:  # after each batch size
+            for name, table in (("throughput_rows", rows), ("profile_rows", profile), ("kernel_rows", kernels)):
+                outputs.write_jsonl(out / f"{name}.jsonl", table)
+
+        earlier = tuple(outputs.read_jsonl(out / f"{n}.jsonl") for n in ("throughput_rows", "profile_rows", "kernel_rows"))
+        if earlier[0]:
+            print(f"[base] resuming: batch sizes {sorted({r['batch_size'] for r in earlier[0]})} measured by a stopped "
+                  f"attempt of this run are kept", flush=True)
+        rows, profile, kernels = measure(model, make_variant, throughput_variants(cfg), cfg.throughput, cfg.seed,
+                                         earlier if earlier[0] else None, emit_steps)
         outputs.write_table(out / "throughput.csv", rows)
         outputs.write_table(out / "profile.csv", profile)
         if kernels:  # GPU runs: the kernels of each class by name

@@ -216,18 +216,28 @@ def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
     return row
 
 
+Tables = tuple[list[dict], list[dict], list[dict]]  # (rows, profile, kernels)
+
+
 def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
-            variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+            variants: list[Variant], cfg: ThroughputConfig, seed: int, earlier: Tables | None = None,
+            emit: Callable[[list[dict], list[dict], list[dict]], None] | None = None) -> Tables:
     """One row per (batch size, variant), see the module doc for the columns; at cfg.profile_batch,
     one row per (variant, kernel class) with ms per step (base/runtime/profile.py), and on a GPU
     one per (variant, class, kernel name). Kernels launch with programmatic dependent launch as
-    cfg.pdl says (kernels/_triton.py)."""
+    cfg.pdl says (kernels/_triton.py).
+
+    Resuming, by batch size: `emit(rows, profile, kernels)` gets the tables after each batch size
+    is done (every variant and every interleaved repeat); a stopped run's (`earlier`) batch sizes
+    are taken as they were, and the others measured whole. Why not finer: a batch size's variants
+    are timed in interleaved rounds, and rounds split over two processes would not pair up."""
     with pdl(cfg.pdl):
-        return _measure(model, make_budget, variants, cfg, seed)
+        return _measure(model, make_budget, variants, cfg, seed, earlier, emit)
 
 
 def _measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
-             variants: list[Variant], cfg: ThroughputConfig, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+             variants: list[Variant], cfg: ThroughputConfig, seed: int, earlier: Tables | None = None,
+             emit: Callable[[list[dict], list[dict], list[dict]], None] | None = None) -> Tables:
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     if cuda:
@@ -238,7 +248,14 @@ def _measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
     profile: list[dict] = []
     kernels: list[dict] = []
     bar = progress(total=len(cfg.batch_sizes) * len(variants) * cfg.repeats, desc="throughput", unit="pass")
+    done_rows, done_profile, done_kernels = earlier or ([], [], [])
     for bs in cfg.batch_sizes:
+        if any(r.get("batch_size") == bs for r in done_rows):  # measured whole by a stopped attempt
+            rows += [r for r in done_rows if r.get("batch_size") == bs]
+            profile += [r for r in done_profile if r.get("batch_size") == bs]
+            kernels += [r for r in done_kernels if r.get("batch_size") == bs]
+            bar.update(len(variants) * cfg.repeats)
+            continue
         timed: dict[Variant, dict] = {}  # the graph-timed row of each variant (not the eager reference)
         gen = torch.Generator().manual_seed(seed + bs)
         ids_BP = torch.randint(0, model.config.vocab_size, (bs, cfg.prompt_len), generator=gen).to(device)
@@ -271,6 +288,8 @@ def _measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
             say(f"[throughput] batch {bs} {v.label} budget={v.budget}: {row['ms_per_step']:.2f} ms/step "
                 f"({row['config_s']:.1f} s)")
         _repeat(model, make_budget, variants, bs, cfg, ids_BP, timed, bar.update)
+        if emit is not None:
+            emit(rows, profile, kernels)
     bar.close()
     _speedups(rows)
     return rows, profile, kernels
