@@ -78,10 +78,15 @@ DEVIATIONS = """
 - The analysis code (this module) was written after the pre-registration's commit, while the grid ran; the
   family, test, correction, secondary tests and decision rule are the ones written there. Added beside
   them, descriptive only: Kendall's tau and the scale of the two models' rule effects (interaction table).
-- The 44 runs were made from a frozen copy of the pre-registration's commit (2166d53) with its own copy of
-  the Python environment: the first attempt at the first point died when the shared environment was being
-  reinstalled by other work (`ModuleNotFoundError: pandas.core.methods.to_dict`, after 643 s); nothing of it
-  was kept and the grid was restarted from its first point.
+- Re-run on 2026-12-05 on the current decode engine (`c3-packed-cpu`, issue 40), from a frozen worktree at
+  commit a9927a0, two one-thread points at a time: the committed tables are the re-run's. The first run
+  (2026-12-01, a frozen copy of the pre-registration's commit 2166d53, engine `c1-padded-cpu`: prompts
+  left-padded, the host read every step before the next, so a slot freed by EOS or a stop string was
+  refilled at once) is kept in `results/archive/replication_2166d53/` with the calls it made. The current
+  engine ends a row at its stop string on the device and refills a freed slot one forward later, so fewer
+  requests share a step (occupancy in the Runs table); the family, test, correction and decision rule
+  are unchanged. (In the first run, the first attempt at its first point died when the shared
+  environment was being reinstalled by other work, after 643 s; it was restarted from that point.)
 - `mini128` is not in this family (as the pre-registration says: no usable CPU-trained model): its own
   family, run later, is in `results/archive/replication_mini128.md`.
 """
