@@ -85,6 +85,7 @@ quality: $(STAMP)  ## quality curves on the mini model (SEEDS=0,1,2 for interval
 	$(RUNENV) $(PY) run.py -m experiment=quality_mini method=base method.reassign=drop $(SEED_ARG)
 	$(RUNENV) $(PY) run.py exp_name=quality_mini stage=fit logger=none
 	cp "outputs/quality_mini/stage=fit/predictor.csv" results/quality_mini_predictor_r2.csv
+	$(PY) -m analysis.engines stamp results/quality_mini_predictor_r2.csv  # its engine column: none (fit)
 	$(PY) -m analysis.quality outputs/quality_mini results/quality_mini
 
 ABLATION_SEEDS ?= 0

@@ -5,7 +5,9 @@
 Each RUN_DIR is a run folder of `experiments/gpu/ab_throughput.sh` named <i>_<label> (label `old`
 or `new`), holding throughput.csv. Per grid cell (batch size, variant, budget; graph replays):
 the reference's ms per step, every run's, the median and range per label, and new against old
-and against the reference as a relative change. Writes <out>.csv and <out>.md.
+and against the reference as a relative change. Writes <out>.csv and <out>.md; the .csv's last
+column, `engine`, is the decode engine of every run compared (analysis/engines.py: runs and reference
+of two engines are refused, exit 2).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.engines import one_engine, run_engine, with_engine
 
 KEYS = ["batch_size", "variant", "budget"]
 
@@ -26,11 +30,14 @@ def timed(df: pd.DataFrame) -> pd.DataFrame:
 def load(run: Path) -> pd.DataFrame:
     df = timed(pd.read_csv(run / "throughput.csv"))
     order, label = run.name.split("_", 1)
-    return df.assign(run=int(order), label=label)[[*KEYS, "run", "label", "ms_per_step", "tokens_per_s"]]
+    return df.assign(run=int(order), label=label, engine=run_engine(run))[
+        [*KEYS, "run", "label", "ms_per_step", "tokens_per_s", "engine"]]
 
 
 def compare(runs: list[Path], reference: Path) -> pd.DataFrame:
     df = pd.concat([load(r) for r in runs])
+    engine = one_engine(pd.concat([df[["engine"]], pd.DataFrame({"engine": [run_engine(reference)]})]),
+                        "the A/B of these runs and the reference")
     ref = timed(pd.read_csv(reference / "throughput.csv")).set_index(KEYS)["ms_per_step"]
     rows = []
     for key, cell in df.groupby(KEYS, dropna=False):
@@ -46,7 +53,8 @@ def compare(runs: list[Path], reference: Path) -> pd.DataFrame:
         if row["reference_ms"] is not None and "new_median" in row:
             row["new_vs_reference"] = row["new_median"] / row["reference_ms"] - 1
         rows.append(row)
-    return pd.DataFrame(rows).sort_values(["batch_size", "variant", "budget"]).reset_index(drop=True)
+    table = pd.DataFrame(rows).sort_values(["batch_size", "variant", "budget"]).reset_index(drop=True)
+    return with_engine(table, engine)
 
 
 def main() -> None:

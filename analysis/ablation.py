@@ -13,6 +13,8 @@ Written:
   <dest>_paired.csv one row per (method, budget, metric): method minus base, paired, with its
                     interval, p, TOST p, Holm-adjusted both, call and minimal detectable difference
   <dest>.md         both as tables
+Both tables end in the column `engine`: the decode engine of the runs (analysis/engines.py; a folder
+of two engines is refused, exit 2).
 
 Tests and calls: analysis/stats.py (its docstring). In short: accuracy by the exact McNemar test
 (several seeds: a permutation test over prompts, seeds nested in the prompt); KL and dll by a
@@ -30,6 +32,7 @@ import pandas as pd
 
 from analysis import records as R
 from analysis import stats as S
+from analysis.engines import one_engine, with_engine
 from analysis.load import variant_label  # noqa: F401 - re-exported: tests and notebooks import it from here
 
 METRICS = ("union_mean", "occupancy_mean", "kept_mean", "energy_retained", "out_error", "kl", "dll", "top1_agree",
@@ -42,13 +45,13 @@ POOL = tuple(R.POOL)  # what makes two runs score the same prompts
 
 def runs(root: str | Path) -> pd.DataFrame:
     """One row per finished evaluate run: method, budget, batching seed, model and prompt pool,
-    its folder and summary (analysis.records.runs). Refuses a folder mixing models or prompt pools."""
+    its folder and summary (analysis.records.runs). Refuses a folder mixing models, prompt pools or engines."""
     df = R.runs(root, METRICS)
     pools = df[list(POOL)].astype(str).drop_duplicates()
     if len(pools) > 1:
         listing = "; ".join(", ".join(f"{k}={v}" for k, v in r.items()) for r in pools.to_dict("records"))
-        raise SystemExit(f"error: {root} holds runs of {len(pools)} prompt pools or models ({listing}): one grid is one "
-                         f"model on one prompt pool; analyse each in its own folder")
+        raise SystemExit(f"error: {root} holds runs of {len(pools)} prompt pools, models or engines ({listing}): one "
+                         f"grid is one model on one prompt pool, decoded by one engine; analyse each in its own folder")
     return df
 
 
@@ -237,8 +240,9 @@ def made_by(root: str | Path, dest: str | Path, df: pd.DataFrame) -> str:
 
 def main(root: str, dest: str) -> None:
     df = runs(root)
-    table = run_table(df)
-    paired = paired_table(df)
+    engine = one_engine(df, f"the grid of {root}")
+    table = with_engine(run_table(df), engine)
+    paired = with_engine(paired_table(df), engine)
     out = Path(dest)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
@@ -246,7 +250,7 @@ def main(root: str, dest: str) -> None:
     text = markdown(table, paired)
     pool = df.iloc[0]
     where = (f"Model {pool['model']}, prompt pool: task {pool['tasks']}, task.limit={pool['limit']} per task, "
-             f"{len(df)} runs.\n\n")
+             f"{len(df)} runs. Decode engine: `{engine}` (analysis/engines.py).\n\n")
     out.with_suffix(".md").write_text(made_by(root, dest, df) + where + text)
     print(text)
 

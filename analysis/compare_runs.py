@@ -5,8 +5,9 @@
 For every run folder (a folder with report.json) present under both roots, by its path relative to
 the root, it compares samples.jsonl row by row (task, doc, generation, correctness, decode batch),
 and selection_steps.csv, fidelity_steps.csv and metrics.csv cell by cell. Writes
-<dest>.csv (one row per run folder and file: rows compared, rows that differ) and <dest>.md, and
-exits 1 if anything differs, so a restructuring can be guarded by it.
+<dest>.csv (one row per run folder and file: rows compared, rows that differ, and `engine`, the decode
+engine of the two runs, "A vs B" where they differ: analysis/engines.py) and <dest>.md, and exits 1
+if anything differs, so a restructuring can be guarded by it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.engines import run_engine
 
 TABLES = ("selection_steps.csv", "fidelity_steps.csv", "metrics.csv")
 
@@ -46,18 +49,25 @@ def compare_file(a: Path, b: Path, name: str) -> dict[str, object]:
     return {"file": name, "rows": len(da), "differing_rows": int((~same).sum()), "note": ""}
 
 
+def engines(*run_dirs: Path) -> str:
+    """The decode engine of the runs compared: one fingerprint, or "A vs B" where they differ."""
+    return " vs ".join(dict.fromkeys(run_engine(d) for d in run_dirs))
+
+
 def compare(root_a: Path, root_b: Path) -> pd.DataFrame:
     ra, rb = run_folders(root_a), run_folders(root_b)
     rows = []
     for run in sorted(set(ra) | set(rb)):
         if run not in ra or run not in rb:
             rows.append({"run": run, "file": "report.json", "rows": None, "differing_rows": None,
-                         "note": f"only under {root_a if run in ra else root_b}"})
+                         "note": f"only under {root_a if run in ra else root_b}",
+                         "engine": engines(ra[run] if run in ra else rb[run])})
             continue
+        engine = engines(ra[run], rb[run])
         for name in ("samples.jsonl", *TABLES):
             row = compare_file(ra[run] / name, rb[run] / name, name)
             if row:
-                rows.append({"run": run, **row})
+                rows.append({"run": run, **row, "engine": engine})
     return pd.DataFrame(rows)
 
 

@@ -28,6 +28,12 @@ named in PREREGISTERED keeps its own pre-registered family and calls (they are n
 and its rows count in q like every other comparison; its table gets the cross-grid columns in
 its .csv only (its .md is analysis/replication.py's). Writes each table back
 (.csv and its .md re-rendered) and results/cross_grid.{csv,md}, every comparison with its columns.
+
+Engines (issue 40): every comparison is between runs of one table, and a table is one decode
+engine's (its `engine` column, refused where it holds two: analysis/engines.py one_engine). The
+family pools comparisons of several engines, as a correction for testing many hypotheses may:
+results/cross_grid.csv names each row's engine (`engine`, the last column) and cross_grid.md
+counts the comparisons per engine. A table written back keeps its `engine` column, the last.
 Reads and writes results/ only.
 """
 from __future__ import annotations
@@ -41,11 +47,22 @@ import numpy as np
 import pandas as pd
 
 from analysis import stats as S
+from analysis.engines import COLUMN as ENGINE
+from analysis.engines import (
+    LEGACY_GRIDS,
+    REPLICATION_AS_COMMITTED,
+    one_engine,
+    rule_engine,
+    with_engine,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 # single comparisons committed as `python -m analysis.paired A B` transcripts (no CSV)
 MD_PAIRED = ("quality_mini_olmoe_paired.md", "routing/paired_oea_mini.md")
+# their engine: each compares two runs of a static grid on the CPU (the runs its transcript names)
+MD_ENGINES = {"quality_mini_olmoe_paired.md": LEGACY_GRIDS["quality_mini_olmoe"],
+              "routing/paired_oea_mini.md": LEGACY_GRIDS["quality_mini"]}
 # grids whose calls rest on a pre-registered family of their own (docs/), left out of FAMILY
 PREREGISTERED: tuple[str, ...] = ("replication",)  # issue 27: docs/preregistration.md, its own Holm family
 # The README's headline bullets: table -> the metrics they report (all the table's rows of them);
@@ -136,21 +153,45 @@ def md_rows(results: Path = RESULTS) -> pd.DataFrame:
                                        "call", "n"])
 
 
+def table_engine(name: str, results: Path = RESULTS, frame: pd.DataFrame | None = None) -> str:
+    """The decode engine of a committed comparison table (its `engine` column: one, or exit 2), of
+    an MD_PAIRED transcript (MD_ENGINES), or, for a table written before the column, its grid's
+    (analysis/engines.py: the replication as committed, the static grids by name)."""
+    if name in MD_ENGINES:
+        return MD_ENGINES[name]
+    path = results / f"{name}.csv"
+    if frame is None and path.exists():
+        frame = pd.read_csv(path)
+    if frame is not None and ENGINE in frame:
+        return one_engine(frame, f"the comparisons of results/{name}.csv")
+    if preregistered(name):
+        return REPLICATION_AS_COMMITTED
+    return rule_engine(f"results/{name}.csv") or "unknown"
+
+
+def row_engines(long: pd.DataFrame, results: Path = RESULTS) -> list[str]:
+    """The engine of each row of a long table (results/cross_grid.csv's layout: a `table` column)."""
+    engines = {name: table_engine(name, results) for name in long["table"].astype(str).unique()}
+    return [engines[name] for name in long["table"].astype(str)]
+
+
 # ---- the cross-grid columns ----------------------------------------------------------------------
 
-def _long(regridded: dict[str, pd.DataFrame], extra: pd.DataFrame) -> pd.DataFrame:
+def _long(regridded: dict[str, pd.DataFrame], extra: pd.DataFrame, results: Path = RESULTS) -> pd.DataFrame:
     """One row per comparison of every table: KEY, diff, p, p_tost (nan where no tie can be called:
-    the grid's p_tost_holm is nan), excluded, call, and `row`, its index in its table."""
+    the grid's p_tost_holm is nan), excluded, call, `row`, its index in its table, and `engine`,
+    its table's decode engine (table_engine)."""
     parts = []
     for name, t in regridded.items():
         method = t["variant"] if "variant" in t else t["method"]
         metric = t["metric"] if "metric" in t else pd.Series("accuracy", index=t.index)
         parts.append(pd.DataFrame({"table": name, "method": method, "budget": t["budget"], "metric": metric,
                                    "diff": t["diff"], "p": t["p"], "p_tost": t["p_tost"].where(t["p_tost_holm"].notna()),
-                                   "excluded": t["excluded"].fillna(""), "call": t["call"], "row": t.index}))
+                                   "excluded": t["excluded"].fillna(""), "call": t["call"], "row": t.index,
+                                   ENGINE: table_engine(name, results, t)}))
     if len(extra):
-        parts.append(extra.assign(row=-1)[["table", "method", "budget", "metric", "diff", "p", "p_tost",
-                                           "excluded", "call", "row"]])
+        parts.append(extra.assign(row=-1, **{ENGINE: row_engines(extra, results)})[
+            ["table", "method", "budget", "metric", "diff", "p", "p_tost", "excluded", "call", "row", ENGINE]])
     return pd.concat(parts, ignore_index=True)
 
 
@@ -183,7 +224,7 @@ def _scope(r: pd.Series) -> str:
 def apply(results: Path = RESULTS) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """(every committed table re-tested with the cross-grid columns, the long table of all rows)."""
     regridded = {name: regrid(name, t) for name, t in tables(results).items()}
-    long = cross(_long(regridded, md_rows(results)))
+    long = cross(_long(regridded, md_rows(results), results))
     for name, t in regridded.items():
         mine = long[long["table"] == name].set_index("row")
         for col in CROSS:
@@ -201,6 +242,10 @@ def summary_md(long: pd.DataFrame) -> str:
     by.insert(0, "comparisons", fam.groupby("table").size().reindex(by.index))
     by.insert(1, "calls", called.groupby("table").size().reindex(by.index, fill_value=0))
     excluded = long[long["excluded"] != ""]
+    engines = fam[ENGINE].value_counts() if ENGINE in fam else pd.Series(dtype=int)
+    pooled = (f"The family pools the comparisons of {len(engines)} decode engine(s) "
+              f"({', '.join(f'`{e}` {n}' for e, n in engines.items())}; analysis/engines.py); each comparison is "
+              "between runs of one table, made by one engine (column `engine` of results/cross_grid.csv).\n\n")
     return (f"Made by `python -m analysis.cross_grid` from the committed comparison tables.\n\n"
             f"The cross-grid family: {len(fam)} comparisons of {fam['table'].nunique()} committed tables "
             f"(every difference test of results/*_paired.csv, *_batching.csv, *_did.csv, admission_*.csv, "
@@ -210,7 +255,7 @@ def summary_md(long: pd.DataFrame) -> str:
             f"report. Of {len(called)} calls (higher, lower, tie by each grid's Holm), {int((called['scope'] == 'confirmed').sum())} "
             f"pass the cross-grid correction (confirmed) and {int((called['scope'] == 'exploratory').sum())} do not "
             "(exploratory). Every row with its columns: results/cross_grid.csv.\n\n"
-            + by.reset_index().to_markdown(index=False) + "\n")
+            + pooled + by.reset_index().to_markdown(index=False) + "\n")
 
 
 # ---- writing the tables back ---------------------------------------------------------------------
@@ -250,13 +295,15 @@ def write(results: Path = RESULTS) -> list[str]:
     written = []
     for name, t in regridded.items():
         t = t.assign(budget=t["budget"].astype("Int64"))  # 8, not 8.0, where dense has none
+        if ENGINE in t:  # the last column, where analysis/engines.py stamps it
+            t = with_engine(t, t[ENGINE])
         t.to_csv(results / f"{name}.csv", index=False)
         written.append(name)
         if preregistered(name):
             continue
         md = results / (f"{name.removesuffix('_paired')}.md" if kind(name) == "paired" else f"{name}.md")
         md.write_text(render(name, t, results))
-    cols = [*KEY, "diff", "p", "p_tost", "call", "excluded", *CROSS]
+    cols = [*KEY, "diff", "p", "p_tost", "call", "excluded", *CROSS, ENGINE]
     long[cols].to_csv(results / "cross_grid.csv", index=False)
     (results / "cross_grid.md").write_text(summary_md(long))
     return written

@@ -5,8 +5,9 @@ another round by round.
     python -m analysis.kernel_ab <bench_skinny.csv> --over cublas
 
 Reads a CSV with one row per (case, implementation, round) and columns `impl`, `round` and `us`
-(tools/bench_select.py and tools/bench_skinny.py write them); every other column but `timing`
-(and bench_skinny's MB) names the case. Prints per case and implementation the median
+(tools/bench_select.py and tools/bench_skinny.py write them); every other column but `timing`,
+`engine` (a committed table's: analysis/engines.py; one per table, else exit 2) and bench_skinny's
+MB names the case. Prints per case and implementation the median
 µs with [min, max] over rounds, and per case each implementation's µs over the reference's in the
 same round (`--over`; default `baseline`, else the first implementation listed), median and range.
 A bench_select table with its three forms (`--forms route,after,empty`) also gets the selection
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-NOT_CASE = {"impl", "round", "us", "timing", "MB"}
+NOT_CASE = {"impl", "round", "us", "timing", "MB", "engine"}
 # bench_skinny's launch parameters belong to its implementation (`impl` names them), not to the case
 LAUNCH = {"block_n", "block_k", "num_stages", "num_warps", "split"}
 
@@ -79,12 +80,16 @@ def main() -> None:
     missing = {"impl", "round", "us"} - set(t.columns)
     if missing:
         raise SystemExit(f"error: {args.csv} lacks the columns {sorted(missing)} (a tools/bench_* table has them)")
+    from analysis.engines import one_engine
+
+    engine = one_engine(t, f"the kernel A/B of {args.csv}") if "engine" in t else None
     impls = list(dict.fromkeys(t["impl"]))
     over = args.over or ("baseline" if "baseline" in impls else impls[0])
     if over not in impls:
         raise SystemExit(f"error: --over {over!r} is not an implementation of the table; choose one of: {', '.join(impls)}")
     pd.set_option("display.width", 200)
-    print(f"µs per call: median [min, max] over {t['round'].nunique()} rounds\n")
+    print(f"µs per call: median [min, max] over {t['round'].nunique()} rounds"
+          + (f" (engine: {engine})" if engine else "") + "\n")
     print(medians(t).round(3).to_string(index=False))
     if len(impls) > 1:
         print(f"\nover {over} in the same round: median [min, max]\n")

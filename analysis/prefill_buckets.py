@@ -12,7 +12,9 @@ checked against the run's own count (`prefills`; a stream where they differ is l
 padded tokens, and the run's measured `prefill_s`. Over every stream kept, a least-squares fit
 prefill_s = a * forwards + b * padded tokens (ms per forward, µs per padded token), and for each
 stream the padded tokens and the fitted prefill under `--buckets`. A fit of a few runs of one
-machine is a reading, not a measurement: what it predicts is for a run to confirm.
+machine is a reading, not a measurement: what it predicts is for a run to confirm. The fit pools
+runs of one decode engine only (analysis/engines.py; two are refused, exit 2): the table's last
+column, `engine`.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+
+from analysis.engines import one_engine, run_engine, with_engine
 
 
 def forwards(round_tokens: list[int], buckets: list[int]) -> list[int]:
@@ -59,7 +63,8 @@ def streams(run: Path) -> pd.DataFrame:
         rows.append({"run": str(run), "variant": variant, "repeat": repeat, "buckets": ",".join(map(str, buckets)),
                      "rounds": len(rounds), "prompt_tokens": int(sum(rounds)), "forwards": len(fw),
                      "forwards_recorded": int(rec["prefills"].iloc[0]), "padded_tokens": int(sum(fw)),
-                     "prefill_s": float(rec["prefill_s"].iloc[0]), "round_tokens": rounds})
+                     "prefill_s": float(rec["prefill_s"].iloc[0]), "round_tokens": rounds,
+                     "engine": run_engine(run)})
     return pd.DataFrame(rows)
 
 
@@ -87,6 +92,7 @@ def main() -> None:
     df = pd.concat([streams(r) for r in folders] or [pd.DataFrame()], ignore_index=True)
     if df.empty:
         raise SystemExit(f"error: no packed, unchunked serving runs with requests.jsonl.gz under {', '.join(map(str, args.runs))}")
+    engine = one_engine(df, "the prefill fit")
     matched = df["forwards"] == df["forwards_recorded"]
     kept = df[matched].copy()
     if kept["padded_tokens"].nunique() < 2:
@@ -99,13 +105,13 @@ def main() -> None:
     kept["other_padded_tokens"] = [sum(f) for f in alt]
     kept["other_padding"] = 1 - kept["prompt_tokens"] / kept["other_padded_tokens"]
     kept["other_fitted_s"] = a * kept["other_forwards"] + b * kept["other_padded_tokens"]
-    table = kept.drop(columns=["round_tokens"])
+    table = with_engine(kept.drop(columns=["round_tokens"]), engine)
     head = (f"prefill_s = {1e3 * a:.2f} ms per packed forward + {1e6 * b:.2f} µs per padded token "
             f"(least squares over {len(kept)} streams; {int((~matched).sum())} left out: their rebuilt forwards "
-            f"differ from the recorded count)\n")
+            f"differ from the recorded count; decode engine `{engine}`)\n")
     foot = (f"\n\nother = buckets {','.join(map(str, other))}: the same rounds rebuilt and the fit applied "
             f"(a prediction, not a measurement)\n")
-    text = [head, table.drop(columns=["run"]).round(4).to_markdown(index=False), foot]
+    text = [head, table.drop(columns=["run", "engine"]).round(4).to_markdown(index=False), foot]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out.with_suffix(".csv"), index=False)

@@ -3,7 +3,7 @@
     python -m analysis.quality outputs/quality_mini results/quality_mini
 
 Writes <dest>.csv (one row per run: variant, budget, batching seed, accuracy, union, kept, weight
-retained and per-task accuracy) and <dest>.md (accuracy pivot: variants x budgets), and prints the
+retained, per-task accuracy and the decode engine, `engine`: analysis/engines.py) and <dest>.md (accuracy pivot: variants x budgets), and prints the
 pivot. With several batching seeds per point (`make quality SEEDS=0,1,2`) a cell is the mean over
 seeds with its range over the seeds, `mean [min, max]` (a spread, not an interval: the seeds share their prompts).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.engines import one_engine
+from analysis.engines import one_engine, with_engine
 from analysis.load import fail, metrics_frame, runs_frame
 
 
@@ -35,7 +35,7 @@ def quality_table(root: str) -> pd.DataFrame:
         if runs[col].nunique(dropna=False) > 1:
             fail(f"{root} holds runs of {runs[col].nunique(dropna=False)} {what} ({', '.join(map(str, runs[col].unique()))}); "
                  "make one table of each (one exp_name each)")
-    one_engine(runs, f"the quality table of {root}")
+    engine = one_engine(runs, f"the quality table of {root}")
     runs["variant"] = runs.apply(variant, axis=1)
     cols = ["variant", "method", "reassign", "k0", "budget", "batch_size", "batch_seed", "accuracy", "union_mean",
             "kept_mean", "weight_retained", "tokens_lost_frac"]
@@ -45,7 +45,8 @@ def quality_table(root: str) -> pd.DataFrame:
         per_task = per_task[(per_task["kind"] == "result") & (per_task["metric"] == "exact_match")]
         wide = per_task.pivot_table(index="run", columns="task", values="value").add_prefix("acc_")
         table = table.merge(wide, left_on="run", right_index=True, how="left")
-    return table.drop(columns="run").sort_values(["variant", "budget"], na_position="first").reset_index(drop=True)
+    table = table.drop(columns="run").sort_values(["variant", "budget"], na_position="first").reset_index(drop=True)
+    return with_engine(table, engine)
 
 
 def seeds_per_point(table: pd.DataFrame) -> int:
@@ -86,5 +87,6 @@ if __name__ == "__main__":
     dest.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(dest.with_suffix(".csv"), index=False)
     piv = pivot_seeds(table) if seeds_per_point(table) > 1 else pivot(table).round(3)
-    dest.with_suffix(".md").write_text(piv.astype(object).where(piv.notna(), "").to_markdown() + "\n")
+    dest.with_suffix(".md").write_text(piv.astype(object).where(piv.notna(), "").to_markdown() + "\n\n"
+                                       + f"Decode engine: `{table['engine'].iloc[0]}` (analysis/engines.py).\n")
     print(piv.to_string())

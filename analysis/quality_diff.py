@@ -8,7 +8,9 @@ over the n prompts of each run. For runs over the same prompts whose outcomes ar
 correlated it is wider than the paired interval, so its test of "no difference" is conservative.
 Calls as everywhere (analysis/stats.py): Holm over the table's comparisons, higher/lower where the
 corrected z-test rejects, else inconclusive (an accuracy tie is not a call: stats.TIE_METRICS; the
-equivalence p against the 1-point margin is reported).
+equivalence p against the 1-point margin is reported). The table ends in the column `engine`: the
+source table's (a source of two engines is refused, exit 2; one without the column: its grid's,
+analysis/engines.py LEGACY_GRIDS).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import stats as S
+from analysis.engines import grid_engine, one_engine, with_engine
 
 Z95 = 1.959964
 
@@ -61,8 +64,16 @@ def markdown(table: pd.DataFrame, n: int = 1600) -> str:
             + calls.pivot(index="variant", columns="budget", values="call").to_markdown() + "\n")
 
 
+def source_engine(df: pd.DataFrame, src: str) -> str:
+    """The decode engine of the source table's runs (its `engine` column, else its grid's)."""
+    if "engine" in df:
+        return one_engine(df, f"the comparisons of {src}")
+    return grid_engine(Path(src).stem) or "unknown"
+
+
 def main(src: str, dest: str, n: int = 1600) -> None:
-    table = quality_diffs(pd.read_csv(src), n=n)
+    df = pd.read_csv(src)
+    table = with_engine(quality_diffs(df, n=n), source_engine(df, src))
     out = Path(dest)
     table.to_csv(out.with_suffix(".csv"), index=False)
     text = markdown(table, n)

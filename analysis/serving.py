@@ -22,7 +22,8 @@ of two decode engines, or two runs serving the same cell and repeat, are refused
                           of the same engine with every slot decoding and, where recorded, of the
                           static engine at the same rows and context, and their ratios
 
-Timings are medians over repeats with their range (no test: the runs are few).
+Timings are medians over repeats with their range (no test: the runs are few). Every table ends in
+the column `engine`, the decode engine of the runs (analysis/engines.py).
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import style
-from analysis.engines import engine_of, one_engine
-from analysis.load import fail, finished, read_report
+from analysis.engines import engine_of, one_engine, with_engine
+from analysis.load import _config, fail, finished, read_report
 
 ROUTING_ORDER = {"uniform": 0, "skewed": 1}  # tables and panels: uniform first
 # a cell: one configuration served; runs with other scheduler thresholds are other cells
@@ -54,7 +55,8 @@ STEP_COLS = ["occupancy", "step_ms", "gap_ms", "launch_ms", "rounds", "prefill_s
 
 def load(root: Path) -> pd.DataFrame:
     """Every stream row under root, with its tokens/s over dense's (same routing, slots, rate, repeat)."""
-    frames = [pd.read_csv(p).assign(_run=str(p.parent), engine=engine_of(read_report(p.parent / "report.json")))
+    frames = [pd.read_csv(p).assign(_run=str(p.parent), engine=engine_of(read_report(p.parent / "report.json"),
+                                                                         _config(p.parent)))
               for p in finished(root, "serve.csv")]
     if not frames:
         fail(f"no serve.csv of a finished run under {root} (runs of throughput.mode=serve)")
@@ -152,8 +154,9 @@ def markdown(t: pd.DataFrame, src: str, dest: str, slo: str) -> str:
             "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99", "goodput",
             "captures"]
     best = best_goodput(t).assign(budget=lambda d: d["budget"].map(_budget))
+    engine = f" Decode engine: `{t['engine'].iloc[0]}` (analysis/engines.py)." if "engine" in t else ""
     return (f"Made by `python -m analysis.serving {src} {dest}` from the serve.csv of each run "
-            "(`throughput.mode=serve`, base/runtime/serving.py).\n\n"
+            f"(`throughput.mode=serve`, base/runtime/serving.py).{engine}\n\n"
             "Per (routing, slots, request rate, variant): the median over repeats and, in brackets, the range. "
             "`tok_s`: achieved output tokens/s; `speedup`: tokens/s over dense's in the same repeat and rate; "
             "`req_s`: achieved requests/s; TTFT, TPOT, ITL, E2EL in ms (p50 and p99 of each stream's requests; "
@@ -254,6 +257,7 @@ def probe_table(root: Path) -> pd.DataFrame:
     rows = []
     for path in finished(root, "step_probe.csv"):
         probe, serve = pd.read_csv(path), _with_thresholds(pd.read_csv(path.parent / "serve.csv"))
+        engine = engine_of(read_report(path.parent / "report.json"), _config(path.parent))
         serve = serve[serve["arrivals"] != "search"] if "arrivals" in serve else serve
         for _, p in probe.iterrows():
             mine = serve[serve["variant"] == p["variant"]]
@@ -269,8 +273,11 @@ def probe_table(root: Path) -> pd.DataFrame:
                          "occupancy": at["occupancy_mean"].median(), "in_stream_ms": stream,
                          "probe_ms": p["full_step_ms"], "static_ms": static,
                          "stream_over_probe": stream / p["full_step_ms"] - 1, "stream_over_static": stream / static - 1,
-                         "probe_over_static": p["full_step_ms"] / static - 1})
-    return pd.DataFrame(rows)
+                         "probe_over_static": p["full_step_ms"] / static - 1, "engine": engine})
+    out = pd.DataFrame(rows)
+    if len(out):
+        one_engine(out, f"the probe table of {root}")
+    return out
 
 
 def _probe_markdown(probes: pd.DataFrame) -> str:
@@ -286,9 +293,11 @@ def _probe_markdown(probes: pd.DataFrame) -> str:
 
 def main(src: str, dest: str) -> None:
     df = load(Path(src))
+    engine = one_engine(df, f"the serving table of {src}")
     search = sustained(df)
+    search = with_engine(search, engine) if not search.empty else search
     df = df[df["arrivals"] != "search"] if "arrivals" in df else df
-    t = summary(df)
+    t = with_engine(summary(df), engine)
     out = Path(dest)
     out.parent.mkdir(parents=True, exist_ok=True)
     t.to_csv(out.with_suffix(".csv"), index=False)

@@ -21,7 +21,8 @@ stream.csv is written in run order, so `position` (1 = first) is its rank in its
                              every admission prefill that ran meanwhile (no slot decodes during one)
                              and every re-captured step is inside it; the median step leaves both out
 
-Writes <dest>.csv and <dest>.md. Reads results/ (or outputs/) only.
+Writes <dest>.csv and <dest>.md, each row with the decode engine of its run (`engine`, the last
+column: analysis/stream.py's load refuses runs of two). Reads results/ (or outputs/) only.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from analysis.stream import load
 GROUP = ["model", "routing", "slots", "admission"]
 COLUMNS = GROUP + ["position", "variant", "budget", "prefill_s", "seconds", "prefill_share", "tokens_per_s",
                    "speedup_vs_dense", "speedup_prefill_adjusted", "speedup_decode_only", "tpot_ms_p50",
-                   "step_ms_median", "stream_ms_per_step", "decode_ms_per_step", "tpot_over_step"]
+                   "step_ms_median", "stream_ms_per_step", "decode_ms_per_step", "tpot_over_step", "engine"]
 
 
 def order_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +68,8 @@ def markdown(t: pd.DataFrame, src: str, dest: str) -> str:
     same = len(worst) == len(first) and (worst["variant"].to_numpy() == first["variant"].to_numpy()).all()
     note = (f"In {'every' if same else 'not every'} one of the {len(first)} groups the variant run first "
             f"({', '.join(sorted(set(first['variant'])))}) paid the most prefill time. ")
-    return (f"Made by `python -m analysis.stream_order {src} {dest}` (module doc: the columns).\n\n"
+    engine = f" Decode engine: `{t['engine'].iloc[0]}` (analysis/engines.py)." if "engine" in t and len(t) else ""
+    return (f"Made by `python -m analysis.stream_order {src} {dest}` (module doc: the columns).{engine}\n\n"
             "Each (model, routing, slots, admission) group's variants ran in `position` order in one process, "
             "one run each; every variant prefills the same prompts dense. " + note +
             "`speedup_prefill_adjusted` sets dense's prefill seconds to the mean of the other variants'; "

@@ -5,7 +5,8 @@
 Writes <out>.csv (every row of every run, with model and routing) and <out>.md: per model, routing
 and batch size, dense tokens/s and the speed-up of each method over it (same process), and where
 the step's time goes (non-expert ms, MoE share; by kernel class and, from each run's
-profile_kernels.csv, by kernel: <out>_kernels.csv, its largest in the .md).
+profile_kernels.csv, by kernel: <out>_kernels.csv, its largest in the .md). Every table ends in the
+column `engine`, the decode engine of the runs (analysis/engines.py); a folder of two is refused (exit 2).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.engines import one_engine, run_engine, with_engine
 
 
 def profile_rows(exp_dir: Path) -> pd.DataFrame:
@@ -27,7 +30,7 @@ def profile_rows(exp_dir: Path) -> pd.DataFrame:
             df = pd.DataFrame(rep["profile"])
             df.insert(0, "routing", rep.get("routing", "uniform"))
             df.insert(0, "model", rep["model"])
-            frames.append(df)
+            frames.append(with_engine(df, run_engine(report.parent)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -58,12 +61,12 @@ def kernel_rows(exp_dir: Path) -> pd.DataFrame:
         df = pd.read_csv(csv)
         df.insert(0, "routing", rep.get("routing", "uniform"))
         df.insert(0, "model", rep["model"])
-        frames.append(df)
+        frames.append(df.assign(engine=run_engine(report.parent)))
     if not frames:
         return pd.DataFrame()
     df = pd.concat(frames, ignore_index=True)
     df["us_per_launch"] = 1e3 * df["ms_per_step"] / df["kernels_per_step"]
-    return df
+    return with_engine(df, df["engine"])
 
 
 def top_kernels(df: pd.DataFrame, variants: tuple[str, ...] = ("dense", "base"), n: int = 12) -> pd.DataFrame:
@@ -91,14 +94,15 @@ def collect(exp_dir: Path) -> pd.DataFrame:
         df.insert(0, "routing", rep.get("routing", "uniform"))
         df.insert(0, "model", rep["model"])
         df["gpu"] = rep.get("gpu", rep.get("device"))
-        frames.append(df)
+        frames.append(df.assign(engine=run_engine(report.parent)))
     if not frames:
         raise SystemExit(f"error: no throughput runs under {exp_dir}")
     df = pd.concat(frames, ignore_index=True)
     for col in ("non_expert_ms", "moe_share"):  # CPU runs have no non-expert timing
         if col not in df:
             df[col] = float("nan")
-    return df
+    # the tables set runs side by side (and the README's headline across models): one engine's
+    return with_engine(df, one_engine(df, f"the throughput table of {exp_dir}"))
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -184,7 +188,8 @@ def main(exp_dir: str, out: str) -> None:
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)
     eager = df[df["mode"] == "eager"][["model", "routing", "batch_size", "variant", "ms_per_step", "tokens_per_s"]]
-    text = ["Batch 16 (speed-ups: tokens/s over dense, same process, CUDA-graph replay)\n",
+    text = [f"Decode engine: `{df['engine'].iloc[0]}` (analysis/engines.py).\n",
+            "Batch 16 (speed-ups: tokens/s over dense, same process, CUDA-graph replay)\n",
             headline_table(df).to_markdown(index=False),
             "\n\nSpeed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
             speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",

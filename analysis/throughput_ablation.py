@@ -13,7 +13,8 @@ decoder layer, and the step without a feature against the step with it.
 Reads run folders (outputs/ or results/ only). The runs are separate processes on one machine,
 so the comparison pairs runs, not interleaved passes: `ratio` is a variant's ms without the
 feature over its ms with it (> 1: the feature is faster), the median and the range over every
-(off run, on run) pair. Writes <out>.csv (one row per run and variant) and <out>.md.
+(off run, on run) pair. Writes <out>.csv (one row per run and variant, with the decode engine of its
+run, `engine`: analysis/engines.py) and <out>.md; runs of two engines are not paired (exit 2).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.engines import one_engine, run_engine
 
 # each ablation's run column (a dotted name: a key of the run's config.yaml), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
@@ -53,12 +56,13 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
         per_layer = total.set_index("variant")["kernels_per_layer"] if not total.empty else pd.Series(dtype=float)
         column, off_value, on_value = ABLATIONS[by]
         from_config = _config_value(csv.parent, column, off_value) if "." in column else None
+        engine = run_engine(csv.parent)
         for _, r in df.iterrows():
             setting = from_config if "." in column else r.get(column, on_value)
             rows.append({"run": csv.parent.relative_to(runs).parts[0], "setting": setting,
                          "batch_size": r["batch_size"], "variant": r["variant"], "ms_per_step": r["ms_per_step"],
                          "ms_min": r["ms_min"], "ms_max": r["ms_max"], "repeats": r["repeats"],
-                         "kernels_per_layer": per_layer.get(r["variant"], float("nan"))})
+                         "kernels_per_layer": per_layer.get(r["variant"], float("nan")), "engine": engine})
     return pd.DataFrame(rows)
 
 
@@ -86,13 +90,14 @@ def main(runs: str, out: str, by: str = "regions") -> None:
     df = run_rows(Path(runs), by)
     if df.empty:
         raise SystemExit(f"error: no run folders with throughput.csv under {runs}")
+    engine = one_engine(df, f"the {by} ablation of {runs}")  # its ratios pair runs
     out_p = Path(out)
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)
     column, off_value, on_value = ABLATIONS[by]
     key = column if "." in column else f"throughput.{column}"
     text = ["Each run (median of its interleaved passes [min, max], ms per replayed step; `setting`: "
-            f"{key})\n", df.round(4).to_markdown(index=False),
+            f"{key}; decode engine `{engine}`, analysis/engines.py)\n", df.round(4).to_markdown(index=False),
             f"\n\n{by}: {off_value} over {on_value} (ratio > 1: {on_value} is faster), over every pair of runs\n",
             ratios(df, by).round(4).to_markdown(index=False), "\n"]
     out_p.with_suffix(".md").write_text("\n".join(text))

@@ -9,7 +9,9 @@ comparison pairs their passes by round (`ms_runs`), as analysis/kernel_ab.py pai
 implementations: per batch size and variant, the median ms per step [min, max] over rounds, and
 the form's ms over the plain variant's in the same round (< 1: the form is faster), median and
 range. Kernels per layer come from the run's profile where it profiled both (report.json).
-Writes <out>.csv and <out>.md when <out> is given. Reads run folders only (outputs/ or results/).
+Writes <out>.csv and <out>.md when <out> is given, the .csv's last column `engine` the decode engine
+of the run (analysis/engines.py; `unknown` for a throughput.csv outside its run folder). Reads run
+folders only (outputs/ or results/).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.engines import run_engine, with_engine
 from analysis.kernel_ab import medians, ratios
 
 PLAIN = "plain"
@@ -48,7 +51,7 @@ def kernels_per_layer(report: Path) -> pd.Series:
 def compare(csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(medians per variant and form, each form over plain by round); ms, not µs, despite the
     column name kernel_ab gives them."""
-    t = passes(pd.read_csv(csv))
+    t = passes(pd.read_csv(csv).drop(columns=["engine"], errors="ignore"))
     if t.empty or PLAIN not in set(t["impl"]) or set(t["impl"]) == {PLAIN}:
         raise SystemExit(f"error: {csv}: no variant with a form beside its plain variant (throughput.methods=[base,base+fused])")
     paired = t.groupby(["batch_size", "variant", "budget"], dropna=False)["impl"].transform(
@@ -74,8 +77,9 @@ def main(path: str, out: str | None = None) -> None:
     if out:
         out_p = Path(out)
         out_p.parent.mkdir(parents=True, exist_ok=True)
-        pd.concat([med.assign(table="ms"), ratio.assign(table="over_plain")]).to_csv(out_p.with_suffix(".csv"),
-                                                                                   index=False)
+        engine = run_engine(csv.parent) if (csv.parent / "report.json").is_file() else "unknown"
+        with_engine(pd.concat([med.assign(table="ms"), ratio.assign(table="over_plain")]), engine).to_csv(
+            out_p.with_suffix(".csv"), index=False)
         out_p.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))
 

@@ -25,8 +25,9 @@ Per model and MoE layer (mean over decode tokens, or over (batch, step) pairs fo
 - `distinct_first_16_step0`, `union_16_step0`: the same at the first decode step only, where all
   16 requests of a batch are active.
 
-Writes `<out>/routing_stats.csv` (one row per model and layer, plus a `mean` row per model) and
-`<out>/routing_stats.md`, both headed by the command that made them.
+Writes `<out>/routing_stats.csv` (one row per model and layer, plus a `mean` row per model; its last
+column `engine` is `none (teacher-forced forward)`: no decode engine made these rows, analysis/engines.py)
+and `<out>/routing_stats.md`, both headed by the command that made them.
 
 Shapes: N sequences, T decode tokens, L MoE layers, E experts, K top-k, B decode batch.
 """
@@ -46,6 +47,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from analysis.engines import TEACHER_FORCED, with_engine
 from base.hf.families import find_moe_layers
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -252,10 +254,11 @@ def write(df: pd.DataFrame, out: Path, command: str) -> None:
     rounded = df.round(4)
     with open(out / "routing_stats.csv", "w") as f:
         f.write(f"# {command}\n")
-        rounded.to_csv(f, index=False)
+        with_engine(rounded, TEACHER_FORCED).to_csv(f, index=False)
     means = rounded[rounded["layer"] == "mean"].drop(columns=["layer", "decode_tokens"])
     md = [
-        "Routing on decode tokens of tasks/mini (mean over layers; per layer in routing_stats.csv).\n",
+        ("Routing on decode tokens of tasks/mini (mean over layers; per layer in routing_stats.csv). "
+         f"Engine: {TEACHER_FORCED} (no decode engine: reference answers fed token by token).\n"),
         f"`{command}`\n",
         means.to_markdown(index=False, floatfmt=".3f"),
         "",

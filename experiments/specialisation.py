@@ -6,7 +6,10 @@
 
     python -m experiments.specialisation --model mini --out outputs/specialisation
 
-Writes js.csv, union.csv and report.json into --out. Shapes: E experts, L MoE layers, D domains.
+Writes js.csv, union.csv, union_by_domain.csv and report.json into --out, each table's last column
+`engine` (analysis/engines.py): js.csv `none (dense forward)` (routing of one forward over prompt +
+answer), the union tables the static engine that decoded them (transformers' generate, e.g.
+`s1-generate-cpu`). Shapes: E experts, L MoE layers, D domains.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from base.hf.budget import BudgetOptions, install_budget
 from base.hf.families import find_moe_layers
 from base.hf.loading import load_model, load_tokenizer
 from base.run.outputs import write_table
+from base.run.provenance import engine_settings, fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,9 +125,13 @@ def main() -> None:
     by_layer = union.groupby(["layer", "kind"])["union"].mean().unstack().reset_index()
 
     out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    write_table(out / "js.csv", js_rows)
-    write_table(out / "union.csv", by_layer.to_dict("records"))
-    write_table(out / "union_by_domain.csv", union.groupby(["batch", "layer"])["union"].mean().reset_index().to_dict("records"))
+    from analysis.engines import DENSE_FORWARD, with_engine
+
+    decoded = fingerprint(engine_settings(None, next(model.parameters()).device.type, "generate"))  # decode_union's
+    write_table(out / "js.csv", with_engine(pd.DataFrame(js_rows), DENSE_FORWARD).to_dict("records"))
+    write_table(out / "union.csv", with_engine(by_layer, decoded).to_dict("records"))
+    write_table(out / "union_by_domain.csv", with_engine(union.groupby(["batch", "layer"])["union"].mean().reset_index(),
+                                                         decoded).to_dict("records"))
     report = {"model": args.model, "experts": layers[0].num_experts, "top_k": layers[0].top_k,
               "batch_size": bs, "domains": names, "js_mean": sum(r["js_mean"] for r in js_rows) / len(js_rows),
               "union_mixed": float(by_layer["mixed"].mean()), "union_single": float(by_layer["single"].mean())}

@@ -207,7 +207,7 @@ def test_ablation_refuses_to_pool_runs_of_different_prompt_pools(tmp_path):
 
     _ablation_run(tmp_path, "base", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=2)
     _ablation_run(tmp_path, "router_sum", 6, 0, [1, 1], [0.1, 0.1], [0.9], [0.1], limit=5)
-    with pytest.raises(SystemExit, match="holds runs of 2 prompt pools or models .*limit=2.*limit=5"):
+    with pytest.raises(SystemExit, match="holds runs of 2 prompt pools, models or engines .*limit=2.*limit=5"):
         runs(tmp_path)
 
 
