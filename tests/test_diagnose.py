@@ -100,7 +100,7 @@ def test_the_run_warns_when_another_rule_stays_closer_to_dense(compose, tmp_path
     rng = np.random.default_rng(1)
     good = rng.uniform(0.7, 1.0, 64)
 
-    def measured(cfg, model, tokenizer, layers, budget, specs):
+    def measured(cfg, model, tokenizer, layers, budget, specs, make_budgeter):
         labels = [diagnose.rule_label(*s) for s in specs]
         values = {lab: (good - 0.2 if lab == "base" else good) for lab in labels}
         if any("shrink" in lab for lab in labels):  # the alpha grid: 0.5 best
@@ -110,8 +110,8 @@ def test_the_run_warns_when_another_rule_stays_closer_to_dense(compose, tmp_path
     monkeypatch.setattr(diagnose, "_measure", measured)
     layers = [type("L", (), {"num_experts": 16, "top_k": 4, "router": type("R", (), {"weight": torch.zeros(4, 8)})()})()]
     monkeypatch.setattr(diagnose, "_cached", lambda cfg, layers, key, compute: compute())
-    report = diagnose.run_diagnostic(cfg, None, None, layers)
+    report = diagnose.run_diagnostic(cfg, None, None, layers, None)
     assert report["chosen"] == "base" and "router_sq stays closer to dense than base" in report["warning"]
     assert "WARNING diagnostic" in capsys.readouterr().out
-    alpha, _ = diagnose.resolve_shrink(cfg, None, None, layers, "base", None, 3)
+    alpha, _ = diagnose.resolve_shrink(cfg, None, None, layers, "base", None, 3, None)
     assert alpha == 0.5

@@ -180,9 +180,11 @@ def _key(cfg, budget: int, labels: list[str]) -> dict:
             "seed": cfg.seed, "backend": cfg.method.backend, "reassign": cfg.method.reassign}
 
 
-def _measure(cfg, model, tokenizer, layers, budget: int, specs: list[tuple[str, int | None, float | None]]) -> dict:
-    from base.run.pipeline import make_budgeter
+Budgeter = Callable  # base/run/pipeline.py make_budgeter, handed in (diagnose sits below pipeline)
 
+
+def _measure(cfg, model, tokenizer, layers, budget: int, specs: list[tuple[str, int | None, float | None]],
+             make_budgeter: Budgeter) -> dict:
     prompts = _run_prompts(cfg, tokenizer, layers)
     if len(prompts) < 2:
         return {"skipped": f"the calibration files hold too little text beyond the calibration's tokens for "
@@ -197,13 +199,14 @@ def _agreement_of(stored: dict) -> Agreement:
     return Agreement(stored["budget"], {k: np.array(v) for k, v in stored["per_prompt"].items()})
 
 
-def resolve_shrink(cfg, model, tokenizer, layers, name: str, k0: int | None, budget: int) -> tuple[float, dict]:
+def resolve_shrink(cfg, model, tokenizer, layers, name: str, k0: int | None, budget: int,
+                   make_budgeter: Budgeter) -> tuple[float, dict]:
     """method.shrink=auto: the alpha of SHRINK_GRID whose rule stays closest to dense at `budget`
     (mean agreement; ties to the larger alpha), with the agreement of each."""
     specs = [(name, k0, a) for a in SHRINK_GRID]
     labels = [rule_label(*s) for s in specs]
     stored = _cached(cfg, layers, {**_key(cfg, budget, labels), "kind": "shrink"},
-                     lambda: _measure(cfg, model, tokenizer, layers, budget, specs))
+                     lambda: _measure(cfg, model, tokenizer, layers, budget, specs, make_budgeter))
     if "skipped" in stored:
         print(f"[base] method.shrink=auto: {stored['skipped']}; using 1 (base as fitted)", flush=True)
         return 1.0, stored
@@ -214,7 +217,7 @@ def resolve_shrink(cfg, model, tokenizer, layers, name: str, k0: int | None, bud
     return alpha, {"alpha": alpha, "mean_agreement": means}
 
 
-def run_diagnostic(cfg, model, tokenizer, layers) -> dict | None:
+def run_diagnostic(cfg, model, tokenizer, layers, make_budgeter: Budgeter) -> dict | None:
     """The diagnostic of an evaluation of a budgeted rule (None when off or not applicable): the
     run's rule against cfg.diagnose.rules at its budget; prints a warning naming every rule that
     stays significantly closer to dense. The run's own rule with shrink=auto is diagnosed at the
@@ -227,14 +230,14 @@ def run_diagnostic(cfg, model, tokenizer, layers) -> dict | None:
         return None
     shrink = m.shrink_value()
     if shrink == "auto":
-        shrink, _ = resolve_shrink(cfg, model, tokenizer, layers, m.name, m.k0, cfg.budget)
+        shrink, _ = resolve_shrink(cfg, model, tokenizer, layers, m.name, m.k0, cfg.budget, make_budgeter)
     chosen = (m.name, m.k0, shrink)
     others = [(p["method"], p["k0"], None) for p in map(parse_method_spec, cfg.diagnose.rules or
                                                       ["router_sq", "base", "base_anchor:1"])]
     specs = list(dict.fromkeys([chosen, *[s for s in others if s[0] != "dense"]]))
     labels = [rule_label(*s) for s in specs]
     stored = _cached(cfg, layers, {**_key(cfg, cfg.budget, labels), "kind": "rules"},
-                     lambda: _measure(cfg, model, tokenizer, layers, cfg.budget, specs))
+                     lambda: _measure(cfg, model, tokenizer, layers, cfg.budget, specs, make_budgeter))
     if "skipped" in stored:
         print(f"[base] diagnostic skipped: {stored['skipped']}", flush=True)
         return {"skipped": stored["skipped"]}

@@ -71,7 +71,7 @@ def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = N
         if shrink == "auto" and selector is not None and budget is not None:
             from base.run.diagnose import resolve_shrink
 
-            alpha, chosen = resolve_shrink(cfg, model, tokenizer, layers, name, k0, budget)
+            alpha, chosen = resolve_shrink(cfg, model, tokenizer, layers, name, k0, budget, make_budgeter)
             info.setdefault("shrink", {})[str(budget)] = {"alpha": alpha, "diagnostic": chosen}
             sel_here = build_selector(name, arts, k0=k0, shrink=alpha)
         fidelity = cfg.eval.fidelity and record and cfg.stage == "evaluate"
@@ -409,7 +409,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
     # evaluate
     from base.run.diagnose import run_diagnostic
 
-    report["diagnostic"] = run_diagnostic(cfg, model, tokenizer, layers)  # before anything is scored
+    report["diagnostic"] = run_diagnostic(cfg, model, tokenizer, layers, make_budgeter)  # before anything is scored
     make_budget, info = make_budgeter(cfg, model, tokenizer, layers)
     report["artifacts"] = info
     from base.eval.evaluate import evaluate
