@@ -88,7 +88,7 @@ def calibration_settings(cfg: RunConfig, num_experts: int | None = None, top_k: 
     files = [str(cfg.resolve(f).relative_to(cfg.root)) if cfg.resolve(f).is_relative_to(cfg.root) else f
              for f in c.files]
     content = [content_fingerprint(cfg.resolve(f)) for f in c.files]  # edited text: new calibration
-    tokens = c.num_tokens if num_experts is None else calibration_tokens(c, num_experts, top_k)
+    tokens = c.num_tokens if num_experts is None or top_k is None else calibration_tokens(c, num_experts, top_k)
     return {"files": files, "content": content, "num_tokens": tokens, "seq_len": c.seq_len,
             "all_experts": c.all_experts}
 
@@ -102,7 +102,7 @@ def model_folder(name: str) -> str:
 
 
 def artifact_dir(cfg: RunConfig, identity: dict) -> Path:
-    settings = calibration_settings(cfg, identity["num_experts"], identity["top_k"])
+    settings = calibration_settings(cfg, identity.get("num_experts"), identity.get("top_k"))
     return cfg.artifacts_dir / model_folder(cfg.model.name) / _hash([identity, settings])
 
 
