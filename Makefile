@@ -144,6 +144,7 @@ replication: $(STAMP)  ## the pre-registered replication grid and its calls (REP
 	$(RUNENV) $(PY) -m experiments.run_points --jobs $(REPL_JOBS) $(REPL_EXP) \
 		--extra "method=base_anchor method.k0=2" --extra "method=dense budget=null"
 	$(PY) -m analysis.replication $(addprefix outputs/,$(REPL_EXP)) --out $(REPL_OUT)
+	$(PY) -m analysis.cross_grid  # the cross-grid columns of every comparison table, the replication's included
 
 # Figures and report.md from results/ (the committed grids) and outputs/ (your runs, their own
 # section "Your runs"); no model runs. `make report`: a one-page summary (at most 8 figures);
