@@ -99,15 +99,6 @@ def table(root: Path = ROOT) -> str:
     return "\n".join(out) + "\n"
 
 
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:2] == ["--demo"]:
-        print(demo_line(Path(sys.argv[2])), end="")
-    else:
-        print(table())
-
-
 def demo_line(demo_dir: Path) -> str:
     """The Quick start's sentence from `make demo`'s own runs (outputs/demo): dense and base's
     accuracy, the experts base keeps against the dense union, the requests decoding per step."""
@@ -121,9 +112,18 @@ def demo_line(demo_dir: Path) -> str:
     if not {"dense", "base"} <= set(reports):
         raise SystemExit(f"error: {demo_dir} holds no dense and base evaluation: run `make demo` first")
     dense, base = reports["dense"]["summary"], reports["base"]["summary"]
-    n = reports["base"]["eval"].get("limit")
+    prompts = (reports["base"].get("files") or {}).get("samples.jsonl")
+    tasks = ", ".join(f"`{t}`" for t in reports["base"]["eval"]["tasks"])
     return (f"dense accuracy {dense['accuracy']:.3f} and `base` at M={reports['base']['budget']} "
-            f"{base['accuracy']:.3f} over the {len(reports['base']['eval']['tasks'])} task group's prompts"
-            f"{f' ({n} per task)' if n else ''}; `base` keeps {base['kept_mean']:.1f} experts per layer and "
-            f"decode step where the dense union is {dense['union_mean']:.1f}, with {base['occupancy_mean']:.1f} "
-            f"requests decoding per step.\n")
+            f"{base['accuracy']:.3f} on {tasks}" + (f" ({prompts:,} prompts)" if prompts else "")
+            + f"; `base` keeps {base['kept_mean']:.1f} experts per layer and decode step where the dense union is "
+              f"{dense['union_mean']:.1f}, with {base['occupancy_mean']:.1f} requests decoding per step.\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--demo"]:
+        print(demo_line(Path(sys.argv[2])), end="")
+    else:
+        print(table())
