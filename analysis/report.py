@@ -439,7 +439,16 @@ def log_wandb(plots: list[tuple[F.Plot, str]], out: Path, name: str, wandb_dir: 
         table = plot.table.astype(object).where(plot.table.notna(), None)
         run.log({f"report/{plot.name}": wandb.Image(str(out / f"{plot.name}.png"), caption=plot.caption),
                  f"report/{plot.name}_table": wandb.Table(dataframe=table)})
+    offline = getattr(run, "offline", False)
+    sync_dir = Path(run.settings.sync_dir) if offline else None
+    url = None if offline else getattr(run, "url", None)
     run.finish()
+    # The same line a run prints at its end (base/run/logger.py where_logged; analysis reads no base/).
+    if sync_dir is not None:
+        shown = os.path.relpath(sync_dir) if not os.path.relpath(sync_dir).startswith("..") else str(sync_dir)
+        print(f"[wandb] logged offline to {shown}: upload it with `wandb sync {shown}`")
+    elif url:
+        print(f"[wandb] logged online: {url}")
 
 
 def _grids_line(points: pd.DataFrame) -> str:

@@ -3,6 +3,8 @@ and a small results/ tree: the tidy loader's keys, intervals over seeds, the joi
 Pareto front, and that missing data gives a figure that says so instead of an error."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -432,14 +434,15 @@ def test_run_logger_turns_selection_and_throughput_rows_into_charts():
     assert sorted((r[1], r[0], r[2]) for r in tps) == [("base@8", 1, 120), ("base@8", 16, 900), ("dense", 1, 100)]
 
 
-def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch):
-    """`make report LOG=wandb`: the figures and tables go to one run (wandb disabled: nothing leaves)."""
+def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch, capsys):
+    """`make report LOG=wandb`: the figures and tables go to one run (offline: nothing leaves), and the
+    command ends with the folder it wrote and the `wandb sync` line that uploads it."""
     import wandb
 
     from analysis.report import log_wandb, write
 
     logged = []
-    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_MODE", "offline")
     orig_init = wandb.init
 
     def init(**kw):
@@ -451,9 +454,13 @@ def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch
     data = load(outputs, None)
     plots = [(F.r2_figure(T.predictor_r2(data)), ""), (F.union_figure(pd.DataFrame()), "")]  # drawn, empty
     write(plots, tmp_path / "r", "# r\n")
-    log_wandb(plots, tmp_path / "r", "report-test")
+    log_wandb(plots, tmp_path / "r", "report-test", wandb_dir=tmp_path / "wandb")
     assert [sorted(d) for d in logged] == [["report/fig6a_predictor_r2", "report/fig6a_predictor_r2_table"]]
     assert isinstance(logged[0]["report/fig6a_predictor_r2"], wandb.Image)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[wandb]")]
+    assert len(line) == 1 and "logged offline" in line[0]
+    folder = line[0].split("wandb sync ")[1].rstrip("`")
+    assert Path(folder).is_dir() and Path(folder).resolve().is_relative_to((tmp_path / "wandb").resolve())
 
 
 def test_a_run_logger_logs_the_selection_table_and_its_charts(tmp_path, monkeypatch):
