@@ -160,6 +160,7 @@ def test_paired_comparison_refuses_different_prompts():
 
 
 # ---- the selection-rule ablation (analysis/ablation.py) ---------------------------------------
+@pytest.mark.slow
 def test_ablation_intervals_paired_calls_and_the_grid_correction(tmp_path):
     from analysis.ablation import markdown, paired_table, run_table, runs
 

@@ -85,6 +85,7 @@ def test_force_recomputes_calibration_and_predictor_in_evaluate(compose, tmp_pat
     assert stamps[1][0] > stamps[0][0] and stamps[1][1] > stamps[0][1]
 
 
+@pytest.mark.slow
 def test_a_damaged_cached_predictor_is_fitted_again(compose, tmp_path):
     from omegaconf import OmegaConf
 

@@ -75,6 +75,7 @@ def test_prefill_then_decode_equals_attention_over_repeated_kv(window, sinks, he
     assert model.config._attn_implementation == "sdpa"  # restored
 
 
+@pytest.mark.slow
 def test_per_row_cache_writes_land_in_each_rows_slot_and_compile_in_place():
     """Continuous batching's decode step writes row b's K/V at its own slot pos[b] (one op for both
     caches): the same caches as a scatter along the slots, and inside a compiled function in place,

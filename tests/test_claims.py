@@ -18,6 +18,7 @@ def test_each_document_matches_the_committed_files(path):
     assert not failures, f"{path} disagrees with the committed files:\n" + "\n".join(failures)
 
 
+@pytest.mark.slow
 def test_the_comparison_tables_carry_current_cross_grid_columns():
     failures = claims.check_tables()
     assert not failures, "\n".join(failures)

@@ -88,6 +88,7 @@ def _pair_of_grids(root, n: int = 200):
     return np.c_[rule_s, base_s, rule_c, base_c]
 
 
+@pytest.mark.slow
 def test_tables_and_records_agree_on_the_difference_and_bound_its_error(tmp_path):
     x = _pair_of_grids(tmp_path / "outputs")
     res = tmp_path / "results"

@@ -163,6 +163,7 @@ def test_the_quality_diff_takes_its_sources_engine_and_refuses_two(tmp_path, cap
     _refused(capsys, lambda: main(str(src), str(tmp_path / "diff"), 100))
 
 
+@pytest.mark.slow
 def test_the_cross_grid_table_names_each_comparisons_engine_and_refuses_a_table_of_two(tmp_path, capsys):
     from analysis import cross_grid as F
     from analysis.ablation import main as ablation_main

@@ -69,6 +69,7 @@ def test_dense_is_exact_and_a_budget_loses_something(compose, tmp_path):
     assert ((sel["out_error"] > 0) & (sel["energy_retained"] <= 1.0)).all()
 
 
+@pytest.mark.slow
 def test_without_fidelity_nothing_extra_is_written(compose, tmp_path):
     report, out = _evaluate(compose, tmp_path, "method=router_sum", "budget=2")
     assert "kl" not in report["summary"] and "out_error" not in report["summary"]

@@ -394,6 +394,7 @@ def test_a_variant_with_a_form_runs_its_own_engine_beside_the_plain_one(monkeypa
 
 
 # ---- the input norm folded into the q/k/v GEMM (throughput.fold_input_norm, METHOD+fold) ---------
+@pytest.mark.slow
 def test_the_folded_input_norm_decodes_like_the_unfused_engine(monkeypatch):
     """Compiled attention halves (Inductor on the CPU) with the fused attention and the input norm
     inside the q/k/v projection, the projection forced onto kernels/skinny.py's norm form (the

@@ -72,7 +72,7 @@ def test_a_rerun_killed_midway_leaves_the_finished_result_whole(compose, tmp_pat
     assert json.loads((out / "report.json").read_text())["batch_size"] == 4
 
 
-@pytest.mark.parametrize("renames_done", [pytest.param(0, marks=pytest.mark.slow), 1,
+@pytest.mark.parametrize("renames_done", [pytest.param(0, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow),
                                           pytest.param(2, marks=pytest.mark.slow)])
 def test_a_kill_between_the_swaps_renames_leaves_a_whole_result(compose, tmp_path, monkeypatch, renames_done):
     """publish swaps by three renames (old result aside, new result in, its report last); a kill
@@ -204,6 +204,7 @@ def test_two_identical_runs_at_once_leave_one_whole_result(tmp_path):
     assert _whole(out) == first and not _beside(out, "partial") and not _beside(out, "old")
 
 
+@pytest.mark.slow
 def test_a_new_artifacts_dir_does_not_make_a_finished_run_stale(compose, tmp_path, capsys):
     out = tmp_path / "run"
     _finish(compose, out, f"artifacts_dir={tmp_path}/a")

@@ -100,6 +100,7 @@ def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(compose, tmp_pa
     assert (sel["kept_min"] <= sel["kept_p50"]).all() and (sel["kept_p90"] <= sel["kept_max"]).all()
 
 
+@pytest.mark.slow
 def test_similar_rerouting_runs_with_calibrated_expert_similarity(compose, tmp_path):
     report, out = _run_here(compose, tmp_path, "method=router_sum", "method.reassign=similar", "budget=2", "batch_size=8")
     assert "output cosine similarity" in report["artifacts"]["similarity"]

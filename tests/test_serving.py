@@ -379,6 +379,7 @@ class _Killed(Exception):
     """Stands for SIGTERM after a stream: the run stops where emit was called."""
 
 
+@pytest.mark.slow
 def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_once(compose, tmp_path, monkeypatch):
     """Fault injection (issue 43: a rerun of a stopped serve run deleted its finished streams and
     served nothing again). The run is stopped right after its k-th stream's rows are written, for

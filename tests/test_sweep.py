@@ -137,6 +137,7 @@ def test_a_killed_sweep_resumes(tmp_path):
     assert {r["status"] for k, r in rows.items() if k not in done} == {"finished"}
 
 
+@pytest.mark.slow
 def test_a_finished_run_s_row_carries_its_headline_numbers(tmp_path):
     """Evaluation: summary accuracy, kept and union experts; a rerun that skips it keeps them."""
     assert multirun(tmp_path, "method=base", "budget=2,3", "batch_size=4").returncode == 0
