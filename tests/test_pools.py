@@ -8,23 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.mini.data import (
-    TEST_SEED,
-    TRAIN_SEED,
-    Sample,
-    check_disjoint,
-    held_out_prompts,
-    make_test_sets,
-    make_train_corpus,
-)
+from experiments.mini.data import Sample, check_disjoint
 from experiments.mini.domains import DOMAINS
-from experiments.mini.make_pools import (
-    N_TRAIN,
-    POOLS,
-    draw_pools,
-    pool_size,
-    write_pool,
-)
+from experiments.mini.make_pools import POOLS, draw_pools, pool_size, training_corpus, write_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL_DIR = ROOT / "tasks" / "pools"
@@ -47,8 +33,8 @@ def pools() -> dict[str, dict[str, list[Sample]]]:
 
 @pytest.fixture(scope="module")
 def train_domain() -> list[Sample]:
-    """The training corpus's DOMAIN stream, as trained (make_train_corpus restricted to one domain)."""
-    return make_train_corpus(N_TRAIN, held_out_prompts(make_test_sets()), TRAIN_SEED, [DOMAIN])
+    """The training corpus's DOMAIN stream, as trained (training_corpus restricted to one domain)."""
+    return training_corpus([DOMAIN])
 
 
 def test_pools_are_disjoint_from_each_other_tasks_mini_and_calibration(pools):
@@ -77,7 +63,7 @@ def test_pools_are_held_out_from_the_training_corpus(pools, train_domain):
 
 @pytest.mark.slow  # draws the whole 1.6 M-example training corpus (~25 s)
 def test_pools_are_held_out_from_the_whole_training_corpus(pools):
-    train = make_train_corpus(N_TRAIN, held_out_prompts(make_test_sets(200, TEST_SEED)), TRAIN_SEED)
+    train = training_corpus()
     for sets in pools.values():
         assert check_disjoint(train, sets)["disjoint"]
 

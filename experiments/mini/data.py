@@ -80,6 +80,14 @@ def make_train_corpus(n_per_domain: int, exclude: set[str], seed: int = TRAIN_SE
     return [samples[i] for i in range(n_per_domain) for samples in per_domain]
 
 
+def make_split(n_train: int, n_test: int = 200, train_seed: int = TRAIN_SEED,
+               domains: Iterable[str] | None = None) -> tuple[dict[str, list[Sample]], list[Sample]]:
+    """The test sets (seed TEST_SEED) and the training corpus drawn with their prompts held out, as
+    train.py draws them; `domains` restricts the training corpus only (see make_train_corpus)."""
+    test_sets = make_test_sets(n_test, TEST_SEED)
+    return test_sets, make_train_corpus(n_train, held_out_prompts(test_sets), train_seed, domains)
+
+
 def check_disjoint(train: list[Sample], test_sets: dict[str, list[Sample]]) -> dict:
     """Re-verify that no test prompt occurs in the training corpus; returns a record for metrics."""
     train_prompts = {s.prompt for s in train}

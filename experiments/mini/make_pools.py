@@ -37,10 +37,10 @@ from pathlib import Path
 
 from experiments.mini.data import (
     TEST_SEED,
-    TRAIN_SEED,
     Sample,
     check_disjoint,
     held_out_prompts,
+    make_split,
     make_test_sets,
     make_train_corpus,
 )
@@ -90,6 +90,12 @@ def _rng(seed: int, domain: str) -> random.Random:
     return random.Random(f"pool-{seed}-{domain}")  # str seed: sha512, stable across runs
 
 
+def training_corpus(domains: list[str] | None = None) -> list[Sample]:
+    """The training corpus regenerated exactly as models/mini was trained (N_TRAIN per domain, seed
+    TRAIN_SEED, tasks/mini held out); `domains` keeps only those domains' streams (the same samples)."""
+    return make_split(N_TRAIN, N_TEST, domains=domains)[1]
+
+
 def excluded_prompts(domains: list[str], train: list[Sample] | None = None) -> set[str]:
     """Every prompt a pool must avoid: training corpus, tasks/mini and calibration text of `domains`.
 
@@ -99,7 +105,7 @@ def excluded_prompts(domains: list[str], train: list[Sample] | None = None) -> s
     tests = make_test_sets(N_TEST, TEST_SEED)
     test = held_out_prompts(tests)  # the training corpus and the calibration text exclude all of it
     if train is None:
-        train = make_train_corpus(N_TRAIN, test, TRAIN_SEED, domains)
+        train = training_corpus(domains)
     calib = make_train_corpus(N_CALIB, test, CALIB_SEED, domains)
     keep = set(domains)
     return {s.prompt for s in chain(train, calib, *(tests[d] for d in domains)) if s.domain in keep}
@@ -197,7 +203,7 @@ def main() -> None:
         got = draw_domain(d, POOLS[next(iter(POOLS))], excluded_prompts([d]), first)
         print(f"WARNING: domain {d} left out of the pools (--skip); it gives {len(got)} of {first} "
               f"held-out prompts in {first * MAX_DRAWS_PER_PROMPT} draws")
-    train = make_train_corpus(N_TRAIN, held_out_prompts(make_test_sets(N_TEST, TEST_SEED)), TRAIN_SEED)
+    train = training_corpus()
     try:
         pools = draw_pools(domains, args.n, train)
     except PoolShortfall as e:

@@ -37,15 +37,7 @@ import transformers
 from torch import Tensor
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from experiments.mini.data import (
-    TEST_SEED,
-    TRAIN_SEED,
-    Sample,
-    check_disjoint,
-    held_out_prompts,
-    make_test_sets,
-    make_train_corpus,
-)
+from experiments.mini.data import TEST_SEED, TRAIN_SEED, Sample, check_disjoint, make_split
 from experiments.mini.evaluate import evaluate_all, routing_stats, stop_token_ids
 from experiments.mini.losses import answer_ce, load_balancing_loss
 from experiments.mini.model_config import FAMILIES, MiniModelConfig
@@ -288,9 +280,8 @@ def main() -> None:
         torch.set_float32_matmul_precision("high")
 
     tok = build_tokenizer()
-    test_sets = make_test_sets(cfg.n_test, TEST_SEED)
     data_seed = cfg.seed if cfg.data_seed < 0 else cfg.data_seed
-    train = make_train_corpus(cfg.n_train, held_out_prompts(test_sets), TRAIN_SEED + data_seed)
+    test_sets, train = make_split(cfg.n_train, cfg.n_test, TRAIN_SEED + data_seed)
     disjoint = check_disjoint(train, test_sets)
     corpus = tokenize_corpus(train, tok, cfg.device)
     n_corpus, seq_len = corpus["ids"].shape
