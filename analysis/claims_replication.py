@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.replication_files import INTERACTION, PAIRED, RUNS, TABLE
+
 ROOT = Path(__file__).resolve().parents[1]
 DASH = "–"
-PAIRED = "results/replication_paired.csv"
-INTER = "results/replication_interaction.csv"
-TABLE = "results/replication.csv"
-RUNS = "results/replication_runs.csv"
 R2 = ("results/quality_mini_predictor_r2.csv", "results/quality_mini_olmoe_predictor_r2.csv")
 WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
@@ -39,7 +37,7 @@ def _minus(x: float, fmt: str = ".3f") -> str:
 
 
 def tau_short() -> str:
-    om = _csv(INTER)
+    om = _csv(INTERACTION)
     om = om[om["test"] == "omnibus"]
     return f"(Kendall's tau {_rng(om['kendall_tau'], '.2f')})"
 
@@ -150,7 +148,7 @@ RESULTS_CHECKS = [
     ("Pre-registered replication", PAIRED, "`router_sq` is inconclusive at all six", router_sq_calls),
     ("Pre-registered replication", PAIRED, "`top1_union` is above `base` at four of the six points and below at "
      "none; `router_sum` is below at all six", rule_counts),
-    ("Pre-registered replication", INTER, "(Kendall's tau 0.47–0.60)", tau_short),
+    ("Pre-registered replication", INTERACTION, "(Kendall's tau 0.47–0.60)", tau_short),
     ("Pre-registered replication", TABLE, "(base minus dense −0.116 at M=6 against −0.057 on `mini_olmoe`)", loss_sizes),
     ("Pre-registered replication", f"{TABLE}, {', '.join(R2)}", "whose top-8 weights sum to 0.58 per token and whose "
      "predictor fits less well (held-out R² 0.78–0.87 against 0.86–0.93)", olmoe_fit),

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import replication_files
+
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = "results/roofline/grid_2026-12-02f/final/summary.csv"
 SERVE = "results/serve/grid_2026-12-04b/summary.csv"
 SUSTAINED = "results/serve/grid_2026-12-02d/summary_sustained.csv"
-QUALITY = "results/replication_paired.csv"
-QUALITY_RUNS = "results/replication.csv"
+QUALITY = replication_files.PAIRED
+QUALITY_RUNS = replication_files.TABLE
 SCALE = "results/multi_gpu/describe.json"
 
 

@@ -47,6 +47,7 @@ from analysis import power
 from analysis import records as R
 from analysis import stats as S
 from analysis.engines import one_engine
+from analysis.replication_files import PAIRED, RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ("replication_mini", "replication_mini_olmoe")
@@ -62,8 +63,6 @@ STEP_FIELDS = ["energy_kept", "energy_total", "out_err", "out_dense", "weight_to
 BLOCK = 32  # decode steps per bootstrap block (pre-registered; a request decodes at most 24 tokens)
 N_BOOT = 4000
 PREREG = "docs/preregistration.md"
-PAIRED = "results/replication_paired.csv"
-RUNS = "results/replication_runs.csv"  # each run's wall time (the grid folders' sweep_summary.csv)
 STATIC = {"mini": ("results/quality_seeds_mini_paired.csv", "results/rules_mini_paired.csv"),
           "mini_olmoe": ("results/quality_seeds_mini_olmoe_paired.csv", "results/rules_mini_olmoe_paired.csv")}
 # the recommended rules' speed: issue 25's H200 grids (every rule on the kernel), newest first; each
