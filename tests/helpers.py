@@ -156,6 +156,21 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# ---- module fixtures: a test module takes one as `model = pytest.fixture(scope="module")(loaded_tiny_qwen3)`
+def one_thread() -> Iterator[None]:
+    """The module's tests on one thread (torch_threads); `autouse=True` for every test of it."""
+    with torch_threads(1):
+        yield
+
+
+def loaded_tiny_qwen3() -> Iterator[nn.Module]:
+    """conf/model/tiny_qwen3.yaml loaded as a run loads it (seed 0); the module's tests on one thread."""
+    from base.hf.loading import load_model
+
+    with torch_threads(1):
+        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+
+
 @contextmanager
 def budgeted(model: nn.Module, family: str, selector: Selector | None, options: BudgetOptions) -> Iterator[MoeBudget]:
     budget = install_budget(model, family, selector, options)

@@ -29,11 +29,11 @@ from tests.helpers import (
     ids_of,
     ignore_norm_runs,
     left_padded,
+    one_thread,
     random_artifacts,
     random_batch,
     tiny_qwen3,
     top_m_by_hand,
-    torch_threads,
 )
 
 E, K, H, L = 8, 2, 32, 2
@@ -52,10 +52,7 @@ def generate(model, budget=None, ids=IDS, mask=MASK, new=NEW, **kwargs):
     return budgeted_generate(model, budget, ids, mask, new, **kwargs)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with torch_threads(1):
-        yield
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,10 @@ from base.method.selectors import build_selector
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.engine import DecodeEngine
 from base.runtime.scheduler import Request, left_pad, serve
-from tests.helpers import ROOT, budgeted, tiny_model_config, torch_threads
+from tests.helpers import ROOT, budgeted, loaded_tiny_qwen3, tiny_model_config
 
 
-@pytest.fixture(scope="module")
-def model():
-    with torch_threads(1):
-        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+model = pytest.fixture(scope="module")(loaded_tiny_qwen3)
 
 
 def random_requests(n: int, seed: int) -> list[Request]:

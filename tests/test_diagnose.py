@@ -9,16 +9,12 @@ import pytest
 import torch
 
 from base.hf.budget import BudgetOptions, install_budget
-from base.hf.loading import load_model
 from base.method.selectors import build_selector
 from base.run.diagnose import Agreement, agreement, decode, held_out_prompts, prefix_agreement
-from tests.helpers import ROOT, model_artifacts, tiny_model_config, torch_threads
+from tests.helpers import loaded_tiny_qwen3, model_artifacts, torch_threads
 
 
-@pytest.fixture(scope="module")
-def model():
-    with torch_threads(1):
-        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+model = pytest.fixture(scope="module")(loaded_tiny_qwen3)
 
 
 def test_held_out_prompts_come_after_the_calibrations_tokens():

@@ -22,9 +22,9 @@ from tests.helpers import (
     ROOT,
     MoeProbe,
     budgeted,
+    one_thread,
     random_artifacts,
     tiny_model_config,
-    torch_threads,
 )
 
 NAMES = ["qwen3", "qwen2", "olmoe", "mixtral", "gpt_oss", "deepseek"]
@@ -40,10 +40,7 @@ def runnable(name: str) -> dict:
     return {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with torch_threads(1):
-        yield
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

@@ -23,16 +23,13 @@ from base.method.selectors import build_selector
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.engine import DecodeEngine
 from base.runtime.scheduler import Request, forwards_bound, left_pad, prefill_due, serve
-from tests.helpers import ROOT, budgeted, tiny_model_config, torch_threads
+from tests.helpers import ROOT, budgeted, loaded_tiny_qwen3, tiny_model_config, torch_threads
 
 BUCKETS = [4, 8, 16]
 CHUNKED = {"chunked": True, "chunk_tokens": 3, "buckets": BUCKETS}
 
 
-@pytest.fixture(scope="module")
-def model():
-    with torch_threads(1):
-        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+model = pytest.fixture(scope="module")(loaded_tiny_qwen3)
 
 
 def requests(n: int, seed: int, longest: int = 12, most_new: int = 7) -> list[Request]:

@@ -24,7 +24,7 @@ from base.method.selectors import build_selector
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Request, serve
 from base.runtime.stops import MAX_STRINGS, StopTable, token_pieces
-from tests.helpers import ROOT, budgeted, model_artifacts, tiny_model_config, torch_threads
+from tests.helpers import ROOT, budgeted, loaded_tiny_qwen3, model_artifacts, tiny_model_config, torch_threads
 
 
 def first_stop(pieces: list[bytes], toks: list[int], until: list[str]) -> int | None:
@@ -138,10 +138,7 @@ def test_a_decoder_that_is_no_concatenation_gets_no_pieces():
 
 # ---- the engine ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def model():
-    with torch_threads(1):
-        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+model = pytest.fixture(scope="module")(loaded_tiny_qwen3)
 
 
 def _pieces(vocab: int) -> list[bytes]:

@@ -9,19 +9,15 @@ import torch
 
 from base.config import SchedulerConfig
 from base.hf.budget import BudgetOptions
-from base.hf.loading import load_model
 from base.method.policy import Policy
 from base.method.selectors import build_selector
 from base.method.trace import Trace, replay
 from base.runtime.continuous import ContinuousEngine
 from base.runtime.scheduler import Request, serve
-from tests.helpers import ROOT, budgeted, model_artifacts, tiny_model_config, torch_threads
+from tests.helpers import budgeted, loaded_tiny_qwen3, model_artifacts, torch_threads
 
 
-@pytest.fixture(scope="module")
-def model():
-    with torch_threads(1):
-        yield load_model(tiny_model_config("qwen3"), ROOT, seed=0)
+model = pytest.fixture(scope="module")(loaded_tiny_qwen3)
 
 
 def _requests(n: int, seed: int) -> list[Request]:
