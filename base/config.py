@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from base.checks import ConfigError, check_choice, check_float, check_int, check_unique
-from base.method.predictor import PredictorConfig
-from base.method.routing import REASSIGN_MODES, RENORMALIZE_MODES
+from base.method.options import REASSIGN_MODES, RENORMALIZE_MODES, PredictorConfig
 
 STAGES = ("calibrate", "fit", "evaluate", "throughput", "describe")
 MAX_ARRIVAL_SPAN_S = 86_400  # a request stream's mean arrival span (requests / rate), at most a day

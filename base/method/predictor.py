@@ -17,28 +17,10 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from base.checks import ConfigError, check_choice, check_float
+from base.checks import ConfigError
 from base.files import atomic_save_tensors, atomic_write_text
 from base.method.calibration import Calibration
-
-# Ridge strength is relative to the mean diagonal of z^T z: far above the number of calibration pairs
-# it shrinks every weight to zero (a constant per expert, calib_energy's ranking by another name), and
-# beyond a float's range it turns the solve into NaN.
-MAX_RIDGE = 1e6
-
-
-@dataclass
-class PredictorConfig:
-    ridge: float = 1e-2  # ridge strength, relative to the mean diagonal of z^T z
-    holdout: float = 0.2  # fraction of calibration tokens held out for R^2
-    fit_on: str = "routed"  # routed pairs only, or all experts (needs calibration.all_experts)
-    path: str | None = None  # an explicit predictor file; default: the cached one for this model
-
-    def __post_init__(self) -> None:
-        check_choice("predictor.fit_on", self.fit_on, ("routed", "all"))
-        self.ridge = check_float("predictor.ridge", self.ridge, low=0.0, high=MAX_RIDGE)
-        if not 0.0 < self.holdout < 1.0:
-            raise ConfigError(f"predictor.holdout={self.holdout} must be in (0, 1)")
+from base.method.options import MAX_RIDGE, PredictorConfig
 
 
 @dataclass

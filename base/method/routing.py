@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-REASSIGN_MODES = ("backfill", "drop", "similar")
-RENORMALIZE_MODES = ("model", "always", "never")
+from base.method.options import REASSIGN_MODES, RENORMALIZE_MODES  # noqa: F401 - re-exported
 
 
 @dataclass

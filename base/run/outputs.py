@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from base.files import atomic_write_text
 
 REPORT = "report.json"
@@ -18,6 +16,8 @@ PENDING_REPORT = ".report.json.pending"  # a complete run's report until publish
 
 
 def write_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pandas as pd  # here, not at the top: run.py refuses a bad command line before pandas loads
+
     atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
 
 
@@ -210,6 +210,8 @@ def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per MoE layer, over decode steps: mean union and kept experts (and the kept count's spread),
     weight retained, tokens that lost an expert, mean occupancy (rows decoding per step), and
     retained energy and the relative MoE-output error when recorded."""
+    import pandas as pd
+
     if not rows:
         return []
     df = pd.DataFrame(rows)
@@ -237,6 +239,8 @@ def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def overall(summary: list[dict[str, Any]]) -> dict[str, float]:
+    import pandas as pd
+
     if not summary:
         return {}
     df = pd.DataFrame(summary)

@@ -6,13 +6,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 HEADLINE = ("accuracy", "kept_mean", "union_mean", "tokens_per_s")
 
 
 def report_text(report: dict[str, Any], out_dir: Path) -> str:
     """The summary print_report prints (a run's stage, its tables and its summary line)."""
+    import pandas as pd  # here: run.py refuses a bad command line before pandas loads
+
     lines = [f"[{report['stage']}] model={report['model']} method={report['method']} budget={report['budget']} -> {out_dir}"]
     if "describe" in report:
         for k, v in report["describe"].items():
