@@ -13,7 +13,23 @@ for key, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORM
     os.environ.setdefault(key, value)
 
 
+def _sample_parametrized(items) -> None:
+    """`make test` (the fast tier) runs a CPU parametrized test's first and last case, so a family of
+    80 refusals costs what two do: the others are marked `slow`, and `make test-all` (-m "slow or not
+    slow") runs every case. Cases marked slow or gpu by hand keep their marks."""
+    families: dict[tuple, list] = {}
+    for item in items:
+        if getattr(item, "callspec", None) is None or item.get_closest_marker("slow") or item.get_closest_marker("gpu"):
+            continue
+        families.setdefault((item.path, item.cls, item.originalname), []).append(item)
+    for cases in families.values():
+        for item in cases[1:-1]:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m 'not slow'` deselects
 def pytest_collection_modifyitems(config, items):
+    _sample_parametrized(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

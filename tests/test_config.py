@@ -26,6 +26,7 @@ def test_every_option_composes_and_validates(compose, group, tmp_path):
         assert getattr(rc, group).name == option
 
 
+@pytest.mark.slow
 def test_experiments_compose(compose, tmp_path):
     for option in _options("experiment"):
         run.build_config(compose([f"experiment={option}"]), tmp_path)

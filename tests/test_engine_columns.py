@@ -38,6 +38,7 @@ def test_every_committed_table_has_an_engine_column_without_an_empty_value():
     assert E.lacking(ROOT) == []
 
 
+@pytest.mark.slow
 def test_each_committed_tables_engine_is_what_its_rule_and_its_runs_give():
     wrong = []
     for rel in E.committed_tables(ROOT):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["shared", "method", "config", "hf", "runtime", "eval", "run"]
 SHARED = {"base.checks", "base.files", "base.registry", "base.progress", "base"}
@@ -130,6 +132,7 @@ def test_every_package_says_what_it_owns():
         assert doc and len(doc.split()) >= 15, f"base/{pkg}/__init__.py needs a docstring saying what it owns"
 
 
+@pytest.mark.slow
 def test_the_speed_stages_import_without_lm_eval_or_wandb():
     """A GPU host may have neither (the throughput and serving stages need neither): every module
     those stages load imports with both blocked; lm-eval is imported only where it is used."""
@@ -138,5 +141,16 @@ def test_the_speed_stages_import_without_lm_eval_or_wandb():
 
     code = ("import sys; sys.modules['lm_eval'] = None; sys.modules['wandb'] = None\n"
             "import run, base.run.pipeline, base.run.preflight, base.run.context_checks, base.runtime.engine\n")
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_run_py_imports_without_torch_or_pandas():
+    """A command line Hydra cannot compose is refused before torch or pandas load (a fraction of a
+    second, not two): run.py's module imports, the config schema included, need neither."""
+    import subprocess
+    import sys
+
+    code = "import sys, run\nprint(sorted(m for m in ('torch', 'pandas') if m in sys.modules))\n"
+    res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr[-2000:]

@@ -66,6 +66,7 @@ def test_records_re_derive_the_committed_calls(committed_grid):
     assert kl.loc["router_sum", "call"] == "higher"
 
 
+@pytest.mark.slow
 def test_a_call_the_records_do_not_give_is_reported(committed_grid):
     results = committed_grid
     committed = pd.read_csv(results / "grid_paired.csv")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from omegaconf import OmegaConf
 
 import run
@@ -22,6 +23,7 @@ def _evaluate(compose, tmp_path, out, *overrides):
                         OmegaConf.to_yaml(cfg, resolve=True))
 
 
+@pytest.mark.slow
 def test_a_rerun_after_the_task_changed_keeps_the_earlier_result(compose, tmp_path, capsys):
     out = tmp_path / "exp" / "budget=3,method=router_sum"
     first = _evaluate(compose, tmp_path, out, "task.limit=3")

@@ -263,6 +263,7 @@ def test_run_log_ends_with_the_results_the_run_prints(compose, tmp_path, capsys)
     assert f"-> {out}" in printed and "smoke_copy" in printed and "  summary: accuracy=" in printed
 
 
+@pytest.mark.slow
 def test_a_budgeted_run_whose_task_never_decodes_fails_loudly(compose, tmp_path):
     """eval.gen_tokens=1: the prefill makes the only token, so no decode step ever sees the budget."""
     from base.checks import ConfigError

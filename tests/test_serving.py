@@ -441,6 +441,7 @@ def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_
     assert streams.loc[search, "rate"].tolist() == pytest.approx(again.loc[search, "rate"].tolist())
 
 
+@pytest.mark.slow
 def test_a_stream_run_stopped_after_a_variant_resumes_from_it(compose, tmp_path, monkeypatch):
     """throughput.mode=stream: stopped after its first variant's row was written, the same command
     serves only the others; the first row stays as it was written."""

@@ -101,6 +101,7 @@ def test_a_point_that_fails_at_start_is_recorded_and_the_sweep_goes_on(tmp_path)
     assert not (tmp_path / "bad" / rows["17"]["run"]).exists()
 
 
+@pytest.mark.slow
 def test_points_whose_run_folders_collide_are_refused_before_the_sweep_starts(tmp_path):
     """`/` becomes `_` in a folder name: these two points would share one folder."""
     proc = multirun(tmp_path, "stage=describe", "calibration.files=[data/a.txt],[data_a.txt]")

@@ -67,6 +67,7 @@ def test_a_finished_run_is_logged_afterwards_from_its_folder(compose, tmp_path):
     assert done["sync"].startswith("wandb sync ") and "offline-run-" in done["sync"]
 
 
+@pytest.mark.slow
 def test_log_run_refuses_a_folder_that_holds_no_finished_run(tmp_path):
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.yaml").write_text("model: {}\n")
