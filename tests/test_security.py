@@ -18,6 +18,14 @@ from base.run.preflight import preflight
 FAST = ["model=tiny_qwen3", "task=smoke", "logger=none"]
 
 
+def assert_refused_at_start(compose, tmp: Path, overrides: list[str], match: str, marker: Path) -> None:
+    """The run with `overrides` is refused by preflight, before the crafted code runs or anything is written."""
+    rc = run.build_config(compose([*FAST, *overrides]), tmp / "out")
+    with pytest.raises(ConfigError, match=match):
+        preflight(rc)
+    assert not marker.exists() and not (tmp / "out").exists()
+
+
 def evil_checkpoint(tmp: Path) -> tuple[Path, Path]:
     ckpt, marker = tmp / "ckpt", tmp / "remote_code_ran"
     ckpt.mkdir()
@@ -32,12 +40,9 @@ def evil_checkpoint(tmp: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("switch", ["false", "no", "off"])
 def test_a_checkpoints_code_does_not_run_unless_trusted(compose, tmp_path, switch):
     ckpt, marker = evil_checkpoint(tmp_path)
-    cfg = compose([*FAST, "model.init=pretrained", f"model.path={ckpt}", "model.tokenizer=bytes",
-                   f"model.trust_remote_code={switch}"])
-    rc = run.build_config(cfg, tmp_path / "out")
-    with pytest.raises(ConfigError, match="asks to run its own Python code"):
-        preflight(rc)
-    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert_refused_at_start(compose, tmp_path, ["model.init=pretrained", f"model.path={ckpt}", "model.tokenizer=bytes",
+                                                f"model.trust_remote_code={switch}"],
+                            "asks to run its own Python code", marker)
 
 
 def test_a_trusted_checkpoints_code_runs(compose, tmp_path):
@@ -70,11 +75,8 @@ def code_task(tmp: Path) -> tuple[list[str], Path]:
 @pytest.mark.parametrize("switch", ["false", "no"])
 def test_model_written_code_is_not_run_unless_confirmed(compose, tmp_path, switch):
     overrides, marker = code_task(tmp_path)
-    cfg = compose([*FAST, *overrides, f"eval.confirm_unsafe_code={switch}"])
-    rc = run.build_config(cfg, tmp_path / "out")
-    with pytest.raises(ConfigError, match="execute model-written code"):
-        preflight(rc)
-    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert_refused_at_start(compose, tmp_path, [*overrides, f"eval.confirm_unsafe_code={switch}"],
+                            "execute model-written code", marker)
 
 
 def test_confirmed_model_written_code_runs(compose, tmp_path):
