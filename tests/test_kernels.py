@@ -235,6 +235,25 @@ def make_experts(E, H, I, dtype, layout=None, seed=0, device="cpu"):
     return gu.to(device, dtype), dn.to(device, dtype)
 
 
+GPTOSS = ExpertsLayout(transposed=True, interleaved=True, act="gptoss", alpha=1.702, limit=1.5)
+
+
+def gptoss_experts(E, H, I):
+    """float32 experts in gpt-oss's layout with biases: (gu, dn, the keywords fused_experts and
+    experts_reference take for the layout and biases, the generator that drew the biases)."""
+    gu, dn = make_experts(E, H, I, torch.float32, GPTOSS)
+    g = torch.Generator().manual_seed(9)
+    gub, db = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    return gu, dn, {"layout": GPTOSS, "gate_up_bias": gub, "down_bias": db}, g
+
+
+def assert_near_reference(out, ref, dtype=torch.float32):
+    """A kernel's output against the float64 reference: its dtype, no NaN, the dtype's tolerance."""
+    assert out.dtype == dtype and not out.isnan().any()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < (2e-3 if dtype == torch.float16 else 1e-5), err
+
+
 EXPERT_CASES = [  # T, E, K, H, I, dtype, budget (None: dense routing)
     (1, 8, 2, 40, 24, torch.float32, None),
     (3, 60, 4, 72, 40, torch.float16, 5),
@@ -256,22 +275,15 @@ def test_fused_experts_matches_reference(T, E, K, H, I, dtype, budget):
         idx_TK, w_TK = sel.topk_idx_TK, sel.topk_w_TK
         assert (w_TK == 0).any()
     out = fused_experts(b.z_TH, gu, dn, idx_TK, w_TK)
-    ref = experts_reference(b.z_TH, gu, dn, idx_TK, w_TK)
-    assert out.dtype == dtype and not out.isnan().any()
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < (2e-3 if dtype == torch.float16 else 1e-5), err
+    assert_near_reference(out, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK), dtype)
 
 
 def test_fused_experts_gptoss_layout():
     T, E, K, H, I = 5, 8, 2, 40, 24
-    lay = ExpertsLayout(transposed=True, interleaved=True, act="gptoss", alpha=1.702, limit=1.5)
     b = make_batch(T, E, K, H, seed=3)
-    gu, dn = make_experts(E, H, I, torch.float32, lay)
-    g = torch.Generator().manual_seed(9)
-    gub, db = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
-    out = fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, layout=lay, gate_up_bias=gub, down_bias=db)
-    ref = experts_reference(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, layout=lay, gate_up_bias=gub, down_bias=db)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    gu, dn, kw, _ = gptoss_experts(E, H, I)
+    out = fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, **kw)
+    assert_near_reference(out, experts_reference(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, **kw))
 
 
 def tiny_qwen3_moe(dtype, device, seed=0):
@@ -328,8 +340,7 @@ def test_random_sweep(seed):
     bx = make_batch(T, E, K, H, dtype, seed=seed)
     gu, dn = make_experts(E, H, I, dtype, seed=seed)
     got = fused_experts(bx.z_TH, gu, dn, out.topk_idx_TK, out.topk_w_TK)
-    ref = experts_reference(bx.z_TH, gu, dn, out.topk_idx_TK, out.topk_w_TK)
-    assert ((got.double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 1e-5)
+    assert_near_reference(got, experts_reference(bx.z_TH, gu, dn, out.topk_idx_TK, out.topk_w_TK), dtype)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -617,27 +628,18 @@ def test_fused_experts_kept_list_matches_reference(T, E, K, H, I, dtype, budget,
     if mode == "similar":  # a token may then hold one expert twice: its weights add up
         assert any(len(set(r.tolist())) < K for r in sel.topk_idx_TK)
     out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M)
-    ref = experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK)
-    assert out.dtype == dtype and not out.isnan().any()
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < (2e-3 if dtype == torch.float16 else 1e-5), err
+    assert_near_reference(out, experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK), dtype)
 
 
 def test_fused_experts_kept_list_gptoss_layout_with_bias():
     from kernels.select import route_select
 
     T, E, K, H, I = 7, 8, 2, 40, 24
-    lay = ExpertsLayout(transposed=True, interleaved=True, act="gptoss", alpha=1.702, limit=1.5)
     b = make_batch(T, E, K, H, seed=5)
-    gu, dn = make_experts(E, H, I, torch.float32, lay)
-    g = torch.Generator().manual_seed(9)
-    gub, db = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    gu, dn, kw, g = gptoss_experts(E, H, I)
     _, sel = route_select(torch.randn(T, E, generator=g), K, b.active_T, 3, norm_topk=True)
-    out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, layout=lay, gate_up_bias=gub, down_bias=db,
-                        keep_M=sel.keep_M)  # fmt: skip
-    ref = experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, layout=lay, gate_up_bias=gub,
-                            down_bias=db)  # fmt: skip
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, **kw)
+    assert_near_reference(out, experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, **kw))
 
 
 @pytest.mark.parametrize("kept", [False, True])
