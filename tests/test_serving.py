@@ -98,6 +98,14 @@ def test_the_warm_up_rounds_cover_a_burst_and_sparse_arrivals():
 # ----------------------------------------------------------------------------------- end to end
 
 
+def _tiny_run(tmp_path: Path, mode: str, method: str, *more: str) -> list[str]:
+    """The overrides of a tiny CPU throughput run in `mode` (serve or stream): batch 2, dense and
+    `method` at M=2, prompts of 3-9 and outputs of 2-5 tokens; then `more`."""
+    return ["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts", "stage=throughput",
+            f"throughput.mode={mode}", "throughput.batch_sizes=[2]", f"throughput.methods=[dense,{method}]",
+            "throughput.budgets=[2]", "stream.prompt_len=[3,9]", "stream.output_len=[2,5]", *more]
+
+
 def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     """run.py's pipeline on the CPU: every (repeat, variant, rate) serves the same requests on the
     same seeded schedule; the records hold each metric and agree with the formulas."""
@@ -106,12 +114,8 @@ def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     import run
     from base.run.pipeline import run as run_pipeline
 
-    overrides = ["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
-                 "stage=throughput", "throughput.mode=serve", "throughput.batch_sizes=[2]",
-                 "throughput.methods=[dense,base]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
-                 "stream.output_len=[2,5]", "serve.requests=4", "serve.rates=[null,400]", "serve.repeats=2", "seed=5",
-                 "serve.search_steps=2"]
-    cfg = compose(overrides)
+    cfg = compose(_tiny_run(tmp_path, "serve", "base", "serve.requests=4", "serve.rates=[null,400]", "serve.repeats=2",
+                            "seed=5", "serve.search_steps=2"))
     out = tmp_path / "run"
     report = run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True))
     streams = pd.read_csv(out / "serve.csv")
@@ -379,6 +383,30 @@ class _Killed(Exception):
     """Stands for SIGTERM after a stream: the run stops where emit was called."""
 
 
+def _stopped_then_resumed(monkeypatch, cfg, out: Path, writer: str, name: str, read) -> list[dict]:
+    """Runs `cfg` into `out`, stopped right after pipeline.outputs.<writer> wrote the file `name`,
+    then the same command again; returns read(path, rows) of that write, what the stop left."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run import pipeline
+
+    text, real, first = OmegaConf.to_yaml(cfg, resolve=True), getattr(pipeline.outputs, writer), []
+
+    def stop(path, rows):
+        real(path, rows)
+        if path.name == name:
+            first.extend(read(path, rows))
+            raise _Killed
+
+    monkeypatch.setattr(pipeline.outputs, writer, stop)
+    with pytest.raises(_Killed):
+        pipeline.run(run.build_config(cfg, out), text)
+    monkeypatch.setattr(pipeline.outputs, writer, real)
+    pipeline.run(run.build_config(cfg, out), text)
+    return first
+
+
 @pytest.mark.slow
 def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_once(compose, tmp_path, monkeypatch):
     """Fault injection (issue 43: a rerun of a stopped serve run deleted its finished streams and
@@ -391,12 +419,8 @@ def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_
     import run
     from base.run import pipeline
 
-    overrides = ["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
-                 "stage=throughput", "throughput.mode=serve", "throughput.batch_sizes=[2]",
-                 "throughput.methods=[dense,router_sum]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
-                 "stream.output_len=[2,5]", "serve.requests=3", "serve.rates=[null,400]", "serve.repeats=2", "seed=5",
-                 "serve.search_steps=1"]
-    cfg = compose(overrides)
+    cfg = compose(_tiny_run(tmp_path, "serve", "router_sum", "serve.requests=3", "serve.rates=[null,400]",
+                            "serve.repeats=2", "seed=5", "serve.search_steps=1"))
     text = OmegaConf.to_yaml(cfg, resolve=True)
     out = tmp_path / "run"
     real = pipeline.outputs.write_table
@@ -445,30 +469,11 @@ def test_a_serve_run_killed_after_each_stream_resumes_with_every_stream_exactly_
 def test_a_stream_run_stopped_after_a_variant_resumes_from_it(compose, tmp_path, monkeypatch):
     """throughput.mode=stream: stopped after its first variant's row was written, the same command
     serves only the others; the first row stays as it was written."""
-    from omegaconf import OmegaConf
-
-    import run
-    from base.run import pipeline
-
-    cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
-                   "stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[2]",
-                   "throughput.methods=[dense,router_sum]", "throughput.budgets=[2]", "stream.prompt_len=[3,9]",
-                   "stream.output_len=[2,5]", "stream.requests_per_slot=2", "stream.stats_requests_per_slot=1"])
-    text, out = OmegaConf.to_yaml(cfg, resolve=True), tmp_path / "run"
-    real = pipeline.outputs.write_table
-    first: list = []
-
-    def stop(path, rows):
-        real(path, rows)
-        if path.name == "stream.csv":
-            first.extend(dict(r) for r in rows)
-            raise _Killed
-
-    monkeypatch.setattr(pipeline.outputs, "write_table", stop)
-    with pytest.raises(_Killed):
-        pipeline.run(run.build_config(cfg, out), text)
-    monkeypatch.setattr(pipeline.outputs, "write_table", real)
-    pipeline.run(run.build_config(cfg, out), text)
+    cfg = compose(_tiny_run(tmp_path, "stream", "router_sum", "stream.requests_per_slot=2",
+                            "stream.stats_requests_per_slot=1"))
+    out = tmp_path / "run"
+    first = _stopped_then_resumed(monkeypatch, cfg, out, "write_table", "stream.csv",
+                                  lambda path, rows: [dict(r) for r in rows])
     rows = pd.read_csv(out / "stream.csv")
     assert rows["variant"].tolist() == ["dense", "router_sum"] and rows["attempt"].tolist() == [0, 1]
     assert rows.iloc[0]["tokens_per_s"] == pytest.approx(first[0]["tokens_per_s"], rel=1e-12)
@@ -477,31 +482,17 @@ def test_a_stream_run_stopped_after_a_variant_resumes_from_it(compose, tmp_path,
 def test_a_throughput_run_stopped_after_a_batch_size_resumes_from_it(compose, tmp_path, monkeypatch):
     """throughput.mode=steps: stopped after its first batch size (every variant and repeat of it),
     the same command measures only the second; the first batch size's rows stay as written."""
-    from omegaconf import OmegaConf
-
-    import run
     from base.run import pipeline
 
     cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts",
                    "stage=throughput", "throughput.batch_sizes=[1,2]", "throughput.methods=[dense,router_sum]",
                    "throughput.budgets=[2]", "throughput.prompt_len=4", "throughput.gen_tokens=5", "throughput.repeats=2",
                    "throughput.profile_batch=null"])
-    text, out = OmegaConf.to_yaml(cfg, resolve=True), tmp_path / "run"
-    real = pipeline.outputs.write_jsonl
-    first: list = []
-
-    def stop(path, rows):
-        real(path, rows)
-        if path.name == "kernel_rows.jsonl":
-            first.extend(dict(r) for r in pipeline.outputs.read_jsonl(path.with_name("throughput_rows.jsonl")))
-            raise _Killed
-
-    monkeypatch.setattr(pipeline.outputs, "write_jsonl", stop)
-    with pytest.raises(_Killed):
-        pipeline.run(run.build_config(cfg, out), text)
-    monkeypatch.setattr(pipeline.outputs, "write_jsonl", real)
+    out = tmp_path / "run"
+    first = _stopped_then_resumed(  # stopped once the first batch size's kernel rows are written
+        monkeypatch, cfg, out, "write_jsonl", "kernel_rows.jsonl",
+        lambda path, rows: [dict(r) for r in pipeline.outputs.read_jsonl(path.with_name("throughput_rows.jsonl"))])
     assert {r["batch_size"] for r in first} == {1}
-    pipeline.run(run.build_config(cfg, out), text)
     rows = pd.read_csv(out / "throughput.csv")
     assert sorted(set(rows["batch_size"])) == [1, 2] and len(rows) == 4
     was = {(r["variant"], r["mode"]): r["ms_per_step"] for r in first}
