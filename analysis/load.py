@@ -156,6 +156,13 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _run_table(name: str, rows: str) -> cached_property:
+    """A RunSet property: RunSet.table(name) of every evaluate run, read once."""
+    prop = cached_property(lambda self: self.table(name))
+    prop.__doc__ = f"Every evaluate run's {RUN_TABLES[name]}: {rows}."
+    return prop
+
+
 class RunSet:
     """The finished runs (folders with report.json) under one root, as frames keyed by AXES.
     Frames are read on first use; `table(name, runs)` reads one per-run file for some runs only."""
@@ -214,25 +221,10 @@ class RunSet:
             frames.append(df.assign(**axes)[[*AXES, *[c for c in df.columns if c not in axes]]])
         return _typed(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=list(AXES))
 
-    @cached_property
-    def metrics(self) -> pd.DataFrame:
-        """Every evaluate run's metrics.csv (task, kind, metric, filter, value, stderr, n)."""
-        return self.table("metrics")
-
-    @cached_property
-    def selection(self) -> pd.DataFrame:
-        """Every evaluate run's selection.csv: one row per MoE layer."""
-        return self.table("selection")
-
-    @cached_property
-    def steps(self) -> pd.DataFrame:
-        """Every evaluate run's selection_steps.csv: one row per (layer, decode step)."""
-        return self.table("steps")
-
-    @cached_property
-    def samples(self) -> pd.DataFrame:
-        """Every evaluate run's samples.jsonl: one row per request (task, doc_id, prompt_hash, correct, ...)."""
-        return self.table("samples")
+    metrics = _run_table("metrics", "one row per metric (task, kind, metric, filter, value, stderr, n)")
+    selection = _run_table("selection", "one row per MoE layer")
+    steps = _run_table("steps", "one row per (layer, decode step)")
+    samples = _run_table("samples", "one row per request (task, doc_id, prompt_hash, correct, ...)")
 
     @cached_property
     def throughput(self) -> pd.DataFrame:
