@@ -253,7 +253,7 @@ def test_backfill_over_the_kept_list_equals_backfill_over_all_experts(monkeypatc
     assert torch.equal(out[0].topk_idx_TK, out[1].topk_idx_TK) and torch.equal(out[0].topk_w_TK, out[1].topk_w_TK)
 
 
-@pytest.mark.parametrize("tier,M", [("none", 6), ("anchor", 12)])
+@pytest.mark.parametrize("tier,M", [pytest.param("none", 6, marks=pytest.mark.slow), ("anchor", 12)])
 def test_the_tile_size_changes_no_routing_bit(tier, M):
     """The launch's tokens per tile (tuned per GPU) only splits the kernel's loops over tokens:
     1, 4 and 32 tokens per step route, keep and reassign exactly as 16 do (T = 21: a partial last
