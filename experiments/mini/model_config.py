@@ -48,55 +48,47 @@ class MiniModelConfig:
     def to_hf(self) -> PretrainedConfig:
         if self.family == "olmoe":
             return self._olmoe()
-        tok = build_tokenizer()
         return Qwen3MoeConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
+            **self._shared(),
             # Why: Qwen3MoeConfig requires it; unused since mlp_only_layers is empty.
             intermediate_size=4 * self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim,
-            max_position_embeddings=self.max_position_embeddings,
-            num_experts=self.num_experts,
-            num_experts_per_tok=self.num_experts_per_tok,
             moe_intermediate_size=self.moe_intermediate_size,
             decoder_sparse_step=1,
             mlp_only_layers=[],
             norm_topk_prob=True,
-            router_aux_loss_coef=self.router_aux_loss_coef,
-            output_router_logits=False,
-            tie_word_embeddings=False,
             rope_theta=10000.0,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
         )
 
     def _olmoe(self) -> OlmoeConfig:
-        tok = build_tokenizer()
         if self.head_dim * self.num_attention_heads != self.hidden_size:
             raise ValueError(
                 f"olmoe derives head_dim from hidden_size / heads: {self.hidden_size} / "
                 f"{self.num_attention_heads} != head_dim {self.head_dim}"
             )
         return OlmoeConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
+            **self._shared(),
             intermediate_size=self.moe_intermediate_size,  # OLMoE's expert width
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            max_position_embeddings=self.max_position_embeddings,
-            num_experts=self.num_experts,
-            num_experts_per_tok=self.num_experts_per_tok,
             norm_topk_prob=False,  # as OLMoE-1B-7B: weights are the softmax probabilities of the top k
-            router_aux_loss_coef=self.router_aux_loss_coef,
-            output_router_logits=False,
-            tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
         )
+
+    def _shared(self) -> dict:
+        """The keywords both families' configs take alike: the sizes, the router loss, the tokenizer's ids."""
+        tok = build_tokenizer()
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "max_position_embeddings": self.max_position_embeddings,
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "router_aux_loss_coef": self.router_aux_loss_coef,
+            "output_router_logits": False,
+            "tie_word_embeddings": False,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        }
