@@ -105,25 +105,31 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
 
     if given is not None:
         return _reduce_in_down(objective, given.gate_up, given.down, float("inf"), len(cases), log)
-    best_g, best_d = GATE_UP[0], DOWN[0]
-    best = float("inf")
-    for g in GATE_UP:
-        try:
-            v = objective(ExpertsConfig(gate_up_cfg(g), down_cfg(best_d)))
-        except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or launch
-            log(f"    gate_up {g} failed: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        if v < best:
-            best, best_g = v, g
-    for d in DOWN[1:]:
-        try:
-            v = objective(ExpertsConfig(gate_up_cfg(best_g), down_cfg(d)))
-        except Exception as e:  # noqa: BLE001
-            log(f"    down {d} failed: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        if v < best:
-            best, best_d = v, d
+    best_g, best_d, best = _search_pair(objective, lambda g, d: ExpertsConfig(gate_up_cfg(g), down_cfg(d)),
+                                        GATE_UP, DOWN, ("gate_up", "down"), log)
     return _reduce_in_down(objective, gate_up_cfg(best_g), down_cfg(best_d), best, len(cases), log)
+
+
+def _search_pair(objective, config, gate_ups: list, downs: list, names: tuple[str, str], log) -> tuple:
+    """(best gate_up, best down, its objective) of objective(config(gate_up, down)), one launch at a
+    time: every gate_up with the first down, then the other downs with the best gate_up. A candidate
+    that fails to compile or launch is logged and passed over."""
+
+    def value(g, d, candidate: str) -> float:
+        try:
+            return objective(config(g, d))
+        except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or launch
+            log(f"    {candidate} failed: {type(e).__name__}: {str(e)[:120]}")
+            return float("inf")
+
+    best_g, best_d, best = gate_ups[0], downs[0], float("inf")
+    for g in gate_ups:
+        if (v := value(g, best_d, f"{names[0]} {g}")) < best:
+            best, best_g = v, g
+    for d in downs[1:]:
+        if (v := value(best_g, d, f"{names[1]} {d}")) < best:
+            best, best_d = v, d
+    return best_g, best_d, best
 
 
 def _reduce_in_down(objective, gate_up: dict, down: dict, best: float, n_cases: int, log) -> dict:
@@ -161,23 +167,9 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
         return total
 
     base = ExpertsConfig()
-    best_g, best_d, best = GATE_UP_KEPT[0], DOWN_KEPT[0], float("inf")
-    for g in GATE_UP_KEPT:
-        try:
-            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(best_d), True))
-        except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or launch
-            log(f"    gate_up_kept {g} failed: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        if v < best:
-            best, best_g = v, g
-    for d in DOWN_KEPT[1:]:
-        try:
-            v = objective(ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(best_g), down_kept_cfg(d), True))
-        except Exception as e:  # noqa: BLE001
-            log(f"    down_kept {d} failed: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        if v < best:
-            best, best_d = v, d
+    best_g, best_d, best = _search_pair(
+        objective, lambda g, d: ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(d), True),
+        GATE_UP_KEPT, DOWN_KEPT, ("gate_up_kept", "down_kept"), log)
     return {"gate_up_kept": gate_up_kept_cfg(best_g), "down_kept": down_kept_cfg(best_d),
             "objective_kept": round(best / len(cases), 3)}
 
