@@ -22,7 +22,6 @@ predictor, k0) and how the fused kernels can run it (`kernel_term` or `static_sc
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 from typing import ClassVar
 
