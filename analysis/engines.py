@@ -116,6 +116,7 @@ PER_ROW = "per row"                                   # each row its own: PER_RO
 STAMP_RULES: tuple[tuple[str, str], ...] = (
     ("results/cross_grid.csv", PER_ROW),                        # each comparison its table's
     ("results/refactor_guard/cpu/comparison.csv", PER_ROW),     # each run its own (eval.engine)
+    ("results/heldout/*.csv", PER_ROW),                         # each row its batching's (experiments/heldout/)
     ("results/*_predictor_r2.csv", FIT),                        # the Makefile's copy of stage=fit's predictor.csv
     ("results/routing/*/train_log.csv", TRAINING),              # the OLMoE top-4 control model's training
     ("results/routing/*routing_stats.csv", TEACHER_FORCED),     # experiments/routing_stats.py
@@ -153,8 +154,20 @@ def _guard_rows(frame: pd.DataFrame, root) -> list[str]:
 
 
 # the tables whose rows were made by different engines: path -> their engines, row by row
+def _heldout_rows(frame: pd.DataFrame, root) -> list[str]:
+    """results/heldout/: experiments/heldout/ writes each row's engine; continuous rows are the
+    current continuous engine's (issue 40), static ones transformers' generate, the mechanism's
+    teacher-forced rows a plain forward."""
+    by = {"continuous": "c3-packed-cpu", "online": "c3-packed-cpu", "static": "s1-generate-cpu",
+          "teacher_forced": TEACHER_FORCED}
+    col = "batching" if "batching" in frame else "state"
+    return [by[v] for v in frame[col].astype(str)]
+
+
 PER_ROW_RULES = {"results/cross_grid.csv": _cross_grid_rows,
-                 "results/refactor_guard/cpu/comparison.csv": _guard_rows}
+                 "results/refactor_guard/cpu/comparison.csv": _guard_rows,
+                 "results/heldout/mechanism_calls.csv": _heldout_rows,
+                 "results/heldout/mechanism/summary.csv": _heldout_rows}
 # Not stamped here: analysis/replication.py writes these tables from the replication's records, each
 # row with its records' engine where it writes the column; they are left to it (and to the test's list).
 NOT_STAMPED = ("results/replication*",)

@@ -50,10 +50,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def variant_label(method: str, mc: dict) -> str:
     """The method with the options that make it another rule: base, base+similar,
-    base@cov0.9, base+split, base_anchor(k0=1); defaults leave the plain name."""
+    base@cov0.9, base+split, base_anchor(k0=1), base(shrink=auto); defaults leave the plain name."""
     label = method
     if mc.get("k0") is not None:
         label += f"(k0={mc['k0']})"
+    if mc.get("shrink") is not None:
+        label += f"(shrink={mc['shrink']})"
     if mc.get("reassign", "backfill") != "backfill":
         label += f"+{mc['reassign']}"
     if mc.get("budget_split", "uniform") != "uniform":

@@ -295,6 +295,7 @@ def test_ablation_labels_rule_variants_by_their_options():
     assert variant_label("base_anchor", {"k0": 1}) == "base_anchor(k0=1)"
     assert variant_label("base", {"reassign": "similar"}) == "base+similar"
     assert variant_label("base", {"budget_split": "sensitivity"}) == "base+split"
+    assert variant_label("base", {"shrink": "auto"}) == "base(shrink=auto)"  # another rule: never merged with base
     assert variant_label("base", {"coverage": 0.9}) == "base@cov0.9"
 
 

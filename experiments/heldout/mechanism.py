@@ -9,7 +9,8 @@ online. Exploratory (not the pre-registered family).
 2. The replay: each traced layer selected again by the reference; a mismatch is a defect of the
    online path (`replay.txt`).
 3. Per token, on the states the online run met and on teacher-forced states of held-out
-   calibration text (batches of 16 tokens, as an offline check would take them), under each of
+   calibration text (the last token of the diagnostic's 64 windows, 16 to a batch, as an offline
+   check would take them), under each of
    `rules` (default base, router_sq, oracle): the share of the token's true removal cost
    (w^2 ||E_u(z)||^2, the true norms run here) and of its router weight that the kept set drops,
    and whether it loses its first choice. `tokens.csv.gz` (one row per token, layer, state and
@@ -69,20 +70,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--method", default="base")
     ap.add_argument("--rules", default="base,router_sq,oracle")
     ap.add_argument("--per-domain", type=int, default=50, help="mini prompts per domain decoded online")
-    ap.add_argument("--calib-batches", type=int, default=200, help="teacher-forced batches of 16 tokens")
     ap.add_argument("--out", default="results/heldout/mechanism")
     args = ap.parse_args(argv)
 
-    from base.config import SchedulerConfig
-    from base.hf.calibrate import read_texts
     from base.hf.families import find_moe_layers
     from base.hf.loading import load_model, load_tokenizer
     from base.hf.moe_block import expert_norms_TK
     from base.method.backends import TorchSelection
-    from base.method.policy import Policy
     from base.method.routing import RoutedBatch
     from base.method.trace import Trace, replay
     from base.run.pipeline import make_budgeter
+    from base.run.provenance import engine_settings, fingerprint
     from base.runtime.continuous import ContinuousEngine
     from base.runtime.scheduler import Request, serve
 
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = ContinuousEngine(model, cfg.batch_size, 256, budget=budget, pad_id=tok.pad_token_id or 0)
     try:
         with trace.on(budget):
-            serve(engine, requests, pad_id=tok.pad_token_id or 0, stop_at_eos=True, policy=SchedulerConfig())
+            serve(engine, requests, pad_id=tok.pad_token_id or 0, stop_at_eos=True, policy=cfg.scheduler)
     finally:
         engine.release()
         online_policy = budget.policy
@@ -127,32 +125,33 @@ def main(argv: list[str] | None = None) -> None:
                 yield "online", r.layer, r.batch()
 
     def states_teacher_forced():
-        text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
-        ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"][cfg.calibration.num_tokens:]
+        """The last position of the diagnostic's held-out calibration windows (base/run/diagnose.py),
+        16 windows to a batch: the states an offline check on calibration text would score."""
+        from base.hf.moe_block import StepInputs
+        from base.run.diagnose import _run_prompts
+
+        prompts = _run_prompts(cfg, tok, layers)
         captured: list = []
-        for start in range(0, min(len(ids), 16 * 64 * args.calib_batches), 16 * 64):
-            window = torch.tensor(ids[start:start + 16 * 64]).view(16, 64)[None]
-            for row in window:  # 16 tokens, one per position 63 of 16 windows: a decode-like batch of 16
-                captured.clear()
-                budget_probe = make(None, False)
-                from base.hf.moe_block import StepInputs
 
-                def observe(layer, batch, decision=None):
-                    captured.append((layer, batch))
+        def observe(layer, batch, decision=None):
+            captured.append((layer, batch))
 
-                T = row.numel()
-                try:
-                    with budget_probe.bound(StepInputs(torch.ones(T, dtype=torch.bool), select=False, recorder=None,
-                                                       decode=False, observe=observe)):
-                        model(input_ids=row, use_cache=False)
-                finally:
-                    budget_probe.remove()
-                for layer, batch in captured:
-                    z = batch.z_TH.view(16, 64, -1)[:, -1]
-                    sel = slice(63, None, 64)
-                    yield "teacher_forced", layer, RoutedBatch(z, batch.probs_TE[sel], batch.topk_idx_TK[sel],
-                                                               batch.topk_w_TK[sel], torch.ones(16, dtype=torch.bool),
-                                                               layer)
+        for start in range(0, len(prompts) - 15, 16):
+            ids_BL = torch.tensor(prompts[start:start + 16])
+            B, L = ids_BL.shape
+            captured.clear()
+            probe = make(None, False)
+            try:
+                with probe.bound(StepInputs(torch.ones(B * L, dtype=torch.bool), select=False, recorder=None,
+                                            decode=False, observe=observe)):
+                    model(input_ids=ids_BL, use_cache=False)
+            finally:
+                probe.remove()
+            last = slice(L - 1, None, L)  # each window's last token
+            for layer, batch in captured:
+                yield "teacher_forced", layer, RoutedBatch(batch.z_TH[last], batch.probs_TE[last],
+                                                           batch.topk_idx_TK[last], batch.topk_w_TK[last],
+                                                           torch.ones(B, dtype=torch.bool), layer)
 
     rows = []
     selections = {rule: {} for rule in rules}
@@ -171,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     g = tokens.groupby(["state", "rule", "metric"])["value"]
     summary = pd.DataFrame({"tokens": g.size(), "mean": g.mean(), "p90": g.quantile(0.9), "p99": g.quantile(0.99),
                             "share_above_half": g.apply(lambda s: float((s > 0.5).mean()))}).reset_index()
+    # which engine made each row's states: the continuous engine's decode, or a plain forward
+    online = fingerprint(engine_settings(cfg, "cpu", "continuous"))
+    summary["engine"] = summary["state"].map({"online": online, "teacher_forced": "none (teacher-forced forward)"})
     summary.to_csv(out / "summary.csv", index=False)
     (out / "summary.md").write_text(
         f"Made by `python -m experiments.heldout.mechanism {' '.join(argv or sys.argv[1:])}`.\n\n"
