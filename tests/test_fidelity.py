@@ -19,7 +19,8 @@ from base.method.routing import RoutedBatch
 from base.run.pipeline import run as run_pipeline
 from tests.helpers import tiny_qwen3
 
-FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "eval.batching=static"]  # the teacher-forced pass
+FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "eval.batching=static",  # the teacher-forced pass
+        "diagnose.enabled=false"]  # tests/test_diagnose.py tests the diagnostic
 
 
 def _evaluate(compose, tmp_path, *overrides: str) -> tuple[dict, object]:

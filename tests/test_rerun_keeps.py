@@ -18,7 +18,7 @@ from base.run.pipeline import run as run_pipeline
 
 def _evaluate(compose, tmp_path, out, *overrides):
     cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", "method=router_sum", "budget=3",
-                   f"artifacts_dir={tmp_path}/artifacts", *overrides])
+                   f"artifacts_dir={tmp_path}/artifacts", "diagnose.enabled=false", *overrides])
     return run_pipeline(run.build_config(cfg, out, "method=router_sum,budget=3", "method=router_sum,budget=3"),
                         OmegaConf.to_yaml(cfg, resolve=True))
 

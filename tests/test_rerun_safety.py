@@ -23,7 +23,8 @@ from base.run import outputs, run_folder
 from base.run.pipeline import run as run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "method=router_sum", "budget=3"]
+FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "method=router_sum", "budget=3",
+        "diagnose.enabled=false"]  # the calibration-time diagnostic is tests/test_diagnose.py's
 BRACKETED = "throughput.methods=[dense,base],budget=3"  # a list override's run name: a glob character class
 
 

@@ -173,13 +173,13 @@ def test_fit_and_throughput_stages(compose, tmp_path):
 @pytest.mark.slow
 def test_many_overrides_fit_in_a_folder_name(tmp_path):
     """Hydra names a run folder by its overrides; past a file-name limit the name gets a hash."""
-    long = [f"throughput.methods=[{','.join(['dense'] * 60)}]", "stage=describe", "model.device=meta",
+    long = [f"throughput.budgets=[{','.join(str(m) for m in range(1, 61))}]", "stage=describe", "model.device=meta",
             "model=qwen3_30b", "model.init=random"]
     proc = _run(tmp_path, *long)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (folder,) = _runs_in(tmp_path / "default")
     assert len(folder.name) <= 120
-    assert "dense" in json.loads((folder / "report.json").read_text())["overrides"]
+    assert "throughput.budgets=[1,2,3" in json.loads((folder / "report.json").read_text())["overrides"]
 
 
 @pytest.mark.slow  # tests/test_placement.py describes a model in process
@@ -221,7 +221,7 @@ def test_a_changed_config_in_the_same_folder_reruns(compose, tmp_path, capsys):
     reports = []
     for batch_size in (8, 8, 4):
         cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", "method=router_sum", "budget=3",
-                       f"batch_size={batch_size}", f"artifacts_dir={tmp_path}/a"])
+                       f"batch_size={batch_size}", f"artifacts_dir={tmp_path}/a", "diagnose.enabled=false"])
         reports.append(run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True)))
     assert reports[1] is None and "same config); skipping" in capsys.readouterr().out  # unchanged: skipped
     assert reports[2]["batch_size"] == 4 and reports[2]["config_hash"] != reports[0]["config_hash"]

@@ -116,7 +116,8 @@ def test_a_killed_sweep_resumes(tmp_path):
     """SIGKILL the whole sweep once its first run has finished and the second started; the same
     command then skips the finished run and reruns the others (the killed one included)."""
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", f"outputs_dir={tmp_path}", f"artifacts_dir={tmp_path}/art",
-           "logger=none", "model=tiny_qwen3", "task=smoke", "method=router_sum", "budget=2,3,4", "batch_size=8"]
+           "logger=none", "model=tiny_qwen3", "task=smoke", "method=router_sum", "budget=2,3,4", "batch_size=8",
+           "diagnose.enabled=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

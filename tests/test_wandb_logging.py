@@ -40,7 +40,7 @@ def test_a_run_logs_to_one_sync_folder_with_group_tags_and_name(compose, tmp_pat
     real_init = wandb.init
     monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(real_init(**kw)) or seen[-1])
     cfg = compose(["model=tiny_qwen3", "task=smoke", "task.limit=2", "method=router_sum", "budget=2",
-                   "logger=wandb", f"outputs_dir={tmp_path}/outputs", "exp_name=sweep7"])
+                   "diagnose.enabled=false", "logger=wandb", f"outputs_dir={tmp_path}/outputs", "exp_name=sweep7"])
     out = tmp_path / "outputs" / "sweep7" / "run1"
     run_pipeline(run.build_config(cfg, out, "budget=2,method=router_sum"), OmegaConf.to_yaml(cfg, resolve=True))
     logged = seen[0]
@@ -57,7 +57,7 @@ def test_a_finished_run_is_logged_afterwards_from_its_folder(compose, tmp_path):
     from base.run.pipeline import run as run_pipeline
 
     cfg = compose(["model=tiny_qwen3", "task=smoke", "task.limit=2", "method=router_sum", "budget=2",
-                   "logger=none", "exp_name=late"])
+                   "diagnose.enabled=false", "logger=none", "exp_name=late"])
     out = tmp_path / "late" / "run"
     run_pipeline(run.build_config(cfg, out, "budget=2,method=router_sum"), OmegaConf.to_yaml(cfg, resolve=True))
     done = log_folder(out, "offline", str(tmp_path / "wb"))
