@@ -23,13 +23,14 @@ $(PY):  # a first install, for targets that need the environment but not the lat
 	$(MAKE) install
 
 # Tests run in TEST_JOBS worker processes (pytest-xdist), one thread each: on 2 cores, two workers
-# with torch's default threads would oversubscribe them.
+# with torch's default threads would oversubscribe them. worksteal: an idle worker takes queued tests
+# from the other, so a few long tests near the end do not leave one core idle.
 TEST_JOBS ?= 2
 test: $(STAMP)  ## the fast tier: one representative of every group (CPU; slow and GPU tests left out; CI runs this)
-	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS)
+	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
 
 test-all: $(STAMP)  ## every CPU test, the slow ones included (GPU tests skip without a GPU)
-	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS) -m "slow or not slow"
+	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "slow or not slow"
 
 gpu-test:  ## every GPU test on a CUDA machine (< 8 min on an H200), JUnit XML + log -> outputs/gpu_tests/ (commit the log under results/gpu_tests/)
 	$(OFFLINE) bash experiments/gpu/gpu_test.sh

@@ -197,6 +197,7 @@ def test_gpu_triton_backend_and_base_triton_match_torch(name, selector):
     assert kept == kept_ref and max(kept) <= 5
 
 
+@pytest.mark.slow
 def test_the_layers_residual_add_in_the_expert_kernel_leaves_the_logits_unchanged(monkeypatch):
     """The compiled decode step runs each layer as its attention half, then the budgeted block with
     the residual stream (base/runtime/regional.py): the expert kernel adds it in its last launch.

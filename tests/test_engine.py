@@ -112,6 +112,7 @@ def test_recorder_grows_past_its_capacity_in_eager_decoding(mini):
     assert len(rows) == (cap + 9) * L and rows[-1]["step"] == cap + 9
 
 
+@pytest.mark.slow
 def test_a_graph_is_captured_again_when_the_recorder_grows(mini, monkeypatch):
     """Chunked decoding (a host stop check per step, as in evaluation) past the recorder's capacity:
     the statistics buffer is reallocated, so the step must be captured again. On a CPU a stand-in

@@ -119,6 +119,7 @@ def test_the_stamp_command_refuses_a_file_that_is_not_a_results_table(capsys):
 
 # ---- the writers: the quality grids --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_ablation_tables_carry_the_runs_engine_and_a_folder_of_two_is_refused(tmp_path):
     from analysis.ablation import main as ablation_main
     from tests.outputs_fixture import fidelity_run
@@ -147,6 +148,7 @@ def test_the_quality_table_carries_its_runs_engine(tmp_path):
     assert t.columns[-1] == "engine" and set(t["engine"]) == {"s1-generate-cpu"}  # static batches on the CPU
 
 
+@pytest.mark.slow
 def test_the_quality_diff_takes_its_sources_engine_and_refuses_two(tmp_path, capsys):
     from analysis.quality_diff import main
 

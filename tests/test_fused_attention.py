@@ -281,6 +281,7 @@ def test_gpu_compiled_graph_with_the_fused_op_equals_eager(method, fold, continu
     assert results[1] == results[0]
 
 
+@pytest.mark.slow
 def test_the_fused_op_compiles_in_place_inside_a_region():
     """Inside torch.compile (as in the engine's compiled attention half) the op writes the caches it
     declares mutated in place: no cache-sized temporary, no clone, no graph break; the output and

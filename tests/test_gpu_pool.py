@@ -8,6 +8,8 @@ from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = """
@@ -56,6 +58,7 @@ def test_workers_take_different_gpus_and_keep_them(tmp_path):
     _never_two_at_once(rows)
 
 
+@pytest.mark.slow
 def test_more_workers_than_gpus_share_without_overlap(tmp_path):
     rows = _workers(tmp_path, "g0,g1", [2, 2, 2], hold=0.2)
     assert len(rows) == 6 and {r[1] for r in rows} == {"g0", "g1"}

@@ -58,6 +58,7 @@ def test_the_probe_answers_within_its_timeout():
     assert time.perf_counter() - t0 < 1.5
 
 
+@pytest.mark.slow
 def test_run_py_without_network_says_so_once(tmp_path):
     if run.reachable():
         pytest.skip("huggingface.co is reachable from here")

@@ -237,6 +237,7 @@ def test_records_round_trip_and_refusal(grid, tmp_path):
         A.read_records(tmp_path / "nothing")
 
 
+@pytest.mark.slow
 def test_committed_replication_calls_re_derive_from_the_committed_records():
     """results/replication_paired.csv's primary calls, again from results/records/replication_*.csv.gz."""
     root = A.ROOT

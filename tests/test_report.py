@@ -352,6 +352,7 @@ def test_make_report_on_the_committed_results_is_one_page(tmp_path, no_rendering
     assert "make report-all" in text and "# Your runs" not in text
 
 
+@pytest.mark.slow
 def test_your_runs_are_shown_only_in_their_own_section(tmp_path, no_rendering):
     """A user's smoke sweep (exp_name `default`) under outputs/ is never listed or drawn among the
     committed grids: it has its own section, figures and calls, and the page stays at 8 figures."""
@@ -434,6 +435,7 @@ def test_run_logger_turns_selection_and_throughput_rows_into_charts():
     assert sorted((r[1], r[0], r[2]) for r in tps) == [("base@8", 1, 120), ("base@8", 16, 900), ("dense", 1, 100)]
 
 
+@pytest.mark.slow
 def test_report_logs_its_figures_to_one_wandb_run(tmp_path, outputs, monkeypatch, capsys):
     """`make report LOG=wandb`: the figures and tables go to one run (offline: nothing leaves), and the
     command ends with the folder it wrote and the `wandb sync` line that uploads it."""

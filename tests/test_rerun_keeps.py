@@ -37,6 +37,7 @@ def test_a_rerun_after_the_task_changed_keeps_the_earlier_result(compose, tmp_pa
     assert len((out / "samples.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_a_truncated_finished_run_is_run_again_and_an_intact_one_skipped(compose, tmp_path, capsys):
     out = tmp_path / "exp" / "budget=3,method=router_sum"
     assert _evaluate(compose, tmp_path, out, "task.limit=3") is not None

@@ -249,6 +249,7 @@ def test_two_processes_computing_one_artifact(tmp_path):
     assert not [p for p in calib_dir.iterdir() if ".tmp" in p.name]
 
 
+@pytest.mark.slow
 def test_run_log_ends_with_the_results_the_run_prints(compose, tmp_path, capsys):
     """run.log holds lm-eval's and transformers' log records, and then the table run.py prints at
     the end (base/run/report.py): a run folder alone says how the run ended."""

@@ -171,7 +171,7 @@ def scratch():
         yield Path(d)
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, database=None,
+@settings(max_examples=6, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_drawn_overrides_validate_or_fail_with_a_config_error(data, scratch):

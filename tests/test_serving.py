@@ -106,6 +106,31 @@ def _tiny_run(tmp_path: Path, mode: str, method: str, *more: str) -> list[str]:
             "throughput.budgets=[2]", "stream.prompt_len=[3,9]", "stream.output_len=[2,5]", *more]
 
 
+def test_a_lean_serving_run_rotates_the_order_and_serves_every_variant_the_same_requests(compose, tmp_path):
+    """`make test`'s serve run (the full one above is in the slow tier): two repeats of one burst,
+    the order rotated, the same requests in every stream, each stream's totals its records' and a
+    step probe per variant."""
+    from omegaconf import OmegaConf
+
+    import run
+    from base.run.pipeline import run as run_pipeline
+
+    cfg = compose(_tiny_run(tmp_path, "serve", "base", "serve.requests=2", "serve.rates=[null]", "serve.repeats=2", "seed=5"))
+    out = tmp_path / "run"
+    report = run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True))
+    streams = pd.read_csv(out / "serve.csv")
+    requests = pd.read_json(out / "requests.jsonl", lines=True)
+    assert len(streams) == 2 * 2 and len(requests) == 2 * len(streams) and set(streams["arrivals"]) == {"burst"}
+    assert [o["order"] for o in report["serve_info"]["orders"]] == [["dense", "base"], ["base", "dense"]]
+    shape = requests.groupby(["repeat", "variant"])[["prompt_tokens", "output_tokens"]].agg(tuple)
+    assert shape["prompt_tokens"].nunique() == 1 and shape["output_tokens"].nunique() == 1
+    for _, s in streams.iterrows():
+        g = requests[(requests["repeat"] == s["repeat"]) & (requests["variant"] == s["variant"])]
+        assert s["output_tokens"] == g["output_tokens"].sum() and s["duration_s"] == pytest.approx(g["last_token_s"].max())
+    assert pd.read_csv(out / "step_probe.csv")["variant"].tolist() == ["dense", "base"]
+
+
+@pytest.mark.slow
 def test_a_tiny_serving_run_fills_every_column(compose, tmp_path):
     """run.py's pipeline on the CPU: every (repeat, variant, rate) serves the same requests on the
     same seeded schedule; the records hold each metric and agree with the formulas."""

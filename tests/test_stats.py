@@ -89,6 +89,7 @@ def test_tie_needs_the_equivalence_test_and_enough_prompts():
     assert 0 < t["mdd"].iloc[0] < t["mdd"].iloc[1]  # no discordant prompt still bounds what 800 detect
 
 
+@pytest.mark.slow
 def test_holm_turns_an_isolated_hit_among_many_calls_into_inconclusive():
     rng = np.random.default_rng(1)
     a = (rng.random(400) < 0.8).astype(float)
@@ -173,6 +174,7 @@ def _row(metric: str, p: float, p_tost: float = 1.0, diff: float = 0.0, excluded
     return {"metric": metric, "diff": diff, "p": p, "p_tost": p_tost, "se": 0.01, "excluded": excluded}
 
 
+@pytest.mark.slow
 def test_grid_calls_leave_mirrors_and_null_rows_out_of_the_family():
     import pandas as pd
 
@@ -186,6 +188,7 @@ def test_grid_calls_leave_mirrors_and_null_rows_out_of_the_family():
     assert t["mdd"].iloc[0] == pytest.approx(S.mdd(0.01, 2))
 
 
+@pytest.mark.slow
 def test_accuracy_is_never_a_tie_unless_planned_for():
     import pandas as pd
 

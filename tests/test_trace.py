@@ -26,7 +26,7 @@ def _requests(n: int, seed: int) -> list[Request]:
                     int(torch.randint(2, 9, (1,), generator=g))) for _ in range(n)]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def test_the_online_selection_is_the_offline_one_on_the_states_it_met(model, backend):
     arts = model_artifacts(model)
     selector = build_selector("base", arts)

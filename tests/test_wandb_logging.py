@@ -77,6 +77,7 @@ def test_log_run_refuses_a_folder_that_holds_no_finished_run(tmp_path):
     assert not (tmp_path / "wb").exists()
 
 
+@pytest.mark.slow
 def test_a_run_logged_offline_ends_with_the_sync_command_the_installed_wandb_takes(compose, tmp_path, capsys):
     """wandb 0.2x/0.3x has no `--sync-all` and keeps runs one folder deeper: the run's report, its
     printed summary and its run.log name `wandb sync <its folder>`, which the installed wandb finds."""
