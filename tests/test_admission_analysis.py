@@ -45,6 +45,7 @@ def test_one_seed_uses_the_exact_test_on_prompts(tmp_path):
     assert row["p"] == 0.0625  # 5 discordant, all one way: 2 * (1/2)^5
 
 
+@pytest.mark.slow
 def test_seed_to_seed_variation_widens_the_interval_and_dense_is_left_out(tmp_path):
     """Union gains 30 prompts in one seed and loses 10 in the other: the prompt-level error alone
     would call the +0.05 mean a difference; with the seeds as a random factor it is inconclusive.

@@ -57,6 +57,7 @@ with file_lock(directory):
 """
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_nothing_half_written(compose, tmp_path):
     import run
     from base.hf.families import find_moe_layers

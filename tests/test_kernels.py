@@ -208,6 +208,7 @@ def test_score_matches_selectors(kind, T, E, K, H):
         torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_select_step_matches_selector_and_reassign():
     T, E, K, H = 16, 64, 6, 48
     b = make_batch(T, E, K, H, seed=5)
