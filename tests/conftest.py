@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 for key, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -29,6 +28,8 @@ def _sample_parametrized(items) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m 'not slow'` deselects
 def pytest_collection_modifyitems(config, items):
+    import torch  # here, not at the top: xdist's controller process never needs it (1 s of every `make test`)
+
     _sample_parametrized(items)
     if torch.cuda.is_available():
         return
