@@ -7,6 +7,7 @@
 #   GPU_TEST_OUT=dir       where gpu_tests.xml and gpu_tests.log go (default $OUT, else outputs/gpu_tests)
 #   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit)
 #   GPU_TEST_FILES=...     a subset (default: every test file)
+#   BASE_COMMIT=sha        the commit the log names (default: git's HEAD where it runs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/gpu/env.sh
@@ -17,7 +18,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  # a device call's copy of .git can be older than its working tree: BASE_COMMIT=<host's HEAD> names the tree
+  echo "commit ${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')}"
 } > "$out/gpu_tests.log" 2>&1
 timeout "${GPU_TEST_S:-480}" "$PY" -m pytest -m gpu -v -p no:cacheprovider --durations=25 --junitxml="$out/gpu_tests.xml" \
   ${GPU_TEST_FILES:-tests} >> "$out/gpu_tests.log" 2>&1
