@@ -29,6 +29,8 @@ and names the engine of runs recorded before it existed from their config.
 """
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,25 @@ STATIC_VERSION = 1
 THROUGHPUT_VERSION = 1
 
 
+NAMED_COMMIT = "BASE_COMMIT"  # a device machine's copy of .git can be older than the tree it runs
+
+
+def named_commit() -> str | None:
+    """BASE_COMMIT, when set: the commit a run names instead of git's HEAD (a GPU call passes the
+    host's HEAD, e.g. `BASE_COMMIT=d85acdf bash experiments/gpu/roofline.sh`); ValueError unless it
+    is 7 to 40 hex digits, so a run with a bad value is refused at start (preflight)."""
+    value = os.environ.get(NAMED_COMMIT, "").strip()
+    if value and not re.fullmatch(r"[0-9a-f]{7,40}", value):
+        raise ValueError(f"{NAMED_COMMIT}={value!r} is not a commit: give 7 to 40 hex digits "
+                         f"(git rev-parse --short HEAD), or unset it")
+    return value or None
+
+
 def commit(root: Path) -> dict[str, Any]:
-    """The checkout's commit (short) and whether tracked files differ from it; None outside git."""
+    """The checkout's commit (short) and whether tracked files differ from it; None outside git.
+    With BASE_COMMIT set, that commit, `dirty` unknown (None) and `commit_from` saying so."""
+    if (named := named_commit()) is not None:
+        return {"commit": named, "dirty": None, "commit_from": NAMED_COMMIT}
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip()

@@ -7,3 +7,5 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# BASE_COMMIT=<sha>, set on the call's command line with the host's HEAD written out: the device's
+# copy of .git can be older than the tree it runs (run.py's report.json and gpu_test.sh's log name it).
