@@ -169,3 +169,17 @@ def test_a_fit_on_too_few_tokens_says_so_in_its_metadata():
     warnings = fit_predictor(thin, PredictorConfig()).meta["warnings"]
     assert any(f"{L} of {L * E} (layer, expert) fits had fewer than 2" in w for w in warnings)
     assert any(f"than its {H} weights" in w for w in warnings)
+
+
+@pytest.mark.gpu
+def test_gpu_the_fit_on_the_gpu_is_the_cpu_fit():
+    """A GPU run solves its regressions on the GPU (base/run/artifacts.py passes the model's device):
+    the same weights as the CPU's to float64 rounding, stored on the CPU."""
+    W_LHE, b_LE, g, noise = planted()
+    calib = synthetic_calibration(W_LHE, b_LE, g, noise)
+    cfg = PredictorConfig(ridge=1e-2, holdout=0.2)
+    cpu, gpu = fit_predictor(calib, cfg, seed=0), fit_predictor(calib, cfg, seed=0, device="cuda")
+    assert gpu.w_LHE.device.type == "cpu" and gpu.b_LE.device.type == "cpu"
+    torch.testing.assert_close(gpu.w_LHE, cpu.w_LHE, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gpu.b_LE, cpu.b_LE, rtol=1e-5, atol=1e-6)
+    assert gpu.meta["r2"] == pytest.approx(cpu.meta["r2"], abs=1e-6)

@@ -95,9 +95,9 @@ def ridge_fit(x_nH: Tensor, y_n: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     n, H = xc.shape
     lam = ridge * (xc.pow(2).sum() / H).clamp_min(1e-12)
     if n >= H:
-        w = torch.linalg.solve(xc.T @ xc + lam * torch.eye(H, dtype=xc.dtype), xc.T @ yc)
+        w = torch.linalg.solve(xc.T @ xc + lam * torch.eye(H, dtype=xc.dtype, device=xc.device), xc.T @ yc)
     else:
-        w = xc.T @ torch.linalg.solve(xc @ xc.T + lam * torch.eye(n, dtype=xc.dtype), yc)
+        w = xc.T @ torch.linalg.solve(xc @ xc.T + lam * torch.eye(n, dtype=xc.dtype, device=xc.device), yc)
     return w, y_mean - x_mean @ w
 
 
@@ -112,9 +112,11 @@ def _pairs(layer, rows: Tensor, fit_on: str) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0,
-                  progress: Callable[[int], None] | None = None) -> Predictor:
+                  progress: Callable[[int], None] | None = None, device: torch.device | str = "cpu") -> Predictor:
     """One ridge fit per (layer, expert) on the calibration's routed (or all) pairs, with held-out
-    R^2 per layer; `progress(1)` after each layer (a progress bar's update)."""
+    R^2 per layer; `progress(1)` after each layer (a progress bar's update). The solves run on
+    `device` (the model's: a GPU run's fit of Qwen3-30B-A3B's 6,144 regressions took 199 s on the
+    host's CPU); everything else, and the result, stays on the CPU."""
     E, L, H = calib.meta["num_experts"], calib.meta["num_layers"], calib.meta["hidden"]
     if cfg.fit_on == "all" and calib.layers[0].norms_NE is None:
         raise ValueError("predictor.fit_on=all needs calibration.all_experts=true")
@@ -127,6 +129,7 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0,
         n_hold = max(1, int(N * cfg.holdout))
         hold, train = perm[:n_hold], perm[n_hold:]
         z = layer.z_NH.double()
+        z_dev = z.to(device)
         t_rows, t_exp, t_y = _pairs(layer, train, cfg.fit_on)
         counts_E = torch.bincount(t_exp, minlength=E)
         constant.append(int((counts_E < 2).sum()))
@@ -137,12 +140,12 @@ def fit_predictor(calib: Calibration, cfg: PredictorConfig, seed: int = 0,
                 b_LE[li, u] = t_y.mean() if t_y.numel() else 0.0
                 continue
             try:
-                w, b = ridge_fit(z[t_rows[sel]], t_y[sel].double(), cfg.ridge)
+                w, b = ridge_fit(z_dev[t_rows[sel].to(device)], t_y[sel].double().to(device), cfg.ridge)
             except torch.linalg.LinAlgError:  # ridge=0 on collinear inputs: no unique least-squares fit
                 raise ConfigError(f"the predictor fit of layer {li} expert {u} is singular with predictor.ridge="
                                   f"{cfg.ridge}: its calibration inputs are collinear; set predictor.ridge > 0 "
                                   f"(the default is 0.01)") from None
-            w_LHE[li, :, u], b_LE[li, u] = w.float(), float(b)
+            w_LHE[li, :, u], b_LE[li, u] = w.float().cpu(), float(b)
         # Held-out R^2 on routed pairs: against the pooled mean, and within experts (the token-
         # dependent part a static per-expert energy cannot capture).
         h_rows, h_exp, h_y = _pairs(layer, hold, "routed")

@@ -194,7 +194,9 @@ def ensure_predictor(cfg: RunConfig, model: nn.Module, tokenizer, layers: list[M
                 return pred, path
         clear_temp(path.parent)
         with progress(total=len(calib.layers), desc="fit predictor", unit="layer") as bar:
-            pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed, progress=bar.update)
+            device = next(model.parameters()).device
+            pred = fit_predictor(calib, cfg.predictor, seed=cfg.seed, progress=bar.update,
+                                 device=device if device.type == "cuda" else "cpu")
         pred.save(path)
         print(f"[base] predictor fitted: {path}", flush=True)
     return pred, path
