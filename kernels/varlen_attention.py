@@ -147,9 +147,10 @@ def varlen_attention(q_THD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, row_T: Tenso
 
 def varlen_attention_reference(q_THD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, row_T: Tensor, last_T: Tensor,
                                scaling: float, window: int = 0, sinks_H: Tensor | None = None) -> Tensor:
-    """The same in PyTorch, float32, one row at a time: the tokens of a row against its cache, not
-    gathered per token (3.7x faster on a CPU at a packed prefill of 16 prompts). Its host loop
-    over rows syncs, so it is not graph-safe: used where the kernel is not (CPU) and as the tests' reference."""
+    """The same in PyTorch, float32, one row at a time: the tokens of a row against its cache, read
+    once per row rather than gathered once per token (a CPU evaluation's packed prefills spent most
+    of their time in that gather). Its host loop over rows syncs, so it is not graph-safe: used
+    where the kernel is not (CPU) and as the tests' reference."""
     T, Hq, D = q_THD.shape
     K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
     G = Hq // K
