@@ -33,20 +33,12 @@ from base.run.model_checks import (
     check_tokenizer,
     meta_model,
 )
-
-
-def _check_named_commit() -> None:
-    from base.run.provenance import named_commit
-
-    try:
-        named_commit()
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+from base.run.provenance import named_commit
 
 
 def preflight(cfg: RunConfig) -> None:
     check_kernels_name_clash()
-    _check_named_commit()
+    named_commit()  # BASE_COMMIT, if set, names a commit
     check_names(cfg)
     _check_device(cfg)
     check_decode_steps(cfg.throughput if cfg.stage == "throughput" else None, _on_gpu(cfg))

@@ -35,6 +35,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from base.checks import ConfigError
+
 CONTINUOUS_VERSION = 3
 STATIC_VERSION = 1
 THROUGHPUT_VERSION = 1
@@ -45,11 +47,11 @@ NAMED_COMMIT = "BASE_COMMIT"  # a device machine's copy of .git can be older tha
 
 def named_commit() -> str | None:
     """BASE_COMMIT, when set: the commit a run names instead of git's HEAD (a GPU call passes the
-    host's HEAD, e.g. `BASE_COMMIT=d85acdf bash experiments/gpu/roofline.sh`); ValueError unless it
-    is 7 to 40 hex digits, so a run with a bad value is refused at start (preflight)."""
+    host's HEAD, e.g. `BASE_COMMIT=d85acdf bash experiments/gpu/roofline.sh`); ConfigError unless
+    it is 7 to 40 hex digits, so a run with a bad value is refused at start (preflight)."""
     value = os.environ.get(NAMED_COMMIT, "").strip()
     if value and not re.fullmatch(r"[0-9a-f]{7,40}", value):
-        raise ValueError(f"{NAMED_COMMIT}={value!r} is not a commit: give 7 to 40 hex digits "
+        raise ConfigError(f"{NAMED_COMMIT}={value!r} is not a commit: give 7 to 40 hex digits "
                          f"(git rev-parse --short HEAD), or unset it")
     return value or None
 
