@@ -22,7 +22,10 @@ from analysis.engines import one_engine, run_engine, with_engine
 
 def profile_rows(exp_dir: Path) -> pd.DataFrame:
     """Every profile row of every run (long form: one row per variant and kernel class, with ms and
-    kernels per step and per decoder layer)."""
+    kernels per step and per decoder layer). The expert FFN's rows of a run that recorded its
+    expert size (report.json's expert_bytes) also carry the bytes its kept experts' weights take
+    per step (MoE layers x kept x expert bytes: each read once), the TB/s that makes in the
+    profiled kernel time, and (copy_gbps recorded, CUDA runs) that as a share of copy bandwidth."""
     frames = []
     for report in sorted(exp_dir.glob("*/report.json")):
         rep = json.loads(report.read_text())
@@ -30,8 +33,26 @@ def profile_rows(exp_dir: Path) -> pd.DataFrame:
             df = pd.DataFrame(rep["profile"])
             df.insert(0, "routing", rep.get("routing", "uniform"))
             df.insert(0, "model", rep["model"])
+            if rep.get("expert_bytes"):
+                df = _expert_bandwidth(df, rep)
             frames.append(with_engine(df, run_engine(report.parent)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _expert_bandwidth(df: pd.DataFrame, rep: dict) -> pd.DataFrame:
+    def budget(x) -> float | None:
+        return None if x is None or pd.isna(x) else float(x)
+
+    kept = {(r["batch_size"], r["variant"], budget(r.get("budget"))): r["kept_mean"] for r in rep.get("throughput", [])
+            if r.get("kept_mean") is not None}  # the eager reference row (GPU runs) copies its graph row's
+    ffn = df["class"] == "expert FFN"
+    gb = [rep["moe_layers"] * kept.get((b, v, budget(m)), float("nan")) * rep["expert_bytes"] / 1e9 if f
+          else float("nan") for b, v, m, f in zip(df["batch_size"], df["variant"], df["budget"], ffn)]
+    df = df.assign(expert_gb_per_step=gb)
+    df["expert_tb_per_s"] = df["expert_gb_per_step"] / df["ms_per_step"]
+    if rep.get("copy_gbps"):
+        df["expert_of_copy"] = 1e3 * df["expert_tb_per_s"] / rep["copy_gbps"]
+    return df
 
 
 CLASSES = ("attention + norms", "attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP", "LM head",

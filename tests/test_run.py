@@ -143,7 +143,7 @@ def test_fit_and_throughput_stages(compose, tmp_path):
     _, fit = _run_here(compose, tmp_path, "stage=fit")
     r2 = pd.read_csv(fit / "predictor.csv")
     assert len(r2) == 2 and r2["r2"].notna().all()
-    _, tp = _run_here(compose, tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
+    report, tp = _run_here(compose, tmp_path, "stage=throughput", "method=count", "budget=3", "throughput.batch_sizes=[4]",
                       "throughput.prompt_len=6", "throughput.gen_tokens=4", "throughput.stats_steps=3",
                       "throughput.methods=[dense,count,oea:1]", "throughput.budgets=[2,3]",
                       "throughput.profile_batch=4", "throughput.repeats=2")
@@ -168,6 +168,16 @@ def test_fit_and_throughput_stages(compose, tmp_path):
         assert parts == pytest.approx(one.loc[one["class"] == "total", "ms_per_step"].iloc[0], rel=1e-6)
         n = one.loc[one["class"] != "total", "kernels_per_step"].sum()
         assert n == pytest.approx(one.loc[one["class"] == "total", "kernels_per_step"].iloc[0]) and n > 0
+    # tiny_qwen3's expert: gate, up and down, 64 x 32 each, float32; no copy bandwidth on a CPU
+    assert report["expert_bytes"] == 3 * 64 * 32 * 4 and "copy_gbps" not in report
+    from analysis.throughput import profile_rows
+
+    ffn = profile_rows(tmp_path).query("`class` == 'expert FFN'").set_index("variant")
+    kept = rows[rows["budget"].isin([2]) | rows["budget"].isna()].set_index("variant")["kept_mean"]
+    for variant in ("dense", "count"):  # MoE layers x experts kept x bytes, read once a step
+        gb = 2 * kept[variant] * report["expert_bytes"] / 1e9
+        assert ffn.loc[variant, "expert_gb_per_step"] == pytest.approx(gb)
+        assert ffn.loc[variant, "expert_tb_per_s"] == pytest.approx(gb / ffn.loc[variant, "ms_per_step"])
 
 
 @pytest.mark.slow

@@ -353,7 +353,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         return
     report["method_config"] = vars(cfg.method)
     if cfg.stage == "throughput":
-        from base.runtime.throughput import measure
+        from base.runtime.throughput import copy_gbps, expert_bytes, measure
 
         budgeters: dict[tuple, Any] = {}
 
@@ -404,6 +404,10 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         report["profile"] = profile
         logger.table("throughput", rows)
         report["throughput"] = rows
+        # what the expert FFN's bandwidth is read against (analysis/throughput.py's profile rows)
+        report["expert_bytes"] = expert_bytes(layers[0])
+        if next(model.parameters()).device.type == "cuda":
+            report["copy_gbps"] = copy_gbps(next(model.parameters()).device)
         _record_hardware(model, report, cfg)
         return
     # evaluate

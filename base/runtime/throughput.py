@@ -81,6 +81,30 @@ def register_skip_experts() -> str:
     return SKIP_EXPERTS
 
 
+def copy_gbps(device: torch.device, gib: float = 1.0, reps: int = 10) -> float:
+    """The device's copy bandwidth, GB/s counting bytes read plus written: the median of `reps`
+    device-to-device copies of `gib` GiB (the expert FFN's bandwidth is reported as a share of it)."""
+    n = int(gib * 2**30) // 4
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    return 2 * n * 4 / statistics.median(times) / 1e9
+
+
+def expert_bytes(layer: nn.Module) -> int:
+    """Bytes of one expert's weights in a budgeted MoE layer (all its experts' parameters over E)."""
+    return sum(p.numel() * p.element_size() for p in layer.experts.parameters()) // layer.num_experts
+
+
 def _quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
