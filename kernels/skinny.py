@@ -13,8 +13,9 @@ program reading only its share of x) and the last share of a column block to fin
 shares' partials in share order, in the same launch: no reduce launch either way. Whether either
 beats cuBLAS on a GPU is for tools/bench_skinny.py to say: it writes, per (N, K, token bucket), the
 fastest launch and whether it beat cuBLAS ("skinny:N=<N>,K=<K>,T=<T>" in kernels/configs/<gpu>.json,
-`skinny_launch` reads it). The decode step uses it only under `throughput.regions=layer_skinny`
-(base/hf/skinny_proj.py), and there only where the table says it won.
+`skinny_launch` reads it). The decode step uses it for the attention's projections only under
+`throughput.regions=layer_skinny` (base/hf/skinny_proj.py), and there only where the table says it
+won; for the router's GEMM (base/method/backends.py) wherever the table says it won, with no switch.
 
     _skinny_kernel   grid (cdiv(N, BN), split): program (n, s) takes the s-th share of K and, per
                      tile of TB tokens (one tile up to TB tokens; a split launch takes one tile),
@@ -152,17 +153,19 @@ class SkinnyLaunch:
             raise ValueError(f"num_stages must be in [1, 8], got {self.num_stages}")
 
 
-def skinny_launch(N: int, K: int, T: int, device: torch.device, tuned_either_way: bool = False) -> SkinnyLaunch | None:
+def skinny_launch(N: int, K: int, T: int, device: torch.device, tuned_either_way: bool = False,
+                  require_tuned: bool = False) -> SkinnyLaunch | None:
     """The launch to use for this shape on this device, or None where cuBLAS is the better choice:
     the tuned entry's launch where it beat cuBLAS; None where it lost, above MAX_TOKENS, or off a GPU
-    (on the CPU F.linear is the reference); the built-in launch where nothing is tuned.
+    (on the CPU F.linear is the reference); the built-in launch where nothing is tuned, or None with
+    `require_tuned` (the router's GEMM, which no switch asks for: only a measured win moves it).
     `tuned_either_way`: the tuned launch even where it lost (the norm form, which also saves the
     norm's own launch)."""
     if device.type != "cuda" or T > MAX_TOKENS:
         return None
     entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
     if not entry:
-        return SkinnyLaunch()
+        return None if require_tuned else SkinnyLaunch()
     if not entry.get("use", False) and not tuned_either_way:
         return None
     return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],

@@ -180,7 +180,7 @@ def _launches_seen(monkeypatch, launch: SkinnyLaunch) -> list:
 
     seen = []
     kernel = ks.skinny_linear
-    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, tuned_either_way=False: launch)
+    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, tuned_either_way=False, require_tuned=False: launch)
     monkeypatch.setattr(ks, "skinny_linear", lambda x, w, la, *a: seen.append(la) or kernel(x, w, la, *a))
     return seen
 
@@ -216,3 +216,41 @@ def test_the_folded_norm_projection_equals_the_norm_module_then_f_linear(monkeyp
     seen = _launches_seen(monkeypatch, launch)
     torch.testing.assert_close(norm_linear(x, norm, w, None), expected, rtol=1e-5, atol=1e-4)
     assert seen == [launch]
+
+
+def test_the_router_gemm_moves_to_the_kernel_only_where_a_tuned_entry_won(monkeypatch):
+    """skinny_launch(require_tuned=True), the router's question: nothing tuned or a lost entry ->
+    cuBLAS (None); a won entry -> its launch (no switch asks for the router's GEMM on the kernel)."""
+    from kernels.skinny import skinny_launch
+
+    gpu = torch.device("cuda", 0)
+    won = {"block_n": 16, "block_k": 256, "num_stages": 2, "num_warps": 4, "use": True}
+    _table(monkeypatch, {("skinny:N=256,K=2048", 16): won, ("skinny:N=256,K=2048", 1): {**won, "use": False}})
+    assert skinny_launch(256, 2048, 16, gpu, require_tuned=True) == SkinnyLaunch(block_n=16, block_k=256, num_stages=2)
+    assert skinny_launch(256, 2048, 1, gpu, require_tuned=True) is None
+    assert skinny_launch(128, 2048, 16, gpu, require_tuned=True) is None  # nothing tuned: cuBLAS
+    assert skinny_launch(128, 2048, 16, gpu) == SkinnyLaunch()  # (a switch's projection: the built-in launch)
+
+
+def test_the_fused_selection_runs_its_router_gemm_on_the_kernel_when_told(monkeypatch):
+    """base/method/backends.py's `_fused_call`: with a launch from skinny_launch the router's GEMM
+    ([router; predictor] rows) goes through the kernel, and the routing and selection are those of
+    the F.linear path (same logits up to float rounding: the same routing here)."""
+    from base.method.backends import SoftmaxTopK, _fused_call
+
+    g = torch.Generator().manual_seed(8)
+    T, H, E, K = 6, 64, 16, 4
+    z, w_EH, pred_HE = torch.randn(T, H, generator=g), torch.randn(E, H, generator=g), torch.randn(H, E, generator=g)
+    from kernels.score import fuse_router_predictor
+
+    wcat = fuse_router_predictor(w_EH, 0.1 * pred_HE)
+    router = SoftmaxTopK(w_EH, K, norm_topk=True)
+    active = torch.ones(T, dtype=torch.bool)
+    kw = dict(kind="base", pred_b_E=torch.zeros(E))  # noqa: C408
+    batch_ref, dec_ref = _fused_call(router, wcat, z, active, 5, 0, **kw)  # CPU: skinny_launch None, F.linear
+    seen = _launches_seen(monkeypatch, SkinnyLaunch(block_n=16, block_k=32, num_stages=1))
+    batch, dec = _fused_call(router, wcat, z, active, 5, 0, **kw)
+    assert len(seen) == 1
+    torch.testing.assert_close(batch.probs_TE, batch_ref.probs_TE, rtol=1e-5, atol=1e-6)
+    assert torch.equal(batch.topk_idx_TK, batch_ref.topk_idx_TK) and torch.equal(dec.keep_E, dec_ref.keep_E)
+    assert torch.equal(dec.topk_idx_TK, dec_ref.topk_idx_TK)

@@ -76,14 +76,23 @@ class TorchSelection:
 
 def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: Tensor, budget: int | None,
                 layer: int, **kw) -> tuple[RoutedBatch, Decision]:
-    """The router's GEMM (cuBLAS; for `base` over [router; predictor] rows, so g comes with the
-    logits), then softmax, top-k and the selection in one kernel. The one-launch form with the GEMM
-    inside (`kernels.select.route_select_gemv`) measured slower on an H200: 19.1 against 17.3 us per
-    layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log, `gemv_rsum` against `route_rsum`)."""
+    """The router's GEMM (for `base` over [router; predictor] rows, so g comes with the logits),
+    then softmax, top-k and the selection in one kernel. The GEMM is cuBLAS's, or
+    kernels/skinny.py's where this GPU's tuned table says that beat cuBLAS for the shape and token
+    count (`python -m tools.bench_skinny --install`: its "router+pred" and "router" shapes). The
+    one-launch form with the GEMM inside (`kernels.select.route_select_gemv`) measured slower on an
+    H200: 19.1 against 17.3 us per layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log,
+    `gemv_rsum` against `route_rsum`)."""
     from kernels.select import route_select
+    from kernels.skinny import skinny_launch, skinny_linear
 
     E = router.weight_EH.shape[0]
-    out_TC = F.linear(z_TH, weight_CH)
+    C, H = weight_CH.shape
+    gemm = skinny_launch(C, H, z_TH.shape[0], z_TH.device, require_tuned=True)
+    if gemm is not None and z_TH.dtype == weight_CH.dtype:
+        out_TC = skinny_linear(z_TH, weight_CH, gemm)
+    else:
+        out_TC = F.linear(z_TH, weight_CH)
     logits_TE, g_TE = (out_TC[:, :E], out_TC[:, E:]) if weight_CH.shape[0] == 2 * E else (out_TC, None)
     # a skew's bias is added inside the kernel, in the weight dtype as the skewed router adds it (no launch)
     routing, out = route_select(logits_TE, router.top_k, active_T, budget, norm_topk=router.norm_topk,
