@@ -14,7 +14,8 @@ cuBLAS's in the same round (median and range). cuBLAS's time includes its split-
 where it splits; the graph's launch gaps are in both. A launch that needs more shared memory than
 the GPU has is left out. `--install` writes, per shape and token bucket, the fastest launch and
 whether it beat cuBLAS in every round ("use") into kernels/configs/<gpu>.json, where
-kernels.skinny.skinny_launch reads it (`throughput.regions=layer_skinny`).
+kernels.skinny.skinny_launch reads it (the router's GEMM, and the projections under
+`throughput.regions=layer_skinny`).
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from kernels.tuned import token_bucket
 from tools.timing import time_graph
 from tools.tune_kernels import install as install_table
 
-# (N, K); the router's GEMM (over [router; predictor] rows for base, the router alone for dense) is
-# timed for the record: nothing routes it to the kernel yet
+# (N, K); the router's GEMM (over [router; predictor] rows for base, the router alone for the other
+# rules) runs on the kernel wherever its installed entry says "use" (base/method/backends.py)
 SHAPES = {"o_proj": (2048, 4096), "qkv": (5120, 2048), "router+pred": (256, 2048), "router": (128, 2048)}
 SMOKE_SHAPES = {"smoke": (48, 64)}
 LAUNCH_COLUMNS = sorted(LAUNCH)  # SkinnyLaunch's fields, one column each
