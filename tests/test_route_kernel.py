@@ -298,20 +298,15 @@ SPLIT_RULES = [  # kind, tier, coverage, reassign, budget, inactive rows, after 
 ]
 
 
-@pytest.mark.parametrize("kind,tier,coverage,mode,M,idle,after", SPLIT_RULES)
-def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, coverage, mode, M, idle, after):
-    """SelectLaunch(split=True): one program per tile of tokens in two launches (each tile's routing
-    and partial sums, then every program ranks from the partials and reassigns its tile) against
-    the one-program launch at T = 37 (three tiles of 16, the last partial): routing, score, kept set
-    and reassignment equal bit for bit, for every tier, coverage, `drop`/`similar`, a budget the union
-    fits (64: pass 2 only for inactive rows), and after the model's own router (select_reassign)."""
-    from kernels.select import SelectLaunch, select_reassign
+def _launch_forms_agree(kind, tier, coverage, mode, M, idle, after, launches, seeds) -> None:
+    """One rule's case (`_rule_case`) through each launch in turn: every launch's routing (where the
+    kernel routes), score, kept set and reassignment equal the first's bit for bit."""
+    from kernels.select import select_reassign
 
     E, K = 64, 6
-    logits_TE, active_T, kw = _rule_case(kind, tier, coverage, mode, idle, seeds=(7, 3, 4))
+    logits_TE, active_T, kw = _rule_case(kind, tier, coverage, mode, idle, seeds=seeds)
     outs = []
-    for split in (False, True):
-        launch = SelectLaunch(tokens_per_tile=16, split=split)
+    for launch in launches:
         if after:
             probs_TE = logits_TE.softmax(-1)
             w_TK, idx_TK = probs_TE.topk(K, dim=-1)
@@ -319,14 +314,28 @@ def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, c
                                                launch=launch, **kw)))
         else:
             outs.append(route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, **kw))
-    (r1, s1), (r2, s2) = outs
-    if r1 is not None:
-        for a, b in zip((r1.probs_TE, r1.topk_idx_TK, r1.topk_w_TK), (r2.probs_TE, r2.topk_idx_TK, r2.topk_w_TK)):
+    (r1, s1), *others = outs
+    for r2, s2 in others:
+        if r1 is not None:
+            for a, b in zip((r1.probs_TE, r1.topk_idx_TK, r1.topk_w_TK), (r2.probs_TE, r2.topk_idx_TK, r2.topk_w_TK)):
+                assert torch.equal(a, b)
+        for a, b in zip((s1.score_E, s1.keep_E, s1.keep_M, s1.topk_idx_TK, s1.topk_w_TK),
+                        (s2.score_E, s2.keep_E, s2.keep_M, s2.topk_idx_TK, s2.topk_w_TK)):
             assert torch.equal(a, b)
-    for a, b in zip((s1.score_E, s1.keep_E, s1.keep_M, s1.topk_idx_TK, s1.topk_w_TK),
-                    (s2.score_E, s2.keep_E, s2.keep_M, s2.topk_idx_TK, s2.topk_w_TK)):
-        assert torch.equal(a, b)
-    assert int(s2.keep_E.sum()) <= (M or E)
+        assert int(s2.keep_E.sum()) <= (M or E)
+
+
+@pytest.mark.parametrize("kind,tier,coverage,mode,M,idle,after", SPLIT_RULES)
+def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, coverage, mode, M, idle, after):
+    """SelectLaunch(split=True): one program per tile of tokens in two launches (each tile's routing
+    and partial sums, then every program ranks from the partials and reassigns its tile) against
+    the one-program launch at T = 37 (three tiles of 16, the last partial): routing, score, kept set
+    and reassignment equal bit for bit, for every tier, coverage, `drop`/`similar`, a budget the union
+    fits (64: pass 2 only for inactive rows), and after the model's own router (select_reassign)."""
+    from kernels.select import SelectLaunch
+
+    _launch_forms_agree(kind, tier, coverage, mode, M, idle, after, seeds=(7, 3, 4),
+                        launches=[SelectLaunch(tokens_per_tile=16, split=split) for split in (False, True)])
 
 
 @pytest.mark.parametrize("kind,tier,coverage,mode,M,idle,after", SPLIT_RULES)
@@ -337,29 +346,10 @@ def test_the_spread_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, 
     partial): routing, score, kept set and reassignment equal bit for bit, for every tier,
     coverage, `drop`/`similar`, a budget the union fits, and after the model's own router. Twice
     in a row: the arrival counter returns to 0, so the second launch (a graph replay's) is right."""
-    from kernels.select import SelectLaunch, select_reassign
+    from kernels.select import SelectLaunch
 
-    E, K = 64, 6
-    logits_TE, active_T, kw = _rule_case(kind, tier, coverage, mode, idle, seeds=(9, 5, 6))
-    outs = []
-    for launch in (SelectLaunch(tokens_per_tile=4), SelectLaunch(tokens_per_tile=4, spread=True),
-                   SelectLaunch(tokens_per_tile=4, spread=True)):
-        if after:
-            probs_TE = logits_TE.softmax(-1)
-            w_TK, idx_TK = probs_TE.topk(K, dim=-1)
-            outs.append((None, select_reassign(probs_TE, idx_TK, w_TK / w_TK.sum(-1, keepdim=True), active_T, M,
-                                               launch=launch, **kw)))
-        else:
-            outs.append(route_select(logits_TE, K, active_T, M, norm_topk=True, launch=launch, **kw))
-    (r1, s1), *spread = outs
-    for r2, s2 in spread:
-        if r1 is not None:
-            for a, b in zip((r1.probs_TE, r1.topk_idx_TK, r1.topk_w_TK), (r2.probs_TE, r2.topk_idx_TK, r2.topk_w_TK)):
-                assert torch.equal(a, b)
-        for a, b in zip((s1.score_E, s1.keep_E, s1.keep_M, s1.topk_idx_TK, s1.topk_w_TK),
-                        (s2.score_E, s2.keep_E, s2.keep_M, s2.topk_idx_TK, s2.topk_w_TK)):
-            assert torch.equal(a, b)
-    assert int(spread[0][1].keep_E.sum()) <= (M or E)
+    _launch_forms_agree(kind, tier, coverage, mode, M, idle, after, seeds=(9, 5, 6),
+                        launches=[SelectLaunch(tokens_per_tile=4), *[SelectLaunch(tokens_per_tile=4, spread=True)] * 2])
 
 
 def test_a_launch_is_split_or_spread_not_both():
