@@ -1,0 +1,76 @@
+"""experiments/heldout/grid_calls.py: the pre-registered families from fixture runs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from experiments.heldout import grid_calls as gc
+
+
+def _run(root, model: str, method: str, budget, correct, mc: dict | None = None, agreement: dict | None = None,
+         engine: str = "c3-packed-cpu") -> None:
+    name = f"budget={budget},method={method}{','.join(f',{k}={v}' for k, v in (mc or {}).items())},model={model}"
+    d = root / f"heldout_grid_{model}" / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"method": {"name": method, **(mc or {})}}))
+    report = {"model": model, "method": method, "budget": budget, "summary": {"accuracy": float(np.mean(correct))},
+              "provenance": {"fingerprint": engine}, "diagnostic": {"mean_agreement": agreement or {}}}
+    (d / "report.json").write_text(json.dumps(report))
+    (d / "samples.jsonl").write_text("".join(json.dumps({"task": "t", "doc_id": i, "prompt_hash": f"h{i}", "correct": int(c)})
+                                             + "\n" for i, c in enumerate(correct)))
+
+
+def _grid(tmp_path, base_wins: bool = True, dense_acc: float = 0.8):
+    n = 200
+    rng = np.random.default_rng(0)
+    right = rng.random(n) < 0.8
+    worse = right.copy()
+    worse[:40] = False  # 40 prompts the weaker rule gets wrong that the stronger gets right
+    _run(tmp_path, "m1", "dense", None, rng.random(n) < dense_acc)
+    strong, weak = (right, worse) if base_wins else (worse, right)
+    agree = {"base": 0.9, "router_sq": 0.8} if base_wins else {"base": 0.8, "router_sq": 0.9}
+    _run(tmp_path, "m1", "base", 12, strong, agreement=agree)
+    _run(tmp_path, "m1", "router_sq", 12, weak)
+    _run(tmp_path, "m1", "base_anchor", 12, strong, mc={"k0": 1})
+    _run(tmp_path, "m1", "base", 12, weak, mc={"shrink": "auto"})
+    return tmp_path
+
+
+def test_the_families_pair_each_rule_with_the_others_and_call_them_after_holm(tmp_path, capsys):
+    root = _grid(tmp_path)
+    gc.main([str(root), str(tmp_path / "out" / "grid")])
+    cal = __import__("pandas").read_csv(tmp_path / "out" / "grid_calibrated.csv")
+    # the calibrated rule against base, router_sq and base_anchor (the others were not run)
+    assert sorted(cal["other"]) == ["base", "base_anchor(k0=1)", "router_sq"]
+    assert cal.set_index("other").loc["base", "call"] == "lower"  # 40 prompts to 0
+    assert cal.set_index("other").loc["router_sq", "call"] == "inconclusive"  # the same answers
+    assert (cal["p_holm"] >= cal["p"]).all()
+    out = capsys.readouterr().out
+    assert "calibrated BASE: called lower in 2 comparisons" in out
+    assert "base_anchor(k0=1): called lower in no comparison" in out
+    assert "diagnostic: validated (1 of 1 called cells agree in sign)" in out
+    assert "Partial" in out and "not run yet: olmoe64_s1" in out  # one fixture model of the seven
+
+
+def test_a_diagnostic_whose_sign_disagrees_is_not_validated(tmp_path, capsys):
+    root = _grid(tmp_path, base_wins=True)
+    report = root / "heldout_grid_m1" / "budget=12,method=base,model=m1" / "report.json"
+    r = json.loads(report.read_text())
+    r["diagnostic"]["mean_agreement"] = {"base": 0.7, "router_sq": 0.9}
+    report.write_text(json.dumps(r))
+    gc.main([str(root), str(tmp_path / "out" / "grid")])
+    assert "diagnostic: not validated (0 of 1 called cells agree in sign)" in capsys.readouterr().out
+
+
+def test_a_model_below_the_dense_floor_is_left_out_and_engines_are_not_mixed(tmp_path, capsys):
+    root = _grid(tmp_path, dense_acc=0.1)
+    gc.main([str(root), str(tmp_path / "out" / "grid")])
+    out = capsys.readouterr().out
+    assert "left out (dense below 0.3): m1" in out and "calibrated BASE: no comparisons yet" in out
+    _run(root, "m2", "dense", None, [1, 0, 1], engine="c2-packed-cpu")
+    with pytest.raises(SystemExit):
+        gc.main([str(root), str(tmp_path / "out" / "grid")])
+    assert "several engines" in capsys.readouterr().err
