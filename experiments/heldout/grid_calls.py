@@ -150,17 +150,18 @@ def main(argv: list[str]) -> None:
     missing = [m for m in MODELS if m not in set(all_runs["model"])]
     budgets = kept[kept["budget"].notna()].groupby("model")["budget"].nunique()
     partial = missing or any(budgets.get(m, 0) < 3 for m in set(kept["model"]))
-    text = [f"Made by `python -m experiments.heldout.grid_calls {argv[0]} {argv[1]}` from the runs of "
+    made = (f"Made by `python -m experiments.heldout.grid_calls {argv[0]} {argv[1]}` from the runs of "
             f"`bash experiments/heldout/grid.sh <model>` (engine `{all_runs['engine'].iloc[0]}`; "
-            "docs/preregistration_heldout.md: exact McNemar, Holm over each family).\n",
+            "docs/preregistration_heldout.md: exact McNemar, Holm over each family).\n")
+    spearman = (f"- Spearman over every cell's deployable rules, online accuracy against diagnostic agreement: "
+                f"rho = {rho:.3f} (p = {rho_p:.3g}; descriptive)\n")
+    text = [made,
             f"**{'Partial: ' if partial else ''}models run**: "
             + ", ".join(f"{m} (dense {dense.get(m, float('nan')):.3f})" for m in sorted(set(all_runs["model"])))
             + (f"; not run yet: {', '.join(missing)}" if missing else "")
             + (f"; left out (dense below {MIN_DENSE}): {', '.join(left_out)}" if left_out else "") + ".\n",
             "Decisions" + (" (on a partial family: not the pre-registered call)" if partial else "") + ":\n",
-            *[f"- {d}" for d in decisions(cal, rec, diag)],
-            f"- Spearman over every cell's deployable rules, online accuracy against diagnostic agreement: "
-            f"rho = {rho:.3f} (p = {rho_p:.3g}; descriptive)\n"]
+            *[f"- {d}" for d in decisions(cal, rec, diag)], spearman]
     for name, t in (("Calibrated BASE", cal), ("base_anchor(k0=1)", rec), ("Diagnostic", diag)):
         text += [f"\n## {name}\n", t.drop(columns=["family"]).to_markdown(index=False, floatfmt=".4f")
                  if not t.empty else "(none yet)", ""]
