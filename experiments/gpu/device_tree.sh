@@ -3,7 +3,8 @@
 # that git does not ignore, with the carried wheels), and the committed results have grown past
 # that. The GPU scripts read none of the per-prompt records or the figures, so a device call can
 # go without them:
-#   bash experiments/gpu/device_tree.sh slim      # results/records and results/figures out of the working tree
+#   bash experiments/gpu/device_tree.sh slim      # results/records and results/figures out of the working tree,
+#                                                 # and HEAD into experiments/gpu/base_commit.txt (env.sh: BASE_COMMIT)
 #   ... the device call(s) ...
 #   bash experiments/gpu/device_tree.sh restore   # both back from git (nothing else is touched)
 #   bash experiments/gpu/device_tree.sh size      # what a call would send, in KiB of disk
@@ -18,9 +19,16 @@ case "${1:-}" in
       echo "device_tree: ${PATHS[*]} hold uncommitted changes; commit them first" >&2; exit 2
     fi
     rm -rf "${PATHS[@]}"
-    echo "device_tree: ${PATHS[*]} removed from the working tree; $(size) KiB would travel (limit 65536, wheels not counted)" ;;
+    # the commit the call's logs and report.json name (experiments/gpu/env.sh reads it): the device's .git can be older
+    if [ -n "$(git status --porcelain --untracked-files=no | grep -v '^ D results/')" ]; then
+      echo "device_tree: uncommitted changes: the call would run a tree that no commit names; commit first" >&2
+      git checkout -- "${PATHS[@]}"; exit 2
+    fi
+    git rev-parse --short HEAD > experiments/gpu/base_commit.txt
+    echo "device_tree: ${PATHS[*]} removed from the working tree; $(size) KiB would travel (limit 65536, wheels not counted); commit $(cat experiments/gpu/base_commit.txt)" ;;
   restore)
     git checkout -- "${PATHS[@]}"
+    rm -f experiments/gpu/base_commit.txt
     echo "device_tree: ${PATHS[*]} restored" ;;
   size)
     echo "$(size) KiB" ;;

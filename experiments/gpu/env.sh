@@ -7,5 +7,9 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-# BASE_COMMIT=<sha>, set on the call's command line with the host's HEAD written out: the device's
-# copy of .git can be older than the tree it runs (run.py's report.json and gpu_test.sh's log name it).
+# BASE_COMMIT=<sha>: the device's copy of .git can be older than the tree it runs (run.py's report.json
+# and gpu_test.sh's log name it). `device_tree.sh slim` writes the host's HEAD to
+# experiments/gpu/base_commit.txt, which travels with the tree; a BASE_COMMIT set on the command line wins.
+if [ -z "${BASE_COMMIT:-}" ] && [ -f experiments/gpu/base_commit.txt ]; then
+  export BASE_COMMIT=$(cat experiments/gpu/base_commit.txt)
+fi
