@@ -116,6 +116,9 @@ PER_ROW = "per row"                                   # each row its own: PER_RO
 STAMP_RULES: tuple[tuple[str, str], ...] = (
     ("results/cross_grid.csv", PER_ROW),                        # each comparison its table's
     ("results/refactor_guard/cpu/comparison.csv", PER_ROW),     # each run its own (eval.engine)
+    ("results/heldout/models/*/train_log.csv", TRAINING),       # the held-out models' training (issue 41)
+    # the pre-registered grid: continuous batching on this project's CPU (experiments/heldout/grid.sh)
+    ("results/heldout/grid_*.csv", "c3-packed-cpu"),
     ("results/heldout/*.csv", PER_ROW),                         # each row its batching's (experiments/heldout/)
     ("results/*_predictor_r2.csv", FIT),                        # the Makefile's copy of stage=fit's predictor.csv
     ("results/routing/*/train_log.csv", TRAINING),              # the OLMoE top-4 control model's training

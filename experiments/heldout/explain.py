@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file
 from scipy import stats as sps
 
+from analysis.engines import with_engine
 from analysis.load import fail
 from analysis.paired import load_samples, paired
 from experiments.heldout.grid_calls import runs
@@ -100,7 +101,9 @@ def main(argv: list[str]) -> None:
     lines += [f"- {m}: " + (f"rho = {r.statistic:.3f}" if r is not None else "constant or too few cells") for m, r in rho.items()]
     lines += ["", table.to_markdown(index=False, floatfmt=".4f")]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(dest.with_suffix(".csv"), index=False, float_format="%.6g")
+    if all_runs["engine"].nunique() != 1:
+        fail(f"the grid's runs come from several engines ({', '.join(sorted(all_runs['engine'].unique()))})")
+    with_engine(table, all_runs["engine"].iloc[0]).to_csv(dest.with_suffix(".csv"), index=False, float_format="%.6g")
     dest.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

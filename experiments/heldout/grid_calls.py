@@ -27,7 +27,7 @@ import yaml
 from scipy import stats as sps
 
 from analysis import stats as S
-from analysis.engines import run_engine
+from analysis.engines import run_engine, with_engine
 from analysis.load import fail, variant_label
 from analysis.paired import load_samples, paired
 
@@ -145,8 +145,9 @@ def main(argv: list[str]) -> None:
     rec = _family(kept, RECOMMENDED, "recommended")
     diag, rho, rho_p = diagnostic_family(kept)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    engine = all_runs["engine"].iloc[0]
     for name, t in (("calibrated", cal), ("recommended", rec), ("diagnostic", diag)):
-        t.to_csv(dest.parent / f"{dest.name}_{name}.csv", index=False, float_format="%.6g")
+        with_engine(t, engine).to_csv(dest.parent / f"{dest.name}_{name}.csv", index=False, float_format="%.6g")
     missing = [m for m in MODELS if m not in set(all_runs["model"])]
     budgets = kept[kept["budget"].notna()].groupby("model")["budget"].nunique()
     partial = missing or any(budgets.get(m, 0) < 3 for m in set(kept["model"]))
