@@ -50,6 +50,16 @@ def runs(root: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def grid_runs(root: Path) -> pd.DataFrame:
+    """`runs(root)`, refused (exit 2) where there are none or they come from several engines."""
+    all_runs = runs(root)
+    if all_runs.empty:
+        fail(f"{root} holds no finished runs of the held-out grid (outputs/heldout_grid_<model>/)")
+    if all_runs["engine"].nunique() != 1:
+        fail(f"the grid's runs come from several engines ({', '.join(sorted(all_runs['engine'].unique()))})")
+    return all_runs
+
+
 def _family(runs_: pd.DataFrame, rule: str, name: str) -> pd.DataFrame:
     rows = []
     for (model, budget), g in runs_[runs_["budget"].notna()].groupby(["model", "budget"]):
@@ -133,11 +143,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 2:
         fail("usage: python -m experiments.heldout.grid_calls outputs results/heldout/grid")
     root, dest = Path(argv[0]), Path(argv[1])
-    all_runs = runs(root)
-    if all_runs.empty:
-        fail(f"{root} holds no finished runs of the held-out grid (outputs/heldout_grid_<model>/)")
-    if all_runs["engine"].nunique() != 1:
-        fail(f"the grid's runs come from several engines ({', '.join(sorted(all_runs['engine'].unique()))})")
+    all_runs = grid_runs(root)
     dense = all_runs[all_runs["variant"] == "dense"].set_index("model")["accuracy"]
     left_out = sorted(m for m, a in dense.items() if a < MIN_DENSE)
     kept = all_runs[~all_runs["model"].isin(left_out)]
