@@ -74,3 +74,11 @@ def test_a_model_below_the_dense_floor_is_left_out_and_engines_are_not_mixed(tmp
     with pytest.raises(SystemExit):
         gc.main([str(root), str(tmp_path / "out" / "grid")])
     assert "several engines" in capsys.readouterr().err
+
+
+def test_the_diagnostic_decision_counts_the_called_cells_that_agree():
+    import pandas as pd
+
+    diag = pd.DataFrame({"call": ["higher", "higher", "lower", "inconclusive"],
+                         "signs_agree": [np.True_, np.True_, np.False_, None]})
+    assert gc.decisions(pd.DataFrame(), pd.DataFrame(), diag)[2] == "diagnostic: not validated (2 of 3 called cells agree in sign)"

@@ -131,11 +131,11 @@ def decisions(cal: pd.DataFrame, rec: pd.DataFrame, diag: pd.DataFrame) -> list[
     if diag.empty:
         out.append("diagnostic: no cells yet")
     else:
-        called = diag[diag["call"] != "inconclusive"]
-        ok = bool(called["signs_agree"].all()) if len(called) else None
+        agree = [bool(a) for a in diag.loc[diag["call"] != "inconclusive", "signs_agree"]]  # numpy bools summed as
+        ok = all(agree) if agree else None  # objects would be or-ed, not counted
         out.append("diagnostic: no cell's online difference is called, so its sign cannot be checked" if ok is None
-                   else f"diagnostic: {'validated' if ok else 'not validated'} ({int(called['signs_agree'].sum())} "
-                   f"of {len(called)} called cells agree in sign)")
+                   else f"diagnostic: {'validated' if ok else 'not validated'} ({sum(agree)} "
+                   f"of {len(agree)} called cells agree in sign)")
     return out
 
 
