@@ -25,15 +25,18 @@ from analysis.paired import load_samples, paired
 
 
 def _runs(root: Path) -> pd.DataFrame:
-    rows = []
-    for report in sorted(root.glob("*/report.json")):
-        r = json.loads(report.read_text())
-        cfg = yaml.safe_load((report.parent / "config.yaml").read_text())
-        rows.append({"dir": report.parent, "model": r["model"], "batching": cfg["eval"]["batching"],
-                     "variant": variant_label(r["method"], cfg.get("method", {})), "budget": r["budget"],
-                     "engine": run_engine(report.parent), "accuracy": r["summary"]["accuracy"],
-                     "shrink": ";".join(f"M={m}: alpha={v['alpha']:g}" for m, v in r.get("artifacts", {}).get("shrink", {}).items())})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([run_row(report) for report in sorted(root.glob("*/report.json"))])
+
+
+def run_row(report: Path) -> dict:
+    """One evaluate run of experiments/heldout/ (its report.json): what the calls read of it."""
+    r = json.loads(report.read_text())
+    cfg = yaml.safe_load((report.parent / "config.yaml").read_text())
+    return {"dir": report.parent, "model": r["model"], "batching": cfg.get("eval", {}).get("batching"),
+            "variant": variant_label(r["method"], cfg.get("method", {})), "budget": r["budget"],
+            "engine": run_engine(report.parent), "accuracy": r["summary"]["accuracy"],
+            "shrink": ";".join(f"M={m}: alpha={v['alpha']:g}" for m, v in r.get("artifacts", {}).get("shrink", {}).items()),
+            "agreement": (r.get("diagnostic") or {}).get("mean_agreement") or {}}
 
 
 def calls(root: Path) -> pd.DataFrame:

@@ -17,19 +17,18 @@ model or budget not run yet: the families are then partial, and the .md says so)
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats as sps
 
 from analysis import stats as S
-from analysis.engines import run_engine, with_engine
-from analysis.load import fail, variant_label
+from analysis.engines import with_engine
+from analysis.load import fail
 from analysis.paired import load_samples, paired
+from experiments.heldout.calls import run_row
 
 MODELS = ("olmoe64_s1", "olmoe64_s2", "olmoe32_s1", "olmoe128_s1", "qwen32_s1", "qwen64_s1", "qwen128_s1")
 CALIBRATED = "base(shrink=auto)"
@@ -39,15 +38,7 @@ MIN_DENSE = 0.30
 
 
 def runs(root: Path) -> pd.DataFrame:
-    rows = []
-    for report in sorted(root.glob("heldout_grid_*/*/report.json")):
-        r = json.loads(report.read_text())
-        cfg = yaml.safe_load((report.parent / "config.yaml").read_text())
-        diag = r.get("diagnostic") or {}
-        rows.append({"dir": report.parent, "model": r["model"], "variant": variant_label(r["method"], cfg.get("method", {})),
-                     "budget": r["budget"], "accuracy": r["summary"]["accuracy"], "engine": run_engine(report.parent),
-                     "agreement": diag.get("mean_agreement") or {}})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([run_row(report) for report in sorted(root.glob("heldout_grid_*/*/report.json"))])
 
 
 def grid_runs(root: Path) -> pd.DataFrame:
