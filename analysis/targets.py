@@ -15,6 +15,7 @@ Reads outputs/ and results/ only.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -144,8 +145,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _commits(runs: Path) -> list[str]:
-    import json
-
     return [str((json.loads(p.read_text()).get("provenance") or {}).get("commit", "unknown"))
             for p in sorted(runs.glob("*/report.json"))]
 

@@ -24,6 +24,7 @@ from kernels._triton import next_pow2
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
+@cache  # asked per launch (the router's GEMM, the experts' configs): the name never changes
 def device_name(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"

@@ -32,7 +32,7 @@ from base.run.preflight import preflight
 from base.run.provenance import CONTINUOUS_VERSION, commit, provenance
 from base.run.report import report_text
 from base.run.sweep import host_info
-from base.runtime.throughput import Variant
+from base.runtime.throughput import Variant, expert_bytes
 
 
 def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
@@ -127,7 +127,7 @@ def describe(cfg: RunConfig, model, layers) -> dict[str, Any]:
         "params_total": total,
         "params_active_per_token": total - len(layers) * (layers[0].num_experts - k) * expert_params,
         "expert_params": expert_params,
-        "expert_bytes": expert_params * torch.finfo(getattr(torch, cfg.model.dtype)).bits // 8,
+        "expert_bytes": expert_bytes(layers[0]),
         "device": str(next(model.parameters()).device),
         "devices": [str(d) for d in model_devices(model)],
         "memory": memory,
@@ -353,7 +353,7 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         return
     report["method_config"] = vars(cfg.method)
     if cfg.stage == "throughput":
-        from base.runtime.throughput import copy_gbps, expert_bytes, measure
+        from base.runtime.throughput import copy_gbps, measure
 
         budgeters: dict[tuple, Any] = {}
 
