@@ -92,8 +92,8 @@ def main(argv: list[str]) -> None:
         fail("no model has its dense, base and router_sq runs yet")
     rho = {m: sps.spearmanr(table[m], table["online_diff"]) if table[m].nunique() > 1 and len(table) > 2 else None
            for m in MEASURES}
-    made = (f"Made by `python -m experiments.heldout.explain {argv[0]} {argv[1]}` (descriptive: no test; "
-            f"{table['model'].nunique()} models, {len(table)} cells).\n")
+    made = (f"Made by `python -m experiments.heldout.explain {argv[0]} {argv[1]}` from the runs of engine "
+            f"`{all_runs['engine'].iloc[0]}` (descriptive: no test; {table['model'].nunique()} models, {len(table)} cells).\n")
     lines = [made,
              "Spearman correlation of each measure with the online base − router_sq difference over the cells:\n"]
     lines += [f"- {m}: " + (f"rho = {r.statistic:.3f}" if r is not None else "constant or too few cells") for m, r in rho.items()]
