@@ -43,7 +43,7 @@ from scipy import linalg
 from scipy import stats as sps
 from statsmodels.stats.multivariate import test_mvmean
 
-from analysis import power
+from analysis import heldout, power
 from analysis import records as R
 from analysis import stats as S
 from analysis.engines import one_engine
@@ -483,7 +483,8 @@ def speed_text(rules: list[str], root: Path = ROOT, budget: int = 16) -> str:
 
 def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, link: str = "") -> str:
     """README.md's "Which rule to use" bullets (and `make report`'s recommendations), from the
-    replication's calls (default: results/replication_paired.csv) and the committed static grids;
+    replication's calls (default: results/replication_paired.csv), the held-out grid's
+    (analysis/heldout.py) and the committed static grids;
     `link` prefixes the relative link to the pre-registration (where the text is not at the root)."""
     paired = pd.read_csv(root / PAIRED) if paired is None else paired
     prim = paired[paired["family"] == "primary"]
@@ -512,7 +513,7 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, l
               f"and `results/rules_mini{{,_olmoe}}.md`, Holm per grid on their own pools; **not replicated on fresh "
               f"prompts**): {shead} — {_sentence(srec, {m_: _family(m_) for m_ in srec['models']})}.")
     speed = speed_text(sorted(set(picks) | set(spicks)), root)
-    return "\n".join([serving, static, speed])
+    return "\n".join([serving, heldout.recommendation_bullet(root, link), static, speed])
 
 
 def reading(root: Path = ROOT, paired_rel: str = PAIRED) -> str:

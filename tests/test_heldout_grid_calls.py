@@ -15,8 +15,9 @@ def _run(root, model: str, method: str, budget, correct, mc: dict | None = None,
     name = f"budget={budget},method={method}{','.join(f',{k}={v}' for k, v in (mc or {}).items())},model={model}"
     d = root / f"heldout_grid_{model}" / name
     d.mkdir(parents=True)
-    (d / "config.yaml").write_text(yaml.safe_dump({"method": {"name": method, **(mc or {})}}))
-    report = {"model": model, "method": method, "budget": budget, "summary": {"accuracy": float(np.mean(correct))},
+    (d / "config.yaml").write_text(yaml.safe_dump({"method": {"name": method, **(mc or {})},
+                                                   "model": {"name": model, "family": "qwen3_moe"}}))
+    report = {"model": model, "num_experts": 32, "top_k": 4, "method": method, "budget": budget, "summary": {"accuracy": float(np.mean(correct))},
               "provenance": {"fingerprint": engine}, "diagnostic": {"mean_agreement": agreement or {}}}
     (d / "report.json").write_text(json.dumps(report))
     (d / "samples.jsonl").write_text("".join(json.dumps({"task": "t", "doc_id": i, "prompt_hash": f"h{i}", "correct": int(c)})
@@ -82,3 +83,20 @@ def test_the_diagnostic_decision_counts_the_called_cells_that_agree():
     diag = pd.DataFrame({"call": ["higher", "higher", "lower", "inconclusive"],
                          "signs_agree": [np.True_, np.True_, np.False_, None]})
     assert gc.decisions(pd.DataFrame(), pd.DataFrame(), diag)[2] == "diagnostic: not validated (2 of 3 called cells agree in sign)"
+
+
+def test_the_front_page_bullet_reads_the_calls_and_names_where_the_recommended_rule_loses(tmp_path, capsys):
+    from analysis.heldout import recommendation_bullet
+
+    assert "no committed calls yet" in recommendation_bullet(tmp_path)
+    gc.main([str(_grid(tmp_path / "runs")), str(tmp_path / "results" / "heldout" / "grid")])
+    text = recommendation_bullet(tmp_path)
+    assert "1 model trained here (1 Qwen3-style (renormalised): 32 experts)" in text
+    assert "stays the serving recommendation" in text
+    assert "lower at m1 M=12 against `base`, m1 M=12 against `base_anchor(k0=1)`: it does not become the default" in text
+    assert "`base` is above `router_sq` at 1 of 1 budgets (m1 M=12) and below at none" in text
+    assert "diagnostic: validated" in text
+    assert "**Partial**: not run yet: olmoe64_s1" in text  # the seven pre-registered models are listed as missing
+    # the recommended rule losing is named where it loses
+    gc.main([str(_grid(tmp_path / "runs2", base_wins=False)), str(tmp_path / "results" / "heldout" / "grid")])
+    assert "it is lower at m1 M=12 against `router_sq`, m1 M=12 against `base(shrink=auto)`" in recommendation_bullet(tmp_path)

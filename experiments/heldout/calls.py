@@ -32,7 +32,8 @@ def run_row(report: Path) -> dict:
     """One evaluate run of experiments/heldout/ (its report.json): what the calls read of it."""
     r = json.loads(report.read_text())
     cfg = yaml.safe_load((report.parent / "config.yaml").read_text())
-    return {"dir": report.parent, "model": r["model"], "batching": cfg.get("eval", {}).get("batching"),
+    return {"dir": report.parent, "model": r["model"], "family": cfg.get("model", {}).get("family"),
+            "experts": r.get("num_experts"), "top_k": r.get("top_k"), "batching": cfg.get("eval", {}).get("batching"),
             "variant": variant_label(r["method"], cfg.get("method", {})), "budget": r["budget"],
             "engine": run_engine(report.parent), "accuracy": r["summary"]["accuracy"],
             "shrink": ";".join(f"M={m}: alpha={v['alpha']:g}" for m, v in r.get("artifacts", {}).get("shrink", {}).items()),

@@ -12,7 +12,8 @@ correction over the family (alpha 0.05; "higher"/"lower" only where the Holm-adj
                mean-agreement difference (base's run's report.json `diagnostic`): validated if their
                signs agree in every cell where the online test makes a call; the Spearman correlation
                of online accuracy and diagnostic agreement over every cell's deployable rules beside it
-Writes <dest>_<family>.csv, <dest>.md (the three tables, the decisions, the models left out and any
+Writes <dest>_<family>.csv, <dest>_models.csv (each pre-registered model: family, experts, top-k,
+dense accuracy, whether it ran and is in the families), <dest>.md (the three tables, the decisions, the models left out and any
 model or budget not run yet: the families are then partial, and the .md says so). Reads outputs/ only.
 """
 from __future__ import annotations
@@ -103,6 +104,21 @@ def diagnostic_family(runs_: pd.DataFrame) -> tuple[pd.DataFrame, float, float]:
     return fam, float(rho), float(p)
 
 
+def models_table(all_runs: pd.DataFrame, left_out: list[str]) -> pd.DataFrame:
+    """One row per pre-registered model: what it is and whether the families hold it (status: in,
+    left out (dense below MIN_DENSE), not run)."""
+    rows = []
+    for m in (*MODELS, *sorted(set(all_runs["model"]) - set(MODELS))):
+        g = all_runs[all_runs["model"] == m]
+        dense = g[g["variant"] == "dense"]
+        rows.append({"model": m, "family": g["family"].iloc[0] if len(g) else None,
+                     "experts": g["experts"].iloc[0] if len(g) else None, "top_k": g["top_k"].iloc[0] if len(g) else None,
+                     "dense_accuracy": float(dense["accuracy"].iloc[0]) if len(dense) else np.nan,
+                     "budgets": int(g["budget"].dropna().nunique()),
+                     "status": "not run" if g.empty else "left out" if m in left_out else "in"})
+    return pd.DataFrame(rows)
+
+
 def decisions(cal: pd.DataFrame, rec: pd.DataFrame, diag: pd.DataFrame) -> list[str]:
     out = []
     if cal.empty:
@@ -146,6 +162,8 @@ def main(argv: list[str]) -> None:
     for name, t in (("calibrated", cal), ("recommended", rec), ("diagnostic", diag)):
         with_engine(t, engine).to_csv(dest.parent / f"{dest.name}_{name}.csv", index=False, float_format="%.6g")
     missing = [m for m in MODELS if m not in set(all_runs["model"])]
+    with_engine(models_table(all_runs, left_out), engine).to_csv(dest.parent / f"{dest.name}_models.csv", index=False,
+                                                                 float_format="%.6g")
     budgets = kept[kept["budget"].notna()].groupby("model")["budget"].nunique()
     partial = missing or any(budgets.get(m, 0) < 3 for m in set(kept["model"]))
     made = (f"Made by `python -m experiments.heldout.grid_calls {argv[0]} {argv[1]}` from the runs of "
