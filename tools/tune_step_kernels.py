@@ -90,7 +90,10 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int,
         table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"],
                                                        "split": best["split"], "spread": best["spread"],
                                                        "us": best["us"]}
-        log(f"select T={T}: best {table[f'select:E={next_pow2(E, 16)},T={T}']}")
+        forms = {f: min((r["us"] for r in rows if r["kernel"] == "select" and r["T"] == T
+                         and ("spread" if r["spread"] else "split" if r["split"] else "one") == f), default=None)
+                 for f in ("one", "split", "spread")}
+        log(f"select T={T}: best {table[f'select:E={next_pow2(E, 16)},T={T}']}; best us per form {forms}")
     return rows, table
 
 
