@@ -12,6 +12,7 @@ every table (the built-in defaults everywhere: for A/B timing).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from functools import cache
@@ -35,6 +36,20 @@ def device_name(device: torch.device) -> str:
 def load_configs(name: str) -> dict:
     path = CONFIG_DIR / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def table_record(name: str) -> dict:
+    """What a run's report names of the table its launches read (base/run/provenance.py): the file,
+    a short hash of its bytes and its entry count; {"file": None} where this GPU has none, and
+    `disabled` under BASE_KERNELS_NO_TUNED. Two runs with different hashes timed different launches."""
+    if os.environ.get("BASE_KERNELS_NO_TUNED"):
+        return {"file": None, "disabled": True}
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.exists():
+        return {"file": None}
+    data = path.read_bytes()
+    return {"file": f"kernels/configs/{path.name}", "sha256": hashlib.sha256(data).hexdigest()[:12],
+            "entries": len(json.loads(data))}
 
 
 def token_bucket(T: int) -> int:

@@ -35,3 +35,20 @@ def test_a_base_commit_that_is_no_commit_is_refused_at_start(compose, tmp_path, 
         cfg = compose(["model=tiny_qwen3", "task=smoke", "logger=none", f"artifacts_dir={tmp_path}/artifacts"])
         run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg))
     assert not out.exists() and not (tmp_path / "artifacts").exists()
+
+
+def test_a_gpu_run_names_the_tuned_table_its_launches_read(tmp_path, monkeypatch):
+    from kernels import tuned
+
+    monkeypatch.setattr(tuned, "CONFIG_DIR", tmp_path)
+    assert tuned.table_record("Some_GPU") == {"file": None}
+    (tmp_path / "Some_GPU.json").write_text('{"a": {"use": true}, "b": {}}')
+    first = tuned.table_record("Some_GPU")
+    assert first["file"] == "kernels/configs/Some_GPU.json" and first["entries"] == 2
+    (tmp_path / "Some_GPU.json").write_text('{"a": {"use": false}, "b": {}}')
+    assert tuned.table_record("Some_GPU")["sha256"] != first["sha256"]  # another table, another record
+    monkeypatch.setenv("BASE_KERNELS_NO_TUNED", "1")
+    assert tuned.table_record("Some_GPU") == {"file": None, "disabled": True}
+    from base.run.provenance import kernel_table
+
+    assert kernel_table("cpu") is None  # only a GPU run reads a table

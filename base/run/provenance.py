@@ -23,7 +23,8 @@ V is the engine's version, bumped when the same config decodes differently:
                   fingerprint); `-hoststops` where some stop string could only be checked on the host
     static 1      the static batches (unchanged since the engine's first version)
 
-`scheduler.overlap` and the commit are recorded, not fingerprinted: neither changes outputs. The
+On a GPU, `kernel_table` names the tuned-launch table the kernels read (file, hash, entries).
+`scheduler.overlap`, the table and the commit are recorded, not fingerprinted: neither changes outputs. The
 device type is (CPU and GPU round differently). analysis/engines.py reads the fingerprint back,
 and names the engine of runs recorded before it existed from their config.
 """
@@ -106,6 +107,21 @@ def engine_settings(cfg, device: str, path: str, stop_mode: str | None = None) -
             "admission": s.admission, "overlap": s.overlap}
 
 
+def kernel_table(device: str) -> dict[str, Any] | None:
+    """On a GPU, the tuned-launch table this run's kernels read (kernels/tuned.py `table_record`):
+    recorded, not fingerprinted (it changes timings, not what the engine decodes)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    from kernels.tuned import device_name, table_record
+
+    return table_record(device_name(torch.device(device)))
+
+
 def provenance(cfg, device: str, path: str, stop_mode: str | None = None) -> dict[str, Any]:
     engine = engine_settings(cfg, device, path, stop_mode)
-    return {**commit(cfg.root), "engine": engine, "fingerprint": fingerprint(engine)}
+    out = {**commit(cfg.root), "engine": engine, "fingerprint": fingerprint(engine)}
+    if (table := kernel_table(device)) is not None:
+        out["kernel_table"] = table
+    return out
