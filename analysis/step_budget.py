@@ -21,10 +21,7 @@ import pandas as pd
 
 # the kernels the built cuts remove, by a part of their profiled name (Qwen3-30B-A3B, layer_combo)
 CUTS = {
-    "q/k norm (fused attention)": "triton_per_fused_2",
-    "rotary + cache write (fused attention)": "triton_poi_fused_1",
     "output projection's split-K reduce (skinny)": "splitKreduce",
-    "input norm (fold)": "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0",
     "experts' reduce (reduce_in_down)": "_reduce_kernel",
 }
 

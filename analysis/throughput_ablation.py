@@ -1,14 +1,12 @@
 """A throughput ablation across runs: each run's replayed step per variant and its kernels per
 decoder layer, and the step without a feature against the step with it.
 
-    python -m analysis.throughput_ablation <runs> <out> [regions|combo|skinny|pdl|fused_attention]
+    python -m analysis.throughput_ablation <runs> <out> [regions|combo|skinny|pdl]
     regions   throughput.regions: modules (off) against layer (on); the default
     combo     throughput.regions: layer (off) against layer_combo (on)
     skinny    throughput.regions: layer_combo (off) against layer_skinny (on)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch)
-    fused_attention  throughput.fused_attention: false (off) against true (on; read from each run's
-              config.yaml, absent = false: the runs before the key existed)
 
 Reads run folders (outputs/ or results/ only). The runs are separate processes on one machine,
 so the comparison pairs runs, not interleaved passes: `ratio` is a variant's ms without the
@@ -26,21 +24,10 @@ import pandas as pd
 
 from analysis.engines import one_engine, run_engine
 
-# each ablation's run column (a dotted name: a key of the run's config.yaml), and its (off, on) values
+# each ablation's column of throughput.csv (a throughput.* setting), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
              "skinny": ("regions", "layer_combo", "layer_skinny"),
-             "pdl": ("pdl", False, True),
-             "fused_attention": ("throughput.fused_attention", False, True)}
-
-
-def _config_value(folder: Path, dotted: str, off_value):
-    """A key of the run's resolved config (config.yaml beside its throughput.csv); `off_value` when absent."""
-    import yaml
-
-    node = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return off_value if node is None else node
+             "pdl": ("pdl", False, True)}
 
 
 def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
@@ -54,11 +41,10 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
         # the profile's "total" class: every kernel of the step over the decoder layers
         total = prof[prof["class"] == "total"] if not prof.empty else prof
         per_layer = total.set_index("variant")["kernels_per_layer"] if not total.empty else pd.Series(dtype=float)
-        column, off_value, on_value = ABLATIONS[by]
-        from_config = _config_value(csv.parent, column, off_value) if "." in column else None
+        column, _, on_value = ABLATIONS[by]
         engine = run_engine(csv.parent)
         for _, r in df.iterrows():
-            setting = from_config if "." in column else r.get(column, on_value)
+            setting = r.get(column, on_value)
             rows.append({"run": csv.parent.relative_to(runs).parts[0], "setting": setting,
                          "batch_size": r["batch_size"], "variant": r["variant"], "ms_per_step": r["ms_per_step"],
                          "ms_min": r["ms_min"], "ms_max": r["ms_max"], "repeats": r["repeats"],
@@ -95,9 +81,8 @@ def main(runs: str, out: str, by: str = "regions") -> None:
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)
     column, off_value, on_value = ABLATIONS[by]
-    key = column if "." in column else f"throughput.{column}"
     text = ["Each run (median of its interleaved passes [min, max], ms per replayed step; `setting`: "
-            f"{key}; decode engine `{engine}`, analysis/engines.py)\n", df.round(4).to_markdown(index=False),
+            f"throughput.{column}; decode engine `{engine}`, analysis/engines.py)\n", df.round(4).to_markdown(index=False),
             f"\n\n{by}: {off_value} over {on_value} (ratio > 1: {on_value} is faster), over every pair of runs\n",
             ratios(df, by).round(4).to_markdown(index=False), "\n"]
     out_p.with_suffix(".md").write_text("\n".join(text))

@@ -53,7 +53,8 @@ def compare(csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     column name kernel_ab gives them."""
     t = passes(pd.read_csv(csv).drop(columns=["engine"], errors="ignore"))
     if t.empty or PLAIN not in set(t["impl"]) or set(t["impl"]) == {PLAIN}:
-        raise SystemExit(f"error: {csv}: no variant with a form beside its plain variant (throughput.methods=[base,base+fused])")
+        raise SystemExit(f"error: {csv}: no variant with a form beside its plain variant "
+                         f"(throughput.methods=[base,base+FORM], FORM in base/config.py VARIANT_FORMS)")
     paired = t.groupby(["batch_size", "variant", "budget"], dropna=False)["impl"].transform(
         lambda s: PLAIN in set(s) and len(set(s)) > 1)
     t = t[paired.astype(bool)]

@@ -31,8 +31,6 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 # the logit ranges of trained models (~30): noise, not the model's text.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
-# families whose attention base/hf/fused_attention.py computes (its `qualifies`; tests/test_fused_attention.py)
-FUSED_ATTENTION_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 PROFILE_BATCH = 16  # ThroughputConfig.profile_batch's default
 REGION_KINDS = ("layer", "modules", "layer_combo", "layer_skinny")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
@@ -252,20 +250,18 @@ class DiagnoseConfig:
             check_unique("diagnose.rules", list(self.rules))
 
 
-# Forms a throughput variant may add to the run's own (`base+fused`): each sets keys for that
+# Forms a throughput variant may add to the run's own (`base+skinny`): each sets keys for that
 # variant alone (throughput.* its engine, scheduler.* its continuous engine), so an A/B of a form
 # runs interleaved in one process.
 VARIANT_FORMS: dict[str, dict[str, Any]] = {
-    "fused": {"throughput.fused_attention": True},  # base/hf/fused_attention.py
     "skinny": {"throughput.regions": "layer_skinny"},  # base/hf/skinny_proj.py
-    "fold": {"throughput.fused_attention": True, "throughput.fold_input_norm": True},  # the norm in the q/k/v GEMM
     "compile_prefill": {"scheduler.compile_prefill": True},  # stream/serve: packed prefills compiled
 }
 
 
 def parse_method_spec(spec: str) -> dict[str, Any]:
-    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation), `base+fused`
-    (a form, VARIANT_FORMS; several: `base+fold+skinny`) -> {"method", "k0", "impl",
+    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation), `base+skinny`
+    (a form, VARIANT_FORMS; several: `base+skinny+compile_prefill`) -> {"method", "k0", "impl",
     "forms"}, validated."""
     from base.method.selectors import SELECTORS
 
@@ -313,10 +309,6 @@ class ThroughputConfig:
     # modules (attention and norms one by one, adds eager: the ablation of the fusion) |
     # layer_skinny (layer_combo, the q/k/v and output projections on kernels/skinny.py where its tuned
     # table says it beat cuBLAS: base/hf/skinny_proj.py)
-    fused_attention: bool = False  # the decode step's q/k norm, rotary, K/V write and attention in one
-    # launch (base/hf/fused_attention.py; Qwen3, Qwen2-MoE and Mixtral layers; not yet timed on a GPU)
-    fold_input_norm: bool = False  # with fused_attention and compile: each layer's input RMSNorm inside
-    # its q/k/v GEMM (kernels/skinny.py's norm form; one launch fewer per layer; not yet timed on a GPU)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
@@ -352,9 +344,6 @@ class ThroughputConfig:
                               f"throughput.profile_batch=null for none")
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
         check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
-        if self.fold_input_norm and not self.fused_attention:
-            raise ConfigError("throughput.fold_input_norm=true folds the norm into the fused attention's q/k/v GEMM: "
-                              "set throughput.fused_attention=true too (or use the variant form METHOD+fold)")
         check_choice("throughput.regions", self.regions, REGION_KINDS)
 
     def warm_steps(self, graph: bool) -> int:
@@ -660,8 +649,8 @@ class RunConfig:
                               f"their defaults, or choose a setting that reads them")
 
     def _unused_engine_options(self) -> list[tuple[list[str], str]]:
-        """The engine options (throughput.fused_attention, fold_input_norm, scheduler.compile_prefill)
-        and the throughput.methods[] forms (VARIANT_FORMS) this run would not read, with why; a form
+        """The engine option scheduler.compile_prefill and the throughput.methods[] forms
+        (VARIANT_FORMS) this run would not read, with why; a form
         that changes nothing, or cannot run, is refused here."""
         tp = self.throughput
         with_forms = [(spec, set(parsed["forms"])) for spec, parsed in zip(tp.methods or [], tp.specs or [])]
@@ -680,18 +669,8 @@ class RunConfig:
             raise ConfigError(f"{specs(lambda f: 'compile_prefill' in f)[0]} compiles the packed prefill; "
                               f"scheduler.packing={self.scheduler.packing} prefills padded, eagerly")
         unused: list[tuple[list[str], str]] = []
-        if self.model.family not in FUSED_ATTENTION_FAMILIES:
-            unused.append((_changed("throughput", tp, ("fused_attention", "fold_input_norm")) +
-                           specs(lambda f: bool(f & {"fused", "fold"})),
-                           (f"the fused form computes {', '.join(FUSED_ATTENTION_FAMILIES)} attention, not "
-                            f"{self.model.family}'s (base/hf/fused_attention.py)")))
-        if tp.regions == "modules":  # no layer half: the attention is compiled apart from its input norm
-            unused.append((_changed("throughput", tp, ("fold_input_norm",)) +
-                           specs(lambda f: "fold" in f and "skinny" not in f),
-                           ("throughput.regions=modules compiles each attention apart from its layer's input "
-                            "norm, so there is no norm to fold")))
         if not tp.compile:
-            unused.append((_changed("throughput", tp, ("fold_input_norm",)) + specs(lambda f: bool(f & {"skinny", "fold"})),
+            unused.append((specs(lambda f: "skinny" in f),
                            "it works inside the compiled regions, and throughput.compile=false compiles none"))
             unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)) +
                            specs(lambda f: "compile_prefill" in f),

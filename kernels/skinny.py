@@ -32,12 +32,6 @@ Graph safety: grid fixed by (N, launch); no host sync. The partials come from th
 (the graph's pool); the arrival counters (kernels/_triton.py, kept for the process) return to 0
 after every launch, so a captured launch replays. Launches run one at a time on one stream.
 Reference: F.linear (tests/test_skinny.py, interpreter on the CPU, fp32; bf16 on a GPU).
-
-The norm form (NORM, `norm_K=`: base/hf/fused_attention.py's folded input norm): y = RMSNorm(x) W^T
-in the same launch. Each program already reads every x row it needs, so it sums the squares of
-the row as the tiles stream in, feeds x * norm weight (rounded to the dtype) to the GEMM and scales
-each row of the result by 1/rms at the end; with K in shares each share stores its partial sum of
-squares beside its partial product and the last share adds both. Reference: `norm_linear_reference`.
 """
 from __future__ import annotations
 
@@ -61,12 +55,9 @@ def _skinny_kernel(
     y_ptr,  # (T, N) out
     part_ptr,  # (cdiv(N, BN), SPLIT, TB, BN) fp32 (SPLIT > 1): each share's partial sums
     count_ptr,  # (cdiv(N, BN),) int32 arrival counters, 0 between launches (SPLIT > 1)
-    nw_ptr,  # (K,) the RMSNorm's weight (NORM)
-    ss_ptr,  # (cdiv(N, BN), SPLIT, TB) fp32 (NORM and SPLIT > 1): each share's sums of squares
     T,
     N,
     K,
-    eps,
     stride_xt,
     stride_wn,
     stride_yt,
@@ -75,7 +66,6 @@ def _skinny_kernel(
     BK: tl.constexpr,  # reduction step
     SPLIT: tl.constexpr,  # shares of K per column block (1: none; > 1: one token tile, T <= TB)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, else unused
-    NORM: tl.constexpr = False,  # y = RMSNorm(x) @ W^T: x * weight into the GEMM, rows scaled at the end
 ):
     """Grid (cdiv(N, BN), SPLIT). See the module doc."""
     pid_n = tl.program_id(0)
@@ -89,31 +79,21 @@ def _skinny_kernel(
         offs_t = t0 + tl.arange(0, TB)
         t_ok = offs_t < T
         acc_TN = tl.zeros((TB, BN), dtype=tl.float32)
-        ss_T = tl.zeros((TB,), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             offs_k = k0 + tl.arange(0, BK)
             k_ok = offs_k < k_hi
             x_TK = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :],
                            other=0.0)
-            if NORM:  # the row's sum of squares on the way; its scale needs all of K, so it comes last
-                xf_TK = x_TK.to(tl.float32)
-                ss_T += tl.sum(xf_TK * xf_TK, axis=1)
-                nw_K = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                x_TK = (xf_TK * nw_K[None, :]).to(x_ptr.dtype.element_ty)
             w_KN = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & n_ok[None, :],
                            other=0.0)
             acc_TN = tl.dot(x_TK, w_KN, acc_TN, input_precision=DOT_PRECISION)
         y_at = y_ptr + offs_t[:, None] * stride_yt + offs_n[None, :]
         y_ok = t_ok[:, None] & n_ok[None, :]
         if SPLIT == 1:
-            if NORM:
-                acc_TN = acc_TN * tl.rsqrt(ss_T / K + eps)[:, None]
             tl.store(y_at, acc_TN.to(y_ptr.dtype.element_ty), mask=y_ok)
         else:
             tb = tl.arange(0, TB)[:, None] * BN + tl.arange(0, BN)[None, :]
             tl.store(part_ptr + (pid_n * SPLIT + s) * TB * BN + tb, acc_TN)
-            if NORM:
-                tl.store(ss_ptr + (pid_n * SPLIT + s) * TB + tl.arange(0, TB), ss_T)
             tl.debug_barrier()  # every thread's stores precede the release below
             arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT - 1:  # the last share of this column block sums all of them, in share order
@@ -121,11 +101,6 @@ def _skinny_kernel(
                 sum_TN = tl.zeros((TB, BN), dtype=tl.float32)
                 for j in range(SPLIT):
                     sum_TN += tl.load(part_ptr + (pid_n * SPLIT + j) * TB * BN + tb, cache_modifier=".cg")
-                if NORM:
-                    ss_T = tl.zeros((TB,), dtype=tl.float32)
-                    for j in range(SPLIT):
-                        ss_T += tl.load(ss_ptr + (pid_n * SPLIT + j) * TB + tl.arange(0, TB), cache_modifier=".cg")
-                    sum_TN = sum_TN * tl.rsqrt(ss_T / K + eps)[:, None]
                 tl.store(y_at, sum_TN.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
@@ -153,39 +128,28 @@ class SkinnyLaunch:
             raise ValueError(f"num_stages must be in [1, 8], got {self.num_stages}")
 
 
-def skinny_launch(N: int, K: int, T: int, device: torch.device, tuned_either_way: bool = False,
-                  require_tuned: bool = False) -> SkinnyLaunch | None:
+def skinny_launch(N: int, K: int, T: int, device: torch.device, require_tuned: bool = False) -> SkinnyLaunch | None:
     """The launch to use for this shape on this device, or None where cuBLAS is the better choice:
     the tuned entry's launch where it beat cuBLAS; None where it lost, above MAX_TOKENS, or off a GPU
     (on the CPU F.linear is the reference); the built-in launch where nothing is tuned, or None with
-    `require_tuned` (the router's GEMM, which no switch asks for: only a measured win moves it).
-    `tuned_either_way`: the tuned launch even where it lost (the norm form, which also saves the
-    norm's own launch)."""
+    `require_tuned` (the router's GEMM, which no switch asks for: only a measured win moves it)."""
     if device.type != "cuda" or T > MAX_TOKENS:
         return None
     entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
     if not entry:
         return None if require_tuned else SkinnyLaunch()
-    if not entry.get("use", False) and not tuned_either_way:
+    if not entry.get("use", False):
         return None
     return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
                         num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))
 
 
-def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None, norm_K: Tensor | None = None,
-                  eps: float = 1e-6) -> Tensor:
-    """x_TK @ w_NK^T in x's dtype (F.linear without bias), one launch; see the module doc. With
-    `norm_K` (an RMSNorm's weight), RMSNorm(x) @ w_NK^T in the same launch: each row's sum of
-    squares is taken as x streams in, x * norm_K goes into the GEMM and the row's 1/rms scales
-    the result (the norm's own rounding of x / rms to the dtype is not reproduced: within one
-    rounding of `norm_linear_reference`)."""
+def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None) -> Tensor:
+    """x_TK @ w_NK^T in x's dtype (F.linear without bias), one launch; see the module doc."""
     if x_TK.dim() != 2 or w_NK.dim() != 2 or x_TK.shape[1] != w_NK.shape[1]:
         raise ValueError(f"x_TK {tuple(x_TK.shape)} and w_NK {tuple(w_NK.shape)} do not multiply")
     if x_TK.dtype != w_NK.dtype:
         raise ValueError(f"x and w dtypes differ: {x_TK.dtype} and {w_NK.dtype}")
-    if norm_K is not None and (norm_K.shape != (x_TK.shape[1],) or norm_K.stride(0) != 1):
-        raise ValueError(f"norm_K {tuple(norm_K.shape)} must be one contiguous weight per input feature "
-                         f"({x_TK.shape[1]})")
     launch = launch or SkinnyLaunch()
     x_TK = x_TK if x_TK.stride(-1) == 1 else x_TK.contiguous()
     w_NK = w_NK if w_NK.stride(-1) == 1 else w_NK.contiguous()
@@ -202,20 +166,10 @@ def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None
         counts = arrival_counters(n_blocks, dev, "skinny")
     else:
         part = counts = y_TN  # unused pointers
-    norm = norm_K is not None
-    ss = empty(n_blocks * launch.split * TB, device=dev, dtype=torch.float32) if norm and launch.split > 1 else y_TN
     _skinny_kernel.on(dev)[(n_blocks, launch.split)](
-        x_TK, w_NK, y_TN, part, counts, norm_K if norm else y_TN, ss, T, N, K, float(eps),
-        x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
+        x_TK, w_NK, y_TN, part, counts, T, N, K, x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
         TB=TB, BN=launch.block_n, BK=launch.block_k, SPLIT=launch.split,
-        DOT_PRECISION="ieee" if x_TK.dtype == torch.float32 else "tf32", NORM=norm, num_warps=launch.num_warps,
+        DOT_PRECISION="ieee" if x_TK.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip
     return y_TN
-
-
-def norm_linear_reference(x_TK: Tensor, norm_K: Tensor, eps: float, w_NK: Tensor) -> Tensor:
-    """transformers' RMSNorm of x (kernels/attention.py's `rms_norm_reference`), then F.linear."""
-    from kernels.attention import rms_norm_reference
-
-    return torch.nn.functional.linear(rms_norm_reference(x_TK, norm_K, eps), w_NK)

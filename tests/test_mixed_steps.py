@@ -221,27 +221,6 @@ def test_compiled_packed_prefill_decodes_each_request_as_alone(model, chunked):
 
 
 @pytest.mark.slow
-def test_the_fused_attention_with_the_folded_norm_serves_each_request_as_alone(model):
-    """Continuous batching, chunked, packed prefills compiled, with the fused attention and the
-    input norm folded (base/hf/fused_attention.py): decode steps take the fused path, packed
-    prefills and mixed steps the module's norm-then-original path, all inside compiled halves;
-    every request's tokens as decoded alone."""
-    reqs = requests(9, seed=5)
-    policy = SchedulerConfig(buckets=BUCKETS, chunked=True, chunk_tokens=3)
-    torch._dynamo.reset()
-    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=policy.buckets, compile=True, compile_prefill=True,
-                              fused_attention=True, fold_input_norm=True)
-    try:
-        with torch_threads(1):
-            done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
-    finally:
-        engine.release()
-    assert stats.mixed_steps > 0
-    for r, d in zip(reqs, done):
-        assert d.tokens == alone(model, r)
-
-
-@pytest.mark.slow
 def test_compiled_packed_prefill_under_a_budget_serves_as_the_eager_prefill(model):
     """With a budget (router_sum at 2 of 16 experts, chunked): the compiled packed forwards give
     the uncompiled ones' tokens and statistics rows (the decode step compiled in both)."""

@@ -269,7 +269,7 @@ def test_each_layers_cache_and_write_position_sit_on_its_device():
 
 def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compose):
     """model.device_map, describe.gpu_gb, eval.batching / admission / max_wait_rounds,
-    throughput.mode, throughput.fused_attention and fold_input_norm, stream.* and serve.* at the values every earlier run had (and scheduler.*, which
+    throughput.mode, stream.* and serve.* at the values every earlier run had (and scheduler.*, which
     static batching does not use) leave the hash as it was before
     they existed, and a run hashed before artifacts_dir, outputs_dir and exp_name were left out is
     still the same config: finished runs are still skipped."""
@@ -287,7 +287,6 @@ def test_config_hash_of_runs_recorded_before_the_new_options_is_unchanged(compos
     old["eval"]["gen_toks"], old["eval"]["max_gen_toks"] = old["eval"].pop("gen_tokens"), old["eval"].pop("max_gen_tokens")
     del old["serve"], old["scheduler"]  # serve.* at its defaults; scheduler.* unused by static batching
     old.pop("allow_outside_outputs", None)  # at its default (issue 28)
-    del old["throughput"]["fused_attention"], old["throughput"]["fold_input_norm"]  # at their defaults (2026-12-04)
     del old["diagnose"], old["calibration"]["tokens_per_expert"], old["method"]["shrink"]  # at their defaults (issue 41)
     old_hash = hashlib.sha1(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert same_config(text, old_hash)

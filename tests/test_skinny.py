@@ -31,27 +31,6 @@ def test_skinny_linear_equals_f_linear(T, N, K, bn, bk, split):
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize(("T", "N", "K", "bk", "split"), [(5, 40, 72, 16, 1), (16, 48, 128, 32, 1),
-                                                         (5, 40, 72, 16, 2), (16, 48, 72, 16, 8)])
-def test_the_norm_form_equals_rmsnorm_then_f_linear(T, N, K, bk, split):
-    """RMSNorm folded in (norm_K): each row's sum of squares over all of K, also when K is in
-    shares (each share's partial, summed by the last), an empty share included."""
-    from kernels.skinny import norm_linear_reference
-
-    g = torch.Generator().manual_seed(T + N + K + split)
-    x = 3 * torch.randn(T, K, generator=g)
-    w = torch.randn(N, K, generator=g)
-    nw = 1 + 0.1 * torch.randn(K, generator=g)
-    y = skinny_linear(x, w, SkinnyLaunch(block_n=16, block_k=bk, num_stages=2, split=split), norm_K=nw, eps=1e-6)
-    torch.testing.assert_close(y, norm_linear_reference(x, nw, 1e-6, w), rtol=1e-5, atol=1e-4)
-    assert not torch.allclose(y, F.linear(x, w), rtol=1e-2, atol=1e-2)  # the norm did something
-
-
-def test_the_norm_form_refuses_a_weight_of_another_size():
-    with pytest.raises(ValueError, match="norm_K \\(7,\\) must be one contiguous weight per input feature"):
-        skinny_linear(torch.zeros(2, 8), torch.zeros(4, 8), norm_K=torch.ones(7))
-
-
 def test_a_split_launch_leaves_its_counters_at_zero_and_repeats_bit_for_bit():
     from kernels._triton import arrival_counters
 
@@ -83,23 +62,6 @@ def test_bad_shapes_and_launches_are_refused():
         SkinnyLaunch(split=3)
     with pytest.raises(ValueError, match="a split launch takes one token tile: at most 64 tokens"):
         skinny_linear(torch.zeros(65, 16), torch.zeros(16, 16), SkinnyLaunch(split=2))
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 4])
-def test_gpu_the_norm_form_in_bf16(split):
-    """Qwen3-30B-A3B's q/k/v projection with its input RMSNorm folded in, 16 tokens, bf16: within
-    bf16's rounding of the norm, then F.linear, in float32."""
-    from kernels.skinny import norm_linear_reference
-
-    g = torch.Generator(device="cuda").manual_seed(split)
-    x = (3 * torch.randn(16, 2048, device="cuda", generator=g)).bfloat16()
-    w = (torch.randn(5120, 2048, device="cuda", generator=g) / 45).bfloat16()
-    nw = (1 + 0.1 * torch.randn(2048, device="cuda", generator=g)).bfloat16()
-    y = skinny_linear(x, w, SkinnyLaunch(block_n=64 if split > 1 else 16, split=split), norm_K=nw, eps=1e-6)
-    ref = norm_linear_reference(x.float(), nw.float(), 1e-6, w.float())
-    torch.testing.assert_close(y.float(), ref, rtol=3e-2, atol=3e-2)
 
 
 @cuda
@@ -170,7 +132,7 @@ def test_the_custom_op_computes_the_kernels_product():
 
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(4, 64, generator=g), torch.randn(32, 64, generator=g)
-    torch.testing.assert_close(_skinny_linear_op(x, w, None, 0.0, 16, 32, 2, 4, 1), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(_skinny_linear_op(x, w, 16, 32, 2, 4, 1), F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
 def _launches_seen(monkeypatch, launch: SkinnyLaunch) -> list:
@@ -180,8 +142,8 @@ def _launches_seen(monkeypatch, launch: SkinnyLaunch) -> list:
 
     seen = []
     kernel = ks.skinny_linear
-    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, tuned_either_way=False, require_tuned=False: launch)
-    monkeypatch.setattr(ks, "skinny_linear", lambda x, w, la, *a: seen.append(la) or kernel(x, w, la, *a))
+    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, require_tuned=False: launch)
+    monkeypatch.setattr(ks, "skinny_linear", lambda x, w, la: seen.append(la) or kernel(x, w, la))
     return seen
 
 
@@ -195,26 +157,6 @@ def test_the_projection_runs_the_tuned_launch_as_tuned_split_included(monkeypatc
     g = torch.Generator().manual_seed(6)
     x, w = torch.randn(2, 3, 64, generator=g), torch.randn(48, 64, generator=g)
     torch.testing.assert_close(linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-4)
-    assert seen == [launch]
-
-
-def test_the_folded_norm_projection_equals_the_norm_module_then_f_linear(monkeypatch):
-    """`norm_linear`: on the CPU the norm module, then F.linear; with a launch (as on a GPU) the
-    kernel's norm form, through its custom op: the same numbers."""
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
-
-    from base.hf.skinny_proj import norm_linear
-
-    g = torch.Generator().manual_seed(7)
-    norm = Qwen3MoeRMSNorm(64, eps=1e-6)
-    with torch.no_grad():
-        norm.weight.copy_(1 + 0.1 * torch.randn(64, generator=g))
-    x, w = 2 * torch.randn(2, 3, 64, generator=g), torch.randn(40, 64, generator=g)
-    expected = F.linear(norm(x), w)
-    torch.testing.assert_close(norm_linear(x, norm, w, None), expected)
-    launch = SkinnyLaunch(block_n=16, block_k=32, num_stages=1, split=2)
-    seen = _launches_seen(monkeypatch, launch)
-    torch.testing.assert_close(norm_linear(x, norm, w, None), expected, rtol=1e-5, atol=1e-4)
     assert seen == [launch]
 
 

@@ -54,26 +54,13 @@ def test_the_combo_ablation_pairs_layer_with_layer_combo_and_bad_names_are_refus
     _run(tmp_path / "c", "modules", {"base": 9.0}, 17.5)
     r = ratios(run_rows(tmp_path, "combo"), "combo").iloc[0]
     assert (r["runs"], r["ratio"], r["layer_combo_kernels_per_layer"]) == ("1 + 1", 5.0 / 4.0, 13.5)
-    with pytest.raises(SystemExit, match="choose one of: regions, combo, skinny, pdl, fused_attention"):
+    with pytest.raises(SystemExit, match="choose one of: regions, combo, skinny, pdl"):
         main(str(tmp_path), str(tmp_path / "out"), "fusion")
 
 
-def test_the_fused_attention_ablation_reads_each_runs_config(tmp_path):
-    """A dotted key is not a column of throughput.csv: the run's config.yaml says it; a run made
-    before the key existed (no such key) counts as off."""
-    _run(tmp_path / "a", "layer_combo", {"base": 5.0, "dense": 12.0}, 14.5)
-    (tmp_path / "a" / "config.yaml").write_text("throughput:\n  fused_attention: false\n")
-    _run(tmp_path / "b", "layer_combo", {"base": 4.0, "dense": 11.0}, 13.5)
-    (tmp_path / "b" / "config.yaml").write_text("throughput:\n  fused_attention: true\n")
-    _run(tmp_path / "c", "layer_combo", {"base": 5.5, "dense": 12.5}, 14.5)
-    (tmp_path / "c" / "config.yaml").write_text("throughput:\n  regions: layer_combo\n")
-    r = ratios(run_rows(tmp_path, "fused_attention"), "fused_attention").set_index("variant")
-    assert r.loc["base", "runs"] == "2 + 1" and r.loc["base", "ratio_min"] == 5.0 / 4.0
-    assert r.loc["dense", "ratio_max"] == 12.5 / 11.0 and r.loc["base", "True_kernels_per_layer"] == 13.5
-
-
 def test_a_form_inside_one_run_pairs_with_its_plain_variant_round_by_round(tmp_path):
-    """analysis/throughput_forms.py: `base+fused` against `base` of the same run, pass by pass."""
+    """analysis/throughput_forms.py: `base+fused` against `base` of the same run, pass by pass (the
+    labels of the H100 A/B's run, whose forms were deleted after it: the analysis reads recorded runs)."""
     import pytest
 
     from analysis.throughput_forms import compare
@@ -108,8 +95,8 @@ def test_forms_analysis_refuses_a_run_without_forms(tmp_path):
 
 def test_the_step_budget_adds_each_removed_kernel_and_its_gap(tmp_path):
     """analysis/step_budget.py on a made-up profile: the gap per kernel is (graph - kernel time) /
-    kernels; the cuts count each kernel they remove once with its gap; the final norm (class
-    norms), which shares the input norm's name, is not a cut."""
+    kernels; the cuts count each kernel they remove once with its gap; a kernel no cut names (the
+    final norm) is not a cut."""
     import pytest
 
     from analysis.step_budget import budget
@@ -124,7 +111,7 @@ def test_the_step_budget_adds_each_removed_kernel_and_its_gap(tmp_path):
                   for c, n, ms, n_k in kernels]).to_csv(tmp_path / "summary_kernels.csv", index=False)
     rows = dict(budget(tmp_path, "base", 16, tbps=1.0, layers=1, experts=1, H=1000, I=1000, target_ms=0.2))
     assert rows["between kernels, per kernel"] == pytest.approx(1e-3)
-    assert rows["input norm (fold)"] == 0 and rows["the cuts' kernels"] == pytest.approx(0.2)
+    assert rows["the cuts' kernels"] == pytest.approx(0.2)
     assert rows["the cuts, with their gaps"] == pytest.approx(0.2 + 48e-3)
     floor = 3 * 1000 * 1000 * 2 / 1e12 * 1e3
     assert rows["their floor at 1.0 TB/s"] == pytest.approx(floor)

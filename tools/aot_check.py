@@ -51,8 +51,7 @@ ALIGNED = ("H", "I", "C", "E")
 # matrix sizes (elsewhere K is the top-k); the attention's head size and the strides of its
 # (rows, heads, slots, head size) tensors.
 ALIGNED_IN = {_skinny_kernel: ("N", "K"),
-              _decode_attention: ("D", "sq_b", "sq_h", "sk_b", "sk_k", "sk_l", "sv_b", "sv_k", "sv_l", "so_b", "so_h",
-                                  "skn_b", "skn_k", "svn_b", "svn_k", "sc_b")}
+              _decode_attention: ("D", "sq_b", "sq_h", "sk_b", "sk_k", "sk_l", "sv_b", "sv_k", "sv_l", "so_b", "so_h")}
 # Strides that are 1 in every real launch: the JIT specialises an int argument equal to 1 into a
 # constant, which is what lets it vectorise and software-pipeline the weight loads.
 UNIT_STRIDES = {"stride_gk": 1, "stride_di": 1}
@@ -116,12 +115,10 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                 {"num_warps": 4, "num_stages": 4, "launch_pdl": True}))
     # the decode projections without a reduce launch (kernels/skinny.py): one column block per program,
     # and K in shares summed by the last share
-    sk_ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
-               "nw_ptr": "*bf16", "ss_ptr": "*fp32"}
-    for bn, bk, st, split, norm in ((16, 256, 4, 1, False), (16, 512, 3, 1, False), (64, 128, 4, 4, False),
-                                    (32, 256, 4, 2, False), (16, 256, 4, 1, True), (64, 128, 4, 4, True)):
-        out.append((f"skinny BN={bn} BK={bk} st={st} split={split}{' NORM' if norm else ''}", _skinny_kernel, sk_ptrs,
-                    ("eps",), {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32", "NORM": norm},
+    sk_ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
+    for bn, bk, st, split in ((16, 256, 4, 1), (16, 512, 3, 1), (64, 128, 4, 4), (32, 256, 4, 2)):
+        out.append((f"skinny BN={bn} BK={bk} st={st} split={split}", _skinny_kernel, sk_ptrs, (),
+                    {"TB": 16, "BN": bn, "BK": bk, "SPLIT": split, "DOT_PRECISION": "tf32"},
                     {"num_warps": 4, "num_stages": st}))
     # the four-launch path's down (its tuned T=16 launch), as it is and with the reduce folded in
     v2_ptrs = {"act_ptr": "*bf16", "dw_ptr": "*bf16", "db_ptr": "*bf16", "w_ptr": "*bf16", "pairs_ptr": "*i32",
@@ -130,16 +127,14 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"down T=16 BHO=64 BI=256 st=3{' REDUCE' if reduce else ''}", _down_kernel, v2_ptrs, (),
                     {"E_BLOCK": 128, "HAS_BIAS": False, "TB": 16, "BHO": 64, "BI": 256, "DOT_PRECISION": "tf32",
                      "stride_di": 1, "REDUCE": reduce, "K": 8, "HAS_RES": reduce}, {"num_warps": 4, "num_stages": 3}))
-    # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128), as it is and with
-    # this step's q/k norm, rotary and K/V write fused in (base/hf/fused_attention.py)
+    # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128): the cache in shares
+    # combined by the last, and in one share
     at_ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "allowed_ptr": "*u8", "last_ptr": "*i64",
-               "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16",
-               "kn_ptr": "*bf16", "vn_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
-               "qw_ptr": "*bf16", "kw_ptr": "*bf16"}
+               "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16"}
     at = {"G_BLOCK": 16, "D_BLOCK": 128, "E_BLOCK": 128, "BLOCK_N": 64}
-    for one, new, norm in ((False, False, False), (False, True, True), (True, True, True), (False, True, False)):
-        out.append((f"decode_attention ONE_SHARE={one:d} NEW={new:d} QK_NORM={norm:d}", _decode_attention, at_ptrs,
-                    ("scaling", "eps"), {**at, "ONE_SHARE": one, "NEW": new, "QK_NORM": norm}, {"num_warps": 4}))
+    for one in (False, True):
+        out.append((f"decode_attention ONE_SHARE={one:d}", _decode_attention, at_ptrs, ("scaling",),
+                    {**at, "ONE_SHARE": one}, {"num_warps": 4}))
     return out
 
 

@@ -23,46 +23,31 @@ from base.hf.fused_qkv import _QKV
 
 
 @torch.library.custom_op("base_moe::skinny_linear", mutates_args=())
-def _skinny_linear_op(x_TK: Tensor, w_NK: Tensor, norm_K: Tensor | None, eps: float, block_n: int, block_k: int,
-                      num_stages: int, num_warps: int, split: int) -> Tensor:
-    """The kernel with a launch's parameters; with norm_K, its norm form (RMSNorm(x) @ w^T)."""
+def _skinny_linear_op(x_TK: Tensor, w_NK: Tensor, block_n: int, block_k: int, num_stages: int, num_warps: int,
+                      split: int) -> Tensor:
+    """The kernel with a launch's parameters."""
     from kernels.skinny import SkinnyLaunch, skinny_linear
 
-    return skinny_linear(x_TK, w_NK, SkinnyLaunch(block_n, block_k, num_stages, num_warps, split), norm_K, eps)
+    return skinny_linear(x_TK, w_NK, SkinnyLaunch(block_n, block_k, num_stages, num_warps, split))
 
 
 @_skinny_linear_op.register_fake
-def _(x_TK, w_NK, norm_K, eps, block_n, block_k, num_stages, num_warps, split):
+def _(x_TK, w_NK, block_n, block_k, num_stages, num_warps, split):
     return x_TK.new_empty(x_TK.shape[0], w_NK.shape[0])
-
-
-def _project(x: Tensor, weight: Tensor, bias: Tensor | None, norm: nn.Module | None) -> Tensor:
-    """F.linear(x or norm(x), weight, bias), on the kernel where `skinny_launch` gives a launch."""
-    from kernels.skinny import skinny_launch
-
-    N, K = weight.shape
-    x_TK = x.reshape(-1, K)
-    either = {"tuned_either_way": True} if norm is not None else {}  # the norm form: its launch even where it lost
-    launch = None if bias is not None else skinny_launch(N, K, x_TK.shape[0], x.device, **either)
-    if launch is None:
-        return F.linear(x if norm is None else norm(x), weight, bias)
-    norm_K, eps = (None, 0.0) if norm is None else (norm.weight, float(norm.variance_epsilon))
-    y_TN = _skinny_linear_op(x_TK, weight, norm_K, eps, launch.block_n, launch.block_k, launch.num_stages,
-                             launch.num_warps, launch.split)
-    return y_TN.reshape(*x.shape[:-1], N)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """F.linear, on kernels/skinny.py where its tuned table says that is faster (see the module doc)."""
-    return _project(x, weight, bias, None)
+    from kernels.skinny import skinny_launch
 
-
-def norm_linear(x: Tensor, norm: nn.Module, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """F.linear(norm(x), weight, bias) for a transformers RMSNorm `norm` (weight, variance_epsilon):
-    on a GPU, up to 64 rows and no bias, the norm inside the projection's launch (kernels/skinny.py's
-    norm form, with the tuned launch for the shape whether or not it beat cuBLAS unfolded); else
-    the norm module, then F.linear."""
-    return _project(x, weight, bias, norm)
+    N, K = weight.shape
+    x_TK = x.reshape(-1, K)
+    launch = None if bias is not None else skinny_launch(N, K, x_TK.shape[0], x.device)
+    if launch is None:
+        return F.linear(x, weight, bias)
+    y_TN = _skinny_linear_op(x_TK, weight, launch.block_n, launch.block_k, launch.num_stages, launch.num_warps,
+                             launch.split)
+    return y_TN.reshape(*x.shape[:-1], N)
 
 
 class SkinnyLinear(nn.Module):

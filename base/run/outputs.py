@@ -71,8 +71,6 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                  ("diagnose",): {"enabled": True, "prompts": 64, "prompt_len": 32, "gen_tokens": 16, "rules": None},
                  # scheduler.compile_prefill (2026-12-04) first: a run recorded before it keeps its hash
                  ("scheduler", "compile_prefill"): False,
-                 # throughput.fused_attention (2026-12-04): likewise
-                 ("throughput", "fused_attention"): False, ("throughput", "fold_input_norm"): False,
                  # the continuous-batching engine before issue 26: padded prefill, a host sync per step
                  ("scheduler",): {"packing": "padded", "chunked": False, "chunk_tokens": 256,
                                   "buckets": [64, 128, 256, 512, 1024, 2048], "min_prompt_tokens": 1,

@@ -184,7 +184,7 @@ def _on_gpu(cfg: RunConfig) -> bool:
     return cfg.model.device != "meta" and pick_device(cfg.model.device).type == "cuda"
 
 
-GPU_FORMS = ("fused", "fold", "skinny", "compile_prefill")  # base/config.py VARIANT_FORMS that act on a GPU only
+GPU_FORMS = ("skinny", "compile_prefill")  # base/config.py VARIANT_FORMS that act on a GPU only
 
 
 def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
@@ -197,7 +197,7 @@ def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
     tp = cfg.throughput
     set_here = _changed("scheduler", cfg.scheduler, ("compile_prefill",))
     if cfg.stage == "throughput" and tp is not None:
-        set_here += _changed("throughput", tp, ("fused_attention", "fold_input_norm", "pdl"))
+        set_here += _changed("throughput", tp, ("pdl",))
         if tp.regions != "layer_combo":
             set_here.append(f"throughput.regions={tp.regions}")
         set_here += [f"throughput.methods[]={spec!r}" for spec, parsed in zip(tp.methods or [], tp.specs or [])

@@ -38,7 +38,6 @@ from torch import Tensor, nn
 
 from base.hf.attention import StaticKV
 from base.hf.budget import MoeBudget, model_device
-from base.hf.fused_attention import FusedAttention
 from base.hf.fused_qkv import FusedQKV
 from base.hf.placement import model_devices
 from base.hf.skinny_proj import SkinnyProjections
@@ -71,8 +70,7 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, batch_size: int, max_len: int, budget: MoeBudget | None = None,
                  eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
-                 sampling: Sampling | None = None, compile: bool | None = None, regions: str = "layer_combo",
-                 fused_attention: bool = False, fold_input_norm: bool = False) -> None:
+                 sampling: Sampling | None = None, compile: bool | None = None, regions: str = "layer_combo") -> None:
         self.model, self.budget, self.B, self.L = model, budget, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
@@ -93,13 +91,6 @@ class DecodeEngine:
         # compile the attention/norm regions where the step is replayed as a CUDA graph (None: auto)
         if compile is None:
             compile = self.graph_enabled and self.device.type == "cuda"
-        # one launch for the decode step's q/k norm, rotary, K/V write and attention (base/hf/fused_attention.py);
-        # before the regions, which then compile the wrapper
-        # fold_input_norm: with it, each layer's input norm inside its q/k/v GEMM (compiled halves only)
-        if fold_input_norm and not fused_attention:
-            raise ValueError("fold_input_norm folds the norm into the fused attention's q/k/v GEMM: "
-                             "it needs fused_attention=True")
-        self.fused_attention = FusedAttention(model, fold_input_norm) if fused_attention else None
         self.regions = (RegionalCompile(model, layers=regions != "modules", combo=regions.startswith("layer_"))
                         if compile else None)
         # with the compiled regions, q/k/v in one GEMM per layer (base/hf/fused_qkv.py)
@@ -296,6 +287,3 @@ class DecodeEngine:
         if self.fused_qkv is not None:
             self.fused_qkv.remove()
             self.fused_qkv = None
-        if self.fused_attention is not None:
-            self.fused_attention.remove()
-            self.fused_attention = None

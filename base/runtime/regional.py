@@ -51,11 +51,7 @@ _COMPILED: dict[type | str, object] = {}  # one compiled forward per module clas
 def attention_half(layer: nn.Module, hidden_BSH: Tensor, kwargs: dict) -> tuple[Tensor, Tensor]:
     """A pre-norm decoder layer up to its MoE block, in the layer's own order: (the residual stream
     after attention, the MoE block's input)."""
-    attn = layer.self_attn
-    if getattr(attn, "folds_input_norm", False):  # base/hf/fused_attention.py: the norm inside its q/k/v GEMM
-        h_BSH, _ = attn(hidden_states=hidden_BSH, input_norm=layer.input_layernorm, **kwargs)
-    else:
-        h_BSH, _ = attn(hidden_states=layer.input_layernorm(hidden_BSH), **kwargs)
+    h_BSH, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_BSH), **kwargs)
     hidden_BSH = hidden_BSH + h_BSH
     return hidden_BSH, layer.post_attention_layernorm(hidden_BSH)
 

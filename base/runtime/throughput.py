@@ -56,10 +56,8 @@ class Variant:
         return "+".join((name, *self.forms))
 
     def engine_options(self, cfg: ThroughputConfig) -> dict:
-        """The engine's regions, fused attention and folded norm for this variant: the run's, with its
-        forms' keys."""
-        options = {"regions": cfg.regions, "fused_attention": cfg.fused_attention,
-                   "fold_input_norm": cfg.fold_input_norm}
+        """The engine's regions for this variant: the run's, with its forms' keys."""
+        options = {"regions": cfg.regions}
         options.update(self._form_keys("throughput"))
         return options
 
