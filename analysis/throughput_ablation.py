@@ -1,10 +1,10 @@
 """A throughput ablation across runs: each run's replayed step per variant and its kernels per
 decoder layer, and the step without a feature against the step with it.
 
-    python -m analysis.throughput_ablation <runs> <out> [regions|combo|skinny|pdl]
+    python -m analysis.throughput_ablation <runs> <out> [regions|combo|pdl]
     regions   throughput.regions: modules (off) against layer (on); the default
-    combo     throughput.regions: layer (off) against layer_combo (on)
-    skinny    throughput.regions: layer_combo (off) against layer_skinny (on)
+    combo     throughput.regions: layer (off) against layer_combo (on; since 2026-12-05 with the
+              skinny projections where the GPU's tuned table names them)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch)
 
@@ -26,7 +26,6 @@ from analysis.engines import one_engine, run_engine
 
 # each ablation's column of throughput.csv (a throughput.* setting), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
-             "skinny": ("regions", "layer_combo", "layer_skinny"),
              "pdl": ("pdl", False, True)}
 
 

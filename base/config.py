@@ -32,7 +32,7 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
 PROFILE_BATCH = 16  # ThroughputConfig.profile_batch's default
-REGION_KINDS = ("layer", "modules", "layer_combo", "layer_skinny")  # base/runtime/regional.py
+REGION_KINDS = ("layer", "modules", "layer_combo")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 ADMISSION_KEYS = ("admission", "max_wait_rounds")  # SchedulerConfig's admission policy
 # Keys renamed or moved (issue 44), old -> new: an old key is refused at start, naming the new one
@@ -250,18 +250,17 @@ class DiagnoseConfig:
             check_unique("diagnose.rules", list(self.rules))
 
 
-# Forms a throughput variant may add to the run's own (`base+skinny`): each sets keys for that
+# Forms a throughput variant may add to the run's own (`base+compile_prefill`): each sets keys for that
 # variant alone (throughput.* its engine, scheduler.* its continuous engine), so an A/B of a form
 # runs interleaved in one process.
 VARIANT_FORMS: dict[str, dict[str, Any]] = {
-    "skinny": {"throughput.regions": "layer_skinny"},  # base/hf/skinny_proj.py
     "compile_prefill": {"scheduler.compile_prefill": True},  # stream/serve: packed prefills compiled
 }
 
 
 def parse_method_spec(spec: str) -> dict[str, Any]:
-    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation), `base+skinny`
-    (a form, VARIANT_FORMS; several: `base+skinny+compile_prefill`) -> {"method", "k0", "impl",
+    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation),
+    `base+compile_prefill` (a form, VARIANT_FORMS; several: `base+A+B`) -> {"method", "k0", "impl",
     "forms"}, validated."""
     from base.method.selectors import SELECTORS
 
@@ -304,11 +303,12 @@ class ThroughputConfig:
     # the default only where 16 is among batch_sizes, another value must be among them)
     compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
     regions: str = "layer_combo"  # with compile: layer_combo (layer, with Inductor's combo kernels:
-    # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer) |
+    # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer; and the
+    # attention's q/k/v and output projections on kernels/skinny.py for each shape whose entry in the
+    # GPU's tuned table beat cuBLAS, F.linear elsewhere (base/hf/skinny_proj.py): on an H100 router_sq
+    # M=16 at batch 16 0.98x the step without them, in each of 5 interleaved rounds) |
     # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
-    # modules (attention and norms one by one, adds eager: the ablation of the fusion) |
-    # layer_skinny (layer_combo, the q/k/v and output projections on kernels/skinny.py where its tuned
-    # table says it beat cuBLAS: base/hf/skinny_proj.py)
+    # modules (attention and norms one by one, adds eager: the ablation of the fusion)
     pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
     # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
@@ -670,8 +670,6 @@ class RunConfig:
                               f"scheduler.packing={self.scheduler.packing} prefills padded, eagerly")
         unused: list[tuple[list[str], str]] = []
         if not tp.compile:
-            unused.append((specs(lambda f: "skinny" in f),
-                           "it works inside the compiled regions, and throughput.compile=false compiles none"))
             unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)) +
                            specs(lambda f: "compile_prefill" in f),
                            "throughput.compile=false compiles no region, the prefill's included"))

@@ -13,9 +13,9 @@ program reading only its share of x) and the last share of a column block to fin
 shares' partials in share order, in the same launch: no reduce launch either way. Whether either
 beats cuBLAS on a GPU is for tools/bench_skinny.py to say: it writes, per (N, K, token bucket), the
 fastest launch and whether it beat cuBLAS ("skinny:N=<N>,K=<K>,T=<T>" in kernels/configs/<gpu>.json,
-`skinny_launch` reads it). The decode step uses it for the attention's projections only under
-`throughput.regions=layer_skinny` (base/hf/skinny_proj.py), and there only where the table says it
-won; for the router's GEMM (base/method/backends.py) wherever the table says it won, with no switch.
+`skinny_launch` reads it). The decode step uses it wherever the table says it won, with no switch:
+for the attention's projections in the default compiled region (base/hf/skinny_proj.py) and for the
+router's GEMM (base/method/backends.py); a shape the table does not name keeps cuBLAS.
 
     _skinny_kernel   grid (cdiv(N, BN), split): program (n, s) takes the s-th share of K and, per
                      tile of TB tokens (one tile up to TB tokens; a split launch takes one tile),
@@ -128,17 +128,14 @@ class SkinnyLaunch:
             raise ValueError(f"num_stages must be in [1, 8], got {self.num_stages}")
 
 
-def skinny_launch(N: int, K: int, T: int, device: torch.device, require_tuned: bool = False) -> SkinnyLaunch | None:
-    """The launch to use for this shape on this device, or None where cuBLAS is the better choice:
-    the tuned entry's launch where it beat cuBLAS; None where it lost, above MAX_TOKENS, or off a GPU
-    (on the CPU F.linear is the reference); the built-in launch where nothing is tuned, or None with
-    `require_tuned` (the router's GEMM, which no switch asks for: only a measured win moves it)."""
+def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch | None:
+    """The launch to use for this shape on this device, or None where cuBLAS is the choice: the tuned
+    entry's launch where it beat cuBLAS; None where it lost, where nothing is tuned (only a measured
+    win moves a GEMM), above MAX_TOKENS, or off a GPU (on the CPU F.linear is the reference)."""
     if device.type != "cuda" or T > MAX_TOKENS:
         return None
     entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
-    if not entry:
-        return None if require_tuned else SkinnyLaunch()
-    if not entry.get("use", False):
+    if not entry or not entry.get("use", False):
         return None
     return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
                         num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))

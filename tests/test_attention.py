@@ -302,10 +302,11 @@ def test_the_other_region_kinds_decode_like_generate(regions, halves):
 
 
 @pytest.mark.slow
-def test_layer_skinny_regions_decode_like_generate_through_the_kernel(monkeypatch):
-    """throughput.regions=layer_skinny: the q/k/v and output projections through the custom op and
-    kernels/skinny.py inside the compiled halves (forced on here: on the CPU the tuned table would
-    leave F.linear), and o_proj restored at release; the same tokens as generate."""
+def test_the_default_regions_decode_like_generate_through_the_skinny_kernel(monkeypatch):
+    """The default region (layer_combo): the q/k/v and output projections through the custom op and
+    kernels/skinny.py inside the compiled halves (forced on here: on the CPU, and on a GPU without a
+    winning entry in its tuned table, they keep F.linear), and o_proj restored at release; the same
+    tokens as generate."""
     import kernels.skinny as ks
 
     calls = []
@@ -315,7 +316,7 @@ def test_layer_skinny_regions_decode_like_generate_through_the_kernel(monkeypatc
     model = _model("tiny_qwen3", layers=2)
     ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
     torch._dynamo.reset()
-    got = _engine_tokens(model, ids, torch.ones_like(ids), 6, compile=True, halves=2, regions="layer_skinny")
+    got = _engine_tokens(model, ids, torch.ones_like(ids), 6, compile=True, halves=2, regions="layer_combo")
     assert torch.equal(got, _generate_ref(model, ids, torch.ones_like(ids), 6))
     attn = model.model.layers[0].self_attn
     fused = attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features

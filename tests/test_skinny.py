@@ -89,6 +89,9 @@ def _table(monkeypatch, entries: dict) -> None:
 
 
 def test_the_launch_is_the_tuned_winner_and_cublas_elsewhere(monkeypatch):
+    """The one question of the router's GEMM and the attention's projections: a won entry -> its
+    launch; a lost entry, nothing tuned (a GPU without entries runs as before), prefill or the CPU
+    -> cuBLAS / F.linear (None)."""
     from kernels.skinny import skinny_launch
 
     gpu = torch.device("cuda", 0)
@@ -98,7 +101,7 @@ def test_the_launch_is_the_tuned_winner_and_cublas_elsewhere(monkeypatch):
     assert skinny_launch(2048, 4096, 1, gpu) is None  # lost to cuBLAS there
     assert skinny_launch(2048, 4096, 65, gpu) is None  # prefill-sized: cuBLAS
     assert skinny_launch(2048, 4096, 16, torch.device("cpu")) is None  # the CPU keeps F.linear
-    assert skinny_launch(64, 64, 16, gpu) == SkinnyLaunch()  # nothing tuned: the built-in launch
+    assert skinny_launch(64, 64, 16, gpu) is None  # nothing tuned: cuBLAS
 
 
 def test_skinny_projections_swap_o_proj_and_the_fused_qkv_and_restore_them():
@@ -142,7 +145,7 @@ def _launches_seen(monkeypatch, launch: SkinnyLaunch) -> list:
 
     seen = []
     kernel = ks.skinny_linear
-    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device, require_tuned=False: launch)
+    monkeypatch.setattr(ks, "skinny_launch", lambda N, K, T, device: launch)
     monkeypatch.setattr(ks, "skinny_linear", lambda x, w, la: seen.append(la) or kernel(x, w, la))
     return seen
 
@@ -158,20 +161,6 @@ def test_the_projection_runs_the_tuned_launch_as_tuned_split_included(monkeypatc
     x, w = torch.randn(2, 3, 64, generator=g), torch.randn(48, 64, generator=g)
     torch.testing.assert_close(linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-4)
     assert seen == [launch]
-
-
-def test_the_router_gemm_moves_to_the_kernel_only_where_a_tuned_entry_won(monkeypatch):
-    """skinny_launch(require_tuned=True), the router's question: nothing tuned or a lost entry ->
-    cuBLAS (None); a won entry -> its launch (no switch asks for the router's GEMM on the kernel)."""
-    from kernels.skinny import skinny_launch
-
-    gpu = torch.device("cuda", 0)
-    won = {"block_n": 16, "block_k": 256, "num_stages": 2, "num_warps": 4, "use": True}
-    _table(monkeypatch, {("skinny:N=256,K=2048", 16): won, ("skinny:N=256,K=2048", 1): {**won, "use": False}})
-    assert skinny_launch(256, 2048, 16, gpu, require_tuned=True) == SkinnyLaunch(block_n=16, block_k=256, num_stages=2)
-    assert skinny_launch(256, 2048, 1, gpu, require_tuned=True) is None
-    assert skinny_launch(128, 2048, 16, gpu, require_tuned=True) is None  # nothing tuned: cuBLAS
-    assert skinny_launch(128, 2048, 16, gpu) == SkinnyLaunch()  # (a switch's projection: the built-in launch)
 
 
 def test_the_fused_selection_runs_its_router_gemm_on_the_kernel_when_told(monkeypatch):

@@ -54,7 +54,7 @@ def test_the_combo_ablation_pairs_layer_with_layer_combo_and_bad_names_are_refus
     _run(tmp_path / "c", "modules", {"base": 9.0}, 17.5)
     r = ratios(run_rows(tmp_path, "combo"), "combo").iloc[0]
     assert (r["runs"], r["ratio"], r["layer_combo_kernels_per_layer"]) == ("1 + 1", 5.0 / 4.0, 13.5)
-    with pytest.raises(SystemExit, match="choose one of: regions, combo, skinny, pdl"):
+    with pytest.raises(SystemExit, match="choose one of: regions, combo, pdl"):
         main(str(tmp_path), str(tmp_path / "out"), "fusion")
 
 

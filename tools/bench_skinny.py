@@ -14,8 +14,8 @@ cuBLAS's in the same round (median and range). cuBLAS's time includes its split-
 where it splits; the graph's launch gaps are in both. A launch that needs more shared memory than
 the GPU has is left out. `--install` writes, per shape and token bucket, the fastest launch and
 whether it beat cuBLAS in every round ("use") into kernels/configs/<gpu>.json, where
-kernels.skinny.skinny_launch reads it (the router's GEMM, and the projections under
-`throughput.regions=layer_skinny`).
+kernels.skinny.skinny_launch reads it (the router's GEMM, and the attention's projections in the
+default compiled region, `throughput.regions=layer_combo`).
 """
 from __future__ import annotations
 

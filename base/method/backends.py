@@ -88,7 +88,7 @@ def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: 
 
     E = router.weight_EH.shape[0]
     C, H = weight_CH.shape
-    gemm = skinny_launch(C, H, z_TH.shape[0], z_TH.device, require_tuned=True)
+    gemm = skinny_launch(C, H, z_TH.shape[0], z_TH.device)
     if gemm is not None and z_TH.dtype == weight_CH.dtype:
         out_TC = skinny_linear(z_TH, weight_CH, gemm)
     else:

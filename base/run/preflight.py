@@ -184,7 +184,7 @@ def _on_gpu(cfg: RunConfig) -> bool:
     return cfg.model.device != "meta" and pick_device(cfg.model.device).type == "cuda"
 
 
-GPU_FORMS = ("skinny", "compile_prefill")  # base/config.py VARIANT_FORMS that act on a GPU only
+GPU_FORMS = ("compile_prefill",)  # base/config.py VARIANT_FORMS that act on a GPU only
 
 
 def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
