@@ -129,9 +129,10 @@ STAMP_RULES: tuple[tuple[str, str], ...] = (
     ("results/specialisation/union*.csv", "s1-generate-cpu"),
     # the CPU guard of issue 17: evaluate runs with static batches on the CPU (their report.json)
     ("results/refactor_guard/cpu/*", "s1-generate-cpu"),
-    ("results/*gpu_state.csv", GPU_LOG),
+    ("results/*gpu_state*.csv", GPU_LOG),
     ("results/*tune_step.csv", KERNEL_BENCH),                   # tools/tune_step_kernels.py
     ("results/*bench_select.csv", KERNEL_BENCH),                # tools/bench_select.py
+    ("results/*bench_skinny.csv", KERNEL_BENCH),                # tools/bench_skinny.py
     # timing runs on a CUDA GPU (stage=throughput: static steps, streams, serving; timing only)
     ("results/refactor_guard/h200/*", "t1-cuda"),
     ("results/roofline/*", "t1-cuda"),
