@@ -11,6 +11,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "results/heldout/grid"
+RECOMMENDED = "base_anchor(k0=1)"  # the rule whose family docs/preregistration_heldout.md tests (its second)
 FAMILY = {"olmoe": "OLMoE-style (weights not renormalised)", "qwen3_moe": "Qwen3-style (renormalised)"}
 
 
@@ -42,8 +43,25 @@ def by_family(diag: pd.DataFrame, models: pd.DataFrame) -> list[str]:
     return out
 
 
-def recommendation_bullet(root: Path = ROOT, link: str = "") -> str:
-    """The bullet, or a line saying the grid's calls are not committed yet."""
+def picks_below(rec: pd.DataFrame, models: pd.DataFrame, picks: list[str]) -> list[str]:
+    """For each rule recommended elsewhere (`picks`, e.g. the replication's per-family picks) other
+    than the grid's recommended rule: where the recommended-rule family calls it lower than that
+    rule (the only test of these rules the pre-registration makes)."""
+    fam_of = models.set_index("model")["family"]
+    out = []
+    for pick in picks:
+        if pick == RECOMMENDED:
+            continue
+        lost = rec[(rec["other"] == pick) & (rec["call"] == "higher")]
+        fams = sorted({FAMILY.get(fam_of.get(m), str(fam_of.get(m))) for m in lost["model"]})
+        out.append(f"`{pick}` is below `{RECOMMENDED}` at " + (_cells(lost.drop(columns="other")) + f" ({', '.join(fams)})"
+                                                             if len(lost) else "no cell"))
+    return out
+
+
+def recommendation_bullet(root: Path = ROOT, link: str = "", picks: list[str] | None = None) -> str:
+    """The bullet, or a line saying the grid's calls are not committed yet. `picks`: the rules the
+    other bullets recommend, each checked against the grid's recommended rule."""
     t = _tables(root)
     if t is None:
         return ("- **Models it was not developed on**: the pre-registered held-out grid "
@@ -76,6 +94,9 @@ def recommendation_bullet(root: Path = ROOT, link: str = "") -> str:
             f"The calibrated BASE (`method.shrink=auto`, {len(cal)} comparisons): higher in {len(cal_hi)}, "
             f"{calibrated}. Per condition you can check in the model's config: " + "; ".join(by_family(diag, models))
             + f" (Holm over {len(diag)} cells). The start-time diagnostic: {diagnostic}.")
+    below = picks_below(rec, models, picks or [])
+    if below:
+        text += " Of the rules recommended above and below: " + "; ".join(below) + "."
     if left:
         text += f" Left out (dense accuracy below the pre-registered floor): {', '.join(left)}."
     if partial:

@@ -513,7 +513,7 @@ def recommendation_text(paired: pd.DataFrame | None = None, root: Path = ROOT, l
               f"and `results/rules_mini{{,_olmoe}}.md`, Holm per grid on their own pools; **not replicated on fresh "
               f"prompts**): {shead} — {_sentence(srec, {m_: _family(m_) for m_ in srec['models']})}.")
     speed = speed_text(sorted(set(picks) | set(spicks)), root)
-    return "\n".join([serving, heldout.recommendation_bullet(root, link), static, speed])
+    return "\n".join([serving, heldout.recommendation_bullet(root, link, sorted(set(picks) | set(spicks))), static, speed])
 
 
 def reading(root: Path = ROOT, paired_rel: str = PAIRED) -> str:
