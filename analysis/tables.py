@@ -82,10 +82,26 @@ def in_exps(exp: pd.Series, names: list[str]) -> pd.Series:
     return exp.isin(names) | sweep_of(exp).isin(names)
 
 
+def per_batching(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs with an experiment holding one engine of each kind (static `s…`, continuous `c…`: the
+    `eval.batching` axis, e.g. experiment=heldout_mechanism) renamed `<exp>[<engine>]`, each its own
+    experiment. Two engines of one kind (a run made before an engine change beside a new one) are
+    left together, for `evaluations` to refuse."""
+    if runs.empty or "engine" not in runs:
+        return runs
+    runs = runs.copy()
+    for exp, g in runs.groupby("exp"):
+        engines = g["engine"].dropna().astype(str).unique()
+        if len(engines) > 1 and len({e[0] for e in engines}) == len(engines):
+            rows = runs["exp"] == exp
+            runs.loc[rows, "exp"] = exp + "[" + runs.loc[rows, "engine"].astype(str) + "]"
+    return runs
+
+
 def evaluations(data: Data) -> pd.DataFrame:
     """The evaluate runs of outputs/ the report reads: one per measurement, an experiment per
-    model; an experiment of several engines is refused (analysis/engines.py)."""
-    ev = per_model(data.outputs.evaluations)
+    model and batching; an experiment of two engines of one batching is refused (analysis/engines.py)."""
+    ev = per_batching(per_model(data.outputs.evaluations))
     for exp, g in ev.groupby("exp") if len(ev) else ():
         one_engine(g, f"experiment {exp}")
     return ev

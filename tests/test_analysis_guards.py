@@ -159,6 +159,15 @@ def test_an_experiment_of_two_engines_is_refused(tmp_path, capsys):
     assert e.value.code == 2 and capsys.readouterr().err.startswith("error: experiment two would mix")
 
 
+def test_an_experiment_of_both_batchings_is_two_experiments(tmp_path):
+    from analysis import tables as T
+
+    _evaluate(tmp_path, "base-0")
+    _evaluate(tmp_path, "base-1", seed=1, engine="s1-generate-cpu")  # eval.batching=static beside continuous
+    pts = T.quality_points(load(tmp_path, None))
+    assert set(pts["exp"]) == {"two[c3-packed-cpu]", "two[s1-generate-cpu]"}
+
+
 # ---- 4: analysis.paired says what it could not pair ---------------------------------------------
 def test_paired_warns_with_the_counts_it_could_not_pair(capsys):
     from analysis.paired import paired
