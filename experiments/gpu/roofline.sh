@@ -5,7 +5,7 @@
 #      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
 #   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py; STEPTUNE_ARGS
 #      e.g. "--kernels select --select-ts 64",
-#      installed into kernels/configs/NVIDIA_H200.json before the grid) -> $OUT/tune_step.csv, installed_configs.json
+#      installed into this GPU's kernels/configs/<gpu>.json before the grid) -> $OUT/tune_step.csv, installed_configs.json
 #   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
 #   bash experiments/gpu/roofline.sh                       # all three, Qwen3-30B-A3B uniform
@@ -26,6 +26,8 @@ PARTS=${PARTS:-"tests kernels grid"}
 MODEL=${MODEL:-qwen3_30b}; ROUTING=${ROUTING:-uniform}
 t0=$(date +%s); stamp() { echo "[roofline $(( $(date +%s) - t0 ))s] $*"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$LOG/gpu_state.csv" 2>&1
+# the tuned table of this GPU (kernels/tuned.py: kernels/configs/<name with _ for spaces>.json), which the tuners install into
+TABLE=kernels/configs/$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))" 2>/dev/null || echo NVIDIA_H200).json
 
 if [[ " $PARTS " == *" tests "* ]]; then
   stamp "GPU tests"
@@ -40,14 +42,14 @@ if [[ " $PARTS " == *" kernels "* ]]; then
     ${KERNEL_MODELS:+--models $KERNEL_MODELS} \
     --tune-s "${TUNE_S:-70}" > "$LOG/bench.log" 2>&1
   echo "rc=$?" >> "$LOG/bench.log"; tail -40 "$LOG/bench.log"
-  cp kernels/configs/NVIDIA_H200.json "$LOG/kernels/installed_configs.json" 2>/dev/null
+  cp "$TABLE" "$LOG/kernels/installed_configs.json" 2>/dev/null
   tar czf "$OUT/kernels.tgz" -C "$LOG" kernels bench.log
 fi
 if [[ " $PARTS " == *" steptune "* ]]; then
   stamp "step kernels tuned"
   timeout "${STEPTUNE_S:-150}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" ${STEPTUNE_ARGS:-} > "$LOG/tune_step.log" 2>&1
   echo "rc=$?" >> "$LOG/tune_step.log"; tail -30 "$LOG/tune_step.log"
-  cp kernels/configs/NVIDIA_H200.json "$LOG/installed_configs.json"
+  cp "$TABLE" "$LOG/installed_configs.json"
   cp "$LOG/tune_step.csv" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" micro "* ]]; then
@@ -65,7 +67,7 @@ if [[ " $PARTS " == *" micro "* ]]; then
     stamp "skinny GEMM against cuBLAS"
     timeout "${SKINNY_S:-120}" python3 -m tools.bench_skinny --csv "$LOG/bench_skinny.csv" ${SKINNY_ARGS:-} > "$LOG/bench_skinny.log" 2>&1
     echo "rc=$?" >> "$LOG/bench_skinny.log"; tail -45 "$LOG/bench_skinny.log"
-    cp kernels/configs/NVIDIA_H200.json "$LOG/installed_configs.json"
+    cp "$TABLE" "$LOG/installed_configs.json"
   fi
   cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
 fi
