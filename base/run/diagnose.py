@@ -249,6 +249,8 @@ def run_diagnostic(cfg, model, tokenizer, layers, make_budgeter: Budgeter) -> di
         report["warning"] = (f"at M={cfg.budget}, " + "; ".join(
             f"{r['rule']} stays closer to dense than {labels[0]} (mean agreement {result.mean[r['rule']]:.3f} against "
             f"{result.mean[labels[0]]:.3f}, Wilcoxon p_holm {r['p_holm']:.2g})" for r in better)
-            + f": {labels[0]} may answer worse here (base/run/diagnose.py; diagnose.enabled=false turns this off)")
+            + f": {labels[0]} may answer worse here; a hint, not a call: the diagnostic did not pass its "
+            "pre-registered validation (results/heldout/grid.md; base/run/diagnose.py; diagnose.enabled=false turns "
+            "this off)")
         print(f"[base] WARNING diagnostic: {report['warning']}", flush=True)
     return report
