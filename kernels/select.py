@@ -19,10 +19,7 @@ Launch forms of route_select / select_reassign (`SelectLaunch`, tuned per GPU an
   one program        (default) the routing, score, ranking and reassignment of every token in turn.
   split              two launches, one program per tile: each tile's routing and partial sums; then
                      every program ranks from the partials and reassigns its tile.
-  spread             one launch, one program per tile: each routes and scores its tile (softmax
-                     and top-k token-parallel) and writes its partial sums; the LAST program to
-                     arrive (an arrival counter it resets) ranks and reassigns every token.
-All three give the same outputs bit for bit at the same tokens per tile (tests/test_route_kernel.py).
+Both give the same outputs bit for bit at the same tokens per tile (tests/test_route_kernel.py).
 
 References: `base.method.routing.select_top_m` / `reassign`, the selectors' `keep` and `score`
 (base/method/selectors.py) and `coverage_count`; tests/test_kernels.py compares against them.
@@ -56,9 +53,8 @@ score go to the lower expert id (as `select_top_m`); ties in router probability 
 anchors) go to the lower expert id / slot.
 
 No host synchronisation; all output shapes depend on (T, K, E, M) only: safe in a CUDA graph.
-The arrival counter of the GEMV form is allocated by the caller once (`arrival_counter`), the
-spread launch's lives for the process (kernels/_triton.py's `arrival_counters`); both return to 0
-after every launch, so a captured launch can be replayed.
+The arrival counter of the GEMV form is allocated by the caller once (`arrival_counter`) and
+returns to 0 after every launch, so a captured launch can be replayed.
 """
 from __future__ import annotations
 
@@ -69,7 +65,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import arrival_counters, dual_jit, empty, next_pow2
+from kernels._triton import dual_jit, empty, next_pow2
 from kernels.terms import (
     TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
 )
@@ -153,11 +149,9 @@ def _route_select_kernel(
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
     PHASE: tl.constexpr = 0,  # 0: one program does it all | 1: pass 1 of tile pid | 2: the rest for tile pid
-    # | 3: pass 1 of tile pid, then the last program to arrive does the rest for every token (spread)
-    TBR: tl.constexpr = 16,  # tokens per step of pass 2 (the reassignment); TB but under PHASE 3
     PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
-    """Grid (cdiv(C, CB),) with GEMV, (cdiv(T, TB),) with PHASE 1, 2 or 3, else (1,). See the module doc."""
+    """Grid (cdiv(C, CB),) with GEMV, (cdiv(T, TB),) with PHASE 1 or 2, else (1,). See the module doc."""
     if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -212,7 +206,7 @@ def _route_select_kernel(
         pid = tl.program_id(0)
         first = (offs_e * 0 + pid == 0) if PHASE == 2 else (offs_e >= 0)  # which programs write the kept set
         p_lo = pid * TB if PHASE != 0 else 0
-        p_hi = tl.minimum(T, p_lo + TB) if (PHASE == 1 or PHASE == 3) else (T if PHASE == 0 else p_lo)
+        p_hi = tl.minimum(T, p_lo + TB) if PHASE == 1 else (T if PHASE == 0 else p_lo)
         for t0 in range(p_lo, p_hi, TB):
             offs_t = t0 + tl.arange(0, TB)
             t_ok = offs_t < T
@@ -303,26 +297,15 @@ def _route_select_kernel(
                 else:  # router_sum, and count's tie-breaker
                     term_TE = wsum_TE
                 acc_E += tl.sum(term_TE, axis=0)
-        if PHASE == 1 or PHASE == 3:  # this tile's partial sums, for the program that finishes the selection
+        if PHASE == 1:  # this tile's partial sums, for the program that finishes the selection
             part = part_ptr + pid * 5 * E_BLOCK
             tl.store(part + offs_e, cnt_E)
             tl.store(part + E_BLOCK + offs_e, acc_E)
             tl.store(part + 2 * E_BLOCK + offs_e, anchor_E)
             tl.store(part + 3 * E_BLOCK + offs_e, first_w_E)
             tl.store(part + 4 * E_BLOCK + offs_e, tl.where(offs_e == 0, n_idle, 0).to(tl.float32))
-        fin = PHASE != 1  # whether this program finishes the selection
-        if PHASE == 3:  # spread: the last tile to arrive finishes it, for every token
-            tl.debug_barrier()  # every thread's stores precede the release below
-            arrived = tl.atomic_add(arrive_ptr, 1, sem="acq_rel", scope="gpu")
-            fin = arrived == tl.num_programs(0) - 1
-        if fin:  # the kept set (PHASE 2: every program the same, its first writes it) and pass 2
-            if PHASE == 3:  # its own tile's sums are among the partials: start again from zero
-                cnt_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
-                acc_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
-                anchor_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
-                first_w_E = tl.zeros((E_BLOCK,), dtype=tl.float32)
-                n_idle = 0
-            if PHASE == 2 or PHASE == 3:  # every tile's partials, added in tile order: the sums one program makes
+        if PHASE != 1:  # the kept set (PHASE 2: every program the same, its first writes it) and pass 2
+            if PHASE == 2:  # every tile's partials, added in tile order: the sums one program makes
                 for j in range(n_tiles):
                     part = part_ptr + j * 5 * E_BLOCK
                     cnt_E += tl.load(part + offs_e)
@@ -388,10 +371,10 @@ def _route_select_kernel(
             t_end = T
             if not SELECT:  # pass 1 wrote the routing as the decision; redone only for inactive tokens
                 t_end = tl.where(n_idle > 0, T, 0)
-            q_lo = pid * TBR if PHASE == 2 else 0
-            q_hi = tl.minimum(t_end, q_lo + TBR) if PHASE == 2 else t_end
-            for t0 in range(q_lo, q_hi, TBR):
-                offs_t = t0 + tl.arange(0, TBR)
+            q_lo = pid * TB if PHASE == 2 else 0
+            q_hi = tl.minimum(t_end, q_lo + TB) if PHASE == 2 else t_end
+            for t0 in range(q_lo, q_hi, TB):
+                offs_t = t0 + tl.arange(0, TB)
                 t_ok = offs_t < T
                 tk_ok = t_ok[:, None] & k_ok[None, :]
                 idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
@@ -419,9 +402,9 @@ def _route_select_kernel(
                                    mask=t_ok[:, None] & valid_C[None, :], other=0.0)
                     orig_TC = tl.zeros_like(p_TC) != 0
                     origw_TC = tl.zeros_like(p_TC)
-                    lost_T = tl.zeros((TBR,), dtype=tl.int1)
-                    wsum_T = tl.zeros((TBR,), dtype=tl.float32)
-                    psum_T = tl.zeros((TBR,), dtype=tl.float32)
+                    lost_T = tl.zeros((TB,), dtype=tl.int1)
+                    wsum_T = tl.zeros((TB,), dtype=tl.float32)
+                    psum_T = tl.zeros((TB,), dtype=tl.float32)
                     # the probabilities of a token's own choices, in one gather (non-kept ones included)
                     pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0), mask=tk_ok,
                                     other=0.0)
@@ -459,10 +442,10 @@ def _route_select_kernel(
                         first_ok_T = tl.sum((filled_TK & (offs_k[None, :] == 0)).to(tl.int32), axis=1) > 0
                         first_T = tl.where(first_ok_T, tl.sum(tl.where(offs_k[None, :] == 0, nidx_TK, 0), axis=1), best)
                     else:
-                        nidx_TK = tl.zeros((TBR, K_BLOCK), dtype=tl.int32)
-                        nw_TK = tl.zeros((TBR, K_BLOCK), dtype=tl.float32)
-                        filled_TK = tl.zeros((TBR, K_BLOCK), dtype=tl.int1)
-                        first_T = tl.zeros((TBR,), dtype=tl.int32)
+                        nidx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
+                        nw_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
+                        filled_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int1)
+                        first_T = tl.zeros((TB,), dtype=tl.int32)
                         for k in tl.static_range(K):  # K rounds of argmax = topk(K), ties to the lower id
                             v_T, j_T = tl.max(rank_TC, axis=1, return_indices=True, return_indices_tie_break_left=True)
                             pick_TC = offs_e[None, :] == j_T[:, None]
@@ -484,8 +467,6 @@ def _route_select_kernel(
                     out_w = tl.where(lost_T[:, None], nw_TK.to(w_TK.dtype), w_TK)
                     tl.store(new_idx_ptr + offs_t[:, None] * stride_nit + offs_k[None, :], out_idx, mask=tk_ok)
                     tl.store(new_w_ptr + offs_t[:, None] * stride_nwt + offs_k[None, :], out_w, mask=tk_ok)
-            if PHASE == 3:
-                tl.atomic_xchg(arrive_ptr, 0)  # ready for the next launch (or graph replay)
         if GEMV:
             tl.atomic_xchg(arrive_ptr, 0)  # ready for the next launch (or graph replay)
 
@@ -532,24 +513,17 @@ class SelectLaunch:
     two launches of one program per tile instead (PHASE 1: each tile's routing and partial
     scores; PHASE 2: every program sums the partials in tile order, ranks, and reassigns its own
     tile; the first one writes the kept set): the same outputs bit for bit, the per-token work
-    spread over cdiv(T, tokens_per_tile) programs (the GEMV form never splits). `spread`: the same
-    in ONE launch (PHASE 3): every tile's program routes and scores its tokens and writes its
-    partial sums, and the last to arrive (an arrival counter, `arrival_counters`) sums them in tile
-    order, ranks and reassigns every token, 16 at a time: the one-program launch's outputs bit for
-    bit at the same tokens per tile, with the softmax and top-k token-parallel."""
+    spread over cdiv(T, tokens_per_tile) programs (the GEMV form never splits)."""
 
     num_warps: int = 8
     tokens_per_tile: int = 16
     split: bool = False
-    spread: bool = False
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
         if self.tokens_per_tile not in (1, 2, 4, 8, 16, 32, 64):
             raise ValueError(f"tokens_per_tile must be a power of two in [1, 64], got {self.tokens_per_tile}")
-        if self.split and self.spread:
-            raise ValueError("a launch is split (two launches) or spread (one), not both")
 
 
 def select_launch(E: int, T: int, device: torch.device) -> SelectLaunch:
@@ -558,8 +532,7 @@ def select_launch(E: int, T: int, device: torch.device) -> SelectLaunch:
     E_BLOCK = next_pow2(E, 16)
     entry = tuned_entry(f"select:E={E_BLOCK}", device, T)
     return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),
-                        tokens_per_tile=entry.get("TB", 16), split=bool(entry.get("split", False)),
-                        spread=bool(entry.get("spread", False)))
+                        tokens_per_tile=entry.get("TB", 16), split=bool(entry.get("split", False)))
 
 
 def union_fits(rule: Rule, budget: int | None, T: int, K: int, E: int) -> bool:
@@ -645,15 +618,8 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         sx = sw = 0
     TB = launch.tokens_per_tile
     n_tiles = triton.cdiv(T, TB)
-    phases = (0,)  # one tile, or the GEMV form: one program
-    if gemv is None and n_tiles > 1 and (launch.split or launch.spread):
-        phases = (1, 2) if launch.split else (3,)
+    phases = (1, 2) if gemv is None and n_tiles > 1 and launch.split else (0,)  # else one program
     part = empty(n_tiles * 5 * E_BLOCK, device=dev, dtype=torch.float32) if phases != (0,) else dummy
-    if phases == (3,):  # the spread launch's arrival counter, in the GEMV form's argument
-        gemv_args = (dummy, dummy, dummy, arrival_counters(1, dev, "select"))
-    # pass 2's tokens per step: the tile, but 16 in the spread launch's one finishing program (its
-    # tiles are small to spread the routing; its reassignment runs over every token)
-    TBR = 16 if phases == (3,) else TB
     select = not union_fits(rule, budget, T, K, E)
     # With nothing to drop a tier changes only the order of the kept list, not the kept set or the
     # routing: the launch then skips the tier's pass-1 work, as dense's launch does (a step of one
@@ -672,7 +638,7 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
             SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=tier, COVERAGE=rule.coverage is not None,
             REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
             SELECT=select, M_BLOCK=next_pow2(M),
-            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, PHASE=phase, TBR=TBR, num_warps=launch.num_warps,
+            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, PHASE=phase, num_warps=launch.num_warps,
         )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
 

@@ -338,27 +338,6 @@ def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, c
                         launches=[SelectLaunch(tokens_per_tile=16, split=split) for split in (False, True)])
 
 
-@pytest.mark.parametrize("kind,tier,coverage,mode,M,idle,after", SPLIT_RULES)
-def test_the_spread_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, coverage, mode, M, idle, after):
-    """SelectLaunch(spread=True): ONE launch of one program per tile (each routes and scores its
-    tokens, the last to arrive ranks from the partials and reassigns every token, 16 at a time)
-    against the one-program launch at the same tokens per tile (4: ten tiles over T = 37, the last
-    partial): routing, score, kept set and reassignment equal bit for bit, for every tier,
-    coverage, `drop`/`similar`, a budget the union fits, and after the model's own router. Twice
-    in a row: the arrival counter returns to 0, so the second launch (a graph replay's) is right."""
-    from kernels.select import SelectLaunch
-
-    _launch_forms_agree(kind, tier, coverage, mode, M, idle, after, seeds=(9, 5, 6),
-                        launches=[SelectLaunch(tokens_per_tile=4), *[SelectLaunch(tokens_per_tile=4, spread=True)] * 2])
-
-
-def test_a_launch_is_split_or_spread_not_both():
-    from kernels.select import SelectLaunch
-
-    with pytest.raises(ValueError, match="split .* or spread"):
-        SelectLaunch(split=True, spread=True)
-
-
 def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(monkeypatch):
     from kernels import tuned
     from kernels.select import SelectLaunch, select_launch
@@ -453,14 +432,11 @@ def experts_ref_rows(x_TH, gu, dn, sel, rows: int = 4):
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("T,tb,tier,form", [(64, 16, "none", "split"), (64, 32, "anchor", "split"), (16, 4, "none", "split"),
-                                            (16, 2, "none", "spread"), (64, 8, "anchor", "spread"), (16, 4, "none", "spread")])
-def test_gpu_split_launch_equals_the_one_program_launch_eagerly_and_replayed(T, tb, tier, form):
+@pytest.mark.parametrize("T,tb,tier", [(64, 16, "none"), (64, 32, "anchor"), (16, 4, "none")])
+def test_gpu_split_launch_equals_the_one_program_launch_eagerly_and_replayed(T, tb, tier):
     """On the GPU, in bf16 at the Qwen3-30B-A3B router's shape (E = 128, K = 8, M = 16): the split
-    selection (two launches, one program per tile) and the spread one (one launch, the last tile to
-    arrive finishes it) give the one-program launch's routing, score, kept set and reassignment bit
-    for bit, eagerly and replayed in one CUDA graph (the spread launch's arrival counter is back at 0
-    after every replay)."""
+    selection (two launches, one program per tile) gives the one-program launch's routing, score,
+    kept set and reassignment bit for bit, eagerly and replayed in one CUDA graph."""
     from kernels.select import SelectLaunch
 
     E, K, H, M = 128, 8, 2048, 16
@@ -473,18 +449,18 @@ def test_gpu_split_launch_equals_the_one_program_launch_eagerly_and_replayed(T, 
     logits_TE, g_TE = fused_router_logits(x_TH.bfloat16(), wcat)
     kw = dict(norm_topk=True, kind="base", g_TE=g_TE, pred_b_E=art.pred_b_LE[0].to(dev), rule=Rule(tier=tier))  # noqa: C408
 
-    def run(form: str):
-        launch = SelectLaunch(tokens_per_tile=tb, split=form == "split", spread=form == "spread")
+    def run(split: bool):
+        launch = SelectLaunch(tokens_per_tile=tb, split=split)
         routing, sel = route_select(logits_TE, K, active_T, M, launch=launch, **kw)
         return [routing.topk_idx_TK, routing.topk_w_TK, sel.score_E, sel.keep_E, sel.keep_M, sel.topk_idx_TK,
                 sel.topk_w_TK]
 
-    one = [t.clone() for t in run("one")]
-    split = [t.clone() for t in run(form)]
+    one = [t.clone() for t in run(False)]
+    split = [t.clone() for t in run(True)]
     for a, b in zip(one, split):
         assert torch.equal(a, b)
     kt.POISON = False
-    replay, static = capture_graph(lambda: run(form))
+    replay, static = capture_graph(lambda: run(True))
     for _ in range(3):
         replay()
     torch.cuda.synchronize()

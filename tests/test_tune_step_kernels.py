@@ -18,21 +18,16 @@ from tools import tune_step_kernels as tsk
 @pytest.mark.slow
 def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeypatch):
     dev = torch.device("cpu")
-    rows, table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1, 2), (4,), reps=1,
-                                  spread_tbs=())
+    rows, table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1, 2), (4,), reps=1)
     assert len(rows) == 2 and {r["num_warps"] for r in rows} == {1, 2}
     fastest = min(rows, key=lambda r: r["us"])
-    assert table == {"select:E=16,T=4": {"num_warps": fastest["num_warps"], "TB": 4, "split": False, "spread": False,
+    assert table == {"select:E=16,T=4": {"num_warps": fastest["num_warps"], "TB": 4, "split": False,
                                         "us": fastest["us"]}}
-    # two tiles of 4 tokens: the split launch is a candidate too, and the spread one over tiles of 2
-    # (4 programs); the fastest form is the entry
-    split_rows, split_table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (8,), (1,), (4,), reps=1,
-                                              spread_tbs=(2, 8))  # 8: one tile, no spread
-    assert sorted((r["split"], r["spread"], r["TB"]) for r in split_rows) == [(False, False, 4), (False, True, 2),
-                                                                              (True, False, 4)]
+    # two tiles of 4 tokens: the split launch is a candidate too; the fastest form is the entry
+    split_rows, split_table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (8,), (1,), (4,), reps=1)
+    assert sorted((r["split"], r["TB"]) for r in split_rows) == [(False, 4), (True, 4)]
     best = min(split_rows, key=lambda r: r["us"])
-    assert {k: split_table["select:E=16,T=8"][k] for k in ("split", "spread", "TB")} == \
-        {"split": best["split"], "spread": best["spread"], "TB": best["TB"]}
+    assert {k: split_table["select:E=16,T=8"][k] for k in ("split", "TB")} == {"split": best["split"], "TB": best["TB"]}
     att_rows, att_table = tsk.tune_attention(dev, (("m", 2, 1, 16),), (1,), 64, (20, 64), (32, 64), (4,), (2,), reps=1)
     assert len(att_rows) == 4  # 2 filled lengths x 2 block sizes
     assert set(att_table) == {"attention:G=16,D=16", "attention:G=2,D=16,T=1"}  # every batch; this G at 1 row
@@ -52,8 +47,7 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
 
     monkeypatch.setattr(tuned, "load_configs", lambda name: written)
     assert select_launch(16, 3, dev) == SelectLaunch(num_warps=fastest["num_warps"], tokens_per_tile=4)
-    assert select_launch(16, 8, dev) == SelectLaunch(num_warps=1, tokens_per_tile=best["TB"], split=best["split"],
-                                                     spread=best["spread"])
+    assert select_launch(16, 8, dev) == SelectLaunch(num_warps=1, tokens_per_tile=best["TB"], split=best["split"])
     assert attention_launch(2, 16, dev) == AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=4, target_programs=2)
     one = att_table["attention:G=2,D=16,T=1"]
     assert attention_launch(2, 16, dev, B=1).block_n == one["BLOCK_N"]

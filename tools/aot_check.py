@@ -101,12 +101,6 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     for phase in (1, 2):
         out.append((f"route_select split PHASE={phase}", _route_select_kernel, route_ptrs, floats,
                     {**base, "GEMV": False, "PHASE": phase}, {"num_warps": 8}))
-    # the spread selection (SelectLaunch.spread): small tiles' pass 1, the last to arrive finishes,
-    # with and without a union that fits (SELECT: n_idle a tensor or a constant), anchors, coverage
-    for tb, extra in ((2, {}), (4, {"SELECT": False}), (4, {"TIER": 1}), (8, {"COVERAGE": True}), (4, {"REASSIGN": 2}),
-                      (4, {"ROUTE": False, "KIND": 0, "TIER": 2})):
-        out.append((f"route_select spread TB={tb} {extra}", _route_select_kernel, route_ptrs, floats,
-                    {**base, "GEMV": False, "PHASE": 3, "TB": tb, "TBR": 16, **extra}, {"num_warps": 4}))
     # programmatic dependent launch (kernels/_triton.py) and the folded residual add
     out.append(("route_select select-after-router PDL", _route_select_kernel, route_ptrs, floats,
                 {**base, "GEMV": False, "PDL": True}, {"num_warps": 8, "launch_pdl": True}))

@@ -13,9 +13,8 @@ microseconds: slots per block, warps and how many shares the cache is cut into d
 
 Selection: `route_select` as the budgeted model calls it (kind base, logits and the predictor's g
 from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB, form) candidate, the forms the one-program
-launch, `split` (one program per tile in two launches) and `spread` (one program per tile in one
-launch, the last to arrive finishing the selection; tiles of SPREAD_TB), the last two where T spans
-more than one tile; the fastest is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
+launch and `split` (one program per tile in two launches), the latter where T spans more than one
+tile; the fastest is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
 Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
 and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
@@ -46,7 +45,6 @@ from tools.tune_kernels import install as install_table
 
 SELECT_WARPS = (2, 4, 8)
 SELECT_TB = (4, 16, 32)
-SPREAD_TB = (1, 2, 4, 8)  # the spread launch's tiles: small, so the routing spreads over many programs
 SELECT_TS = (1, 16, 64)
 ATTN_BLOCK_N = (32, 64, 128)
 ATTN_WARPS = (2, 4, 8)
@@ -66,8 +64,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int,
-                spread_tbs=SPREAD_TB) -> tuple[list[dict], dict]:
+def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tuple[list[dict], dict]:
     H, E, K, M = model["H"], model["E"], model["K"], model["budget"]
     g = torch.Generator(device="cpu").manual_seed(7)
     layer = select_layer(H, E, dev, g)
@@ -78,21 +75,19 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int,
         cands = [(nw, tb, form) for nw, tb, form in itertools.product(warps, tbs, ("one", "split"))
                  if tb <= max(next_pow2(T), min(tbs))  # a tile larger than the tokens only pads
                  and not (form == "split" and tb >= T)]  # one tile: the split launch is the one-program launch
-        cands += [(nw, tb, "spread") for nw, tb in itertools.product(warps, spread_tbs) if tb < T]
         for nw, tb, form in cands:
-            launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=form == "split", spread=form == "spread")
+            launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=form == "split")
             fn = partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base", g_TE=g_TE,
                          pred_b_E=pred_b_E, launch=launch)
             us, how = time_graph([fn] * 20, reps, dev)
             rows.append({"kernel": "select", "E": E, "T": T, "num_warps": nw, "TB": tb, "split": form == "split",
-                         "spread": form == "spread", "us": round(us, 3), "timing": how})
+                         "us": round(us, 3), "timing": how})
         best = min((r for r in rows if r["kernel"] == "select" and r["T"] == T), key=lambda r: r["us"])
         table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"],
-                                                       "split": best["split"], "spread": best["spread"],
-                                                       "us": best["us"]}
+                                                       "split": best["split"], "us": best["us"]}
         forms = {f: min((r["us"] for r in rows if r["kernel"] == "select" and r["T"] == T
-                         and ("spread" if r["spread"] else "split" if r["split"] else "one") == f), default=None)
-                 for f in ("one", "split", "spread")}
+                         and ("split" if r["split"] else "one") == f), default=None)
+                 for f in ("one", "split")}
         log(f"select T={T}: best {table[f'select:E={next_pow2(E, 16)},T={T}']}; best us per form {forms}")
     return rows, table
 
