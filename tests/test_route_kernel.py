@@ -8,6 +8,8 @@ Shapes: T tokens, H hidden, E experts, K top-k, M budget.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -467,3 +469,88 @@ def test_gpu_split_launch_equals_the_one_program_launch_eagerly_and_replayed(T, 
     for a, b in zip(static, one):
         assert torch.equal(a, b)
     assert int((one[4] >= 0).sum()) == M
+
+
+def _committed_select_entries() -> list[tuple[str, str]]:
+    """(table, key) of every `select:` entry in the committed tables."""
+    from kernels.tuned import CONFIG_DIR
+
+    return [(path.stem, key) for path in sorted(CONFIG_DIR.glob("*.json"))
+            for key in sorted(json.loads(path.read_text())) if key.startswith("select:")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table,key", _committed_select_entries())
+def test_every_committed_selection_launch_routes_as_the_default_launch(monkeypatch, table, key):
+    """Each committed table's `select:` entry, read by `select_launch` as a GPU would read it, gives
+    at its own E and T (the interpreter: its tile and split form; warps do not exist here) the
+    built-in launch's routing, kept list and reassignment bit for bit; the score up to rounding."""
+    from kernels import tuned
+    from kernels.select import SelectLaunch, select_launch
+
+    entries = json.loads((tuned.CONFIG_DIR / f"{table}.json").read_text())
+    monkeypatch.setattr(tuned, "load_configs", lambda name: entries)
+    E, T = (int(part.split("=")[1]) for part in key.split(":")[1].split(","))
+    launch = select_launch(E, T, torch.device("cpu"))
+    assert launch == SelectLaunch(num_warps=entries[key]["num_warps"], tokens_per_tile=entries[key]["TB"],
+                                  split=bool(entries[key].get("split", False)))
+    K, H, M = 8, 32, 16
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=T)
+    art = _artifacts(E, H, seed=3)
+    kw = dict(norm_topk=True, kind="base", g_TE=x_TH @ art.pred_w_LHE[0], pred_b_E=art.pred_b_LE[0],  # noqa: C408
+              rule=Rule(tier="anchor"))
+    logits_TE = F.linear(x_TH, w_EH)
+    ref_routing, ref = route_select(logits_TE, K, active_T, M, launch=SelectLaunch(), **kw)
+    routing, sel = route_select(logits_TE, K, active_T, M, launch=launch, **kw)
+    assert torch.equal(routing.topk_idx_TK, ref_routing.topk_idx_TK)
+    assert torch.equal(sel.keep_M, ref.keep_M)
+    assert torch.equal(sel.topk_idx_TK, ref.topk_idx_TK) and torch.equal(sel.topk_w_TK, ref.topk_w_TK)
+    torch.testing.assert_close(sel.score_E, ref.score_E, rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("tier", ["none", "anchor"])
+def test_gpu_every_tuned_selection_launch_of_this_gpu_routes_as_the_default_launch(tier):
+    """Each `select:` entry of this GPU's committed table (kernels/configs/<gpu>.json) is read as
+    written and, at its own E and T in bf16, routes, keeps and reassigns bit for bit as the
+    built-in launch (one program, 16-token tiles), eagerly and replayed in a CUDA graph; the score,
+    a sum over tokens, up to float rounding. So a tuned entry gets a GPU run of its own."""
+    from kernels.score import fused_router_logits
+    from kernels.select import SelectLaunch, select_launch
+    from kernels.tuned import device_name, load_configs
+
+    dev = torch.device("cuda")
+    table = load_configs(device_name(dev))
+    keys = sorted(k for k in table if k.startswith("select:"))
+    if not keys:
+        pytest.skip(f"{device_name(dev)}'s table has no selection launches")
+    K, H, M = 8, 2048, 16
+    for key in keys:
+        E, T = (int(part.split("=")[1]) for part in key.split(":")[1].split(","))
+        entry = table[key]
+        launch = select_launch(E, T, dev)
+        assert launch == SelectLaunch(num_warps=entry["num_warps"], tokens_per_tile=entry["TB"],
+                                      split=bool(entry.get("split", False))), key
+        x_TH, w_EH, active_T = (t.to(dev) for t in _inputs(T, E, H, seed=T))
+        art = _artifacts(E, H, seed=3)
+        logits_TE, g_TE = fused_router_logits(x_TH.bfloat16(), fuse_router_predictor(w_EH.bfloat16(),
+                                                                                     art.pred_w_LHE[0].to(dev)))
+        kw = dict(norm_topk=True, kind="base", g_TE=g_TE, pred_b_E=art.pred_b_LE[0].to(dev), rule=Rule(tier=tier))  # noqa: C408
+
+        def run(launch=launch, logits_TE=logits_TE, active_T=active_T, kw=kw):
+            routing, sel = route_select(logits_TE, K, active_T, M, launch=launch, **kw)
+            return [routing.topk_idx_TK, routing.topk_w_TK, sel.keep_M, sel.topk_idx_TK, sel.topk_w_TK, sel.score_E]
+
+        ref = [t.clone() for t in run(SelectLaunch())]
+        eager = [t.clone() for t in run()]
+        kt.POISON = False
+        replay, static = capture_graph(run)
+        for _ in range(3):
+            replay()
+        torch.cuda.synchronize()
+        for got in (eager, static):
+            for a, b in zip(got[:-1], ref[:-1]):
+                assert torch.equal(a, b), key
+            torch.testing.assert_close(got[-1], ref[-1], rtol=1e-6, atol=0)
+        kt.POISON = True
