@@ -82,6 +82,36 @@ def test_gpu_skinny_linear_in_bf16_eagerly_and_replayed(T, split):
     torch.testing.assert_close(out, skinny_linear(x, w, la), rtol=0, atol=0)
 
 
+@cuda
+@pytest.mark.gpu
+def test_gpu_every_tuned_skinny_launch_of_this_gpu_matches_fp32_eagerly_and_replayed():
+    """Each `skinny:` entry of this GPU's committed table that the engine would use (`use`: it beat
+    cuBLAS), at its own N, K and T in bf16: the launch `skinny_launch` reads matches F.linear in
+    fp32 and a CUDA-graph replay gives the eager result bit for bit. So a tuned entry gets a GPU
+    run of its own before it reaches the default path."""
+    from kernels.skinny import skinny_launch
+    from kernels.tuned import device_name, load_configs
+
+    dev = torch.device("cuda")
+    table = load_configs(device_name(dev))
+    keys = sorted(k for k in table if k.startswith("skinny:") and table[k].get("use", False))
+    if not keys:
+        pytest.skip(f"{device_name(dev)}'s table uses no skinny launch")
+    for key in keys:
+        N, K, T = (int(part.split("=")[1]) for part in key.split(":")[1].split(","))
+        la = skinny_launch(N, K, T, dev)
+        assert la is not None, key
+        g = torch.Generator(device="cuda").manual_seed(N + T)
+        x = torch.randn(T, K, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) / K**0.5).bfloat16()
+        y = skinny_linear(x, w, la)
+        torch.testing.assert_close(y.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2, msg=key)
+        replay, out = capture_outputs(lambda x=x, w=w, la=la: skinny_linear(x, w, la))
+        replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, y, rtol=0, atol=0, msg=key)
+
+
 def _table(monkeypatch, entries: dict) -> None:
     import kernels.skinny as ks
 
