@@ -55,6 +55,29 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
     assert attention_launch(4, 16, dev, B=1).block_n == entry["BLOCK_N"]  # no entry for G=4: the G block's
 
 
+@pytest.mark.slow
+def test_a_candidate_whose_selection_differs_is_never_installed(monkeypatch):
+    """The tuner checks each candidate launch's selection against the built-in launch's on the device
+    it tunes on: a candidate that keeps other experts is logged (matches_default False) and not
+    chosen, however fast; if none matches, it refuses rather than install one."""
+    from kernels.select import route_select
+
+    def broken_for_one_warp(*args, launch, **kw):  # num_warps=1 keeps the wrong expert first
+        routing, sel = route_select(*args, launch=launch, **kw)
+        if launch.num_warps == 1:
+            sel.keep_M.copy_(sel.keep_M.flip(0))
+        return routing, sel
+
+    monkeypatch.setattr(tsk, "route_select", broken_for_one_warp)
+    monkeypatch.setattr(tsk, "time_graph", lambda fns, reps, dev: (1.0 if fns[0].keywords["launch"].num_warps == 1
+                                                                   else 2.0, "stub"))
+    rows, table = tsk.tune_select(torch.device("cpu"), {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1, 2), (4,), reps=1)
+    assert {(r["num_warps"], r["matches_default"]) for r in rows} == {(1, False), (2, True)}
+    assert table["select:E=16,T=4"]["num_warps"] == 2  # the slower candidate that selects as the default
+    with pytest.raises(RuntimeError, match="no candidate launch gives the built-in launch's selection"):
+        tsk.tune_select(torch.device("cpu"), {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1,), (4,), reps=1)
+
+
 def test_the_attention_entries_per_batch_pick_each_batchs_best(tmp_path, monkeypatch):
     """From a timing table alone (as `--from-csv` reads it): over all shapes one candidate is best on
     average, but at 1 row another is; each batch's entry takes its own best, the G block's the mean's,

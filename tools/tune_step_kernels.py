@@ -14,7 +14,8 @@ microseconds: slots per block, warps and how many shares the cache is cut into d
 Selection: `route_select` as the budgeted model calls it (kind base, logits and the predictor's g
 from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB, form) candidate, the forms the one-program
 launch and `split` (one program per tile in two launches), the latter where T spans more than one
-tile; the fastest is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
+tile; the fastest of those whose selection is the built-in launch's (`same_selection`, checked on
+this GPU) is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
 Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
 and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
@@ -64,6 +65,18 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def same_selection(out, ref) -> bool:
+    """Whether a candidate launch's (routing, selection) is the built-in launch's: the routing, kept
+    list and reassignment bit for bit, the score (a sum over tokens, summed per tile) up to
+    rounding. A candidate that differs is timed and logged but never installed, so every entry
+    this tool writes has been checked on the GPU it was tuned on."""
+    (routing, sel), (ref_routing, ref_sel) = out, ref
+    same = [torch.equal(a, b) for a, b in ((routing.topk_idx_TK, ref_routing.topk_idx_TK),
+                                           (routing.topk_w_TK, ref_routing.topk_w_TK), (sel.keep_M, ref_sel.keep_M),
+                                           (sel.topk_idx_TK, ref_sel.topk_idx_TK), (sel.topk_w_TK, ref_sel.topk_w_TK))]
+    return all(same) and torch.allclose(sel.score_E, ref_sel.score_E, rtol=1e-6, atol=0)
+
+
 def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tuple[list[dict], dict]:
     H, E, K, M = model["H"], model["E"], model["K"], model["budget"]
     g = torch.Generator(device="cpu").manual_seed(7)
@@ -75,14 +88,19 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
         cands = [(nw, tb, form) for nw, tb, form in itertools.product(warps, tbs, ("one", "split"))
                  if tb <= max(next_pow2(T), min(tbs))  # a tile larger than the tokens only pads
                  and not (form == "split" and tb >= T)]  # one tile: the split launch is the one-program launch
+        call = partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base", g_TE=g_TE,
+                       pred_b_E=pred_b_E)
+        ref = call(launch=SelectLaunch())
         for nw, tb, form in cands:
             launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=form == "split")
-            fn = partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base", g_TE=g_TE,
-                         pred_b_E=pred_b_E, launch=launch)
+            fn = partial(call, launch=launch)
             us, how = time_graph([fn] * 20, reps, dev)
             rows.append({"kernel": "select", "E": E, "T": T, "num_warps": nw, "TB": tb, "split": form == "split",
-                         "us": round(us, 3), "timing": how})
-        best = min((r for r in rows if r["kernel"] == "select" and r["T"] == T), key=lambda r: r["us"])
+                         "us": round(us, 3), "timing": how, "matches_default": same_selection(fn(), ref)})
+        ok = [r for r in rows if r["kernel"] == "select" and r["T"] == T and r["matches_default"]]
+        if not ok:
+            raise RuntimeError(f"select T={T}: no candidate launch gives the built-in launch's selection")
+        best = min(ok, key=lambda r: r["us"])
         table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"],
                                                        "split": best["split"], "us": best["us"]}
         forms = {f: min((r["us"] for r in rows if r["kernel"] == "select" and r["T"] == T
