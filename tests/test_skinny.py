@@ -215,3 +215,28 @@ def test_the_fused_selection_runs_its_router_gemm_on_the_kernel_when_told(monkey
     torch.testing.assert_close(batch.probs_TE, batch_ref.probs_TE, rtol=1e-5, atol=1e-6)
     assert torch.equal(batch.topk_idx_TK, batch_ref.topk_idx_TK) and torch.equal(dec.keep_E, dec_ref.keep_E)
     assert torch.equal(dec.topk_idx_TK, dec_ref.topk_idx_TK)
+
+
+@pytest.mark.slow
+def test_the_benchmark_leaves_out_a_launch_whose_product_differs(monkeypatch, capsys):
+    """tools/bench_skinny checks each launch's product against F.linear on the device it times (so
+    `--install` never writes an unchecked launch): a launch that computes something else is left
+    out with the reason, and the others still run."""
+    import sys
+
+    import tools.bench_skinny as bs
+
+    real = bs.skinny_linear
+
+    def wrong_when_split(x, w, launch):
+        y = real(x, w, launch)
+        return y * 1.5 if launch.split > 1 else y
+
+    monkeypatch.setattr(bs, "skinny_linear", wrong_when_split)
+    monkeypatch.setattr(sys, "argv", ["bench_skinny", "--smoke", "--rounds", "1", "--reps", "1", "--sets", "1",
+                                      "--ts", "16"])
+    bs.main()
+    out = capsys.readouterr().out
+    assert "left out: smoke T=16" in out and "split=2" in out.split("left out:")[1].splitlines()[0]
+    assert "its product differs from F.linear's" in out
+    assert "skinny BN=16 BK=32 st=2 split=1" in out and "skinny BN=16 BK=16 st=1 split=2" not in out

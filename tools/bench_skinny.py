@@ -12,7 +12,7 @@ Every candidate and cuBLAS run in `--rounds` interleaved rounds (order rotated e
 table gives the median over rounds, the range, GB/s of weights read, and each candidate's time over
 cuBLAS's in the same round (median and range). cuBLAS's time includes its split-K reduce launch
 where it splits; the graph's launch gaps are in both. A launch that needs more shared memory than
-the GPU has is left out. `--install` writes, per shape and token bucket, the fastest launch and
+the GPU has, or whose product differs from F.linear's, is left out. `--install` writes, per shape and token bucket, the fastest launch and
 whether it beat cuBLAS in every round ("use") into kernels/configs/<gpu>.json, where
 kernels.skinny.skinny_launch reads it (the router's GEMM, and the attention's projections in the
 default compiled region, `throughput.regions=layer_combo`).
@@ -47,6 +47,11 @@ STAGES = (3, 5)
 SPLITS = ((32, 256, 4, 2), (32, 256, 4, 4), (64, 128, 4, 2), (64, 128, 4, 4), (64, 128, 4, 8))  # (BN, BK, st, split)
 
 
+def same_product(y, ref) -> bool:
+    """A launch's product against F.linear in fp32, to the tolerance of the output dtype's rounding."""
+    return bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", default=None)
@@ -78,11 +83,15 @@ def main() -> None:
         ws = [(torch.randn(N, K, generator=g) / K**0.5).to(dev, dtype) for _ in range(args.sets)]
         base = {"shape": name, "N": N, "K": K, "T": T, "MB": N * K * ws[0].element_size() / 1e6}
         work.append(({**base, "impl": "cublas"}, [partial(F.linear, x, w) for w in ws]))
+        ref = F.linear(x.float(), ws[0].float())
         for la in launches:
             try:  # compile (and size) it now: a launch over the GPU's shared memory is left out
-                skinny_linear(x, ws[0], la)
+                y = skinny_linear(x, ws[0], la)
             except OutOfResources:
                 print(f"left out: {name} T={T} {la} (shared memory)", flush=True)
+                continue
+            if not same_product(y, ref):  # checked on this GPU, so no launch that --install writes is unchecked
+                print(f"left out: {name} T={T} {la} (its product differs from F.linear's)", flush=True)
                 continue
             work.append(({**base, "impl": f"skinny BN={la.block_n} BK={la.block_k} st={la.num_stages} split={la.split}",
                           **{c: getattr(la, c) for c in LAUNCH_COLUMNS}}, [partial(skinny_linear, x, w, la) for w in ws]))
