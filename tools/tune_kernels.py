@@ -10,7 +10,10 @@ and the dense union) of time / memory floor, so one config serves budgeted and d
 Search: coordinate descent, gate_up candidates with the default down config, then down
 candidates with the best gate_up; then the reduce inside the down launch with those two
 (`reduce_in_down`: three launches, the same sums), kept where it beat the four launches in each of
-three alternations. Timed as tools/bench_kernels.py times (CUDA graphs, weight sets
+three alternations. Every candidate's output is first checked against `experts_reference` on
+this GPU (largest error within 2 % of the largest output); one that differs, or fails to compile or
+launch, is logged and never chosen, so no entry this tool installs is unchecked. Timed as
+tools/bench_kernels.py times (CUDA graphs, weight sets
 rotated). Entries not tuned fall back to the nearest T, then to configs/default.json.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from kernels.experts import (
     _load_configs,
     config_key,
     device_name,
+    experts_reference,
     fused_experts,
 )
 from kernels.select import select_reassign
@@ -76,6 +80,22 @@ def down_cfg(c: tuple) -> dict:
     return {"TB": c[0], "BHO": c[1], "BI": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
 
 
+class WrongOutput(ValueError):
+    """A candidate config whose output is not the reference's: never timed, never installed."""
+
+
+def matches_reference(out_TH, ref_TH) -> bool:
+    """The kernel's output against experts_reference's (float64): the largest error within 2 % of
+    the largest output (bf16 weights and outputs; a wrong tile or mask is off by the output's size)."""
+    return bool((out_TH.double() - ref_TH).abs().max() <= 2e-2 * ref_TH.abs().max())
+
+
+def check_output(run, ref_TH, what: str) -> None:
+    """Raise WrongOutput unless run() (one call of the candidate) gives the reference's output."""
+    if not matches_reference(run(), ref_TH):
+        raise WrongOutput(f"{what}: its output differs from experts_reference's")
+
+
 def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print,
                given: ExpertsConfig | None = None) -> dict:
     """Best {gate_up, down} for one model and T; also the normalised objective it reached and
@@ -83,20 +103,22 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
     config's gate_up and down (the installed ones: path `reduce` checks the fold alone)."""
     H, I, E, K = model["H"], model["I"], model["E"], model["K"]
     dev = sets[0][0].device
-    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
+    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T, dtype=sets[0][0].dtype)
     cases = []
     routings = [(r.idx_TK, r.w_TK)]
     for M in (16, 32):
         sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
         routings.append((sel.topk_idx_TK, sel.topk_w_TK))
+    gu0, dn0 = sets[0]
     for idx, w in routings:
         n_run = int(torch.unique(idx[w != 0]).numel())
         floor_us = expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)
-        cases.append((idx, w, floor_us))
+        cases.append((idx, w, floor_us, experts_reference(r.x_TH, gu0, dn0, idx, w)))
 
     def objective(cfg: ExpertsConfig) -> float:  # the four-launch path (no kept list)
         total = 0.0
-        for idx, w, floor_us in cases:
+        for idx, w, floor_us, ref in cases:  # checked on this GPU before it is timed
+            check_output(lambda idx=idx, w=w: fused_experts(r.x_TH, gu0, dn0, idx, w, config=cfg), ref, "four-launch")
             calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, config=cfg)
                      for gu, dn in sets]  # fmt: skip
             us, _ = time_graph(calls, reps, dev)
@@ -107,6 +129,8 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
         return _reduce_in_down(objective, given.gate_up, given.down, float("inf"), len(cases), log)
     best_g, best_d, best = _search_pair(objective, lambda g, d: ExpertsConfig(gate_up_cfg(g), down_cfg(d)),
                                         GATE_UP, DOWN, ("gate_up", "down"), log)
+    if best == float("inf"):
+        raise RuntimeError(f"H={H}, I={I}, T={T}: no four-launch candidate launched and matched experts_reference")
     return _reduce_in_down(objective, gate_up_cfg(best_g), down_cfg(best_d), best, len(cases), log)
 
 
@@ -138,7 +162,11 @@ def _reduce_in_down(objective, gate_up: dict, down: dict, best: float, n_cases: 
     pair would be noise); `best`: the four launches' objective found by the search."""
     plain = ExpertsConfig(gate_up, down, use_kept=False)
     folded = ExpertsConfig(gate_up, down, use_kept=False, reduce_in_down=True)
-    pairs = [(objective(plain), objective(folded)) for _ in range(3)]
+    try:
+        pairs = [(objective(plain), objective(folded)) for _ in range(3)]
+    except WrongOutput as e:
+        log(f"    reduce in down: not kept ({e})")
+        return {"gate_up": gate_up, "down": down, "objective": round(best / n_cases, 3), "reduce_in_down": False}
     fold = all(f < p for p, f in pairs)
     log(f"    reduce in down: {'kept' if fold else 'not kept'} ({', '.join(f'{f / p:.3f}' for p, f in pairs)} of the "
         f"four-launch time)")
@@ -150,16 +178,20 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
     """Best {gate_up_kept, down_kept} (the v3 path) for one model and T, same objective as tune_shape."""
     H, I, E, K = model["H"], model["I"], model["E"], model["K"]
     dev = sets[0][0].device
-    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T)
+    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T, dtype=sets[0][0].dtype)
     cases = []
+    gu0, dn0 = sets[0]
     for M in (None, 16, 32):
         sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
         n_run = int(torch.unique(sel.topk_idx_TK[sel.topk_w_TK != 0]).numel())
-        cases.append((sel, expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3)))
+        cases.append((sel, expert_bytes(n_run, H, I, T) / (copy_gbps * 1e3),
+                      experts_reference(r.x_TH, gu0, dn0, sel.topk_idx_TK, sel.topk_w_TK)))
 
     def objective(cfg: ExpertsConfig) -> float:
         total = 0.0
-        for sel, floor_us in cases:
+        for sel, floor_us, ref in cases:  # checked on this GPU before it is timed
+            check_output(lambda s=sel: fused_experts(r.x_TH, gu0, dn0, s.topk_idx_TK, s.topk_w_TK, config=cfg,
+                                                     keep_M=s.keep_M), ref, "kept-list")
             calls = [lambda gu=gu, dn=dn, s=sel: fused_experts(r.x_TH, gu, dn, s.topk_idx_TK, s.topk_w_TK, config=cfg,
                                                                keep_M=s.keep_M) for gu, dn in sets]  # fmt: skip
             us, _ = time_graph(calls, reps, dev)
@@ -170,6 +202,8 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
     best_g, best_d, best = _search_pair(
         objective, lambda g, d: ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(d), True),
         GATE_UP_KEPT, DOWN_KEPT, ("gate_up_kept", "down_kept"), log)
+    if best == float("inf"):
+        raise RuntimeError(f"H={H}, I={I}, T={T}: no kept-list candidate launched and matched experts_reference")
     return {"gate_up_kept": gate_up_kept_cfg(best_g), "down_kept": down_kept_cfg(best_d),
             "objective_kept": round(best / len(cases), 3)}
 

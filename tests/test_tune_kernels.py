@@ -1,0 +1,63 @@
+"""tools/tune_kernels.py's search on the CPU (interpreter, eager timing, tiny shapes): each candidate
+is checked against experts_reference on the device before it is timed, so a config whose output is
+wrong is never chosen, however fast, and a shape where none is right is refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tools import tune_kernels as tk
+from tools.timing import make_weight_sets
+
+SMOKE = {"H": 40, "I": 24, "E": 8, "K": 2, "norm": True}
+
+
+def _small_search(monkeypatch, broken_bi: int | None):
+    """Two gate_up and two down candidates; the gate_up one with BI == broken_bi computes the wrong
+    thing (its output doubled) and is timed as the fastest."""
+    monkeypatch.setattr(tk, "GATE_UP", [(16, 16, 16, 4, 1, 1), (16, 8, 16, 4, 1, 1)])
+    monkeypatch.setattr(tk, "DOWN", [(16, 16, 16, 4, 1, 1), (16, 8, 16, 4, 1, 1)])
+    real = tk.fused_experts
+
+    def fused(*args, config, **kw):
+        seen["BI"] = config.gate_up["BI"]
+        out = real(*args, config=config, **kw)
+        return out * 2 if config.gate_up["BI"] == broken_bi else out
+
+    monkeypatch.setattr(tk, "fused_experts", fused)
+
+    def timed(calls, reps, dev):  # the broken candidate's calls time fastest
+        seen.clear()
+        calls[0]()
+        return (1.0 if seen["BI"] == broken_bi else 2.0), "stub"
+
+    seen: dict = {}
+    monkeypatch.setattr(tk, "time_graph", timed)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_wrong_candidate_is_logged_and_never_chosen(monkeypatch):
+    _small_search(monkeypatch, broken_bi=8)
+    sets = make_weight_sets(SMOKE["E"], SMOKE["H"], SMOKE["I"], 1, "cpu", dtype=torch.float32)
+    logs = []
+    entry = tk.tune_shape(SMOKE, 4, sets, copy_gbps=1.0, reps=1, log=logs.append)
+    assert entry["gate_up"]["BI"] == 16  # the slower candidate whose output is right
+    assert any("gate_up (16, 8" in line and "differs from experts_reference" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_a_shape_where_no_candidate_is_right_is_refused(monkeypatch):
+    _small_search(monkeypatch, broken_bi=None)
+    monkeypatch.setattr(tk, "matches_reference", lambda out, ref: False)
+    sets = make_weight_sets(SMOKE["E"], SMOKE["H"], SMOKE["I"], 1, "cpu", dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="no four-launch candidate launched and matched experts_reference"):
+        tk.tune_shape(SMOKE, 4, sets, copy_gbps=1.0, reps=1, log=lambda msg: None)
+
+
+def test_the_check_tells_a_right_output_from_a_wrong_one():
+    ref = torch.randn(4, 8, dtype=torch.float64)
+    assert tk.matches_reference(ref.bfloat16(), ref)  # bf16 rounding passes
+    assert not tk.matches_reference((ref * 1.1).bfloat16(), ref)
+    with pytest.raises(tk.WrongOutput, match="differs from experts_reference"):
+        tk.check_output(lambda: ref * 2, ref, "x")
