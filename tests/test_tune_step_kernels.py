@@ -99,3 +99,20 @@ def test_the_attention_entries_per_batch_pick_each_batchs_best(tmp_path, monkeyp
     tsk.main()
     written = json.loads((tmp_path / "GPU_X.json").read_text())
     assert written["attention:G=8,D=128,T=16"]["BLOCK_N"] == 32 and "us" not in written["attention:G=8,D=128,T=1"]
+
+
+def test_an_attention_candidate_wrong_at_any_shape_is_in_no_entry():
+    """The tuner checks each attention candidate against decode_attention_reference at every shape
+    it times: one that is fastest everywhere but wrong at one shape is in no entry; none right: refused."""
+    rows = []
+    for B, filled in ((1, 256), (16, 640)):
+        for bn, us in ((32, 10.0), (64, 5.0)):
+            rows.append({"kernel": "attention", "model": "m", "G": 8, "D": 128, "B": B, "filled": filled,
+                         "BLOCK_N": bn, "num_warps": 4, "target_programs": 64, "us": us,
+                         "matches_reference": not (bn == 64 and B == 16)})
+    table = tsk.attention_table(pd.DataFrame(rows))
+    assert {e["BLOCK_N"] for e in table.values()} == {32}
+    for r in rows:
+        r["matches_reference"] = False
+    with pytest.raises(RuntimeError, match="no attention candidate matched decode_attention_reference"):
+        tsk.attention_table(pd.DataFrame(rows))

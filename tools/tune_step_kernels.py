@@ -20,7 +20,8 @@ Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch 
 and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
 the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>", and the best over each model's shapes at one batch
-size the entry "attention:G=<G>,D=<D_BLOCK>,T=<rows>".
+size the entry "attention:G=<G>,D=<D_BLOCK>,T=<rows>"; a candidate whose output differs from
+`decode_attention_reference` at any shape (checked on this GPU) is in no entry.
 Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`.
 Every timing goes to --csv (the candidates' table, rewritten after each kernel); each kernel's
 chosen entries are merged into the GPU's config file as soon as it is tuned, unless --no-install
@@ -39,7 +40,11 @@ import pandas as pd
 import torch
 
 from kernels._triton import next_pow2
-from kernels.attention import AttentionLaunch, decode_attention
+from kernels.attention import (
+    AttentionLaunch,
+    decode_attention,
+    decode_attention_reference,
+)
 from kernels.select import SelectLaunch, route_select
 from tools.timing import select_layer, time_graph
 from tools.tune_kernels import install as install_table
@@ -123,12 +128,15 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
             allowed = torch.zeros(B, slots, dtype=torch.bool, device=dev)
             allowed[:, :n] = True
             last = torch.tensor([n - 1], device=dev)
+            ref = decode_attention_reference(q, k, v, allowed, n - 1, D**-0.5).float()
             for bn, nw, tg in itertools.product(block_ns, warps, targets):
                 launch = AttentionLaunch(block_n=bn, num_warps=nw, target_programs=tg)
                 fn = partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch)
                 us, how = time_graph([fn] * 20, reps, dev)
+                same = bool(torch.allclose(fn().float(), ref, rtol=2e-2, atol=2e-2))
                 rows.append({"kernel": "attention", "model": name, "G": Hq // K, "D": D, "B": B, "filled": n,
-                             "BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3), "timing": how})
+                             "BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3), "timing": how,
+                             "matches_reference": same})
         log(f"attention {name}: {len(rows)} timings so far")
     return rows, attention_table(pd.DataFrame(rows))
 
@@ -142,6 +150,13 @@ def attention_table(t: pd.DataFrame) -> dict:
     and for each (G, D, rows), the same over that batch's shapes (the launch lookup prefers it:
     kernels/attention.py)."""
     t = t[t["kernel"] == "attention"].copy()
+    if "matches_reference" in t:  # a candidate wrong at any shape is out of every entry
+        wrong = t.loc[~t["matches_reference"].astype(bool), ATTN_CANDIDATE].drop_duplicates()
+        for _, c in wrong.iterrows():
+            log(f"attention candidate {dict(c)} differs from decode_attention_reference: never installed")
+            t = t[~(t[ATTN_CANDIDATE] == c.values).all(axis=1)]
+        if t.empty:
+            raise RuntimeError("no attention candidate matched decode_attention_reference")
     t["G_BLOCK"] = [next_pow2(int(x), 16) for x in t["G"]]
     t["rel"] = t["us"] / t.groupby(["model", "B", "filled"])["us"].transform("min")
 
