@@ -102,6 +102,9 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"route_select split PHASE={phase}", _route_select_kernel, route_ptrs, floats,
                     {**base, "GEMV": False, "PHASE": phase}, {"num_warps": 8}))
     # programmatic dependent launch (kernels/_triton.py) and the folded residual add
+    for nw in (8, 16):  # the one-program launch after the router's GEMM: the tuner's warps candidates' largest
+        out.append((f"route_select one program {nw} warps", _route_select_kernel, route_ptrs, floats,
+                    {**base, "GEMV": False}, {"num_warps": nw}))
     out.append(("route_select select-after-router PDL", _route_select_kernel, route_ptrs, floats,
                 {**base, "GEMV": False, "PDL": True}, {"num_warps": 8, "launch_pdl": True}))
     out.append(("down_kept T=16 residual PDL", _down_kept_kernel, dn_ptrs, (),
