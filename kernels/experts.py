@@ -529,6 +529,11 @@ class ExpertsConfig:
     # (its objectives, tools/tune_kernels.py); without both objectives, v3 on the CPU (tests) and
     # the four-launch path on a GPU
     use_kept: bool = True
+    # with use_kept, v3 only where the kept list's length (its static bound: the budget, or E for
+    # dense) is at most this: v3 wins at small kept sets and loses at dense ones (H100, T = 64:
+    # 87.9 against 135.4 us at 16 kept, 626.6 against 410.9 at 126; results/roofline/
+    # grid_2026-12-05c/kernels/table.txt); the tuned table's "kept_max", None where it has none
+    kept_max: int | None = None
     # the four-launch path's reduce inside its down launch (three launches, the same sums bit for
     # bit); the tuned table's "reduce_in_down", where tools/tune_kernels.py found it faster
     reduce_in_down: bool = False
@@ -562,13 +567,17 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
     entry = table.get(key) or _load_configs("default").get("*")
     measured = entry is not None and "objective" in entry and "objective_kept" in entry
     use_kept = entry["objective_kept"] < entry["objective"] if measured else device.type == "cpu"
+    kept_max = None
+    if entry and "kept_max" in entry:  # measured per kept bound (tools/tune_kernels.py): it decides
+        kept_max = int(entry["kept_max"])
+        use_kept = kept_max > 0
     if not entry:
         return ExpertsConfig(use_kept=use_kept)
     base = ExpertsConfig()
     return ExpertsConfig(gate_up={**base.gate_up, **entry.get("gate_up", {})}, down={**base.down, **entry.get("down", {})},
                          gate_up_kept={**base.gate_up_kept, **entry.get("gate_up_kept", {})},
                          down_kept={**base.down_kept, **entry.get("down_kept", {})}, use_kept=use_kept,
-                         reduce_in_down=bool(entry.get("reduce_in_down", False)))
+                         kept_max=kept_max, reduce_in_down=bool(entry.get("reduce_in_down", False)))
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -610,8 +619,9 @@ def fused_experts(
     dtype: the decoder layer's residual add in the last launch instead of a launch of its own.
 
     keep_M (the selection kernel's kept ids, -1 padded; every nonzero-weight pair must be on one
-    of them), T <= V3_MAX_TOKENS and the config's `use_kept` (the tuned table's choice): two
-    launches (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
+    of them), T <= V3_MAX_TOKENS and the config's `use_kept` (the tuned table's choice, and its
+    `kept_max` against keep_M's length, a shape the host knows without a sync): two launches
+    (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
     reduce). `_stages` < 4 runs only the first launches of
     the four-launch path: for timing breakdowns."""
     T, H = x_TH.shape
@@ -619,7 +629,8 @@ def fused_experts(
     cfg = config or get_config(H, I, T, x_TH.device)
     if residual_TH is not None and residual_TH.stride(1) != 1:
         residual_TH = residual_TH.contiguous()
-    if keep_M is not None and T <= V3_MAX_TOKENS and _stages == 4 and cfg.use_kept:
+    if (keep_M is not None and T <= V3_MAX_TOKENS and _stages == 4 and cfg.use_kept
+            and (cfg.kept_max is None or keep_M.shape[0] <= cfg.kept_max)):
         return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
                                    gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg,
                                    residual_TH=residual_TH)

@@ -778,6 +778,36 @@ def test_the_tuned_table_picks_the_faster_expert_path(monkeypatch):
     assert ke.get_config(8, 4, 64, gpu).reduce_in_down and not ke.get_config(8, 4, 16, gpu).reduce_in_down
 
 
+def test_the_kept_bound_decides_the_expert_path_where_the_table_measured_it(monkeypatch):
+    """An entry with kept_max (measured per kept bound by tools/tune_kernels.py) takes v3 for a kept
+    list of at most that many experts (a budget) and the four-launch path above it (dense, whose
+    kept list is E long), over the objectives; both paths give the reference's output."""
+    import kernels.experts as ke
+
+    table = {"H=40,I=24,T=8": {"gate_up": {}, "down": {}, "objective": 1.0, "objective_kept": 2.0, "kept_max": 4}}
+    monkeypatch.setattr(ke, "_load_configs", lambda name: table if name != "default" else {})
+    cfg = ke.get_config(40, 24, 8, torch.device("cpu"))
+    assert cfg.use_kept and cfg.kept_max == 4  # kept_max decides, not the objectives
+    ran = []
+    real = ke._fused_experts_kept
+    monkeypatch.setattr(ke, "_fused_experts_kept", lambda *a, **kw: ran.append("v3") or real(*a, **kw))
+    g = torch.Generator().manual_seed(0)
+    E, H, I, T, K = 8, 40, 24, 8, 2
+    x = torch.randn(T, H, generator=g)
+    gu, dn = torch.randn(E, 2 * I, H, generator=g) / H**0.5, torch.randn(E, H, I, generator=g) / I**0.5
+    idx = torch.randint(0, 3, (T, K), generator=g)  # only experts 0-2 routed
+    idx[:, 1] = (idx[:, 0] + 1) % 3
+    w = torch.rand(T, K, generator=g)
+    ref = experts_reference(x, gu, dn, idx, w)
+    for bound, path in ((4, "v3"), (E, "four")):  # a budget of 4; dense's kept list
+        keep_M = torch.full((bound,), -1, dtype=torch.int64)
+        keep_M[:3] = torch.arange(3)
+        ran.clear()
+        out = ke.fused_experts(x, gu, dn, idx, w, keep_M=keep_M)
+        assert ran == (["v3"] if path == "v3" else []), bound
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- programmatic dependent launch
 
 

@@ -61,3 +61,26 @@ def test_the_check_tells_a_right_output_from_a_wrong_one():
     assert not tk.matches_reference((ref * 1.1).bfloat16(), ref)
     with pytest.raises(tk.WrongOutput, match="differs from experts_reference"):
         tk.check_output(lambda: ref * 2, ref, "x")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("v3_wins_at,expected", [((16, 32), 32), ((16, 32, 64), 64), ((), 0), ((32,), 0)])
+def test_the_kept_bound_is_where_v3_won_every_alternation_at_every_smaller_bound(monkeypatch, v3_wins_at, expected):
+    """kept_max: budgets 16 and 32, then dense (a kept list E = 64 long), in order; the first bound
+    where v3 does not win all three alternations ends it (a win above a loss does not count)."""
+    model = {"H": 16, "I": 8, "E": 64, "K": 4, "norm": True}
+
+    def timed(calls, reps, dev):
+        seen.clear()
+        calls[0]()
+        v3 = seen["cfg"].use_kept
+        return (1.0 if (v3 and seen["bound"] in v3_wins_at) or (not v3 and seen["bound"] not in v3_wins_at)
+                else 2.0), "stub"
+
+    seen: dict = {}
+    monkeypatch.setattr(tk, "fused_experts", lambda *a, config, keep_M, **kw: seen.update(cfg=config,
+                                                                                          bound=keep_M.shape[0]))
+    monkeypatch.setattr(tk, "time_graph", timed)
+    sets = make_weight_sets(model["E"], model["H"], model["I"], 1, "cpu", dtype=torch.float32)
+    cfg = {"gate_up": {}, "down": {}, "gate_up_kept": {}, "down_kept": {}}
+    assert tk.kept_bound(model, 32, sets, cfg, reps=1, log=lambda msg: None) == {"kept_max": expected}

@@ -130,7 +130,7 @@ def bench_experts(name: str, m: dict, dev, copy_gbps: float, deadline: float, re
                     if impl == "eager" and not (routing == "random" and T in (1, 16, 64) and M in (16, None)):
                         continue  # host-bound loop with syncs; a few rows suffice
                     if impl == "base_triton_v3":  # forced, whatever the table picks for the shape
-                        v3 = dataclasses.replace(get_config(H, I, T, dev), use_kept=True)
+                        v3 = dataclasses.replace(get_config(H, I, T, dev), use_kept=True, kept_max=None)
                         calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w, k=keep, c=v3: fused_experts(
                                  x, gu, dn, idx, w, keep_M=k, config=c) for gu, dn in sets]  # fmt: skip
                     else:

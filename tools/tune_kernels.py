@@ -10,7 +10,9 @@ and the dense union) of time / memory floor, so one config serves budgeted and d
 Search: coordinate descent, gate_up candidates with the default down config, then down
 candidates with the best gate_up; then the reduce inside the down launch with those two
 (`reduce_in_down`: three launches, the same sums), kept where it beat the four launches in each of
-three alternations. Every candidate's output is first checked against `experts_reference` on
+three alternations. With both paths tuned, `kept_max`: the largest kept bound (budget 16, 32,
+dense) up to which v3 beat the four launches in each of three alternations (kernels/experts.py takes
+v3 for kept lists no longer than it). Every candidate's output is first checked against `experts_reference` on
 this GPU (largest error within 2 % of the largest output); one that differs, or fails to compile or
 launch, is logged and never chosen, so no entry this tool installs is unchecked. Timed as
 tools/bench_kernels.py times (CUDA graphs, weight sets
@@ -208,6 +210,37 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
             "objective_kept": round(best / len(cases), 3)}
 
 
+def kept_bound(model: dict, T: int, sets: list, entry: dict, reps: int = 10, log=print) -> dict:
+    """{"kept_max": b}: v3 (the kept list) against the four-launch path with this entry's configs,
+    per kept bound in increasing order (the budgets 16 and 32, then dense, whose kept list is E
+    long), three alternations each; b is the largest bound up to which v3 won every alternation
+    at every bound (0: not even at 16). kernels/experts.py then takes v3 only for kept lists of at
+    most b experts, a bound the host knows (keep_M's length), so dense keeps the path that is
+    faster for it."""
+    H, E, K = model["H"], model["E"], model["K"]
+    dev = sets[0][0].device
+    r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T, dtype=sets[0][0].dtype)
+    four = ExpertsConfig(entry["gate_up"], entry["down"], use_kept=False,
+                         reduce_in_down=bool(entry.get("reduce_in_down", False)))
+    kept = ExpertsConfig(entry["gate_up"], entry["down"], entry["gate_up_kept"], entry["down_kept"], use_kept=True)
+    kept_max = 0
+    for M in (16, 32, None):
+        sel = select_reassign(r.probs_TE, r.idx_TK, r.w_TK, r.active_T, M, kind="router_sum")
+
+        def timed(cfg: ExpertsConfig, sel=sel) -> float:
+            calls = [lambda gu=gu, dn=dn: fused_experts(r.x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, config=cfg,
+                                                        keep_M=sel.keep_M) for gu, dn in sets]  # fmt: skip
+            return time_graph(calls, reps, dev)[0]
+
+        bound = int(sel.keep_M.shape[0])
+        pairs = [(timed(four), timed(kept)) for _ in range(3)]
+        log(f"    kept bound {bound}: v3 {', '.join(f'{k / f:.3f}' for f, k in pairs)} of the four-launch time")
+        if not all(k < f for f, k in pairs):
+            break
+        kept_max = bound
+    return {"kept_max": kept_max}
+
+
 def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: int = 10, log=print,
          device: str = "cuda", paths: tuple[str, ...] = ("v2", "v3")) -> dict:  # fmt: skip
     """Tuned table {config_key: entry} for every (model, T) reached before `deadline`; `paths`:
@@ -229,6 +262,8 @@ def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: i
                 entry = tune_shape(m, T, sets, copy_gbps, reps, log, given)
             if "v3" in paths and T <= V3_MAX_TOKENS:
                 entry.update(tune_kept_shape(m, T, sets, copy_gbps, reps, log))
+                if "v2" in paths:  # both paths tuned: which one each kept bound takes
+                    entry.update(kept_bound(m, T, sets, entry, reps, log))
             table[config_key(m["H"], m["I"], T)] = entry
             log(f"  tune {name} T={T}: {entry} ({time.time() - t0:.1f}s)")
         del sets
