@@ -5,7 +5,9 @@
 Writes <out>.csv (every row of every run, with model and routing) and <out>.md: per model, routing
 and batch size, dense tokens/s and the speed-up of each method over it (same process), and where
 the step's time goes (non-expert ms, MoE share; by kernel class and, from each run's
-profile_kernels.csv, by kernel: <out>_kernels.csv, its largest in the .md). Every table ends in the
+profile_kernels.csv, by kernel: <out>_kernels.csv, its largest in the .md), and the expert FFN's
+weight bytes against copy bandwidth, with a warning for a run far below it (a slow kernel, whose
+speed-ups do not measure the selection). Every table ends in the
 column `engine`, the decode engine of the runs (analysis/engines.py); a folder of two is refused (exit 2).
 """
 from __future__ import annotations
@@ -53,6 +55,31 @@ def _expert_bandwidth(df: pd.DataFrame, rep: dict) -> pd.DataFrame:
     if rep.get("copy_gbps"):
         df["expert_of_copy"] = 1e3 * df["expert_tb_per_s"] / rep["copy_gbps"]
     return df
+
+
+# Below this share of copy bandwidth an expert FFN is a kernel problem, not a property of the
+# method: on an H100 the Triton expert kernels streamed at 0.77-0.98 of copy on three model shapes
+# (Qwen3-30B-A3B, OLMoE, DeepSeek-V2-Lite), and gpt-oss's, with its interleaved gate_up loaded two
+# elements apart, at 0.17-0.18 (results/roofline/grid_2026-12-05c/throughput_*.md)
+SLOW_EXPERTS_OF_COPY = 0.5
+
+
+def expert_bandwidth_table(exp_dir: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The expert FFN's weight bytes per step, their TB/s in the profiled kernel time and the share
+    of copy bandwidth (CUDA runs), per run and variant; and a warning for each row under
+    SLOW_EXPERTS_OF_COPY, whose speed-ups then measure the expert kernel rather than the selection."""
+    rows = profile_rows(exp_dir)
+    if rows.empty or "expert_of_copy" not in rows:
+        return pd.DataFrame(), []
+    ffn = rows[rows["class"] == "expert FFN"]
+    cols = ["model", "routing", "batch_size", "variant", "budget", "ms_per_step", "expert_gb_per_step",
+            "expert_tb_per_s", "expert_of_copy"]
+    table = ffn[cols].round(3)
+    warnings = [f"**The expert FFN of `{r.model}` ({r.routing}, batch {r.batch_size}, {r.variant}) streams at "
+                f"{r.expert_of_copy:.2f} of copy bandwidth**: under {SLOW_EXPERTS_OF_COPY}, its step times and "
+                f"speed-ups measure a slow expert kernel, not the selection."
+                for r in table.itertuples() if r.expert_of_copy < SLOW_EXPERTS_OF_COPY]
+    return table, warnings
 
 
 CLASSES = ("attention + norms", "attention", "norms", "router/selection", "expert FFN", "shared experts", "dense MLP", "LM head",
@@ -223,6 +250,10 @@ def main(exp_dir: str, out: str) -> None:
     if not prof.empty:
         text += ["\nWhere an eager step's kernel time goes (ms per step; graph_ms_per_step: the replayed step)\n",
                  prof.to_markdown(index=False), "\n"]
+    bw, slow = expert_bandwidth_table(Path(exp_dir))
+    if not bw.empty:
+        text += [("\nThe expert FFN's weights per step against copy bandwidth (eager profile: kept experts x MoE layers "
+                 "x expert bytes, each read once)\n"), bw.to_markdown(index=False), "\n", *[w + "\n" for w in slow]]
     kern = collect_profiles(Path(exp_dir), "kernels_per_layer")
     if not kern.empty:
         text += ["\nKernels per decoder layer and step, by class (total: all kernels of the step / layers)\n",
@@ -231,8 +262,8 @@ def main(exp_dir: str, out: str) -> None:
     kernels = kernel_rows(Path(exp_dir))
     if not kernels.empty:
         kernels.round(4).to_csv(out_p.parent / (out_p.name + "_kernels.csv"), index=False)
-        text += ["\nThe largest kernels of an eager step, dense and base (ms per step; launches per decoder layer; "
-                 "µs per launch; names cut at 60 characters, every kernel in the _kernels.csv)\n",
+        text += [("\nThe largest kernels of an eager step, dense and base (ms per step; launches per decoder layer; "
+                 "µs per launch; names cut at 60 characters, every kernel in the _kernels.csv)\n"),
                  top_kernels(kernels).to_markdown(index=False), "\n"]
     out_p.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))

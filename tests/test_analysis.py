@@ -48,6 +48,29 @@ def test_throughput_headline_reads_run_reports(tmp_path):
     assert pd.isna(head["base M=10"])  # not measured: empty, not invented
 
 
+def test_an_expert_ffn_far_below_copy_bandwidth_is_flagged(tmp_path):
+    """The expert FFN's bytes per step (MoE layers x kept x expert bytes) over its profiled time, as a
+    share of copy bandwidth; a run under the threshold gets a warning line, a healthy one none."""
+    from analysis.throughput import SLOW_EXPERTS_OF_COPY, expert_bandwidth_table
+
+    for model, ffn_ms in (("fast", 1.0), ("slow", 10.0)):
+        rows = [{"batch_size": 16, "method": "dense", "budget": None, "variant": "dense", "mode": "graph",
+                 "ms_per_step": 12.0, "tokens_per_s": 1e3, "union_mean": 50.0, "kept_mean": 50.0}]
+        profile = [{"batch_size": 16, "variant": "dense", "budget": None, "class": "expert FFN", "ms_per_step": ffn_ms,
+                    "kernels_per_step": 4.0, "kernels_per_layer": 4.0, "graph_ms_per_step": 12.0}]
+        run = tmp_path / model
+        run.mkdir()
+        (run / "report.json").write_text(json.dumps({"model": model, "routing": "uniform", "throughput": rows,
+                                                     "profile": profile, "moe_layers": 4, "expert_bytes": 10e6,
+                                                     "copy_gbps": 3000.0}))
+    table, warnings = expert_bandwidth_table(tmp_path)
+    share = table.set_index("model")["expert_of_copy"]
+    # 4 layers x 50 experts x 10 MB = 2 GB per step: in 1 ms 2 TB/s (0.67 of 3 TB/s), in 10 ms 0.067
+    assert share["fast"] == pytest.approx(2 / 3, abs=1e-3) and share["slow"] == pytest.approx(0.0667, abs=1e-3)
+    assert share["slow"] < SLOW_EXPERTS_OF_COPY < share["fast"]
+    assert len(warnings) == 1 and "`slow`" in warnings[0] and "0.07 of copy bandwidth" in warnings[0]
+
+
 def test_throughput_headline_of_a_grid_without_dense_leaves_the_speed_ups_empty(tmp_path):
     """A grid of base and fixed alone (the run writes speedup_vs_dense as null): the table is made,
     the speed-ups empty, base's tokens/s kept."""
