@@ -64,11 +64,11 @@ def _expert_bandwidth(df: pd.DataFrame, rep: dict) -> pd.DataFrame:
 SLOW_EXPERTS_OF_COPY = 0.5
 
 
-def expert_bandwidth_table(exp_dir: Path) -> tuple[pd.DataFrame, list[str]]:
-    """The expert FFN's weight bytes per step, their TB/s in the profiled kernel time and the share
-    of copy bandwidth (CUDA runs), per run and variant; and a warning for each row under
-    SLOW_EXPERTS_OF_COPY, whose speed-ups then measure the expert kernel rather than the selection."""
-    rows = profile_rows(exp_dir)
+def expert_bandwidth_table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """From `profile_rows`: the expert FFN's weight bytes per step, their TB/s in the profiled kernel
+    time and the share of copy bandwidth (CUDA runs), per run and variant; and a warning for each
+    row under SLOW_EXPERTS_OF_COPY, whose speed-ups then measure the expert kernel rather than the
+    selection."""
     if rows.empty or "expert_of_copy" not in rows:
         return pd.DataFrame(), []
     ffn = rows[rows["class"] == "expert FFN"]
@@ -86,10 +86,9 @@ CLASSES = ("attention + norms", "attention", "norms", "router/selection", "exper
            "embedding", "other", "unlinked", "total")
 
 
-def collect_profiles(exp_dir: Path, values: str = "ms_per_step") -> pd.DataFrame:
-    """ms (or, values="kernels_per_layer", kernels per decoder layer) per step by kernel class
-    (eager steps, kernel time only), one column per class."""
-    df = profile_rows(exp_dir)
+def collect_profiles(df: pd.DataFrame, values: str = "ms_per_step") -> pd.DataFrame:
+    """From `profile_rows`: ms (or, values="kernels_per_layer", kernels per decoder layer) per step
+    by kernel class (eager steps, kernel time only), one column per class."""
     if df.empty or values not in df:
         return pd.DataFrame()
     wide = df.pivot_table(index=["model", "routing", "batch_size", "variant", "graph_ms_per_step"],
@@ -246,19 +245,20 @@ def main(exp_dir: str, out: str) -> None:
             overhead_table(df).to_markdown(index=False),
             "\n\nEager decoding (same engine, no graph, no compiled regions), once per run\n",
             eager.round(2).to_markdown(index=False), "\n"]
-    prof = collect_profiles(Path(exp_dir))
+    rows = profile_rows(Path(exp_dir))
+    prof = collect_profiles(rows)
     if not prof.empty:
         text += ["\nWhere an eager step's kernel time goes (ms per step; graph_ms_per_step: the replayed step)\n",
                  prof.to_markdown(index=False), "\n"]
-    bw, slow = expert_bandwidth_table(Path(exp_dir))
+    bw, slow = expert_bandwidth_table(rows)
     if not bw.empty:
         text += [("\nThe expert FFN's weights per step against copy bandwidth (eager profile: kept experts x MoE layers "
                  "x expert bytes, each read once)\n"), bw.to_markdown(index=False), "\n", *[w + "\n" for w in slow]]
-    kern = collect_profiles(Path(exp_dir), "kernels_per_layer")
+    kern = collect_profiles(rows, "kernels_per_layer")
     if not kern.empty:
         text += ["\nKernels per decoder layer and step, by class (total: all kernels of the step / layers)\n",
                  kern.to_markdown(index=False), "\n"]
-        profile_rows(Path(exp_dir)).round(4).to_csv(out_p.parent / (out_p.name + "_profile.csv"), index=False)
+        rows.round(4).to_csv(out_p.parent / (out_p.name + "_profile.csv"), index=False)
     kernels = kernel_rows(Path(exp_dir))
     if not kernels.empty:
         kernels.round(4).to_csv(out_p.parent / (out_p.name + "_kernels.csv"), index=False)

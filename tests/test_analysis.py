@@ -51,7 +51,11 @@ def test_throughput_headline_reads_run_reports(tmp_path):
 def test_an_expert_ffn_far_below_copy_bandwidth_is_flagged(tmp_path):
     """The expert FFN's bytes per step (MoE layers x kept x expert bytes) over its profiled time, as a
     share of copy bandwidth; a run under the threshold gets a warning line, a healthy one none."""
-    from analysis.throughput import SLOW_EXPERTS_OF_COPY, expert_bandwidth_table
+    from analysis.throughput import (
+        SLOW_EXPERTS_OF_COPY,
+        expert_bandwidth_table,
+        profile_rows,
+    )
 
     for model, ffn_ms in (("fast", 1.0), ("slow", 10.0)):
         rows = [{"batch_size": 16, "method": "dense", "budget": None, "variant": "dense", "mode": "graph",
@@ -63,7 +67,7 @@ def test_an_expert_ffn_far_below_copy_bandwidth_is_flagged(tmp_path):
         (run / "report.json").write_text(json.dumps({"model": model, "routing": "uniform", "throughput": rows,
                                                      "profile": profile, "moe_layers": 4, "expert_bytes": 10e6,
                                                      "copy_gbps": 3000.0}))
-    table, warnings = expert_bandwidth_table(tmp_path)
+    table, warnings = expert_bandwidth_table(profile_rows(tmp_path))
     share = table.set_index("model")["expert_of_copy"]
     # 4 layers x 50 experts x 10 MB = 2 GB per step: in 1 ms 2 TB/s (0.67 of 3 TB/s), in 10 ms 0.067
     assert share["fast"] == pytest.approx(2 / 3, abs=1e-3) and share["slow"] == pytest.approx(0.0667, abs=1e-3)
