@@ -531,8 +531,9 @@ class ExpertsConfig:
     use_kept: bool = True
     # with use_kept, v3 only where the kept list's length (its static bound: the budget, or E for
     # dense) is at most this: v3 wins at small kept sets and loses at dense ones (H100, T = 64:
-    # 87.9 against 135.4 us at 16 kept, 626.6 against 410.9 at 126; results/roofline/
-    # grid_2026-12-05c/kernels/table.txt); the tuned table's "kept_max", None where it has none
+    # 87.9 against 135.4 us at 16 kept, 626.6 against 410.9 at 126 in one benchmark pass; results/
+    # roofline/grid_2026-12-05c/kernels/table.txt); the tuned table's "kept_max" (measured in three
+    # alternations per bound by tools/tune_kernels.py), None where it has none
     kept_max: int | None = None
     # the four-launch path's reduce inside its down launch (three launches, the same sums bit for
     # bit); the tuned table's "reduce_in_down", where tools/tune_kernels.py found it faster
