@@ -27,6 +27,10 @@ With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder
 stream, rounded as the eager add (the layer's own add launch folded in: base/runtime/regional.py).
 No host synchronisation (counts stay on the device and bound the device-side loops): a decode
 step that calls this can be captured in a CUDA graph.
+Interleaved gate_up (GPT-OSS): a gate_up item loads its gate and up rows as ONE tile of 2*BI
+adjacent rows and splits gate from up after the dot. Two tiles of every other row step by 2 along
+the contiguous dimension, so they load element by element: that streamed gpt-oss-20b's gate_up at
+0.39 TB/s on an H100 while its down got 2.42 (results/roofline/grid_2026-12-05c).
 """
 from __future__ import annotations
 
@@ -93,7 +97,7 @@ def _gate_up_kernel(
     H,
     I,
     K,  # top-k (runtime: one compiled variant serves every model)
-    up_offset,  # row of up_i = i * ROW_MUL + up_offset: I (concatenated) or 1 (interleaved)
+    up_offset,  # concatenated: row of up_i = i + up_offset (= I); unused when interleaved
     alpha,
     limit,
     # Strides
@@ -117,7 +121,8 @@ def _gate_up_kernel(
 ):
     """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
     of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
-    A fixed number of programs walks the items, so unrouted experts cost no program at all."""
+    A fixed number of programs walks the items, so unrouted experts cost no program at all.
+    Interleaved (ROW_MUL=2): the item's rows are the 2*BI adjacent rows from 2i, read as one tile."""
     if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
     offs_e = tl.arange(0, E_BLOCK)
@@ -134,30 +139,53 @@ def _gate_up_kernel(
         i_ok = offs_i < I
         g_rows = offs_i * ROW_MUL
         u_rows = offs_i * ROW_MUL + up_offset
+        # interleaved: gate_i and up_i are rows 2i and 2i + 1. The mask is offs_n < 2I, not the
+        # equal (offs_n // 2) < I, which the compiler sees constant over 2 rows only: 4-byte copies, not 16
+        offs_n = (item - slot * n_ib) * 2 * BI + tl.arange(0, 2 * BI)
+        n_ok = offs_n < 2 * I
         w_base = gu_ptr + u.to(tl.int64) * stride_ge
         for j0 in range(0, cnt, TB):
             offs_j = j0 + tl.arange(0, TB)
             j_ok = offs_j < cnt
             p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
             t_J = p_J // K
-            acc_g = tl.zeros((TB, BI), dtype=tl.float32)
-            acc_u = tl.zeros((TB, BI), dtype=tl.float32)
-            for h0 in range(0, H, BH):
-                offs_h = h0 + tl.arange(0, BH)
-                h_ok = offs_h < H
-                x_JH = tl.load(
-                    x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
-                    mask=j_ok[:, None] & h_ok[None, :],
-                    other=0.0,
-                )
-                wmask = h_ok[:, None] & i_ok[None, :]
-                wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-                wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-                acc_g = tl.dot(x_JH, wg_HI, acc_g, input_precision=DOT_PRECISION)
-                acc_u = tl.dot(x_JH, wu_HI, acc_u, input_precision=DOT_PRECISION)
-            if HAS_BIAS:
-                acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-                acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            if ROW_MUL == 2:  # one dot over the adjacent rows, gate and up split after it (module docstring)
+                acc_JN = tl.zeros((TB, 2 * BI), dtype=tl.float32)
+                for h0 in range(0, H, BH):
+                    offs_h = h0 + tl.arange(0, BH)
+                    h_ok = offs_h < H
+                    x_JH = tl.load(
+                        x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
+                        mask=j_ok[:, None] & h_ok[None, :],
+                        other=0.0,
+                    )
+                    w_HN = tl.load(w_base + offs_n[None, :] * stride_gn + offs_h[:, None] * stride_gk,
+                                   mask=h_ok[:, None] & n_ok[None, :], other=0.0)
+                    acc_JN = tl.dot(x_JH, w_HN, acc_JN, input_precision=DOT_PRECISION)
+                if HAS_BIAS:
+                    acc_JN += tl.load(gub_ptr + u * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                acc_g, acc_u = tl.split(tl.reshape(acc_JN, (TB, BI, 2)))
+            else:
+                acc_g = tl.zeros((TB, BI), dtype=tl.float32)
+                acc_u = tl.zeros((TB, BI), dtype=tl.float32)
+                for h0 in range(0, H, BH):
+                    offs_h = h0 + tl.arange(0, BH)
+                    h_ok = offs_h < H
+                    x_JH = tl.load(
+                        x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
+                        mask=j_ok[:, None] & h_ok[None, :],
+                        other=0.0,
+                    )
+                    wmask = h_ok[:, None] & i_ok[None, :]
+                    wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
+                                    other=0.0)
+                    wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
+                                    other=0.0)
+                    acc_g = tl.dot(x_JH, wg_HI, acc_g, input_precision=DOT_PRECISION)
+                    acc_u = tl.dot(x_JH, wu_HI, acc_u, input_precision=DOT_PRECISION)
+                if HAS_BIAS:
+                    acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+                    acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
             if ACT == 0:
                 a_JI = acc_g * tl.sigmoid(acc_g) * acc_u
             else:
@@ -347,7 +375,7 @@ def _gate_up_kept_kernel(
     H,
     I,
     M,
-    up_offset,  # row of up_i = i * ROW_MUL + up_offset: I (concatenated) or 1 (interleaved)
+    up_offset,  # concatenated: row of up_i = i + up_offset (= I); unused when interleaved
     alpha,
     limit,
     # Strides
@@ -372,7 +400,8 @@ def _gate_up_kept_kernel(
 ):
     """Persistent grid over work items (kept slot, i) = rows [i, i + BI) of the gate and up
     projections of the slot's expert u, streamed once; the tokens routed to u (a nonzero-weight
-    slot on u) are found in the routing itself, so no route launch precedes this one."""
+    slot on u) are found in the routing itself, so no route launch precedes this one. Interleaved
+    (ROW_MUL=2): the item's rows are the 2*BI adjacent rows from 2i, read as one tile."""
     if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
         tl.extra.cuda.gdc_wait()
     # the kept list, the routing and the weights' signs live in registers: an item's expert and
@@ -397,21 +426,39 @@ def _gate_up_kept_kernel(
         g_rows = offs_i * ROW_MUL
         u_rows = offs_i * ROW_MUL + up_offset
         w_base = gu_ptr + u * stride_ge
-        acc_g = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
-        acc_u = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
-        for h0 in range(0, H, BH):
-            offs_h = h0 + tl.arange(0, BH)
-            h_ok = offs_h < H
-            x_TH = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_h[None, :], mask=routed_T[:, None] & h_ok[None, :],
-                           other=0.0)
-            wmask = h_ok[:, None] & i_ok[None, :]
-            wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-            wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
-            acc_g = tl.dot(x_TH, wg_HI, acc_g, input_precision=DOT_PRECISION)
-            acc_u = tl.dot(x_TH, wu_HI, acc_u, input_precision=DOT_PRECISION)
-        if HAS_BIAS:
-            acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-            acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+        if ROW_MUL == 2:  # one dot over the adjacent rows, gate and up split after it (module docstring)
+            offs_n = (item - slot * n_ib) * 2 * BI + tl.arange(0, 2 * BI)
+            n_ok = offs_n < 2 * I  # not (offs_n // 2) < I: see _gate_up_kernel
+            acc_TN = tl.zeros((T_BLOCK, 2 * BI), dtype=tl.float32)
+            for h0 in range(0, H, BH):
+                offs_h = h0 + tl.arange(0, BH)
+                h_ok = offs_h < H
+                x_TH = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_h[None, :],
+                               mask=routed_T[:, None] & h_ok[None, :], other=0.0)
+                w_HN = tl.load(w_base + offs_n[None, :] * stride_gn + offs_h[:, None] * stride_gk,
+                               mask=h_ok[:, None] & n_ok[None, :], other=0.0)
+                acc_TN = tl.dot(x_TH, w_HN, acc_TN, input_precision=DOT_PRECISION)
+            if HAS_BIAS:
+                acc_TN += tl.load(gub_ptr + u * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            acc_g, acc_u = tl.split(tl.reshape(acc_TN, (T_BLOCK, BI, 2)))
+        else:
+            acc_g = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
+            acc_u = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
+            for h0 in range(0, H, BH):
+                offs_h = h0 + tl.arange(0, BH)
+                h_ok = offs_h < H
+                x_TH = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_h[None, :],
+                               mask=routed_T[:, None] & h_ok[None, :], other=0.0)
+                wmask = h_ok[:, None] & i_ok[None, :]
+                wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
+                                other=0.0)
+                wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
+                                other=0.0)
+                acc_g = tl.dot(x_TH, wg_HI, acc_g, input_precision=DOT_PRECISION)
+                acc_u = tl.dot(x_TH, wu_HI, acc_u, input_precision=DOT_PRECISION)
+            if HAS_BIAS:
+                acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+                acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
         if ACT == 0:
             a_TI = acc_g * tl.sigmoid(acc_g) * acc_u
         else:

@@ -369,6 +369,32 @@ def test_gpu_bf16_experts(T, E, K, budget):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("kept", [False, True], ids=["v2", "v3"])
+def test_gpu_gptoss_20b_experts_in_bf16(kept):
+    """Compiled, gpt-oss-20b's expert shapes (H = I = 2880, 32 experts, top-4) in bf16 with biases:
+    the interleaved gate_up's one tile of adjacent rows, split after the dot (the CPU tests run it
+    only interpreted), with a partial last H block of the default BH=128, against float64."""
+    from dataclasses import replace
+
+    from kernels.experts import get_config
+    from kernels.select import route_select
+
+    T, E, K, H, I, dev = 16, 32, 4, 2880, 2880, torch.device("cuda")
+    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=51)
+    gu, dn = make_experts(E, H, I, torch.bfloat16, GPTOSS, seed=52, device=dev)
+    g = torch.Generator().manual_seed(53)
+    gub, db = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    _, sel = route_select(torch.randn(T, E, generator=g).to(dev), K, b.active_T, 16, norm_topk=True)
+    out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, layout=GPTOSS,
+                        gate_up_bias=gub.to(dev, torch.bfloat16), down_bias=db.to(dev, torch.bfloat16),
+                        config=replace(get_config(H, I, T, dev), use_kept=kept))
+    ref = experts_reference(b.z_TH[:8].cpu(), gu.cpu(), dn.cpu(), sel.topk_idx_TK[:8].cpu(), sel.topk_w_TK[:8].cpu(),
+                            layout=GPTOSS, gate_up_bias=gub.bfloat16(), down_bias=db.bfloat16())
+    assert rel_err(out[:8].cpu(), ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@cuda
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_select_and_score(kind):
     T, E, K, H = 64, 128, 8, 256
@@ -641,6 +667,65 @@ def test_fused_experts_kept_list_gptoss_layout_with_bias():
     _, sel = route_select(torch.randn(T, E, generator=g), K, b.active_T, 3, norm_topk=True)
     out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, **kw)
     assert_near_reference(out, experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, **kw))
+
+
+def gptoss_transformers(gu, dn, kw, x_TH, idx_TK, w_TK):
+    """transformers' own GptOssExperts (eager) on the same weights: the layout as gpt-oss defines it."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    E, H, I2 = gu.shape
+    cfg = GptOssConfig(hidden_size=H, intermediate_size=I2 // 2, num_local_experts=E, swiglu_limit=kw["layout"].limit)
+    cfg._experts_implementation = "eager"
+    m = GptOssExperts(cfg)
+    with torch.no_grad():
+        for name, p in (("gate_up_proj", gu), ("down_proj", dn), ("gate_up_proj_bias", kw["gate_up_bias"]),
+                        ("down_proj_bias", kw["down_bias"])):
+            getattr(m, name).copy_(p)
+        return m(x_TH, idx_TK, w_TK)
+
+
+# Interleaved gate_up (gate and up rows alternate) is loaded as one tile of 2*BI adjacent rows and
+# split after the dot. Blocks smaller than the shape (BI=BH=16 for I=24, H=40) give two I blocks,
+# the second one partial, and a partial last H block: the split's offsets and masked tail.
+SMALL_GATE_UP = {"TB": 16, "BI": 16, "BH": 16, "num_warps": 4, "num_stages": 1, "PER_SM": 2}
+SMALL_GATE_UP_KEPT = {"BI": 16, "BH": 16, "num_warps": 4, "num_stages": 1, "PER_SM": 2}
+
+
+INTERLEAVED_CASES = [  # layout, dtype, kept (v3) or not (v2); the fast tier runs the first and the last
+    pytest.param(GPTOSS, torch.float32, False, id="gptoss-fp32-v2"),
+    pytest.param(GPTOSS, torch.float16, False, id="gptoss-fp16-v2"),
+    pytest.param(GPTOSS, torch.float16, True, id="gptoss-fp16-v3"),
+    pytest.param(ExpertsLayout(interleaved=True), torch.float32, False, id="interleaved-rows-silu-fp32-v2"),
+    pytest.param(ExpertsLayout(interleaved=True), torch.float32, True, id="interleaved-rows-silu-fp32-v3"),
+    pytest.param(GPTOSS, torch.float32, True, id="gptoss-fp32-v3"),
+]
+
+
+@pytest.mark.parametrize("layout,dtype,kept", INTERLEAVED_CASES)
+def test_interleaved_gate_up_in_partial_blocks_matches_the_references(layout, dtype, kept, monkeypatch):
+    """Both paths (v2 four launches, v3 kept list), biases and slots of weight 0 included, against
+    the float64 loop and, in fp32, transformers' GptOssExperts: gate = even rows, up = odd ones."""
+    import kernels.experts as ke
+    from kernels.select import route_select
+
+    T, E, K, H, I = 7, 8, 2, 40, 24
+    b = make_batch(T, E, K, H, dtype, seed=21)
+    gu, dn = make_experts(E, H, I, dtype, layout, seed=22)
+    g = torch.Generator().manual_seed(23)
+    kw = {"layout": layout, "gate_up_bias": torch.randn(E, 2 * I, generator=g).to(dtype),
+          "down_bias": torch.randn(E, H, generator=g).to(dtype)}
+    _, sel = route_select(torch.randn(T, E, generator=g), K, b.active_T, 3, norm_topk=True, reassign_mode="drop")
+    assert (sel.topk_w_TK == 0).any()  # slots on an expert that was not kept: skipped
+    cfg = ke.ExpertsConfig(gate_up=SMALL_GATE_UP, gate_up_kept=SMALL_GATE_UP_KEPT, use_kept=kept)
+    paths, v3 = [], ke._fused_experts_kept
+    monkeypatch.setattr(ke, "_fused_experts_kept", lambda *a, **k: paths.append("v3") or v3(*a, **k))
+    out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, config=cfg, **kw)
+    assert paths == (["v3"] if kept else [])
+    idx_TK, w_TK = sel.topk_idx_TK, sel.topk_w_TK
+    assert_near_reference(out, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK, **kw), dtype)
+    if layout == GPTOSS and dtype == torch.float32:
+        assert_near_reference(out, gptoss_transformers(gu, dn, kw, b.z_TH, idx_TK, w_TK).double())
 
 
 @pytest.mark.parametrize("kept", [False, True])

@@ -1,7 +1,7 @@
 """Compile the decode-step kernels for a GPU target on any machine (no GPU needed) and report their
 resources: registers per thread, spills, shared memory. Catches compile errors before a GPU run.
 
-    python -m tools.aot_check                 # sm_90 (H100/H200), the launch shapes of Qwen3-30B-A3B
+    python -m tools.aot_check                 # sm_90 (H100/H200), the launch shapes of Qwen3-30B-A3B (and gpt-oss gate_up)
     python -m tools.aot_check --arch 90       # another target (compute capability)
     AOT_VERBOSE=1 python -m tools.aot_check   # a failed compile's whole message, not its first 400 characters
 
@@ -23,7 +23,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.attention import _decode_attention
-from kernels.experts import _down_kept_kernel, _down_kernel, _gate_up_kept_kernel
+from kernels.experts import (
+    _down_kept_kernel,
+    _down_kernel,
+    _gate_up_kept_kernel,
+    _gate_up_kernel,
+)
 from kernels.select import _route_select_kernel
 from kernels.skinny import _skinny_kernel
 
@@ -124,6 +129,14 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"down T=16 BHO=64 BI=256 st=3{' REDUCE' if reduce else ''}", _down_kernel, v2_ptrs, (),
                     {"E_BLOCK": 128, "HAS_BIAS": False, "TB": 16, "BHO": 64, "BI": 256, "DOT_PRECISION": "tf32",
                      "stride_di": 1, "REDUCE": reduce, "K": 8, "HAS_RES": reduce}, {"num_warps": 4, "num_stages": 3}))
+    # gpt-oss's gate_up (E, H, 2I), gate and up interleaved, with bias: one tile of 2*BI adjacent
+    # rows split after the dot; unit stride along those rows, so its copies should be 16-byte cp.async
+    oss = {"ROW_MUL": 2, "ACT": 1, "HAS_BIAS": True, "BI": 32, "BH": 128, "DOT_PRECISION": "tf32", "stride_gn": 1}
+    out.append(("gate_up gpt-oss T=16 BI=32 BH=128 st=4", _gate_up_kernel,
+                {**gu_ptrs, "pairs_ptr": "*i32", "cnt_ptr": "*i32"}, ("alpha", "limit"),
+                {**oss, "E_BLOCK": 32, "TB": 16}, {"num_warps": 4, "num_stages": 4}))
+    out.append(("gate_up_kept gpt-oss T=16 BI=32 BH=128 st=4", _gate_up_kept_kernel, gu_ptrs, ("alpha", "limit"),
+                {**oss, "K": 4, "K_BLOCK": 4, "T_BLOCK": 16, "M_BLOCK": 32}, {"num_warps": 4, "num_stages": 4}))
     # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128): the cache in shares
     # combined by the last, and in one share
     at_ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "allowed_ptr": "*u8", "last_ptr": "*i64",
