@@ -3,7 +3,8 @@
     python -m analysis.ab_throughput RUN_DIR... --reference results/throughput/runs/<run> --out results/refactor_guard/h200
 
 Each RUN_DIR is a run folder of `experiments/gpu/ab_throughput.sh` named <i>_<label> (label `old`
-or `new`), holding throughput.csv. Per grid cell (batch size, variant, budget; graph replays):
+or `new`), holding throughput.csv (or, where only the report came back, report.json, whose
+`throughput` rows are the same table). Per grid cell (batch size, variant, budget; graph replays):
 the reference's ms per step, every run's, the median and range per label, and new against old
 and against the reference as a relative change. Writes <out>.csv and <out>.md; the .csv's last
 column, `engine`, is the decode engine of every run compared (analysis/engines.py: runs and reference
@@ -12,11 +13,13 @@ of two engines are refused, exit 2).
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.engines import one_engine, run_engine, with_engine
+from analysis.throughput import expert_bandwidth
 
 KEYS = ["batch_size", "variant", "budget"]
 
@@ -28,10 +31,23 @@ def timed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def load(run: Path) -> pd.DataFrame:
-    df = timed(pd.read_csv(run / "throughput.csv"))
+    csv = run / "throughput.csv"
+    df = timed(pd.read_csv(csv) if csv.is_file()
+               else pd.DataFrame(json.loads((run / "report.json").read_text())["throughput"]))
     order, label = run.name.split("_", 1)
-    return df.assign(run=int(order), label=label, engine=run_engine(run))[
-        [*KEYS, "run", "label", "ms_per_step", "tokens_per_s", "engine"]]
+    df = df.assign(run=int(order), label=label, engine=run_engine(run)).merge(
+        expert_of_copy(run), on=KEYS, how="left")
+    return df[[*KEYS, "run", "label", "ms_per_step", "tokens_per_s", "expert_of_copy", "engine"]]
+
+
+def expert_of_copy(run: Path) -> pd.DataFrame:
+    """The expert FFN's weight bytes per profiled step over copy bandwidth, by cell, where the run
+    profiled and recorded copy bandwidth (a kernel change's A/B shows whether it moved the stream)."""
+    rep = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
+    if not (rep.get("profile") and rep.get("expert_bytes") and rep.get("copy_gbps")):
+        return pd.DataFrame(columns=[*KEYS, "expert_of_copy"])
+    prof = expert_bandwidth(pd.DataFrame(rep["profile"]), rep)
+    return prof[prof["class"] == "expert FFN"][[*KEYS, "expert_of_copy"]]
 
 
 def compare(runs: list[Path], reference: Path) -> pd.DataFrame:
@@ -48,6 +64,8 @@ def compare(runs: list[Path], reference: Path) -> pd.DataFrame:
             row[f"{label}_ms"] = " ".join(f"{m:.3f}" for m in ms)
             row[f"{label}_median"] = ms.median()
             row[f"{label}_spread"] = ms.max() - ms.min()
+            if part["expert_of_copy"].notna().any():
+                row[f"{label}_expert_of_copy"] = part["expert_of_copy"].median()
         if "new_median" in row and "old_median" in row:
             row["new_vs_old"] = row["new_median"] / row["old_median"] - 1
         if row["reference_ms"] is not None and "new_median" in row:

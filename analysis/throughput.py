@@ -36,12 +36,13 @@ def profile_rows(exp_dir: Path) -> pd.DataFrame:
             df.insert(0, "routing", rep.get("routing", "uniform"))
             df.insert(0, "model", rep["model"])
             if rep.get("expert_bytes"):
-                df = _expert_bandwidth(df, rep)
+                df = expert_bandwidth(df, rep)
             frames.append(with_engine(df, run_engine(report.parent)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _expert_bandwidth(df: pd.DataFrame, rep: dict) -> pd.DataFrame:
+def expert_bandwidth(df: pd.DataFrame, rep: dict) -> pd.DataFrame:
+    """A run's profile rows with the expert FFN's weight bytes per step, TB/s, and share of copy."""
     def budget(x) -> float | None:
         return None if x is None or pd.isna(x) else float(x)
 
@@ -60,7 +61,8 @@ def _expert_bandwidth(df: pd.DataFrame, rep: dict) -> pd.DataFrame:
 # Below this share of copy bandwidth an expert FFN is a kernel problem, not a property of the
 # method: on an H100 the Triton expert kernels streamed at 0.77-0.98 of copy on three model shapes
 # (Qwen3-30B-A3B, OLMoE, DeepSeek-V2-Lite), and gpt-oss's, with its interleaved gate_up loaded two
-# elements apart, at 0.17-0.18 (results/roofline/grid_2026-12-05c/throughput_*.md)
+# elements apart, at 0.17-0.18 (results/roofline/grid_2026-12-05c/throughput_*.md; 0.91 once it
+# loaded one contiguous tile: grid_2026-12-05d/ab_gptoss)
 SLOW_EXPERTS_OF_COPY = 0.5
 
 

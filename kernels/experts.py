@@ -30,7 +30,10 @@ step that calls this can be captured in a CUDA graph.
 Interleaved gate_up (GPT-OSS): a gate_up item loads its gate and up rows as ONE tile of 2*BI
 adjacent rows and splits gate from up after the dot. Two tiles of every other row step by 2 along
 the contiguous dimension, so they load element by element: that streamed gpt-oss-20b's gate_up at
-0.39 TB/s on an H100 while its down got 2.42 (results/roofline/grid_2026-12-05c).
+0.39 TB/s on an H100 while its down got 2.42 (results/roofline/grid_2026-12-05c). With the one
+tile, gpt-oss-20b's expert FFN streams at 0.91 of copy bandwidth against 0.175-0.187 before, and its
+batch-16 step takes 14.70 ms dense, 10.12 base M=16, against 61.03 and 40.30 in the same
+interleaved rounds (results/roofline/grid_2026-12-05d/ab_gptoss).
 """
 from __future__ import annotations
 
@@ -577,10 +580,11 @@ class ExpertsConfig:
     # the four-launch path on a GPU
     use_kept: bool = True
     # with use_kept, v3 only where the kept list's length (its static bound: the budget, or E for
-    # dense) is at most this: v3 wins at small kept sets and loses at dense ones (H100, T = 64:
-    # 87.9 against 135.4 us at 16 kept, 626.6 against 410.9 at 126 in one benchmark pass; results/
-    # roofline/grid_2026-12-05c/kernels/table.txt); the tuned table's "kept_max" (measured in three
-    # alternations per bound by tools/tune_kernels.py), None where it has none
+    # dense) is at most this: v3 wins at small kept sets and loses at dense ones; against the
+    # four-launch path with its own tuned configs the bound is small (H100, Qwen3-30B-A3B shape, v3's
+    # time over the four launches' in three alternations: T = 1 0.99 at 16 and 32 kept, 1.07 at 128;
+    # T = 16 0.996-1.004 at 16; T = 64 1.22 at 16: results/roofline/grid_2026-12-05d/kernels/
+    # tune_experts.log). The tuned table's "kept_max" (tools/tune_kernels.py), None where it has none
     kept_max: int | None = None
     # the four-launch path's reduce inside its down launch (three launches, the same sums bit for
     # bit); the tuned table's "reduce_in_down", where tools/tune_kernels.py found it faster

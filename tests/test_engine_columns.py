@@ -324,6 +324,27 @@ def test_the_ab_table_carries_the_engine_and_refuses_a_reference_of_another(tmp_
     _refused(capsys, lambda: compare(runs, _ab_run(tmp_path / "cpu_ref", 50.0, device="cpu")))
 
 
+def test_the_ab_table_reads_a_run_that_kept_only_its_report_and_shows_the_expert_streams_share_of_copy(tmp_path):
+    from analysis.ab_throughput import compare
+
+    def report_only(d: Path, ms: float, expert_ms: float) -> Path:
+        d.mkdir(parents=True)
+        row = {"batch_size": 16, "variant": "base", "budget": 16}
+        (d / "report.json").write_text(json.dumps({
+            "stage": "throughput", "device": "cuda:0", "moe_layers": 2, "expert_bytes": 1e9, "copy_gbps": 1000.0,
+            "throughput": [{**row, "mode": "graph", "ms_per_step": ms, "tokens_per_s": 16e3 / ms, "kept_mean": 4.0}],
+            "profile": [{**row, "class": "expert FFN", "ms_per_step": expert_ms},
+                        {**row, "class": "total", "ms_per_step": ms}]}))
+        return d
+
+    # 2 layers x 4 kept x 1 GB = 8 GB a step: in 16 ms 0.5 TB/s, half of 1 TB/s copy; in 10 ms 0.8
+    runs = [report_only(tmp_path / "1_old", 20.0, 16.0), report_only(tmp_path / "2_new", 12.0, 10.0)]
+    t = compare(runs, _ab_run(tmp_path / "ref", 20.0)).iloc[0]
+    assert (t["old_median"], t["new_median"]) == (20.0, 12.0)
+    assert t["old_expert_of_copy"] == pytest.approx(0.5) and t["new_expert_of_copy"] == pytest.approx(0.8)
+    assert t["new_vs_old"] == pytest.approx(-0.4)
+
+
 def test_the_run_comparison_names_both_engines_where_they_differ(tmp_path):
     from analysis.compare_runs import compare
 
