@@ -40,6 +40,12 @@ def run_row(report: Path) -> dict:
             "agreement": (r.get("diagnostic") or {}).get("mean_agreement") or {}}
 
 
+def one_engine_or_fail(runs: pd.DataFrame, what: str) -> None:
+    """Refuse (exit 2) runs of several decode engines: their accuracies measure different steps."""
+    if runs["engine"].nunique() != 1:
+        fail(f"{what} come from several engines ({', '.join(sorted(runs['engine'].unique()))})")
+
+
 def calls(root: Path) -> pd.DataFrame:
     runs = _runs(root)
     if runs.empty:
@@ -48,8 +54,7 @@ def calls(root: Path) -> pd.DataFrame:
         fail(f"{root} holds runs of several models ({', '.join(sorted(runs['model'].unique()))}): one model per table")
     out = []
     for batching, g in runs.groupby("batching"):
-        if g["engine"].nunique() != 1:
-            fail(f"the {batching} runs come from several engines ({', '.join(sorted(g['engine'].unique()))})")
+        one_engine_or_fail(g, f"the {batching} runs")
         base = g[g["variant"] == "base"]
         dense = g[g["variant"] == "dense"]
         if len(base) != 1:
