@@ -5,7 +5,8 @@
 # GPU run of its tests is a defect). On a device call (no .venv there): carry .whl (hydra-core,
 # omegaconf: ../shared/device/wheels.sh) and run `bash experiments/gpu/gpu_test.sh`.
 #   GPU_TEST_OUT=dir       where gpu_tests.xml and gpu_tests.log go (default $OUT, else outputs/gpu_tests)
-#   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit)
+#   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit); at the limit
+#                          pytest is interrupted (SIGINT), so a cut run still writes the XML of the tests it finished
 #   GPU_TEST_FILES=...     a subset (default: every test file)
 #   BASE_COMMIT=sha        the commit the log names (default: git's HEAD where it runs)
 set -uo pipefail
@@ -21,7 +22,7 @@ fi
   # a device call's copy of .git can be older than its working tree: BASE_COMMIT=<host's HEAD> names the tree
   echo "commit ${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')}"
 } > "$out/gpu_tests.log" 2>&1
-timeout "${GPU_TEST_S:-480}" "$PY" -m pytest -m gpu -v -p no:cacheprovider --durations=25 --junitxml="$out/gpu_tests.xml" \
+timeout --signal=INT --kill-after=30 "${GPU_TEST_S:-480}" "$PY" -m pytest -m gpu -v -p no:cacheprovider --durations=25 --junitxml="$out/gpu_tests.xml" \
   ${GPU_TEST_FILES:-tests} >> "$out/gpu_tests.log" 2>&1
 rc=$?
 echo "rc=$rc" >> "$out/gpu_tests.log"
