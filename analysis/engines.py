@@ -129,8 +129,9 @@ STAMP_RULES: tuple[tuple[str, str], ...] = (
     ("results/specialisation/union*.csv", "s1-generate-cpu"),
     # the CPU guard of issue 17: evaluate runs with static batches on the CPU (their report.json)
     ("results/refactor_guard/cpu/*", "s1-generate-cpu"),
-    # the 2026-12-05 guard: the same runs, by then continuous batching (issue 40's engine)
-    ("results/refactor_guard/cpu_2026-12-05/*", "c3-packed-cpu"),
+    # the 2026-12-05 guards (cpu_2026-12-05, cpu_2026-12-05b): the same runs, by then continuous
+    # batching (issue 40's engine)
+    ("results/refactor_guard/cpu_2026-12-05*/*", "c3-packed-cpu"),
     ("results/*gpu_state*.csv", GPU_LOG),
     ("results/*tune_step.csv", KERNEL_BENCH),                   # tools/tune_step_kernels.py
     ("results/*bench_select.csv", KERNEL_BENCH),                # tools/bench_select.py

@@ -124,12 +124,16 @@ def test_ctrl_c_during_a_sweep_exits_130_and_marks_the_row_interrupted(tmp_path)
     proc = subprocess.Popen(_tiny_sweep(tmp_path), cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while time.time() < deadline and "started" not in {r["status"] for r in read_summary(tmp_path / "default")}:
+    while (time.time() < deadline and proc.poll() is None
+           and "started" not in {r["status"] for r in read_summary(tmp_path / "default")}):
         time.sleep(0.05)
     time.sleep(0.5)  # inside the run (model building or calibration)
+    statuses = [r["status"] for r in read_summary(tmp_path / "default")]
+    assert proc.poll() is None, f"the sweep ended before the interrupt (rows: {statuses}): nothing to test"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, (
+        f"rc {proc.returncode}; rows when interrupted: {statuses}; stderr: {err[-1500:]}; stdout: {out[-1500:]}")
     assert "interrupted" in {r["status"] for r in read_summary(tmp_path / "default")}
 
 
