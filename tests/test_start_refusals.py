@@ -121,8 +121,11 @@ def _tiny_sweep(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_ctrl_c_during_a_sweep_exits_130_and_marks_the_row_interrupted(tmp_path):
+    # SIGINT's disposition as a terminal gives it: a shell's background job (`make test-all &`)
+    # ignores SIGINT, its children inherit that, and Python then leaves it ignored
     proc = subprocess.Popen(_tiny_sweep(tmp_path), cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while (time.time() < deadline and proc.poll() is None
            and "started" not in {r["status"] for r in read_summary(tmp_path / "default")}):
