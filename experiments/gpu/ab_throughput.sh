@@ -31,15 +31,17 @@ if [ "${TESTS:-0}" = 1 ]; then
   tar czf "$OUT/ab_${TAG:-1}.tgz" -C "$(dirname "$AB")" "$(basename "$AB")"
   [ $rc -eq 0 ] || { echo "ab_throughput: the new checkout's GPU tests failed: no runs" >&2; exit 1; }
 fi
-CELLS=${CELLS:-'throughput.methods=[dense,router_sum,base,fixed] throughput.budgets=[16,10] throughput.batch_sizes=[16,64]'}
+# the guard's cells time only (no profile, no eager reference, no non-expert pass); CELLS given: the
+# experiment's defaults otherwise (the profile included, which analysis.ab_throughput reads)
+CELLS=${CELLS:-'throughput.methods=[dense,router_sum,base,fixed] throughput.budgets=[16,10] throughput.batch_sizes=[16,64]
+  throughput.profile_batch=null throughput.eager_reference=false throughput.non_expert=false'}
 i=${FIRST:-0}
 for label in ${ORDER:-new old}; do
   dir=$NEW; [ "$label" = old ] && dir=$OLD
   i=$((i + 1))
   run="$AB/${i}_${label}"
   (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" timeout "${RUN_LIMIT:-400}" python3 run.py experiment=throughput \
-    model="$MODEL" exp_name=ab outputs_dir="$AB" hydra.run.dir="$run" artifacts_dir=/tmp/ab_artifacts $CELLS \
-    throughput.profile_batch=null throughput.eager_reference=false throughput.non_expert=false ${EXTRA:-} \
+    model="$MODEL" exp_name=ab outputs_dir="$AB" hydra.run.dir="$run" artifacts_dir=/tmp/ab_artifacts $CELLS ${EXTRA:-} \
     > "$run.log" 2>&1) || echo "FAILED $i $label" >> "$AB/failed.log"
   grep -E "^\[throughput\] batch" "$run.log" | sed "s/^/[$i $label] /"
   tar czf "$OUT/ab_${TAG:-1}.tgz" -C "$(dirname "$AB")" "$(basename "$AB")"  # after each run: a cut call keeps what ran
