@@ -31,19 +31,19 @@ def timed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def load(run: Path) -> pd.DataFrame:
-    csv = run / "throughput.csv"
-    df = timed(pd.read_csv(csv) if csv.is_file()
-               else pd.DataFrame(json.loads((run / "report.json").read_text())["throughput"]))
+    csv, report = run / "throughput.csv", run / "report.json"
+    rep = json.loads(report.read_text()) if report.is_file() else {}
+    df = timed(pd.read_csv(csv) if csv.is_file() else pd.DataFrame(rep["throughput"]))
     order, label = run.name.split("_", 1)
     df = df.assign(run=int(order), label=label, engine=run_engine(run)).merge(
-        expert_of_copy(run), on=KEYS, how="left")
+        expert_of_copy(rep), on=KEYS, how="left")
     return df[[*KEYS, "run", "label", "ms_per_step", "tokens_per_s", "expert_of_copy", "engine"]]
 
 
-def expert_of_copy(run: Path) -> pd.DataFrame:
+def expert_of_copy(rep: dict) -> pd.DataFrame:
     """The expert FFN's weight bytes per profiled step over copy bandwidth, by cell, where the run
-    profiled and recorded copy bandwidth (a kernel change's A/B shows whether it moved the stream)."""
-    rep = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
+    (its report.json) profiled and recorded copy bandwidth (a kernel change's A/B shows whether it
+    moved the stream)."""
     if not (rep.get("profile") and rep.get("expert_bytes") and rep.get("copy_gbps")):
         return pd.DataFrame(columns=[*KEYS, "expert_of_copy"])
     prof = expert_bandwidth(pd.DataFrame(rep["profile"]), rep)
