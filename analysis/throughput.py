@@ -8,7 +8,9 @@ the step's time goes (non-expert ms, MoE share; by kernel class and, from each r
 profile_kernels.csv, by kernel: <out>_kernels.csv, its largest in the .md), and the expert FFN's
 weight bytes against copy bandwidth, with a warning for a run far below it (a slow kernel, whose
 speed-ups do not measure the selection). Every table ends in the
-column `engine`, the decode engine of the runs (analysis/engines.py); a folder of two is refused (exit 2).
+column `engine`, the decode engine of the runs (analysis/engines.py); a folder of two is refused (exit 2),
+as is one where two run folders time the same cell (a rerun beside its first run, or the same cell
+under two kernel tables): put each in its own folder.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.engines import one_engine, run_engine, with_engine
+from analysis.load import fail
 
 
 def profile_rows(exp_dir: Path) -> pd.DataFrame:
@@ -143,15 +146,30 @@ def collect(exp_dir: Path) -> pd.DataFrame:
         df.insert(0, "routing", rep.get("routing", "uniform"))
         df.insert(0, "model", rep["model"])
         df["gpu"] = rep.get("gpu", rep.get("device"))
-        frames.append(df.assign(engine=run_engine(report.parent)))
+        frames.append(df.assign(engine=run_engine(report.parent), _run=report.parent.name))
     if not frames:
         raise SystemExit(f"error: no throughput runs under {exp_dir}")
     df = pd.concat(frames, ignore_index=True)
+    _one_run_per_cell(df)
+    df = df.drop(columns="_run")
     for col in ("non_expert_ms", "moe_share"):  # CPU runs have no non-expert timing
         if col not in df:
             df[col] = float("nan")
     # the tables set runs side by side (and the README's headline across models): one engine's
     return with_engine(df, one_engine(df, f"the throughput table of {exp_dir}"))
+
+
+def _one_run_per_cell(df: pd.DataFrame) -> None:
+    """Refuse two run folders timing the same cell: the tables would set one beside the other as
+    if they were one run's (a rerun beside its first run, a cell re-timed under another kernel table)."""
+    key = ["model", "routing", "batch_size", "variant", "budget", "mode"]
+    twice = df.groupby(key, dropna=False)["_run"].transform("nunique") > 1
+    if twice.any():
+        r = df[twice].iloc[0]
+        budget = "no budget" if pd.isna(r["budget"]) else f"M={int(r['budget'])}"
+        fail(f"{df[twice].groupby(key, dropna=False).ngroups} cells are timed by more than one run folder (e.g. "
+             f"{r['model']} {r['routing']} batch {r['batch_size']} {r['variant']} {budget} {r['mode']}; folders: "
+             f"{', '.join(sorted(df.loc[twice, '_run'].unique()))}); put each run in its own folder")
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:

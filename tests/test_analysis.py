@@ -48,6 +48,28 @@ def test_throughput_headline_reads_run_reports(tmp_path):
     assert pd.isna(head["base M=10"])  # not measured: empty, not invented
 
 
+def test_two_run_folders_timing_one_cell_are_refused_with_both_names(tmp_path, capsys):
+    """A cell re-timed beside its first run (another kernel table, a rerun) would be pivoted as one
+    run's; the table refuses the folder and names both runs; distinct cells in two folders are fine."""
+    def row(variant, budget, ms, batch=16):
+        return {"batch_size": batch, "method": variant, "budget": budget, "variant": variant, "mode": "graph",
+                "ms_per_step": ms, "tokens_per_s": 16e3 / ms, "union_mean": 50.0, "speedup_vs_dense": 1.0}
+
+    for name, batches in (("first", (16,)), ("second", (64,))):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [r for b in batches for r in (row("dense", None, 10.0, b), row("base", 16, 5.0, b))]
+        (run / "report.json").write_text(json.dumps({"model": "m", "routing": "uniform", "throughput": rows}))
+    assert sorted(collect(tmp_path)["batch_size"].unique()) == [16, 64]
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "report.json").write_text(json.dumps(
+        {"model": "m", "routing": "uniform", "throughput": [row("dense", None, 11.0), row("base", 16, 6.0)]}))
+    with pytest.raises(SystemExit) as e:
+        collect(tmp_path)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "more than one run folder" in err and "again, first" in err
+
+
 def test_an_expert_ffn_far_below_copy_bandwidth_is_flagged(tmp_path):
     """The expert FFN's bytes per step (MoE layers x kept x expert bytes) over its profiled time, as a
     share of copy bandwidth; a run under the threshold gets a warning line, a healthy one none."""

@@ -331,7 +331,8 @@ def main() -> None:
     ap.add_argument("--skip-tune", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--smoke", action="store_true", help="CPU run of the harness on tiny shapes")
-    ap.add_argument("--models", nargs="*", default=None, help="subset of tools/timing.py's MODELS")
+    ap.add_argument("--models", nargs="*", default=None, choices=list(MODELS), metavar="MODEL",
+                    help=f"subset of tools/timing.py's MODELS: {', '.join(MODELS)}")
     ap.add_argument("--ts", nargs="*", type=int, default=None)
     ap.add_argument("--impls", nargs="*", default=None, help=f"subset of {IMPLS}")
     ap.add_argument("--tune-paths", nargs="*", default=["v2", "v3"],

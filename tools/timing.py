@@ -22,6 +22,7 @@ MODELS = {
     "qwen3_30b_a3b": {"H": 2048, "I": 768, "E": 128, "K": 8, "norm": True},
     "qwen15_moe_a27b": {"H": 2048, "I": 1408, "E": 60, "K": 4, "norm": False},
     "deepseek_v2_lite": {"H": 2048, "I": 1408, "E": 64, "K": 6, "norm": False},
+    "olmoe": {"H": 2048, "I": 1024, "E": 64, "K": 8, "norm": False},
 }
 SMOKE_MODELS = {"smoke": {"H": 40, "I": 24, "E": 16, "K": 4, "norm": True}}  # CPU check of the harness
 SKEW = 2.0  # skewed routing: fixed per-expert logit offsets ~ SKEW * N(0, 1)

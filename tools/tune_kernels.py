@@ -295,7 +295,8 @@ def main() -> None:
     from tools.timing import copy_bandwidth
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS), metavar="MODEL",
+                    help=f"expert shapes of tools/timing.py (default all): {', '.join(MODELS)}")
     ap.add_argument("--ts", nargs="*", type=int, default=TS)
     ap.add_argument("--budget-s", type=float, default=600)
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
