@@ -32,9 +32,7 @@ Shapes: P prompts, T decode steps, L MoE layers, R rules, B bootstrap resamples,
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -87,16 +85,19 @@ DEVIATIONS = """
   are unchanged. (In the first run, the first attempt at its first point died when the shared
   environment was being reinstalled by other work, after 643 s; it was restarted from that point.)
 - `mini128` is not in this family (as the pre-registration says: no usable CPU-trained model): its own
-  family, run later, is in `results/archive/replication_mini128.md`.
+  family, run later, is in `results/replication_mini128.md` (`make replication-mini128`, on the model
+  committed in `models/mini128/`; an earlier training's grid is in `results/archive/replication_mini128.md`).
 """
-# What was done differently for the 128-expert model's own family (results/archive/replication_mini128.md).
+# What was done differently for the 128-expert model's own family (results/replication_mini128.md).
 DEVIATIONS_MINI128 = """
-- The model: trained on one H200 on 2026-12-02 by the command of `make mini128` (120 s, 822 steps; the
-  trainer's own evaluation: mean exact match 0.747 over its eight tasks), not the checkpoint of issue 20's
-  held-out check (not kept). Its config, metrics and training log are in `results/archive/replication_mini128_model/`;
-  the checkpoint (23 MB) is not committed.
-- Its 22 runs ran one at a time on this project's own 2-core machine (one torch thread each, from a worktree
-  at commit 270ce4d), not on the GPU host's CPU cores as `experiments/gpu/replication_mini128.sh` planned:
+- The model: trained on one H100 on 2026-12-05 by the command of `make mini128` (120 s, 654 steps; the
+  trainer's own evaluation: mean exact match 0.761 over its eight tasks; `models/mini128/metrics.json`),
+  not the checkpoint of issue 20's held-out check (not kept). It is committed (`models/mini128/`, 23 MB)
+  because a time-budgeted training does not repeat itself. The first confirmation (2026-12-02, another
+  training, engine with the host reading each step late) is in `results/archive/replication_mini128.md`.
+- Its 22 runs ran two one-thread points at a time on this project's own 2-core machine, on the current
+  decode engine (`c3-packed-cpu`: stops decided on the device), from commit 0fa3d10 with
+  `conf/model/mini128.yaml` pointing at `models/mini128` (committed next), not on a GPU host's CPU cores:
   CPU work does not take device time.
 - The analysis code was written after the pre-registration (as for the primary family); this family is the
   18 accuracy comparisons the pre-registration names, Holm over 18, and changes neither the primary calls

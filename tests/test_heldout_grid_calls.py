@@ -72,9 +72,9 @@ def test_a_model_below_the_dense_floor_is_left_out_and_engines_are_not_mixed(tmp
     out = capsys.readouterr().out
     assert "left out (dense below 0.3): m1" in out and "calibrated BASE: no comparisons yet" in out
     _run(root, "m2", "dense", None, [1, 0, 1], engine="c2-packed-cpu")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         gc.main([str(root), str(tmp_path / "out" / "grid")])
-    assert "several engines" in capsys.readouterr().err
+    assert e.value.code == 2 and "would mix rows of 2 decode engines" in capsys.readouterr().err
 
 
 def test_the_diagnostic_decision_counts_the_called_cells_that_agree():
