@@ -84,3 +84,13 @@ def test_the_kept_bound_is_where_v3_won_every_alternation_at_every_smaller_bound
     sets = make_weight_sets(model["E"], model["H"], model["I"], 1, "cpu", dtype=torch.float32)
     cfg = {"gate_up": {}, "down": {}, "gate_up_kept": {}, "down_kept": {}}
     assert tk.kept_bound(model, 32, sets, cfg, reps=1, log=lambda msg: None) == {"kept_max": expected}
+
+
+def test_a_second_model_of_the_same_expert_shape_is_skipped_with_a_line_saying_whose_entries_stay():
+    """The table is keyed by (H, I, T): tuning two models of one shape would silently keep the last."""
+    models = {"a": dict(SMOKE), "b": {**SMOKE, "E": 16, "K": 4}, "c": {**SMOKE, "I": 48}}
+    lines: list[str] = []
+    kept = tk.one_model_per_key(models, log=lines.append)
+    assert list(kept) == ["a", "c"]
+    assert len(lines) == 1 and "b skipped" in lines[0] and "replace a's" in lines[0]
+    assert list(tk.one_model_per_key({"b": models["b"], "a": models["a"]}, log=lines.append)) == ["b"]

@@ -16,7 +16,9 @@ v3 for kept lists no longer than it). Every candidate's output is first checked 
 this GPU (largest error within 2 % of the largest output); one that differs, or fails to compile or
 launch, is logged and never chosen, so no entry this tool installs is unchecked. Timed as
 tools/bench_kernels.py times (CUDA graphs, weight sets
-rotated). Entries not tuned fall back to the nearest T, then to configs/default.json.
+rotated). Entries not tuned fall back to the nearest T, then to configs/default.json. The table is
+keyed by (H, I, T): of models sharing an expert shape, the first listed is tuned and the others are
+skipped with a line saying so.
 """
 from __future__ import annotations
 
@@ -241,6 +243,20 @@ def kept_bound(model: dict, T: int, sets: list, entry: dict, reps: int = 10, log
     return {"kept_max": kept_max}
 
 
+def one_model_per_key(models: dict, log=print) -> dict:
+    """The models whose expert shape (H, I) no earlier one has: the table is keyed by (H, I, T), so a
+    second model of the same shape (DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B are both 2048 x 1408)
+    would overwrite the first's entries after the time spent tuning it; the first listed keeps them."""
+    kept: dict = {}
+    for name, m in models.items():
+        twin = next((k for k, v in kept.items() if (v["H"], v["I"]) == (m["H"], m["I"])), None)
+        if twin is None:
+            kept[name] = m
+        else:
+            log(f"  tune: {name} skipped: its H={m['H']}, I={m['I']} entries would replace {twin}'s (tuned first)")
+    return kept
+
+
 def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: int = 10, log=print,
          device: str = "cuda", paths: tuple[str, ...] = ("v2", "v3")) -> dict:  # fmt: skip
     """Tuned table {config_key: entry} for every (model, T) reached before `deadline`; `paths`:
@@ -249,7 +265,7 @@ def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: i
     from kernels.experts import V3_MAX_TOKENS, get_config
 
     table: dict = {}
-    for name, m in models.items():
+    for name, m in one_model_per_key(models, log).items():
         sets = make_weight_sets(m["E"], m["H"], m["I"], 3, device)
         for T in ts:
             if time.time() > deadline:
