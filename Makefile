@@ -157,6 +157,8 @@ replication: $(STAMP)  ## the pre-registered replication grid and its calls (REP
 	$(PY) -m analysis.cross_grid  # the cross-grid columns of every comparison table, the replication's included
 
 replication-mini128:  ## the replication on the held-out 128-expert model (models/mini128; REPL_JOBS=N) -> results/replication_mini128*
+	$(RUNENV) $(PY) run.py experiment=replication_mini128 exp_name=replication_mini128_fit stage=fit logger=none
+	cp "outputs/replication_mini128_fit/stage=fit/predictor.csv" results/replication_mini128_predictor_r2.csv
 	$(MAKE) replication REPL_EXP=replication_mini128 REPL_OUT=results/replication_mini128
 
 # Figures and report.md from results/ (the committed grids) and outputs/ (your runs, their own

@@ -555,12 +555,14 @@ def reading(root: Path = ROOT, paired_rel: str = PAIRED) -> str:
 
 # ---- diagnostics ---------------------------------------------------------------------------------------
 
+R2_TABLES = {"mini": "results/quality_mini_predictor_r2.csv", "mini_olmoe": "results/quality_mini_olmoe_predictor_r2.csv",
+             "mini128": "results/replication_mini128_predictor_r2.csv"}  # the fit stage's predictor.csv, copied by the Makefile
+
+
 def predictor_r2(root: Path = ROOT) -> pd.DataFrame:
     """Held-out R^2 of each layer's predictor of log||E_u(z)|| (the fit stage's committed tables)."""
     frames = []
-    for model, rel in (("mini", "results/quality_mini_predictor_r2.csv"),
-                       ("mini_olmoe", "results/quality_mini_olmoe_predictor_r2.csv"),
-                       ("mini128", "results/replication_mini128_predictor_r2.csv")):
+    for model, rel in R2_TABLES.items():
         if (root / rel).exists():
             frames.append(pd.read_csv(root / rel).assign(model=model))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -622,11 +624,13 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
              grids: list[str], deviations: str = "", out_path: str = "results/replication",
              first_share: float | None = None) -> str:
     prim, sec = calls[calls["family"] == "primary"], calls[calls["family"] == "secondary"]
-    make = "make replication" + ("" if out_path == "results/replication"
-                                 else f" REPL_EXP=\"{' '.join(grids)}\" REPL_OUT={out_path}")
+    make = ("make replication" if out_path == "results/replication"
+            else "make replication-mini128" if (grids, out_path) == (["replication_mini128"], "results/replication_mini128")
+            else f"make replication REPL_EXP=\"{' '.join(grids)}\" REPL_OUT={out_path}")
     names = "" if tuple(grids) == GRIDS else " --names " + " ".join(grids)
     out = [f"Made by `{make}` (`python -m experiments.run_points --jobs 1 {' '.join(grids)} --extra "
-           "\"method=base_anchor method.k0=2\" --extra \"method=dense budget=null\"`), then `python -m "
+           "\"method=base_anchor method.k0=2\" --extra \"method=dense budget=null\"`; `REPL_JOBS=N` runs N "
+           "one-thread points at a time, the same runs), then `python -m "
            "analysis.replication " + " ".join(f"outputs/{g}" for g in grids) + f" --out {out_path}`; "
            f"re-derived from the committed records by `python -m analysis.replication --records results/records{names} "
            f"--out {out_path}`. Pre-registered in `{PREREG}`, added in commit {_prereg_commit()}. "
@@ -696,8 +700,9 @@ def markdown(table: pd.DataFrame, calls: pd.DataFrame, inter: pd.DataFrame, r2: 
     if len(r2):
         out += ["\n## Diagnostics\n",
                 "Predictor fit: held-out R^2 of log||E_u(z)|| per layer (the fit stage's committed tables, "
-                "`results/quality_mini{,_olmoe}_predictor_r2.csv`; the replication runs use the same calibration and "
-                "fit settings). Weight scale, retained energy and output error per rule: the Runs table above.\n",
+                + ", ".join(f"`{R2_TABLES[m]}`" for m in dict.fromkeys(r2["model"]) if m in R2_TABLES)
+                + "; the replication runs use the same calibration and fit settings). Weight scale, retained energy "
+                "and output error per rule: the Runs table above.\n",
                 r2.pivot_table(index="model", columns="layer", values="r2").round(3).reset_index().rename(
                     columns=str).to_markdown(index=False)]
     out += ["\n## Deviations from the pre-registration\n", deviations.strip() or "None.", ""]
