@@ -94,3 +94,18 @@ def test_a_second_model_of_the_same_expert_shape_is_skipped_with_a_line_saying_w
     assert list(kept) == ["a", "c"]
     assert len(lines) == 1 and "b skipped" in lines[0] and "replace a's" in lines[0]
     assert list(tk.one_model_per_key({"b": models["b"], "a": models["a"]}, log=lines.append)) == ["b"]
+
+
+@pytest.mark.parametrize("module", ["tools.tune_kernels", "tools.bench_kernels"])
+def test_an_unknown_model_is_refused_at_start_with_the_valid_names(module, monkeypatch, capsys):
+    """--models takes tools/timing.py's shapes; another name was a KeyError (tune) or silently
+    benchmarked nothing (bench)."""
+    import importlib
+
+    from tools.timing import MODELS
+
+    monkeypatch.setattr("sys.argv", [module, "--models", "qwen3_30b_a3b", "no_such_model"])
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "no_such_model" in err and all(name in err for name in MODELS)
