@@ -1,7 +1,7 @@
 """Issue 42's decode-step targets against what a throughput grid measured: one table, from the runs.
 
-    python -m analysis.targets results/roofline/<grid>/runs --gpu-tests results/gpu_tests/<log>.xml \
-        > results/roofline/<grid>/targets.md
+    python -m analysis.targets results/roofline/<grid>/runs [more run folders] \
+        --gpu-tests results/gpu_tests/<log>.xml > results/roofline/<grid>/targets.md
 
 Reads the throughput runs under a folder (each run's report.json: its graph-timed rows, its eager
 profile by kernel class, the expert size and copy bandwidth it recorded) as analysis/throughput.py
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.engines import one_engine
 from analysis.throughput import collect, profile_rows
 
 MODEL = "qwen3_30b"
@@ -128,18 +129,23 @@ def table(df: pd.DataFrame, prof: pd.DataFrame, gpu: str, xml: Path | None) -> p
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", type=Path, help="a folder of throughput run folders (each with report.json)")
+    ap.add_argument("runs", type=Path, nargs="+",
+                    help="folders of throughput run folders (each with report.json); one engine among them")
     ap.add_argument("--gpu-tests", type=Path, default=None, help="a `make gpu-test` JUnit XML")
     args = ap.parse_args(argv)
-    if not args.runs.is_dir():
-        raise SystemExit(f"error: {args.runs} is not a folder of throughput runs")
+    for runs in args.runs:
+        if not runs.is_dir():
+            raise SystemExit(f"error: {runs} is not a folder of throughput runs")
     if args.gpu_tests is not None and not args.gpu_tests.is_file():
         raise SystemExit(f"error: {args.gpu_tests} is not a file (a JUnit XML from `make gpu-test`)")
-    df = collect(args.runs)
-    prof = profile_rows(args.runs)
+    df = pd.concat([collect(runs, one_run_per_cell=False) for runs in args.runs], ignore_index=True)
+    one_engine(df, "the targets table")
+    prof = pd.concat([profile_rows(runs) for runs in args.runs], ignore_index=True)
     gpus = sorted(set(df["gpu"].astype(str)))
-    print(f"Issue 42's targets (Qwen3-30B-A3B shape) against the runs under `{args.runs}`: GPU {', '.join(gpus)}; "
-          f"engine `{df['engine'].iloc[0]}`; commits {', '.join(sorted(set(_commits(args.runs))))}. "
+    where = ", ".join(f"`{runs}`" for runs in args.runs)
+    commits = sorted({c for runs in args.runs for c in _commits(runs)})
+    print(f"Issue 42's targets (Qwen3-30B-A3B shape) against the runs under {where}: GPU {', '.join(gpus)}; "
+          f"engine `{df['engine'].iloc[0]}`; commits {', '.join(commits)}. "
           "Made by `python -m analysis.targets` (analysis/targets.py).\n")
     print(table(df, prof, " ".join(gpus), args.gpu_tests).to_markdown(index=False))
 

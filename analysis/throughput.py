@@ -10,7 +10,7 @@ weight bytes against copy bandwidth, with a warning for a run far below it (a sl
 speed-ups do not measure the selection). Every table ends in the
 column `engine`, the decode engine of the runs (analysis/engines.py); a folder of two is refused (exit 2),
 as is one where two run folders time the same cell (a rerun beside its first run, or the same cell
-under two kernel tables): put each in its own folder.
+under two kernel tables): put each in its own folder (analysis.targets takes their median instead).
 """
 from __future__ import annotations
 
@@ -136,7 +136,10 @@ def top_kernels(df: pd.DataFrame, variants: tuple[str, ...] = ("dense", "base"),
     return out.assign(kernel=out["kernel"].str.slice(0, 60)).round(3)
 
 
-def collect(exp_dir: Path) -> pd.DataFrame:
+def collect(exp_dir: Path, one_run_per_cell: bool = True) -> pd.DataFrame:
+    """Every graph- and eager-timed row of the runs under `exp_dir`, with model, routing, GPU and
+    engine. one_run_per_cell: refuse two run folders timing one cell (this module's tables set one
+    run's rows side by side); analysis.targets takes the median over such runs instead."""
     frames = []
     for report in sorted(exp_dir.glob("*/report.json")):
         rep = json.loads(report.read_text())
@@ -150,7 +153,8 @@ def collect(exp_dir: Path) -> pd.DataFrame:
     if not frames:
         raise SystemExit(f"error: no throughput runs under {exp_dir}")
     df = pd.concat(frames, ignore_index=True)
-    _one_run_per_cell(df)
+    if one_run_per_cell:
+        _one_run_per_cell(df)
     df = df.drop(columns="_run")
     for col in ("non_expert_ms", "moe_share"):  # CPU runs have no non-expert timing
         if col not in df:

@@ -82,3 +82,24 @@ def test_a_missing_input_fails_with_a_message(tmp_path, bad):
     args = [str(tmp_path / "nope")] if bad == "runs_missing" else [str(runs), "--gpu-tests", str(tmp_path / "no.xml")]
     with pytest.raises(SystemExit, match="error: .*(folder of throughput runs|JUnit XML)"):
         targets.main(args)
+
+
+def test_several_folders_make_one_table_and_runs_of_one_cell_give_their_median(tmp_path, capsys):
+    """The skewed run in a second folder fills its target; a third run of the uniform cell beside the
+    first (another folder) is not refused, as the throughput tables refuse it: its ratio and the
+    first's give their median."""
+    runs = _runs(tmp_path, "NVIDIA H200", base_ms=4.0)
+    more = tmp_path / "more"
+    (runs / "s").rename(tmp_path / "s_moved")
+    more.mkdir()
+    (tmp_path / "s_moved").rename(more / "s")
+    again = json.loads((runs / "u" / "report.json").read_text())
+    again["throughput"] = [_row("dense", 12.0, budget=None, kept=80.0), _row("base", 6.0)]
+    (more / "u2").mkdir()
+    (more / "u2" / "report.json").write_text(json.dumps(again))
+    targets.main([str(runs), str(more)])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert f"`{runs}`, `{more}`" in out
+    assert "2.00×" in rows[targets.TARGETS["skewed_x"].name]  # from the second folder
+    assert "2.50×" in rows[targets.TARGETS["base_x"].name]  # median of 12/4 = 3.00 and 12/6 = 2.00
