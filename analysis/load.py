@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -72,6 +73,16 @@ def warn(message: str) -> None:
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def one_run_per_cell(df: pd.DataFrame, key: list[str], verb: str, example: Callable[[pd.Series], str],
+                     advice: str) -> None:
+    """Exit 2 where two run folders (column `_run`) give rows of one cell (`key`): a table would pool
+    or set side by side what two runs measured as one run's. `example` names a row's cell."""
+    twice = df.groupby(key, dropna=False)["_run"].transform("nunique") > 1
+    if twice.any():
+        fail(f"{df[twice].groupby(key, dropna=False).ngroups} cells are {verb} by more than one run folder (e.g. "
+             f"{example(df[twice].iloc[0])}; folders: {', '.join(sorted(df.loc[twice, '_run'].unique()))}); {advice}")
 
 
 def read_report(path: str | Path) -> dict:

@@ -35,7 +35,7 @@ import pandas as pd
 
 from analysis import style
 from analysis.engines import engine_of, one_engine, with_engine
-from analysis.load import _config, fail, finished, read_report
+from analysis.load import _config, fail, finished, one_run_per_cell, read_report
 
 ROUTING_ORDER = {"uniform": 0, "skewed": 1}  # tables and panels: uniform first
 # a cell: one configuration served; runs with other scheduler thresholds are other cells
@@ -77,13 +77,9 @@ def load(root: Path) -> pd.DataFrame:
 def _one_run_per_cell(df: pd.DataFrame) -> None:
     """Refuse two run folders serving the same cell and repeat: their streams would be pooled as one
     repeat's (a rerun beside its first run, two grids under one folder)."""
-    key = [c for c in [*CELL, "arrivals", "search_step", "repeat"] if c in df]
-    twice = df.groupby(key, dropna=False)["_run"].transform("nunique") > 1
-    if twice.any():
-        r = df[twice].iloc[0]
-        fail(f"{df[twice].groupby(key, dropna=False).ngroups} cells are served by more than one run folder (e.g. "
-             f"{r['variant']} at rate {_rate(r['rate'])}, repeat {r['repeat']}; folders: "
-             f"{', '.join(sorted(df.loc[twice, '_run'].unique()))}); analyse one grid's runs at a time")
+    one_run_per_cell(df, [c for c in [*CELL, "arrivals", "search_step", "repeat"] if c in df], "served",
+                     lambda r: f"{r['variant']} at rate {_rate(r['rate'])}, repeat {r['repeat']}",
+                     "analyse one grid's runs at a time")
 
 
 def _with_thresholds(df: pd.DataFrame) -> pd.DataFrame:

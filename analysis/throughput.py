@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.engines import one_engine, run_engine, with_engine
-from analysis.load import fail
+from analysis.load import one_run_per_cell
 
 
 def profile_rows(exp_dir: Path) -> pd.DataFrame:
@@ -166,14 +166,12 @@ def collect(exp_dir: Path, one_run_per_cell: bool = True) -> pd.DataFrame:
 def _one_run_per_cell(df: pd.DataFrame) -> None:
     """Refuse two run folders timing the same cell: the tables would set one beside the other as
     if they were one run's (a rerun beside its first run, a cell re-timed under another kernel table)."""
-    key = ["model", "routing", "batch_size", "variant", "budget", "mode"]
-    twice = df.groupby(key, dropna=False)["_run"].transform("nunique") > 1
-    if twice.any():
-        r = df[twice].iloc[0]
+    def cell(r: pd.Series) -> str:
         budget = "no budget" if pd.isna(r["budget"]) else f"M={int(r['budget'])}"
-        fail(f"{df[twice].groupby(key, dropna=False).ngroups} cells are timed by more than one run folder (e.g. "
-             f"{r['model']} {r['routing']} batch {r['batch_size']} {r['variant']} {budget} {r['mode']}; folders: "
-             f"{', '.join(sorted(df.loc[twice, '_run'].unique()))}); put each run in its own folder")
+        return f"{r['model']} {r['routing']} batch {r['batch_size']} {r['variant']} {budget} {r['mode']}"
+
+    one_run_per_cell(df, ["model", "routing", "batch_size", "variant", "budget", "mode"], "timed", cell,
+                     "put each run in its own folder")
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
