@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The working tree a device call sends must stay under 64 MiB of disk (tracked and untracked files
 # that git does not ignore, with the carried wheels), and the committed results have grown past
-# that. The GPU scripts read none of the per-prompt records or the figures, so a device call can
-# go without them:
-#   bash experiments/gpu/device_tree.sh slim      # results/records and results/figures out of the working tree,
+# that. The GPU scripts read none of the per-prompt records, the archive, the figures or the
+# mini128 model (the GPU tests use models/mini), so a device call goes without them:
+#   bash experiments/gpu/device_tree.sh slim      # those out of the working tree,
 #                                                 # and HEAD into experiments/gpu/base_commit.txt (env.sh: BASE_COMMIT)
 #   ... the device call(s) ...
-#   bash experiments/gpu/device_tree.sh restore   # both back from git (nothing else is touched)
-#   bash experiments/gpu/device_tree.sh size      # what a call would send, in KiB of disk
+#   bash experiments/gpu/device_tree.sh restore   # them back from git (nothing else is touched)
+#   bash experiments/gpu/device_tree.sh size      # what a call would send, in KiB (file sizes)
 # `slim` refuses when either folder holds changes not yet committed (restore would lose them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-PATHS=(results/records results/figures)
-size() { (git ls-files; git ls-files -o --exclude-standard) | xargs -d '\n' du -c 2>/dev/null | tail -1 | cut -f1; }
+PATHS=(results/records results/archive results/figures models/mini128)
+# the sum of the files' sizes (one `du -c` total would be the last of xargs's batches only)
+size() { (git ls-files; git ls-files -o --exclude-standard) | xargs -d '\n' stat -c %s 2>/dev/null | awk '{s += $1} END {print int(s / 1024)}'; }
 case "${1:-}" in
   slim)
     if [ -n "$(git status --porcelain -- "${PATHS[@]}")" ]; then
@@ -20,7 +21,7 @@ case "${1:-}" in
     fi
     rm -rf "${PATHS[@]}"
     # the commit the call's logs and report.json name (experiments/gpu/env.sh reads it): the device's .git can be older
-    if [ -n "$(git status --porcelain --untracked-files=no | grep -v '^ D results/')" ]; then
+    if [ -n "$(git status --porcelain --untracked-files=no | grep -v -E '^ D (results|models/mini128)/')" ]; then
       echo "device_tree: uncommitted changes: the call would run a tree that no commit names; commit first" >&2
       git checkout -- "${PATHS[@]}"; exit 2
     fi
