@@ -4,6 +4,10 @@ resources: registers per thread, spills, shared memory. Catches compile errors b
     python -m tools.aot_check                 # sm_90 (H100/H200), the launch shapes of Qwen3-30B-A3B (and gpt-oss gate_up)
     python -m tools.aot_check --arch 90       # another target (compute capability)
     AOT_VERBOSE=1 python -m tools.aot_check   # a failed compile's whole message, not its first 400 characters
+    python -m tools.aot_check --sass DIR      # also each case's SASS (addresses and line info dropped) in DIR
+
+--sass is the check for a kernel change meant to compile to the same program (a refactor): write
+DIR on both trees and `diff -r` them; identical SASS runs as the GPU-tested code did.
 
 Triton compiles to PTX and runs the bundled ptxas, so this works on a CPU-only machine; the
 numbers are what the GPU's JIT would get for the same constexprs (same Triton version).
@@ -132,8 +136,13 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     # gpt-oss's gate_up (E, H, 2I), gate and up interleaved, with bias: one tile of 2*BI adjacent
     # rows split after the dot; unit stride along those rows, so its copies should be 16-byte cp.async
     oss = {"ROW_MUL": 2, "ACT": 1, "HAS_BIAS": True, "BI": 32, "BH": 128, "DOT_PRECISION": "tf32", "stride_gn": 1}
+    v2_gu_ptrs = {**gu_ptrs, "pairs_ptr": "*i32", "cnt_ptr": "*i32"}
+    for bi, st in ((32, 4), (64, 3)):  # the four-launch path's gate_up, Qwen3's concatenated layout
+        out.append((f"gate_up T=16 BI={bi} BH=128 st={st}", _gate_up_kernel, v2_gu_ptrs, ("alpha", "limit"),
+                    {"ROW_MUL": 1, "ACT": 0, "HAS_BIAS": False, "BI": bi, "BH": 128, "DOT_PRECISION": "tf32",
+                     "stride_gk": 1, "E_BLOCK": 128, "TB": 16}, {"num_warps": 4, "num_stages": st}))
     out.append(("gate_up gpt-oss T=16 BI=32 BH=128 st=4", _gate_up_kernel,
-                {**gu_ptrs, "pairs_ptr": "*i32", "cnt_ptr": "*i32"}, ("alpha", "limit"),
+                v2_gu_ptrs, ("alpha", "limit"),
                 {**oss, "E_BLOCK": 32, "TB": 16}, {"num_warps": 4, "num_stages": 4}))
     out.append(("gate_up_kept gpt-oss T=16 BI=32 BH=128 st=4", _gate_up_kept_kernel, gu_ptrs, ("alpha", "limit"),
                 {**oss, "K": 4, "K_BLOCK": 4, "T_BLOCK": 16, "M_BLOCK": 32}, {"num_warps": 4, "num_stages": 4}))
@@ -160,10 +169,25 @@ def resources(cubin: bytes) -> str:
     return f"regs={m.group(1):>4} stack={m.group(2):>4} shared={m.group(3):>6}" if m else text.strip()[-200:]
 
 
+def sass(cubin: bytes) -> str:
+    """The cubin's SASS, one instruction a line, without the addresses and line-info comments that
+    differ between two compiles of the same program."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return "".join(line.split(";")[0].split("*/", 1)[1].strip() + "\n"
+                   for line in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--sass", type=Path, metavar="DIR", help="write each case's SASS to DIR/<case>.sass")
     args = ap.parse_args()
+    if args.sass:
+        args.sass.mkdir(parents=True, exist_ok=True)
     target = GPUTarget("cuda", args.arch, 32)
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     failed = 0
@@ -174,6 +198,8 @@ def main() -> None:
         try:
             k = triton.compile(src, target=target, options=opts)
             ptx = k.asm["ptx"]
+            if args.sass:
+                (args.sass / (re.sub(r"\W+", "_", label).strip("_") + ".sass")).write_text(sass(k.asm["cubin"]))
             print(f"{label:44} {resources(k.asm['cubin'])} dyn_shared={k.metadata.shared:6} "
                   f"cp.async={ptx.count('cp.async')} wgmma={ptx.count('wgmma')} mma={ptx.count('mma.sync')}")
         except Exception as e:  # noqa: BLE001 - report every case
