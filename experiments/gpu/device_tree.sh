@@ -25,8 +25,14 @@ case "${1:-}" in
       echo "device_tree: uncommitted changes: the call would run a tree that no commit names; commit first" >&2
       git checkout -- "${PATHS[@]}"; exit 2
     fi
+    kib=$(size)
+    if [ "$kib" -gt 64512 ]; then  # the tool's limit is 65536 KiB with the carried wheels (~400 KiB)
+      echo "device_tree: $kib KiB would still travel, over the device tool's 64 MiB; the largest files:" >&2
+      (git ls-files; git ls-files -o --exclude-standard) | xargs -d '\n' stat -c '%s %n' 2>/dev/null | sort -rn | head -5 >&2
+      git checkout -- "${PATHS[@]}"; exit 2
+    fi
     git rev-parse --short HEAD > experiments/gpu/base_commit.txt
-    echo "device_tree: ${PATHS[*]} removed from the working tree; $(size) KiB would travel (limit 65536, wheels not counted); commit $(cat experiments/gpu/base_commit.txt)" ;;
+    echo "device_tree: ${PATHS[*]} removed from the working tree; $kib KiB would travel (limit 65536, wheels not counted); commit $(cat experiments/gpu/base_commit.txt)" ;;
   restore)
     git checkout -- "${PATHS[@]}"
     rm -f experiments/gpu/base_commit.txt
