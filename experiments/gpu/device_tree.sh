@@ -29,7 +29,7 @@ case "${1:-}" in
     kib=$(size)
     if [ "$kib" -gt 64512 ]; then  # the tool's limit is 65536 KiB with the carried wheels (~400 KiB)
       echo "device_tree: $kib KiB would still travel, over the device tool's 64 MiB; the largest files:" >&2
-      (git ls-files; git ls-files -o --exclude-standard) | { xargs -d '\n' stat -c '%s %n' 2>/dev/null || true; } | sort -rn | head -5 >&2
+      (git ls-files; git ls-files -o --exclude-standard) | { xargs -d '\n' stat -c '%s %n' 2>/dev/null || true; } | sort -rn | head -5 >&2 || true
       git checkout -- "${PATHS[@]}"; exit 2
     fi
     git rev-parse --short HEAD > experiments/gpu/base_commit.txt
