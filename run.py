@@ -483,18 +483,37 @@ def schema_extras(cfg: DictConfig, schema: type = RunSchema, prefix: str = "") -
     return extras
 
 
-def check_known_keys(cfg: DictConfig) -> None:
-    """Every key is one the run reads; an unknown one is refused naming the nearest valid key."""
+def unknown_key(key: str, valid: list[str], more: str = "") -> ConfigError:
+    """The refusal of a key the run does not read, naming the nearest valid one (or listing them)."""
     import difflib
 
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else f"; the keys here are: {', '.join(valid)}"
+    return ConfigError(f"{key}{more} is not a key of the run's configuration{hint} (a `+key=value` override adds a "
+                       f"key the run would never read)")
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key is one the run reads; an unknown one is refused naming the nearest valid key."""
     extras = schema_extras(cfg)
     if extras:
         key, valid = extras[0]
-        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-        hint = f"; did you mean {near[0]}?" if near else f"; the keys here are: {', '.join(valid)}"
-        more = f" (and {', '.join(k for k, _ in extras[1:])})" if len(extras) > 1 else ""
-        raise ConfigError(f"{key}{more} is not a key of the run's configuration{hint} (a `+key=value` override adds a "
-                          f"key the run would never read)")
+        raise unknown_key(key, valid, f" (and {', '.join(k for k, _ in extras[1:])})" if len(extras) > 1 else "")
+
+
+def schema_keys_beside(key: str, schema: type = RunSchema) -> list[str] | None:
+    """The schema's keys at `key`'s level (`method.kk0`: method's), or None where that level is
+    free-form (model.arch, task.*) or `key`'s parent is no section of the schema."""
+    import typing
+
+    *parents, _ = key.split(".")
+    for name in parents:
+        kind = typing.get_type_hints(schema).get(name)
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            return None
+        schema = kind
+    prefix = "".join(f"{p}." for p in parents)
+    return [prefix + f.name for f in dataclasses.fields(schema)]
 
 
 def check_complete(cfg: DictConfig) -> None:
@@ -588,6 +607,10 @@ def check_composition(argv: list[str]) -> None:
                 cfg = compose(config_name=args.config_name or "config", overrides=point)
             except (HydraException, OmegaConfBaseException) as err:
                 check_renamed(_error_keys(err), " (set in a config file the run composes: conf/experiment/, conf/task/, ...)")
+                missing = [k for k in _error_keys(err) if "Could not override" in str(err) or "not in" in str(err)]
+                valid = schema_keys_beside(missing[0]) if missing else None
+                if valid is not None and missing[0] not in valid:  # Hydra's own hint (+key=) adds a key nothing reads
+                    raise unknown_key(missing[0], valid) from None
                 raise ConfigError(hydra_message(err)) from None
             check_known_keys(cfg)
             check_complete(cfg)

@@ -126,8 +126,6 @@ class MethodConfig:
             if self.name not in coverage_selectors():
                 raise ConfigError(f"method.coverage needs an additive-cost selector: {', '.join(coverage_selectors())}; "
                                   f"got method={self.name}")
-            if self.backend == "triton":
-                raise ConfigError("method.coverage runs on the PyTorch backend only (method.backend=torch)")
         if self.shrink is not None:
             if cls is None or not cls.needs_predictor:
                 raise ConfigError(f"method.shrink scales a predictor's norms: it needs base or base_anchor; got "
@@ -637,10 +635,10 @@ class RunConfig:
         elif self.scheduler.admission == "fifo" and self.stage in ("evaluate", "throughput"):
             unused.append((_changed("scheduler", self.scheduler, ("max_wait_rounds",)),
                            "scheduler.admission=fifo waits on no one"))
+        if not (self.stage == "throughput" and tp is not None and tp.mode == "serve"):
+            unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
+                           "only throughput.mode=serve (stage=throughput) reads serve.*"))
         if self.stage == "throughput" and tp is not None:
-            if tp.mode != "serve":
-                unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
-                               "only throughput.mode=serve reads serve.*"))
             unused += self._unused_engine_options()
         unused = [(keys, why) for keys, why in unused if keys]
         if unused:

@@ -206,7 +206,6 @@ CASES = [
     (["method=base_anchor", "method.k0=null"], "method=base_anchor needs method.k0"),
     (["method=base", "method.coverage=0"], "method.coverage must be in (0, 1] or null, got 0.0"),
     (["method=count", "method.coverage=0.9"], "method.coverage needs an additive-cost selector: base, calib_energy"),
-    (["method=base", "method.coverage=0.9", "method.backend=triton"], "method.coverage runs on the PyTorch backend"),
     (["method=base", "method.budget_split=even"], "method.budget_split='even' is not valid; choose one of: uniform, sensitivity"),
     (["method=oea", "method.k0=1", "budget=null", "method.budget_split=sensitivity"],
      "method.budget_split=sensitivity splits a budget across layers: it needs a budgeted selector"),

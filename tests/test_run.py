@@ -100,6 +100,17 @@ def test_adaptive_budget_keeps_a_varying_count_covering_the_cost(compose, tmp_pa
     assert (sel["kept_min"] <= sel["kept_p50"]).all() and (sel["kept_p90"] <= sel["kept_max"]).all()
 
 
+@pytest.mark.slow  # the fast tier keeps the torch run above
+def test_adaptive_budget_on_the_kernels_keeps_what_the_reference_keeps(compose, tmp_path):
+    """method.coverage on method.backend=triton (the selection kernel's COVERAGE rule) is accepted
+    and keeps, step by step, the experts the PyTorch reference keeps."""
+    runs = [_run_here(compose, tmp_path / b, "method=base", "method.coverage=0.6", "budget=null", "batch_size=8",
+                      f"method.backend={b}")[1] for b in ("torch", "triton")]
+    torch_steps, triton_steps = (pd.read_csv(out / "selection_steps.csv") for out in runs)
+    assert triton_steps["kept"].nunique() > 1
+    pd.testing.assert_frame_equal(triton_steps, torch_steps)
+
+
 @pytest.mark.slow
 def test_similar_rerouting_runs_with_calibrated_expert_similarity(compose, tmp_path):
     report, out = _run_here(compose, tmp_path, "method=router_sum", "method.reassign=similar", "budget=2", "batch_size=8")

@@ -1,7 +1,7 @@
 """Issue 43's start-time and interrupt cases of run.py: each either a clean error (exit 2, one
 line, nothing written) or handled, never a traceback.
 
-In-process (fast): unknown keys added by `+key=value` refused naming the nearest valid key; an
+In-process (fast): unknown keys (`key=value` and `+key=value`) refused naming the nearest valid key; an
 exp_name that is an interpolation or over the filesystem's name limit; a file where the experiment
 or artifacts folder should be; relative folders resolved against the checkout, wherever run.py
 starts; wandb online without a login or a reachable server; two sweeps sharing a summary row.
@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
     ("+bugdet=4", "bugdet is not a key of the run's configuration; did you mean budget?"),
     ("+eval.gen_token=3", "eval.gen_token is not a key of the run's configuration; did you mean eval.gen_tokens?"),
     ("+zzz=1", "zzz is not a key of the run's configuration; the keys here are: model, method"),
+    # a plain typo too: Hydra's own hint there is `+budgt=8`, which adds a key nothing reads
+    ("budgt=8", "budgt is not a key of the run's configuration; did you mean budget?"),
+    ("method.kk0=1", "method.kk0 is not a key of the run's configuration; did you mean method.k0?"),
 ])
 def test_a_key_the_run_would_never_read_is_refused_with_the_nearest_valid_one(override, message):
     with pytest.raises(ConfigError, match=message.replace("?", r"\?")):

@@ -173,7 +173,9 @@ def test_a_temperature_that_makes_sampling_noise_or_overflow_is_refused(compose,
      "scheduler.max_wait_rounds=9 would be ignored: scheduler.admission=fifo"),
     (["stage=throughput", "method=dense", "stream.rate=3"], "stream.rate=3.0 would be ignored: throughput.mode=steps"),
     (["stage=throughput", "method=dense", "throughput.mode=stream", "serve.repeats=5"],
-     "serve.repeats=5 would be ignored: only throughput.mode=serve reads serve.*"),
+     "serve.repeats=5 would be ignored: only throughput.mode=serve (stage=throughput) reads serve.*"),
+    (["method=dense", "serve.requests=5"],  # an evaluate run reads no serve.* either
+     "serve.requests=5 would be ignored: only throughput.mode=serve (stage=throughput) reads serve.*"),
     (["stage=throughput", "throughput.methods=[dense,oea:1]", "method.k0=2"],
      "method.k0=2 would be ignored: only base_anchor, lynx, oea, xshare read it (throughput.methods gives each its own"),
 ])
