@@ -578,6 +578,10 @@ def hydra_message(err: Exception) -> str:
     return "; ".join(out) or type(err).__name__
 
 
+def point_label(point: list[str]) -> str:
+    return ",".join(point) or "the defaults"
+
+
 def check_composition(argv: list[str]) -> None:
     """Composes the configuration as Hydra will (a sweep's values each once), so that what Hydra would
     refuse with its own exit code 1 (a wrong type, an unknown key or group option) or with a traceback
@@ -597,6 +601,12 @@ def check_composition(argv: list[str]) -> None:
         key, _, value = o.lstrip("+").partition("=")
         if key in GROUPS and any(v.strip() in ("null", "~", "") for v in value.split(",")):  # a sweep's too
             raise ConfigError(f"{o}: a run needs a {key}; choose one of: {', '.join(group_options(key))} (conf/{key}/)")
+        # conf/config.yaml's `optional experiment`: Hydra skips an option it cannot find, so a typo
+        # would run the default configuration
+        unknown = [v.strip() for v in value.split(",") if v.strip() not in ("null", "~", "", *group_options(key))]
+        if key == "experiment" and unknown and "(" not in value:  # a sweep function (glob(...)) is Hydra's
+            raise ConfigError(f"experiment={unknown[0]} is not an experiment; choose one of: "
+                              f"{', '.join(group_options(key))} (conf/experiment/)")
     try:
         points = composition_points(overrides) if args.multirun else [overrides]
     except HydraException as err:
@@ -614,6 +624,11 @@ def check_composition(argv: list[str]) -> None:
                 raise ConfigError(hydra_message(err)) from None
             check_known_keys(cfg)
             check_complete(cfg)
+            if args.multirun:  # every point's ranges and rules now: Hydra would run the points before a bad one
+                try:
+                    build_config(cfg, ROOT / "outputs" / "_check", point_label(point))
+                except ConfigError as err:
+                    raise ConfigError(f"{err} (sweep point: {point_label(point)})") from None
         if args.multirun:  # an experiment's own sweep (hydra.sweeper.params) names keys too
             swept = compose(config_name=args.config_name or "config", overrides=points[0], return_hydra_config=True)
             check_renamed([str(k) for k in (swept.hydra.sweeper.get("params") or {})], " (in hydra.sweeper.params)")

@@ -244,7 +244,7 @@ class DiagnoseConfig:
         self.gen_tokens = check_int("diagnose.gen_tokens", self.gen_tokens, 1)
         if self.rules is not None:
             for spec in self.rules:
-                parse_method_spec(spec)
+                parse_method_spec(spec, "diagnose.rules[]", engine=False)
             check_unique("diagnose.rules", list(self.rules))
 
 
@@ -256,28 +256,36 @@ VARIANT_FORMS: dict[str, dict[str, Any]] = {
 }
 
 
-def parse_method_spec(spec: str) -> dict[str, Any]:
+def parse_method_spec(spec: str, key: str = "throughput.methods[]", engine: bool = True) -> dict[str, Any]:
     """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation),
     `base+compile_prefill` (a form, VARIANT_FORMS; several: `base+A+B`) -> {"method", "k0", "impl",
-    "forms"}, validated."""
+    "forms"}, validated; `key` names the list in messages. A selector that reads k0 needs one, one
+    that does not is refused one; `engine=False` (diagnose.rules: rules, not engines) refuses
+    :IMPL and forms."""
     from base.method.selectors import SELECTORS
 
     head, *forms = str(spec).split("+")
     for form in forms:
-        check_choice(f"throughput.methods[]={spec!r}: form", form, tuple(VARIANT_FORMS))
+        if not engine:
+            raise ConfigError(f"{key}={spec!r}: a rule here takes no engine form (+{form})")
+        check_choice(f"{key}={spec!r}: form", form, tuple(VARIANT_FORMS))
     name, *opts = head.split(":")
-    check_choice("throughput.methods[]", name, ("dense", *SELECTORS.names()))
+    check_choice(key, name, ("dense", *SELECTORS.names()))
     out: dict[str, Any] = {"method": name, "k0": None, "impl": None, "forms": tuple(sorted(set(forms)))}
     for opt in opts:
         if opt.isdigit():
-            out["k0"] = check_int(f"throughput.methods[]={spec!r} k0", opt, 1)
-        elif opt:
+            out["k0"] = check_int(f"{key}={spec!r} k0", opt, 1)
+        elif opt and engine:
             out["impl"] = opt
         else:
-            raise ConfigError(f"throughput.methods[]={spec!r}: options are :K0 (oea, e.g. oea:1) and "
-                              ":IMPL (an experts implementation, e.g. dense:grouped_mm)")
-    if name == "oea" and out["k0"] is None:
-        raise ConfigError(f"throughput.methods[]={spec!r}: oea needs its k0, e.g. oea:1")
+            raise ConfigError(f"{key}={spec!r}: options are :K0 (each token's top-k0, e.g. oea:1)" +
+                              (" and :IMPL (an experts implementation, e.g. dense:grouped_mm)" if engine else ""))
+    reads_k0 = name != "dense" and SELECTORS.get(name).needs_k0
+    if reads_k0 and out["k0"] is None:
+        raise ConfigError(f"{key}={spec!r}: {name} needs its k0, e.g. {name}:1")
+    if not reads_k0 and out["k0"] is not None:
+        anchored = [n for n in SELECTORS.names() if SELECTORS.get(n).needs_k0]
+        raise ConfigError(f"{key}={spec!r}: {name} reads no k0 (only {', '.join(anchored)} do)")
     return out
 
 
@@ -525,6 +533,12 @@ class SchedulerConfig:
         if self.compile_prefill and self.packing != "packed":
             raise ConfigError("scheduler.compile_prefill=true compiles the packed prefill; scheduler.packing=padded "
                               "prefills eagerly: it needs scheduler.packing=packed")
+        # base/runtime/scheduler.py prefill_due: a prefill starts when enough prompt tokens wait OR the
+        # oldest has waited max_wait_steps, so at 0 waiting steps the token threshold never holds one back
+        if self.min_prompt_tokens > 1 and self.max_wait_steps == 0:
+            raise ConfigError(f"scheduler.min_prompt_tokens={self.min_prompt_tokens} would be ignored: with "
+                              f"scheduler.max_wait_steps=0 a prefill starts at once; set max_wait_steps >= 1 (the "
+                              f"steps a waiting request may be held back for more prompt tokens)")
 
 
 @dataclass
@@ -596,11 +610,18 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_choice("stage", self.stage, STAGES)
         self.budget = check_int("budget", self.budget, 1, allow_none=True)
-        if self.method.name == "dense":
-            self.budget = None  # dense keeps every routed expert whatever the budget says
+        from base.method.selectors import SELECTORS
+
+        if self.method.name == "dense" or (self.stage != "throughput" and not SELECTORS.get(self.method.name).uses_budget):
+            # dense keeps every routed expert, oea every token's top-k0, whatever the budget says (the run
+            # and its records say none). A throughput run's budget is its other methods' (throughput.methods)
+            self.budget = None
         self.batch_size = check_int("batch_size", self.batch_size, 1)
         self.seed = check_int("seed", self.seed, 0, MAX_SEED)
         self._check_method_budget()
+        if self.predictor.fit_on == "all" and not self.calibration.all_experts:
+            raise ConfigError("predictor.fit_on=all fits on every expert's norm, which only a calibration with "
+                              "calibration.all_experts=true records; set both, or leave fit_on=routed")
         self._check_unused_options()
         self._check_serve()
         self._check_admission()
@@ -624,6 +645,13 @@ class RunConfig:
             if all(name == "dense" for name in built):
                 unused.append((_changed("method", self.method, ("reassign", "renormalize", "apply_to", "backend")),
                                "dense selects no experts"))
+        if not self.scheduler.chunked:
+            unused.append((_changed("scheduler", self.scheduler, ("chunk_tokens",)),
+                           "only scheduler.chunked=true rides prompt chunks"))
+        if self.stage == "evaluate" and self.eval.batching == "static":
+            unused.append((_changed("scheduler", self.scheduler,  # admission: _check_admission says why
+                                    [f.name for f in fields(SchedulerConfig) if f.name not in ADMISSION_KEYS]),
+                           "eval.batching=static decodes fixed batches, without the continuous scheduler"))
         if self.stage == "evaluate":
             if not self.eval.do_sample:
                 unused.append((_changed("eval", self.eval, ("temperature", "top_p", "top_k")),

@@ -137,6 +137,8 @@ CASES = [
      "would generate 384 new tokens, but mini has 256 positions in all"),
     (["scheduler.admission=union", "eval.batching=static"], "scheduler.admission=union chooses who takes a free slot: it needs"),
     (["stage=throughput", "throughput.regions=fused"], "throughput.regions='fused' is not valid; choose one of: layer, modules, layer_combo"),
+    (["model.experts_impl=deepgemm_megamoe"], "model.experts_impl='deepgemm_megamoe' is not valid"),  # FP8 checkpoints only
+    (["model.experts_impl=deepgemm"], "model.experts_impl: deepgemm "),  # a hub kernel: `kernels`, CUDA, bf16
     # removed: it lost its A/B (issue 42/44)
     (["stage=throughput", "throughput.regions=layer_autotune"],
      "throughput.regions='layer_autotune' is not valid; choose one of: layer, modules, layer_combo"),

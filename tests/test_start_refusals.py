@@ -154,3 +154,19 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "error: could not write" in proc.stderr and "multirun.yaml" in proc.stderr and "file size limit" in proc.stderr
     assert not any(tmp_path.rglob("multirun.yaml"))  # nothing half-written stays
+
+
+def test_an_experiment_that_does_not_exist_is_refused_not_skipped():
+    """conf/config.yaml's experiment group is optional, so Hydra skipped a misspelt one and ran the
+    default configuration; the refusal names the experiments, for a sweep's value too."""
+    for args in (["experiment=nosuch"], ["-m", "experiment=throughput,nosuch"]):
+        with pytest.raises(ConfigError, match="experiment=nosuch is not an experiment; choose one of: .*throughput"):
+            run.check_composition(args)
+
+
+def test_a_sweep_point_out_of_range_is_refused_before_any_point_runs():
+    """Hydra runs a sweep's points in turn, so a bad later point used to fail after the first had
+    written its folder; every point's ranges and rules are checked at start."""
+    with pytest.raises(ConfigError, match=r"budget=0 is out of range.*\(sweep point: .*budget=0"):
+        run.check_composition(["-m", "model=tiny_qwen3", "task=smoke", "budget=4,0"])
+    run.check_composition(["-m", "model=tiny_qwen3", "task=smoke", "budget=4,8"])

@@ -176,6 +176,17 @@ def test_a_temperature_that_makes_sampling_noise_or_overflow_is_refused(compose,
      "serve.repeats=5 would be ignored: only throughput.mode=serve (stage=throughput) reads serve.*"),
     (["method=dense", "serve.requests=5"],  # an evaluate run reads no serve.* either
      "serve.requests=5 would be ignored: only throughput.mode=serve (stage=throughput) reads serve.*"),
+    (["eval.batching=static", "scheduler.chunked=true"],
+     "scheduler.chunked=True would be ignored: eval.batching=static decodes fixed batches"),
+    (["scheduler.min_prompt_tokens=512"], "scheduler.min_prompt_tokens=512 would be ignored: with scheduler.max_wait_steps=0"),
+    (["scheduler.chunk_tokens=64"], "scheduler.chunk_tokens=64 would be ignored: only scheduler.chunked=true"),
+    (["stage=fit", "predictor.fit_on=all"], "predictor.fit_on=all fits on every expert's norm, which only a calibration"),
+    (["stage=throughput", "method=dense", "throughput.methods=[dense,router_sum:2]"],
+     "throughput.methods[]='router_sum:2': router_sum reads no k0"),
+    (["stage=throughput", "method=dense", "throughput.methods=[dense,base_anchor]"],
+     "throughput.methods[]='base_anchor': base_anchor needs its k0, e.g. base_anchor:1"),
+    (["diagnose.rules=[xshare]"], "diagnose.rules[]='xshare': xshare needs its k0"),
+    (["diagnose.rules=[dense:grouped_mm]"], "diagnose.rules[]='dense:grouped_mm': options are :K0"),
     (["stage=throughput", "throughput.methods=[dense,oea:1]", "method.k0=2"],
      "method.k0=2 would be ignored: only base_anchor, lynx, oea, xshare read it (throughput.methods gives each its own"),
 ])
@@ -190,9 +201,20 @@ def test_an_option_the_run_never_reads_is_refused_naming_it(compose, tmp_path, o
     ["method=dense", "eval.do_sample=true", "eval.temperature=0.3"], ["scheduler.admission=union", "scheduler.max_wait_rounds=9"],
     ["stage=throughput", "throughput.mode=stream", "stream.rate=3"], ["stage=fit", "method.k0=2"],
     ["stage=throughput", "throughput.methods=[dense,base]", "method=dense", "throughput.budgets=[2]", "method.backend=triton"],
+    ["scheduler.min_prompt_tokens=64", "scheduler.max_wait_steps=4"], ["scheduler.chunked=true", "scheduler.chunk_tokens=64"],
+    ["predictor.fit_on=all", "calibration.all_experts=true"], ["diagnose.rules=[router_sq,base_anchor:2]"],
 ])
 def test_options_the_run_reads_pass(compose, tmp_path, overrides):
     run.build_config(compose([*FAST, *overrides]), tmp_path / "o")
+
+
+@pytest.mark.parametrize("overrides, budget", [
+    (["method=oea", "method.k0=1", "budget=4"], None), (["method=dense", "budget=4"], None), (["method=base", "budget=4"], 4),
+])
+def test_a_rule_that_ignores_the_budget_records_none(compose, tmp_path, overrides, budget):
+    """oea keeps every token's top-k0 whatever the budget: its run says budget None, as dense's does,
+    so a budget sweep over it is one run, not copies labelled with budgets they never used."""
+    assert run.build_config(compose([*FAST, *overrides]), tmp_path / "o").budget == budget
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf/experiment").glob("*.yaml")))

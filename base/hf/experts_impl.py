@@ -96,9 +96,28 @@ def register_base_triton() -> str:
     return NAME
 
 
+# transformers' implementations that load a compiled kernel from the Hugging Face hub through the
+# `kernels` package (transformers.integrations.hub_kernels), and what else they need
+HUB_KERNEL_IMPLS = {"deepgemm": "bfloat16 weights on a CUDA GPU", "sonicmoe": "a CUDA GPU"}
+
+
 def experts_implementations() -> list[str]:
-    """Every value model.experts_impl may take: transformers' own (as it validates them) and base_triton."""
-    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS
+    """Every value model.experts_impl may take: transformers' own for unquantised weights (its FP8
+    functions serve FP8 checkpoints only) and base_triton."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    return sorted({"eager", NAME, *ALL_EXPERTS_FUNCTIONS.keys(), *ALL_FP8_EXPERTS_FUNCTIONS.keys()})
+    return sorted({"eager", NAME, *ALL_EXPERTS_FUNCTIONS.keys()})
+
+
+def unavailable_reason(impl: str, dtype: str, cuda: bool) -> str | None:
+    """Why `impl` cannot run here (None: it can): the hub-kernel implementations need the `kernels`
+    package and their device and dtype; without them they fail at the first forward."""
+    from transformers.utils import is_kernels_available
+
+    if impl not in HUB_KERNEL_IMPLS:
+        return None
+    if not is_kernels_available():
+        return f"{impl} loads its kernel from the Hugging Face hub through the `kernels` package, not installed here"
+    if not cuda or (impl == "deepgemm" and dtype != "bfloat16"):
+        return f"{impl} needs {HUB_KERNEL_IMPLS[impl]}"
+    return None

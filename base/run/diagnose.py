@@ -232,8 +232,8 @@ def run_diagnostic(cfg, model, tokenizer, layers, make_budgeter: Budgeter) -> di
     if shrink == "auto":
         shrink, _ = resolve_shrink(cfg, model, tokenizer, layers, m.name, m.k0, cfg.budget, make_budgeter)
     chosen = (m.name, m.k0, shrink)
-    others = [(p["method"], p["k0"], None) for p in map(parse_method_spec, cfg.diagnose.rules or
-                                                      ["router_sq", "base", "base_anchor:1"])]
+    others = [(p["method"], p["k0"], None) for p in (parse_method_spec(r, "diagnose.rules[]", engine=False) for r in
+                                                     cfg.diagnose.rules or ["router_sq", "base", "base_anchor:1"])]
     specs = list(dict.fromkeys([chosen, *[s for s in others if s[0] != "dense"]]))
     labels = [rule_label(*s) for s in specs]
     stored = _cached(cfg, layers, {**_key(cfg, cfg.budget, labels), "kind": "rules"},

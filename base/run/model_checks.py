@@ -26,11 +26,29 @@ def check_names(cfg: RunConfig) -> None:
     impls = tuple(experts_implementations())
     if cfg.model.experts_impl is not None:
         check_choice("model.experts_impl", cfg.model.experts_impl, (*impls, "null"))
+        check_runnable("model.experts_impl", cfg.model.experts_impl, cfg)
     if cfg.stage == "throughput" and cfg.throughput is not None:
         for spec, parsed in zip(cfg.throughput.methods or [], cfg.throughput.specs or []):
             if parsed["impl"] is not None and parsed["impl"] not in impls:
                 raise ConfigError(f"throughput.methods[]={spec!r}: {parsed['impl']!r} is not an experts "
                                   f"implementation; choose one of: {', '.join(impls)}")
+            if parsed["impl"] is not None:
+                check_runnable(f"throughput.methods[]={spec!r}", parsed["impl"], cfg)
+
+
+def check_runnable(key: str, impl: str, cfg: RunConfig) -> None:
+    """An experts implementation that would fail at the first forward here is refused now (stage=describe
+    runs none)."""
+    import torch
+
+    from base.hf.experts_impl import unavailable_reason
+
+    if cfg.stage == "describe":
+        return
+    cuda = cfg.model.device not in ("cpu", "meta") and torch.cuda.is_available()
+    why = unavailable_reason(impl, cfg.model.dtype, cuda)
+    if why is not None:
+        raise ConfigError(f"{key}: {why}")
 
 
 def check_family(cfg: RunConfig, hf) -> None:
