@@ -624,6 +624,11 @@ def check_composition(argv: list[str]) -> None:
                 raise ConfigError(hydra_message(err)) from None
             check_known_keys(cfg)
             check_complete(cfg)
+            shaped = [o for o in point if o.lstrip("~+").startswith("model.arch.")]
+            if shaped and cfg.model.get("init") != "random":
+                raise ConfigError(f"{shaped[0]}: model.arch shapes a model built with random weights "
+                                  f"(model.init=random); model {cfg.model.get('name')} loads a checkpoint, whose "
+                                  f"shape is its config.json")
             if args.multirun:  # every point's ranges and rules now: Hydra would run the points before a bad one
                 try:
                     build_config(cfg, ROOT / "outputs" / "_check", point_label(point))

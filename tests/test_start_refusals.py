@@ -170,3 +170,11 @@ def test_a_sweep_point_out_of_range_is_refused_before_any_point_runs():
     with pytest.raises(ConfigError, match=r"budget=0 is out of range.*\(sweep point: .*budget=0"):
         run.check_composition(["-m", "model=tiny_qwen3", "task=smoke", "budget=4,0"])
     run.check_composition(["-m", "model=tiny_qwen3", "task=smoke", "budget=4,8"])
+
+
+def test_shaping_a_checkpoints_model_is_refused():
+    """model.arch builds a random-weight model; a pretrained model's shape is its config.json, so an
+    arch override there changed nothing but the run's name."""
+    with pytest.raises(ConfigError, match=r"model.arch shapes a model built with random weights .*model mini loads a checkpoint"):
+        run.check_composition(["+model.arch.num_experts=4"])
+    run.check_composition(["model=qwen3_30b", "model.init=random", "model.arch.num_experts=64"])

@@ -32,9 +32,31 @@ def resolve_path(path: str, root: Path) -> str:
     return str(root / p) if (root / p).exists() else path
 
 
+def check_arch_keys(cfg: ModelConfig, model_type: str) -> None:
+    """A model.arch key close to one of the config's fields but not one is a typo: transformers keeps
+    any keyword as an attribute that no module reads, so `num_expertz=4` would build the default
+    expert count. (Keys the modelling code reads outside the fields, head_dim, or that the config
+    converts, rope_theta, are not close to a field and pass.)"""
+    import dataclasses
+    import difflib
+
+    from transformers import CONFIG_MAPPING
+
+    kind = CONFIG_MAPPING[model_type]
+    if not dataclasses.is_dataclass(kind):
+        return
+    names = {f.name for f in dataclasses.fields(kind)} | set(getattr(kind, "attribute_map", {}))
+    for key in cfg.arch:
+        near = difflib.get_close_matches(key, names, n=1, cutoff=0.8) if key not in names else []
+        if near:
+            raise ConfigError(f"model.arch.{key} is not a field of {model_type}'s config; did you mean "
+                              f"model.arch.{near[0]}?")
+
+
 def hf_config(cfg: ModelConfig, root: Path) -> PretrainedConfig:
     family = FAMILIES.get(cfg.family)
     if cfg.init == "random":
+        check_arch_keys(cfg, family.model_type)
         try:
             return AutoConfig.for_model(family.model_type, **cfg.arch)
         except (TypeError, ValueError, StrictDataclassError) as err:  # transformers validates fields on building
