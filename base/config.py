@@ -80,6 +80,9 @@ class ModelConfig:
                               "a trained model routes as it was trained")
         if not 0.0 < float(self.skew_ratio) <= 1.0:
             raise ConfigError(f"model.skew_ratio={self.skew_ratio} must be in (0, 1]")
+        if self.routing != "skewed" and float(self.skew_ratio) != ModelConfig.skew_ratio:
+            raise ConfigError(f"model.skew_ratio={self.skew_ratio} would be ignored: it sets model.routing=skewed's "
+                              f"union; this run's routing is {self.routing}")
 
 
 @dataclass
@@ -181,6 +184,9 @@ class EvalConfig:
         check_choice("eval.order", self.order, EVAL_ORDERS)
         check_choice("eval.batching", self.batching, BATCHINGS)
         self.seed = check_int("eval.seed", self.seed, 0, allow_none=True)
+        if self.seed is not None and self.order != "mixed":
+            raise ConfigError(f"eval.seed={self.seed} would be ignored: it seeds eval.order=mixed's shuffle, and "
+                              f"eval.order={self.order} keeps lm-eval's order")
         if not isinstance(self.fidelity, bool):
             raise ConfigError(f"eval.fidelity={self.fidelity!r} must be true or false")
         check_choice("eval.engine", self.engine, ("auto", "on", "off"))
@@ -553,6 +559,10 @@ class DescribeConfig:
 class StatsConfig:
     enabled: bool = True
     energy: bool = False  # true retained energy: runs every routed expert (analysis only)
+
+    def __post_init__(self) -> None:
+        if self.energy and not self.enabled:
+            raise ConfigError("stats.energy=true would be ignored: stats.enabled=false records no statistics")
 
 
 @dataclass
