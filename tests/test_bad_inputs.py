@@ -138,6 +138,7 @@ CASES = [
     (["scheduler.admission=union", "eval.batching=static"], "scheduler.admission=union chooses who takes a free slot: it needs"),
     (["stage=throughput", "throughput.regions=fused"], "throughput.regions='fused' is not valid; choose one of: layer, modules, layer_combo"),
     (["model.experts_impl=deepgemm_megamoe"], "model.experts_impl='deepgemm_megamoe' is not valid"),  # FP8 checkpoints only
+    (["task.include_path=no_such_folder"], "task.include_path=no_such_folder: no folder at"),
     (["+model.arch.num_expertz=4"], "model.arch.num_expertz is not a field of qwen3_moe's config; did you mean "
                                     "model.arch.num_experts?"),  # transformers keeps it as an attribute nothing reads
     (["model.experts_impl=deepgemm"], "model.experts_impl: deepgemm "),  # a hub kernel: `kernels`, CUDA, bf16

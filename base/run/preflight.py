@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from base.checks import check_file, check_folder
@@ -348,6 +349,9 @@ def check_tasks(cfg: RunConfig, context: int | None = None) -> None:
 
     quiet_expected_warnings()
     include = str(cfg.resolve(cfg.task.include_path)) if cfg.task.include_path else None
+    if include is not None and not Path(include).is_dir():
+        raise ConfigError(f"task.include_path={cfg.task.include_path}: no folder at {include} (it holds the task "
+                          f"YAMLs of task.tasks)")
     tm = task_manager(include, tuple(cfg.task.tasks))
     known = set(tm.all_tasks)
     for name in cfg.task.tasks:
