@@ -131,7 +131,8 @@ def regrid(name: str, t: pd.DataFrame) -> pd.DataFrame:
 
 
 def md_rows(results: Path = RESULTS) -> pd.DataFrame:
-    """The MD_PAIRED transcripts as comparison rows (exact McNemar from their discordant counts)."""
+    """The MD_PAIRED transcripts as comparison rows (exact McNemar from their discordant counts),
+    called on Holm over each transcript file's comparisons, as every grid's calls are over its grid."""
     rows = []
     for rel in MD_PAIRED:
         if not (results / rel).exists():
@@ -147,10 +148,13 @@ def md_rows(results: Path = RESULTS) -> pd.DataFrame:
             a_only, b_only, n = int(kv["a_only"]), int(kv["b_only"]), int(kv["n"])
             p = S.mcnemar_exact(a_only, b_only)
             rows.append({"table": rel, "method": f"{a} vs {b}", "budget": np.nan, "metric": "accuracy",
-                         "diff": float(kv["diff"]), "p": p, "p_tost": np.nan, "excluded": "",
-                         "call": S.call(float(kv["diff"]), p, np.nan), "n": n})
-    return pd.DataFrame(rows, columns=["table", "method", "budget", "metric", "diff", "p", "p_tost", "excluded",
-                                       "call", "n"])
+                         "diff": float(kv["diff"]), "p": p, "p_tost": np.nan, "excluded": "", "n": n})
+    out = pd.DataFrame(rows, columns=["table", "method", "budget", "metric", "diff", "p", "p_tost", "excluded",
+                                      "call", "n"]).astype({"call": object})
+    for _, idx in out.groupby("table").groups.items():  # a transcript file is one grid: Holm over its rows
+        p_holm = S.holm(out.loc[idx, "p"].to_numpy(dtype=float))
+        out.loc[idx, "call"] = [S.call(d, ph, np.nan) for d, ph in zip(out.loc[idx, "diff"], p_holm)]
+    return out
 
 
 def table_engine(name: str, results: Path = RESULTS, frame: pd.DataFrame | None = None) -> str:

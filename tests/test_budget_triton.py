@@ -47,7 +47,6 @@ PAIRS = [pytest.param(n, s, marks=() if (n, s) in FAST_PAIRS else pytest.mark.sl
 
 
 @pytest.mark.parametrize("name,selector", PAIRS)
-@pytest.mark.slow  # the fast tier keeps one representative of this file's slow group
 def test_triton_backend_matches_torch(name, selector):
     cfg, model = _model(name)
     torch.manual_seed(1)

@@ -1,10 +1,8 @@
 """Continuous batching (base/runtime/continuous.py, base/runtime/scheduler.py) on a tiny random
 Qwen3-MoE: a finished slot takes the next request at the next step, every request decodes exactly
 as it would alone (dense, greedy), none is lost or duplicated when requests outnumber slots, FIFO
-admission keeps the given order, and a budget sees exactly the occupied rows. Packed prefill gives
-the padded path's logits; mixed steps (chunked prefill) lose, duplicate or reorder nothing and
-decode as alone; no graph is captured again after the warm-up (a CPU capture counter); with the
-host one step behind, a host stop check ends its request one step late."""
+admission keeps the given order, and a budget sees exactly the occupied rows. (Packed prefill,
+mixed steps and graph captures: test_packed_prefill.py, test_mixed_steps.py; stops: test_stops.py.)"""
 from __future__ import annotations
 
 import pandas as pd

@@ -88,3 +88,21 @@ def test_written_tables_check_clean_and_a_stale_column_is_reported(tmp_path):
     t.to_csv(res / "grid_paired.csv", index=False)
     assert F.check(res) == ["grid_paired: q out of date in 1 row(s): run `python -m analysis.cross_grid`"]
     assert (res / "cross_grid.md").read_text().count("grid_paired") == 1
+
+
+def test_a_transcripts_comparisons_are_called_on_holm_over_that_transcript(tmp_path, monkeypatch):
+    """An `analysis.paired` transcript is one grid: its calls rest on Holm over its comparisons, as
+    every table's do. 10 vs 2 discordant prompts (p = 0.039) is higher alone; beside a comparison
+    with a larger p, Holm doubles it (0.077) and the call is inconclusive."""
+    def block(a, b, a_only, b_only, diff):
+        return (f"```\n$ python -m analysis.paired outputs/x/{a} outputs/x/{b}\n         n: 1000\n      diff: {diff}\n"
+                f"    a_only: {a_only}\n    b_only: {b_only}\n```\n")
+
+    (tmp_path / "one.md").write_text(block("A", "B", 10, 2, 0.008))
+    (tmp_path / "two.md").write_text(block("A", "B", 10, 2, 0.008) + block("A", "C", 5, 5, 0.0))
+    monkeypatch.setattr(F, "MD_PAIRED", ("one.md", "two.md"))
+    rows = F.md_rows(tmp_path).set_index(["table", "method"])
+    assert 0.025 < S.mcnemar_exact(10, 2) < 0.05
+    assert rows.loc[("one.md", "A vs B"), "call"] == "higher"
+    assert rows.loc[("two.md", "A vs B"), "call"] == "inconclusive"
+    assert rows.loc[("two.md", "A vs C"), "call"] == "inconclusive"

@@ -13,3 +13,4 @@ def test_an_empty_table_is_skipped_and_the_others_are_read(tmp_path):
                                                                          index=False)
     res = load_results(tmp_path)
     assert res.root == tmp_path
+    assert res.predictor["r2"].tolist() == [0.9]  # the other table was read

@@ -70,15 +70,12 @@ def test_notebook_executes_headless_on_a_fixture_tree(tmp_path, monkeypatch):
 
     # the paired calls it shows are analysis/stats.py's: every interval here holds zero (the old
     # notebook's "tie"), and every call is inconclusive (accuracy: no tie without a passed TOST)
-    from analysis import stats as S
     from analysis import tables as T
     from analysis.load import load
 
     samples = load(tmp_path / "outputs", None).outputs.samples
     expected = T.paired_accuracy(samples, sorted(set(samples["variant"]) - {"base", "dense"}))
-    assert len(expected) and ((expected["low"] < 0) & (expected["high"] > 0)).any()
-    assert list(expected["call"]) == [S.call(d, p, q) for d, p, q in
-                                      zip(expected["diff"], expected["p_holm"], expected["p_tost_holm"])]
+    assert len(expected) and ((expected["low"] < 0) & (expected["high"] > 0)).all()
     (shown,) = [o["data"]["text/plain"] for o in outputs if "p_tost_holm" in o.get("data", {}).get("text/plain", "")]
     assert shown.count("inconclusive") == (expected["call"] == "inconclusive").sum() == len(expected)
     assert " tie" not in shown

@@ -24,7 +24,6 @@ def test_poisson_arrivals_have_exponential_gaps_of_the_rate():
     t = np.asarray(arrival_times(n, rate, seed=3))
     gaps = np.diff(np.concatenate([[0.0], t]))
     assert (gaps >= 0).all() and t[-1] == pytest.approx(n / rate)  # the n-th arrival at n / rate
-    assert gaps.mean() == pytest.approx(1 / rate)
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.03)  # exponential: CV 1
     # the gaps are exponential of mean 1/rate: Kolmogorov-Smirnov does not reject (a fixed seed, so no flake)
     assert stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue > 0.01
