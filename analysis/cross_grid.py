@@ -63,7 +63,8 @@ MD_PAIRED = ("quality_mini_olmoe_paired.md", "routing/paired_oea_mini.md")
 # their engine: each compares two runs of a static grid on the CPU (the runs its transcript names)
 MD_ENGINES = {"quality_mini_olmoe_paired.md": LEGACY_GRIDS["quality_mini_olmoe"],
               "routing/paired_oea_mini.md": LEGACY_GRIDS["quality_mini"]}
-# grids whose calls rest on a pre-registered family of their own (docs/), left out of FAMILY
+# grids whose calls rest on a pre-registered family of their own (docs/): their calls are not re-made
+# here, and their rows count in q like every other comparison (module doc)
 PREREGISTERED: tuple[str, ...] = ("replication",)  # issue 27: docs/preregistration.md, its own Holm family
 # The README's headline bullets: table -> the metrics they report (all the table's rows of them);
 # MD_PAIRED rows by (file, "A vs B" as in the transcript's command, run folder names). The family is

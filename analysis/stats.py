@@ -21,7 +21,8 @@ Tests:
       prompts where the exact test does not reject.
   accuracy, several batching seeds (each prompt's outcome averaged over seeds, seeds nested):
     - difference: paired sign-flip permutation test over prompts (scipy.stats.permutation_test);
-    - interval and TOST: cluster bootstrap over prompts (normal, with the bootstrap standard error).
+    - interval: cluster bootstrap over prompts (percentile); TOST: normal, with the bootstrap's
+      standard error.
   kl, dll (per prompt: sums over its scored tokens), out_error and energy_retained (per decode
   batch: sums over its steps; a per-batch quantity, so the cluster is the batch's prompts):
     - ratio of sums, tokens weighted, paired: cluster bootstrap (scipy.stats.bootstrap) over
@@ -204,13 +205,21 @@ def _bootstrap(stat, n: int, seed: int) -> tuple[float, float, float]:
 
 
 def p_normal(diff: float, se: float) -> float:
+    """Two-sided normal p of diff / se. se == 0 (every resample the same difference): 0 or 1; an
+    undefined se (nan: one cluster, nothing to resample) tests nothing: nan, which leaves the row
+    out of its family and makes its call inconclusive."""
+    if np.isnan(se):
+        return float("nan")
     if not se > 0:
         return 1.0 if diff == 0 else 0.0
     return float(2 * stats.norm.sf(abs(diff) / se))
 
 
 def tost_normal(diff: float, se: float, margin: float) -> float:
-    """max of the two one-sided p-values of H0: diff <= -margin and H0: diff >= margin."""
+    """max of the two one-sided p-values of H0: diff <= -margin and H0: diff >= margin (nan where
+    se is: see p_normal)."""
+    if np.isnan(se):
+        return float("nan")
     if not se > 0:
         return 0.0 if abs(diff) < margin else 1.0
     return float(max(stats.norm.sf((diff + margin) / se), stats.norm.cdf((diff - margin) / se)))

@@ -285,3 +285,18 @@ def test_sign_flip_matches_enumeration_and_its_interval_inverts_the_test():
     assert p_mc == pytest.approx(_sign_flip_by_brute_force(d14, 0.0), abs=0.015)
     assert 0 < p_mc and low_mc < d14.mean() < high_mc
     assert S.sign_flip(np.r_[np.ones(5), np.zeros(1000)])[0] == pytest.approx(1 / 16, abs=0.01)  # 5 one way
+
+
+def test_an_undefined_standard_error_tests_nothing():
+    """One decode batch leaves nothing to resample: the bootstrap's se is nan, and the comparison
+    must not become significant (an se read as 0 made p = 0 for any nonzero difference, and a TOST
+    p of 0, a tie, for a zero one)."""
+    c = S.paired_ratio(np.array([[0.30, 0.20]]), np.array([[0.10, 0.10]]), np.array([[1, 1]]), "out_error",
+                       den_b_P=np.array([[1, 1]]))
+    assert np.isnan(c.se) and np.isnan(c.p) and np.isnan(c.p_tost)
+    assert np.isnan(S.p_normal(0.0005, float("nan"))) and S.p_normal(0.1, 0.0) == 0.0  # se 0: every resample agrees
+    import pandas as pd
+
+    rows = [{**c.row(), "method": "x", "budget": 6, "metric": "out_error"},
+            {**c.row(), "method": "y", "budget": 6, "metric": "out_error", "diff": 0.0005}]
+    assert list(S.grid_calls(pd.DataFrame(rows))["call"]) == ["inconclusive", "inconclusive"]
