@@ -673,7 +673,7 @@ class RunConfig:
         elif self.scheduler.admission == "fifo" and self.stage in ("evaluate", "throughput"):
             unused.append((_changed("scheduler", self.scheduler, ("max_wait_rounds",)),
                            "scheduler.admission=fifo waits on no one"))
-        if not (self.stage == "throughput" and tp is not None and tp.mode == "serve"):
+        if self.stage == "evaluate" or (self.stage == "throughput" and tp is not None and tp.mode != "serve"):
             unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                            "only throughput.mode=serve (stage=throughput) reads serve.*"))
         if self.stage == "throughput" and tp is not None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The serving benchmark of results/serve/ (issue 26) on one H200, in one command of about 7 minutes:
+# The serving benchmark of results/serve/ (issue 26) on one H200, in about 10 minutes (one routing per device call):
 # conf/experiment/serve.yaml (Qwen3-30B-A3B's shape with random bf16 weights, 16 slots; dense, base and
 # base_anchor (k0=1) at M=16 and M=10; 12 requests per stream, prompts 128-512 and outputs 16-64 tokens;
-# the closed burst and Poisson arrivals at 4 and 16 requests/s; 3 repeats, the variants' order
+# the closed burst and Poisson arrivals at 4 and 16 requests/s; 5 repeats, the variants' order
 # rotated; the run's scheduler.* defaults: packed prefill, the host one step behind) for uniform, then
 # skewed routing, one process each. Everything lands in $OUT:
 #   serve.tgz                 the run folders (serve.csv, requests.jsonl, report.json, config) and logs
@@ -18,12 +18,12 @@
 #   prefill-shape warm-up: compiles, every token bucket's graphs, each prompt once
 #                                                    ~30-60 s per routing (the second routing reuses
 #                                                    inductor's on-disk cache)
-#   15 engine visits (3 repeats x 5 variants)        ~8.5 s each: engine and its graphs ~2 s, the burst
+#   25 engine visits (5 repeats x 5 variants)        ~8.5 s each: engine and its graphs ~2 s, the burst
 #                                                    ~1.5 s, 4 req/s ~3.8 s (12 arrivals over 3 s, then
-#                                                    the last request's decode), 16 req/s ~1.6 s  -> ~130 s
-#   => ~3.5 min per routing, ~7 min in all; the limits below end it by ~7.5 min whatever happens.
-# To fit the device's time, each routing runs under a limit: uniform UNIFORM_LIMIT s (default 225),
-# skewed what is left of DEADLINE s (default 440) since the start. Every stream's records are written
+#                                                    the last request's decode), 16 req/s ~1.6 s  -> ~215 s
+#   => ~4.8 min per routing: one routing per device call (ROUTINGS=uniform, then ROUTINGS=skewed).
+# To fit the device's time, each routing runs under a limit: uniform UNIFORM_LIMIT s (default 330),
+# skewed what is left of DEADLINE s (default 540) since the start. Every stream's records are written
 # as it ends, so a run stopped at its limit keeps the streams it finished (in its .partial-* folder;
 # analysis/serving.py reads those too). Cut further with EXTRA, e.g.
 # EXTRA='serve.rates=[null,8.0]' (fewer rates) or ROUTINGS=uniform; EXTRA='scheduler.chunked=true' serves
@@ -34,7 +34,7 @@ T0=$(date +%s)
 source "$(dirname "$0")/env.sh"
 for r in ${ROUTINGS:-uniform skewed}; do
   elapsed=$(( $(date +%s) - T0 ))
-  if [ "$r" = uniform ]; then limit=${UNIFORM_LIMIT:-225}; else limit=$(( ${DEADLINE:-440} - elapsed )); fi
+  if [ "$r" = uniform ]; then limit=${UNIFORM_LIMIT:-330}; else limit=$(( ${DEADLINE:-540} - elapsed )); fi
   if [ "$limit" -lt 60 ]; then echo "[serve-grid] $r skipped: ${limit} s left" | tee -a "$W/failed.log"; continue; fi
   echo "[serve-grid] $r: start at ${elapsed} s, limit ${limit} s"
   timeout -k 10 "$limit" python3 run.py experiment=serve model.routing=$r outputs_dir="$W" hydra.run.dir="$W/$r" \
