@@ -62,7 +62,7 @@ def test_what_composition_refuses_is_a_config_error(argv, message):
 
 
 @pytest.mark.parametrize("argv", [["model=tiny_qwen3", "budget=4"], ["-m", "method=dense,base", "budget=4,8"],
-                                  ["-m", "model=glob(tiny_q*)"], ["+model.arch.rope_theta=5.0"],
+                                  ["-m", "model=glob(tiny_q*)"], ["model=tiny_qwen3", "+model.arch.rope_theta=5.0"],
                                   ["experiment=stream"], ["hydra.run.dir=x", "hydra/launcher=joblib"]])
 def test_valid_command_lines_compose(argv):
     run.check_composition(argv)
