@@ -602,11 +602,13 @@ def check_composition(argv: list[str]) -> None:
         if key in GROUPS and any(v.strip() in ("null", "~", "") for v in value.split(",")):  # a sweep's too
             raise ConfigError(f"{o}: a run needs a {key}; choose one of: {', '.join(group_options(key))} (conf/{key}/)")
         # conf/config.yaml's `optional experiment`: Hydra skips an option it cannot find, so a typo
-        # would run the default configuration
-        unknown = [v.strip() for v in value.split(",") if v.strip() not in ("null", "~", "", *group_options(key))]
-        if key == "experiment" and unknown and "(" not in value:  # a sweep function (glob(...)) is Hydra's
-            raise ConfigError(f"experiment={unknown[0]} is not an experiment; choose one of: "
-                              f"{', '.join(group_options(key))} (conf/experiment/)")
+        # would run the default configuration (a sweep function, glob(...), is Hydra's to expand)
+        if key == "experiment" and "(" not in value:
+            known = group_options(key)
+            unknown = [v.strip() for v in value.split(",") if v.strip() not in ("null", "~", "", *known)]
+            if unknown:
+                raise ConfigError(f"experiment={unknown[0]} is not an experiment; choose one of: {', '.join(known)} "
+                                  f"(conf/experiment/)")
     try:
         points = composition_points(overrides) if args.multirun else [overrides]
     except HydraException as err:
@@ -617,7 +619,7 @@ def check_composition(argv: list[str]) -> None:
                 cfg = compose(config_name=args.config_name or "config", overrides=point)
             except (HydraException, OmegaConfBaseException) as err:
                 check_renamed(_error_keys(err), " (set in a config file the run composes: conf/experiment/, conf/task/, ...)")
-                missing = [k for k in _error_keys(err) if "Could not override" in str(err) or "not in" in str(err)]
+                missing = _error_keys(err) if "Could not override" in str(err) or "not in" in str(err) else []
                 valid = schema_keys_beside(missing[0]) if missing else None
                 if valid is not None and missing[0] not in valid:  # Hydra's own hint (+key=) adds a key nothing reads
                     raise unknown_key(missing[0], valid) from None

@@ -157,14 +157,18 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     return out
 
 
-def resources(cubin: bytes) -> str:
-    """registers, spills (stack) and shared memory from the cubin, by the cuobjdump Triton bundles."""
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """`cuobjdump <flag>` of the cubin, by the cuobjdump Triton bundles."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
-                              check=False).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=False).stdout
+
+
+def resources(cubin: bytes) -> str:
+    """registers, spills (stack) and shared memory from the cubin."""
+    text = cuobjdump(cubin, "--dump-resource-usage")
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
     return f"regs={m.group(1):>4} stack={m.group(2):>4} shared={m.group(3):>6}" if m else text.strip()[-200:]
 
@@ -172,13 +176,8 @@ def resources(cubin: bytes) -> str:
 def sass(cubin: bytes) -> str:
     """The cubin's SASS, one instruction a line, without the addresses and line-info comments that
     differ between two compiles of the same program."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
     return "".join(line.split(";")[0].split("*/", 1)[1].strip() + "\n"
-                   for line in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+                   for line in cuobjdump(cubin, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
 
 
 def main() -> None:

@@ -12,9 +12,10 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PATHS=(results/records results/archive results/figures models/mini128)
-# the sum of the files' sizes (one `du -c` total would be the last of xargs's batches only)
-# (files slim removed are still listed by git: stat skips them, and its failure is not the script's)
-size() { (git ls-files; git ls-files -o --exclude-standard) | { xargs -d '\n' stat -c %s 2>/dev/null || true; } | awk '{s += $1} END {print int(s / 1024)}'; }
+# "<bytes> <path>" of every file a call sends (files slim removed are still listed by git: stat skips
+# them, and its failure is not the script's); size sums them (a `du -c` total was xargs's last batch's)
+files() { (git ls-files; git ls-files -o --exclude-standard) | { xargs -d '\n' stat -c '%s %n' 2>/dev/null || true; }; }
+size() { files | awk '{s += $1} END {print int(s / 1024)}'; }
 case "${1:-}" in
   slim)
     if [ -n "$(git status --porcelain -- "${PATHS[@]}")" ]; then
@@ -29,7 +30,7 @@ case "${1:-}" in
     kib=$(size)
     if [ "$kib" -gt 64512 ]; then  # the tool's limit is 65536 KiB with the carried wheels (~400 KiB)
       echo "device_tree: $kib KiB would still travel, over the device tool's 64 MiB; the largest files:" >&2
-      (git ls-files; git ls-files -o --exclude-standard) | { xargs -d '\n' stat -c '%s %n' 2>/dev/null || true; } | sort -rn | head -5 >&2 || true
+      files | sort -rn | head -5 >&2 || true
       git checkout -- "${PATHS[@]}"; exit 2
     fi
     git rev-parse --short HEAD > experiments/gpu/base_commit.txt
