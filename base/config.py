@@ -227,6 +227,9 @@ def calibration_tokens(c: CalibConfig, num_experts: int, top_k: int) -> int:
     return max(c.num_tokens, -(-c.tokens_per_expert * num_experts // top_k))
 
 
+DIAGNOSE_RULES = ("router_sq", "base", "base_anchor:1")  # diagnose.rules=null: these beside the run's own
+
+
 @dataclass
 class DiagnoseConfig:
     """The calibration-time diagnostic (base/run/diagnose.py): before an evaluation of a budgeted
@@ -678,11 +681,25 @@ class RunConfig:
                            "only throughput.mode=serve (stage=throughput) reads serve.*"))
         if self.stage == "throughput" and tp is not None:
             unused += self._unused_engine_options()
+        if self.predictor.path and self.stage != "fit" and not self._reads_predictor():
+            unused.append(([f"predictor.path={self.predictor.path}"],
+                           "no rule of this run (nor of its diagnostic) predicts norms: base and base_anchor do"))
         unused = [(keys, why) for keys, why in unused if keys]
         if unused:
             said = "; ".join(f"{', '.join(keys)} would be ignored: {why}" for keys, why in unused)
             raise ConfigError(f"{said} (method={self.method.name}, stage={self.stage}). Leave such options at "
                               f"their defaults, or choose a setting that reads them")
+
+    def _reads_predictor(self) -> bool:
+        """Whether a rule this run builds (its own, throughput.methods', its diagnostic's) predicts norms."""
+        from base.method.selectors import SELECTORS
+
+        if self.stage not in ("evaluate", "throughput"):
+            return False
+        tp = self.throughput
+        specs = tp.specs if self.stage == "throughput" and tp is not None and tp.specs else [{"method": self.method.name}]
+        names = [s["method"] for s in [*specs, *self.diagnostic_rules()]]
+        return any(n != "dense" and SELECTORS.get(n).needs_predictor for n in names)
 
     def _unused_engine_options(self) -> list[tuple[list[str], str]]:
         """The engine option scheduler.compile_prefill and the throughput.methods[] forms
@@ -768,6 +785,18 @@ class RunConfig:
             if budgeted:
                 raise ConfigError(f"throughput of {', '.join(budgeted)} needs budgets: set budget= or "
                                   f"throughput.budgets=[...]")
+
+    def diagnostic_rules(self) -> list[dict[str, Any]]:
+        """The rules an evaluation's diagnostic (base/run/diagnose.py) decodes beside the run's own,
+        parsed as throughput.methods[] entries; [] where it does not run (off, another stage, or a
+        run without a budgeted rule)."""
+        from base.method.selectors import SELECTORS
+
+        m = self.method
+        if self.stage != "evaluate" or not self.diagnose.enabled or m.name == "dense" or self.budget is None \
+                or not SELECTORS.get(m.name).uses_budget:
+            return []
+        return [parse_method_spec(r, "diagnose.rules[]", engine=False) for r in self.diagnose.rules or DIAGNOSE_RULES]
 
     def check_model_shape(self, num_experts: int, top_k: int) -> None:
         """Checks that need the model's shape (read from its config, before any weights load)."""

@@ -222,18 +222,15 @@ def run_diagnostic(cfg, model, tokenizer, layers, make_budgeter: Budgeter) -> di
     run's rule against cfg.diagnose.rules at its budget; prints a warning naming every rule that
     stays significantly closer to dense. The run's own rule with shrink=auto is diagnosed at the
     alpha resolve_shrink picks."""
-    from base.config import parse_method_spec
-    from base.method.selectors import SELECTORS
-
     m = cfg.method
-    if not cfg.diagnose.enabled or m.name == "dense" or cfg.budget is None or not SELECTORS.get(m.name).uses_budget:
+    rules = cfg.diagnostic_rules()
+    if not rules:
         return None
     shrink = m.shrink_value()
     if shrink == "auto":
         shrink, _ = resolve_shrink(cfg, model, tokenizer, layers, m.name, m.k0, cfg.budget, make_budgeter)
     chosen = (m.name, m.k0, shrink)
-    others = [(p["method"], p["k0"], None) for p in (parse_method_spec(r, "diagnose.rules[]", engine=False) for r in
-                                                     cfg.diagnose.rules or ["router_sq", "base", "base_anchor:1"])]
+    others = [(p["method"], p["k0"], None) for p in rules]
     specs = list(dict.fromkeys([chosen, *[s for s in others if s[0] != "dense"]]))
     labels = [rule_label(*s) for s in specs]
     stored = _cached(cfg, layers, {**_key(cfg, cfg.budget, labels), "kind": "rules"},

@@ -161,14 +161,15 @@ def _check_placement(cfg: RunConfig, hf) -> None:
 
 
 def _methods(cfg: RunConfig) -> list[str]:
-    """The selectors this run may build (throughput runs several; describe builds none)."""
+    """The selectors this run may build (throughput runs several, an evaluation its diagnostic's
+    rules too; describe builds none)."""
     if cfg.stage == "describe":
         return []
     if cfg.stage == "throughput" and cfg.throughput is not None and cfg.throughput.specs:
         names = [s["method"] for s in cfg.throughput.specs]
     else:
-        names = [cfg.method.name]
-    return [n for n in names if n != "dense"]
+        names = [cfg.method.name, *(s["method"] for s in cfg.diagnostic_rules())]
+    return [n for n in dict.fromkeys(names) if n != "dense"]
 
 
 def _check_device(cfg: RunConfig) -> None:
