@@ -3,8 +3,9 @@
 `dual_jit` keeps two handles on each kernel: `triton.jit` for CUDA tensors and Triton's numpy
 interpreter for CPU tensors. CPU callers (tests, CPU-only runs of a budgeted model) therefore work
 whatever TRITON_INTERPRET was when this module was imported, and CUDA callers are never
-interpreted by accident because some test set that variable. Kernels here call no other
-@triton.jit function, so each handle is self-contained.
+interpreted by accident because some test set that variable. A kernel may call a plain
+@triton.jit helper (kernels/experts.py's `_gate_up_tile`): compiled, it is inlined; interpreted, the
+call goes to an interpreted copy, as triton.language's own helpers do (`_interpreting`).
 
 Programmatic dependent launch (PDL, sm90+): a kernel with a `PDL: tl.constexpr` parameter starts
 with `gdc_wait()` (nothing of the previous grid's output is read before it has finished and its

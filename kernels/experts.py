@@ -86,6 +86,63 @@ def _route_kernel(
     tl.store(cnt_ptr + u, base)
 
 
+@triton.jit
+def _gate_up_tile(
+    x_ptr, rows_J, ok_J, stride_xt,  # the tile's tokens: x rows, and which of them are real
+    w_base, b_base, ib,  # the expert's gate_up and bias, and the item's column block
+    H, I, up_offset, alpha, limit, stride_gn, stride_gk,
+    J: tl.constexpr, ROW_MUL: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    BI: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """act(gate) * up (fp32, (J, BI)) for rows [ib*BI, ib*BI + BI) of one expert and J tokens: the
+    work item both gate_up kernels share (inlined into each). Interleaved (ROW_MUL=2): the item's
+    rows are the 2*BI adjacent rows from 2*ib*BI, one dot over them, gate and up split after it."""
+    offs_i = ib * BI + tl.arange(0, BI)
+    i_ok = offs_i < I
+    if ROW_MUL == 2:
+        # interleaved: gate_i and up_i are rows 2i and 2i + 1. The mask is offs_n < 2I, not the
+        # equal (offs_n // 2) < I, which the compiler sees constant over 2 rows only: 4-byte copies, not 16
+        offs_n = ib * 2 * BI + tl.arange(0, 2 * BI)
+        n_ok = offs_n < 2 * I
+        acc_JN = tl.zeros((J, 2 * BI), dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            offs_h = h0 + tl.arange(0, BH)
+            h_ok = offs_h < H
+            x_JH = tl.load(x_ptr + rows_J[:, None] * stride_xt + offs_h[None, :], mask=ok_J[:, None] & h_ok[None, :],
+                           other=0.0)
+            w_HN = tl.load(w_base + offs_n[None, :] * stride_gn + offs_h[:, None] * stride_gk,
+                           mask=h_ok[:, None] & n_ok[None, :], other=0.0)
+            acc_JN = tl.dot(x_JH, w_HN, acc_JN, input_precision=DOT_PRECISION)
+        if HAS_BIAS:
+            acc_JN += tl.load(b_base + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_g, acc_u = tl.split(tl.reshape(acc_JN, (J, BI, 2)))
+    else:
+        g_rows = offs_i
+        u_rows = offs_i + up_offset
+        acc_g = tl.zeros((J, BI), dtype=tl.float32)
+        acc_u = tl.zeros((J, BI), dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            offs_h = h0 + tl.arange(0, BH)
+            h_ok = offs_h < H
+            x_JH = tl.load(x_ptr + rows_J[:, None] * stride_xt + offs_h[None, :], mask=ok_J[:, None] & h_ok[None, :],
+                           other=0.0)
+            wmask = h_ok[:, None] & i_ok[None, :]
+            wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+            wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask, other=0.0)
+            acc_g = tl.dot(x_JH, wg_HI, acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(x_JH, wu_HI, acc_u, input_precision=DOT_PRECISION)
+        if HAS_BIAS:
+            acc_g += tl.load(b_base + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(b_base + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+    if ACT == 0:
+        a_JI = acc_g * tl.sigmoid(acc_g) * acc_u
+    else:
+        gate = tl.minimum(acc_g, limit)
+        up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        a_JI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    return a_JI
+
+
 @dual_jit
 def _gate_up_kernel(
     # Pointers
@@ -138,67 +195,20 @@ def _gate_up_kernel(
         slot = item // n_ib
         u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
         cnt = tl.load(cnt_ptr + u)
-        offs_i = (item - slot * n_ib) * BI + tl.arange(0, BI)
-        i_ok = offs_i < I
-        g_rows = offs_i * ROW_MUL
-        u_rows = offs_i * ROW_MUL + up_offset
-        # interleaved: gate_i and up_i are rows 2i and 2i + 1. The mask is offs_n < 2I, not the
-        # equal (offs_n // 2) < I, which the compiler sees constant over 2 rows only: 4-byte copies, not 16
-        offs_n = (item - slot * n_ib) * 2 * BI + tl.arange(0, 2 * BI)
-        n_ok = offs_n < 2 * I
+        ib = item - slot * n_ib
+        offs_i = ib * BI + tl.arange(0, BI)
         w_base = gu_ptr + u.to(tl.int64) * stride_ge
         for j0 in range(0, cnt, TB):
             offs_j = j0 + tl.arange(0, TB)
             j_ok = offs_j < cnt
             p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
-            t_J = p_J // K
-            if ROW_MUL == 2:  # one dot over the adjacent rows, gate and up split after it (module docstring)
-                acc_JN = tl.zeros((TB, 2 * BI), dtype=tl.float32)
-                for h0 in range(0, H, BH):
-                    offs_h = h0 + tl.arange(0, BH)
-                    h_ok = offs_h < H
-                    x_JH = tl.load(
-                        x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
-                        mask=j_ok[:, None] & h_ok[None, :],
-                        other=0.0,
-                    )
-                    w_HN = tl.load(w_base + offs_n[None, :] * stride_gn + offs_h[:, None] * stride_gk,
-                                   mask=h_ok[:, None] & n_ok[None, :], other=0.0)
-                    acc_JN = tl.dot(x_JH, w_HN, acc_JN, input_precision=DOT_PRECISION)
-                if HAS_BIAS:
-                    acc_JN += tl.load(gub_ptr + u * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                acc_g, acc_u = tl.split(tl.reshape(acc_JN, (TB, BI, 2)))
-            else:
-                acc_g = tl.zeros((TB, BI), dtype=tl.float32)
-                acc_u = tl.zeros((TB, BI), dtype=tl.float32)
-                for h0 in range(0, H, BH):
-                    offs_h = h0 + tl.arange(0, BH)
-                    h_ok = offs_h < H
-                    x_JH = tl.load(
-                        x_ptr + t_J[:, None] * stride_xt + offs_h[None, :],
-                        mask=j_ok[:, None] & h_ok[None, :],
-                        other=0.0,
-                    )
-                    wmask = h_ok[:, None] & i_ok[None, :]
-                    wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
-                                    other=0.0)
-                    wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
-                                    other=0.0)
-                    acc_g = tl.dot(x_JH, wg_HI, acc_g, input_precision=DOT_PRECISION)
-                    acc_u = tl.dot(x_JH, wu_HI, acc_u, input_precision=DOT_PRECISION)
-                if HAS_BIAS:
-                    acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-                    acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-            if ACT == 0:
-                a_JI = acc_g * tl.sigmoid(acc_g) * acc_u
-            else:
-                gate = tl.minimum(acc_g, limit)
-                up = tl.minimum(tl.maximum(acc_u, -limit), limit)
-                a_JI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+            a_JI = _gate_up_tile(x_ptr, p_J // K, j_ok, stride_xt, w_base, gub_ptr + u * stride_be, ib, H, I,
+                                 up_offset, alpha, limit, stride_gn, stride_gk, TB, ROW_MUL, HAS_BIAS, ACT, BI, BH,
+                                 DOT_PRECISION)
             tl.store(
                 act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
                 a_JI.to(act_ptr.dtype.element_ty),
-                mask=j_ok[:, None] & i_ok[None, :],
+                mask=j_ok[:, None] & (offs_i < I)[None, :],
             )
     if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
         tl.extra.cuda.gdc_launch_dependents()
@@ -424,52 +434,13 @@ def _gate_up_kept_kernel(
         hit_TK = (idx_TK == u) & nz_TK
         routed_T = tl.sum(hit_TK.to(tl.int32), axis=1) > 0
         p_T = offs_t * K + tl.min(tl.where(hit_TK, offs_k[None, :], K_BLOCK), axis=1)
-        offs_i = (item - slot * n_ib) * BI + tl.arange(0, BI)
-        i_ok = offs_i < I
-        g_rows = offs_i * ROW_MUL
-        u_rows = offs_i * ROW_MUL + up_offset
-        w_base = gu_ptr + u * stride_ge
-        if ROW_MUL == 2:  # one dot over the adjacent rows, gate and up split after it (module docstring)
-            offs_n = (item - slot * n_ib) * 2 * BI + tl.arange(0, 2 * BI)
-            n_ok = offs_n < 2 * I  # not (offs_n // 2) < I: see _gate_up_kernel
-            acc_TN = tl.zeros((T_BLOCK, 2 * BI), dtype=tl.float32)
-            for h0 in range(0, H, BH):
-                offs_h = h0 + tl.arange(0, BH)
-                h_ok = offs_h < H
-                x_TH = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_h[None, :],
-                               mask=routed_T[:, None] & h_ok[None, :], other=0.0)
-                w_HN = tl.load(w_base + offs_n[None, :] * stride_gn + offs_h[:, None] * stride_gk,
-                               mask=h_ok[:, None] & n_ok[None, :], other=0.0)
-                acc_TN = tl.dot(x_TH, w_HN, acc_TN, input_precision=DOT_PRECISION)
-            if HAS_BIAS:
-                acc_TN += tl.load(gub_ptr + u * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            acc_g, acc_u = tl.split(tl.reshape(acc_TN, (T_BLOCK, BI, 2)))
-        else:
-            acc_g = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
-            acc_u = tl.zeros((T_BLOCK, BI), dtype=tl.float32)
-            for h0 in range(0, H, BH):
-                offs_h = h0 + tl.arange(0, BH)
-                h_ok = offs_h < H
-                x_TH = tl.load(x_ptr + offs_t[:, None] * stride_xt + offs_h[None, :],
-                               mask=routed_T[:, None] & h_ok[None, :], other=0.0)
-                wmask = h_ok[:, None] & i_ok[None, :]
-                wg_HI = tl.load(w_base + g_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
-                                other=0.0)
-                wu_HI = tl.load(w_base + u_rows[None, :] * stride_gn + offs_h[:, None] * stride_gk, mask=wmask,
-                                other=0.0)
-                acc_g = tl.dot(x_TH, wg_HI, acc_g, input_precision=DOT_PRECISION)
-                acc_u = tl.dot(x_TH, wu_HI, acc_u, input_precision=DOT_PRECISION)
-            if HAS_BIAS:
-                acc_g += tl.load(gub_ptr + u * stride_be + g_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-                acc_u += tl.load(gub_ptr + u * stride_be + u_rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-        if ACT == 0:
-            a_TI = acc_g * tl.sigmoid(acc_g) * acc_u
-        else:
-            gate = tl.minimum(acc_g, limit)
-            up = tl.minimum(tl.maximum(acc_u, -limit), limit)
-            a_TI = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+        ib = item - slot * n_ib
+        offs_i = ib * BI + tl.arange(0, BI)
+        a_TI = _gate_up_tile(x_ptr, offs_t, routed_T, stride_xt, gu_ptr + u * stride_ge, gub_ptr + u * stride_be, ib,
+                             H, I, up_offset, alpha, limit, stride_gn, stride_gk, T_BLOCK, ROW_MUL, HAS_BIAS, ACT, BI,
+                             BH, DOT_PRECISION)
         tl.store(act_ptr + p_T[:, None] * stride_ap + offs_i[None, :], a_TI.to(act_ptr.dtype.element_ty),
-                 mask=routed_T[:, None] & i_ok[None, :])
+                 mask=routed_T[:, None] & (offs_i < I)[None, :])
     if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
         tl.extra.cuda.gdc_launch_dependents()
 
