@@ -6,7 +6,8 @@ decoder layer, and the step without a feature against the step with it.
     combo     throughput.regions: layer (off) against layer_combo (on; since 2026-12-05 with the
               skinny projections where the GPU's tuned table names them)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
-              used programmatic dependent launch)
+              used programmatic dependent launch); the switch was deleted on 2026-12-05 when it lost
+              these A/Bs, and this reads its committed runs
 
 Reads run folders (outputs/ or results/ only). The runs are separate processes on one machine,
 so the comparison pairs runs, not interleaved passes: `ratio` is a variant's ms without the

@@ -324,8 +324,6 @@ class ThroughputConfig:
     # M=16 at batch 16 0.98x the step without them, in each of 5 interleaved rounds) |
     # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
     # modules (attention and norms one by one, adds eager: the ablation of the fusion)
-    pdl: bool = False  # CUDA sm90+: the project's decode kernels use programmatic dependent launch
-    # (kernels/_triton.py; off by default: on an H200 base 0.3-0.6 % faster, dense 0.6-0.9 % slower)
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
     # through continuous batching with latency (base/runtime/stream.py; `stream.*`), batch_sizes = slots |
     # serve: a serving benchmark after `vllm bench serve` (base/runtime/serving.py; `serve.*`, requests

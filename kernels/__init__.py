@@ -7,10 +7,8 @@
     step.py     select_step: one layer's selection from plain tensors
     attention.py decode_attention: split-KV decode attention over a static cache (the engine's)
     kv_write.py write_kv_rows: each row's new K/V at its own cache slot (continuous batching), one launch
-CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled; on sm90+ GPUs
-the decode kernels can launch with programmatic dependent launch (`pdl`, `pdl_active`: _triton.py; off by default).
+CPU tensors run through Triton's interpreter (slow; tests), CUDA tensors compiled.
 """
-from kernels._triton import pdl, pdl_active
 from kernels.experts import ExpertsLayout, experts_reference, fused_experts
 from kernels.score import (
     fuse_router_predictor,
@@ -29,8 +27,6 @@ __all__ = [
     "fuse_router_predictor",
     "fused_experts",
     "fused_router_logits",
-    "pdl",
-    "pdl_active",
     "prepare_predictor",
     "route_select",
     "score_experts",

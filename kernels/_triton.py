@@ -6,22 +6,11 @@ whatever TRITON_INTERPRET was when this module was imported, and CUDA callers ar
 interpreted by accident because some test set that variable. A kernel may call a plain
 @triton.jit helper (kernels/experts.py's `_gate_up_tile`): compiled, it is inlined; interpreted, the
 call goes to an interpreted copy, as triton.language's own helpers do (`_interpreting`).
-
-Programmatic dependent launch (PDL, sm90+): a kernel with a `PDL: tl.constexpr` parameter starts
-with `gdc_wait()` (nothing of the previous grid's output is read before it has finished and its
-writes are visible) and `gdc_launch_dependents()` (the next kernel may be scheduled now). Under `pdl(True)`
-(throughput.pdl=true) on such a GPU its launcher passes PDL=True and `launch_pdl=True`, so a chain
-of these kernels (selection, route, gate_up, down, reduce; decode attention) overlaps each launch
-with the kernel before it, in eager steps and in a captured CUDA graph alike; the persistent
-expert kernels let the next one in only at their end. Otherwise (the default, a CPU, an older
-GPU) PDL=False and the launch is the usual one.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from typing import Any
 
 import torch
@@ -65,48 +54,6 @@ class _CpuLauncher:
         return launch
 
 
-# Off by default: measured on an H200 (results/roofline/grid_2026-12-02e/pdl_*), it made base M=16's
-# step 0.3-0.6 % faster and dense's 0.6-0.9 % slower. pdl(True) turns it on; read at launch time.
-_PDL = {"on": False}
-
-
-@contextmanager
-def pdl(enabled: bool) -> Iterator[None]:
-    """Launches inside use programmatic dependent launch where the GPU has it (enabled) or never."""
-    before = _PDL["on"]
-    _PDL["on"] = enabled
-    try:
-        yield
-    finally:
-        _PDL["on"] = before
-
-
-@cache
-def _has_pdl(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def pdl_active(device: torch.device) -> bool:
-    """Whether a launch on `device` now uses programmatic dependent launch."""
-    return _PDL["on"] and device.type == "cuda" and _has_pdl(device.index if device.index is not None
-                                                             else torch.cuda.current_device())
-
-
-class _PdlLauncher:
-    """Adds PDL=True and launch_pdl=True to every launch (see the module doc)."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __getitem__(self, grid: Any) -> Callable:
-        kernel = self.fn[grid]
-
-        def launch(*args, **kwargs):
-            return kernel(*args, PDL=True, launch_pdl=True, **kwargs)
-
-        return launch
-
-
 class _OnDevice:
     """Launches on a given GPU. Triton launches on the current CUDA device, and a model spread
     over GPUs (model.device_map=auto) runs layer 30's kernels with GPU 0 current: accelerate moves
@@ -134,15 +81,13 @@ class DualKernel:
         self.cpu = _CpuLauncher(InterpretedFunction(fn))
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
-        self.takes_pdl = "PDL" in inspect.signature(fn).parameters
 
     def on(self, device: torch.device) -> Any:
         if device.type == "cpu":
             return self.cpu
-        gpu = _PdlLauncher(self.gpu) if self.takes_pdl and pdl_active(device) else self.gpu
         if device.index is None or device.index == torch.cuda.current_device():
-            return gpu  # the one-GPU case: no device switch per launch
-        return _OnDevice(gpu, device)
+            return self.gpu  # the one-GPU case: no device switch per launch
+        return _OnDevice(self.gpu, device)
 
 
 def dual_jit(fn: Callable) -> DualKernel:

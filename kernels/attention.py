@@ -94,11 +94,7 @@ def _decode_attention(
     sq_b, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, sa_b, so_b, so_h,
     G_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     ONE_SHARE: tl.constexpr,
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     bk = tl.program_id(0)
     s = tl.program_id(1)
     b = bk // K

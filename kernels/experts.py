@@ -66,12 +66,8 @@ def _route_kernel(
     stride_pe,
     # Meta-parameters
     PB: tl.constexpr,  # pairs per step
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (E,): program u lists, in pair order, the pairs routed to u with nonzero weight."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     u = tl.program_id(0)
     base = 0
     for p0 in range(0, P, PB):
@@ -177,14 +173,11 @@ def _gate_up_kernel(
     BI: tl.constexpr,
     BH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
     of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
     A fixed number of programs walks the items, so unrouted experts cost no program at all.
     Interleaved (ROW_MUL=2): the item's rows are the 2*BI adjacent rows from 2i, read as one tile."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
-        tl.extra.cuda.gdc_wait()
     offs_e = tl.arange(0, E_BLOCK)
     cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -210,8 +203,6 @@ def _gate_up_kernel(
                 a_JI.to(act_ptr.dtype.element_ty),
                 mask=j_ok[:, None] & (offs_i < I)[None, :],
             )
-    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dual_jit
@@ -253,15 +244,12 @@ def _down_kernel(
     K: tl.constexpr = 1,  # top-k (REDUCE)
     HAS_RES: tl.constexpr = False,  # REDUCE: also add the residual (as _reduce_kernel)
     TR: tl.constexpr = 16,  # REDUCE: tokens per step of the sum
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid: work item (slot, h) = rows [h, h + BHO) of the slot-th routed expert's
     down projection, streamed once per TB of its pairs; y_p = w_p * (down_u act_p + b_u). REDUCE:
     after its item a program counts its arrival at column block h; the last of the block's items
     (one per routed expert; with none routed, one empty item) sums y over each token's slots in
     slot order, as _reduce_kernel does (bit for bit), and writes out_TH's block."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
-        tl.extra.cuda.gdc_wait()
     offs_e = tl.arange(0, E_BLOCK)
     cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -326,8 +314,6 @@ def _down_kernel(
                         sum_TH = sum_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)
                     tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :],
                              sum_TH.to(out_ptr.dtype.element_ty), mask=o_ok)
-    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dual_jit
@@ -347,14 +333,10 @@ def _reduce_kernel(
     K: tl.constexpr,
     BR: tl.constexpr,
     HAS_RES: tl.constexpr,
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (T, cdiv(H, BR)): out_t = sum over slots k (in order) with w_tk != 0 of y_(t,k)
     (+ residual_t: the sum rounded to the output dtype, then added in fp32 and rounded again, as
     PyTorch adds two tensors of that dtype: bit for bit the eager layer's residual stream)."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BR + tl.arange(0, BR)
     h_ok = offs_h < H
@@ -409,14 +391,11 @@ def _gate_up_kept_kernel(
     BI: tl.constexpr,
     BH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Persistent grid over work items (kept slot, i) = rows [i, i + BI) of the gate and up
     projections of the slot's expert u, streamed once; the tokens routed to u (a nonzero-weight
     slot on u) are found in the routing itself, so no route launch precedes this one. Interleaved
     (ROW_MUL=2): the item's rows are the 2*BI adjacent rows from 2i, read as one tile."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
-        tl.extra.cuda.gdc_wait()
     # the kept list, the routing and the weights' signs live in registers: an item's expert and
     # tokens come from them without a memory round trip, so the weight loads can be issued ahead
     offs_m = tl.arange(0, M_BLOCK)
@@ -441,8 +420,6 @@ def _gate_up_kept_kernel(
                              BH, DOT_PRECISION)
         tl.store(act_ptr + p_T[:, None] * stride_ap + offs_i[None, :], a_TI.to(act_ptr.dtype.element_ty),
                  mask=routed_T[:, None] & (offs_i < I)[None, :])
-    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dual_jit
@@ -479,14 +456,11 @@ def _down_kept_kernel(
     BHO: tl.constexpr,  # output columns per program
     BI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (cdiv(H, BHO),): a program owns output columns [h, h + BHO) of every token and walks
     the kept experts, streaming rows [h, h + BHO) of each one's down projection once; the
     weighted sum over experts stays in fp32 registers and is written once, in the output dtype
     (no per-pair buffer, no reduce launch, no atomics: deterministic)."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid (the next one is let in at the end)
-        tl.extra.cuda.gdc_wait()
     offs_h = tl.program_id(0) * BHO + tl.arange(0, BHO)
     h_ok = offs_h < H
     offs_m = tl.arange(0, M_BLOCK)
@@ -530,8 +504,6 @@ def _down_kept_kernel(
         acc_TH = acc_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)  # as _reduce_kernel
     tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :], acc_TH.to(out_ptr.dtype.element_ty),
              mask=t_ok[:, None] & h_ok[None, :])
-    if PDL:  # heavy persistent kernel: the next one is scheduled only as this one finishes its work
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 # ----------------------------------------------------------------------------- launch configs

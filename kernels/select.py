@@ -149,12 +149,8 @@ def _route_select_kernel(
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
     PHASE: tl.constexpr = 0,  # 0: one program does it all | 1: pass 1 of tile pid | 2: the rest for tile pid
-    PDL: tl.constexpr = False,  # set by the launcher on sm90+ GPUs (kernels/_triton.py)
 ):
     """Grid (cdiv(C, CB),) with GEMV, (cdiv(T, TB),) with PHASE 1 or 2, else (1,). See the module doc."""
-    if PDL:  # kernels/_triton.py: wait for the previous grid, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     # ---------------------------------------------------------------- the router GEMV (GEMV)
     if GEMV:
         offs_c = tl.program_id(0) * CB + tl.arange(0, CB)

@@ -172,7 +172,6 @@ CASES = [
     (["stage=throughput", "throughput.batch_sizes=[2]", "throughput.profile_batch=7"],
      "throughput.profile_batch=7 is not among throughput.batch_sizes=[2]"),
     (["scheduler.compile_prefill=true"], "scheduler.compile_prefill=True acts on a CUDA GPU only"),
-    (["stage=throughput", "throughput.pdl=true"], "throughput.pdl=True acts on a CUDA GPU only"),
     (["stage=throughput", "throughput.mode=stream", "throughput.methods=[dense,base+compile_prefill]"],
      "throughput.methods[]='base+compile_prefill' acts on a CUDA GPU only"),
     (["stage=throughput", "throughput.mode=serve", "serve.repeats=0"], "serve.repeats=0 is out of range: must be >= 1"),
@@ -354,6 +353,7 @@ def test_task_paper_sets_the_papers_decoding(compose, tmp_path):
     ("method.route_in_select=true", "method.route_in_select"),  # removed: it lost its A/B (issue 42/44)
     ("throughput.fused_attention=true", "throughput.fused_attention"),  # removed: lost its A/B (2026-12-05)
     ("throughput.fold_input_norm=true", "throughput.fold_input_norm"),  # likewise
+    ("throughput.pdl=true", "throughput.pdl"),  # removed: lost its A/Bs (issue 42 item 4, 2026-12-05)
 ])
 def test_a_value_of_the_wrong_type_fails_at_composition_naming_the_key(compose, override, key):
     from hydra.errors import HydraException

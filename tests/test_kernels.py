@@ -893,62 +893,6 @@ def test_the_kept_bound_decides_the_expert_path_where_the_table_measured_it(monk
         torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
 
 
-# ----------------------------------------------------------------------------- programmatic dependent launch
-
-
-def test_pdl_launcher_adds_the_flag_and_the_launch_option_and_never_on_a_cpu():
-    """On sm90+ GPUs the decode kernels launch with PDL=True and launch_pdl=True (kernels/_triton.py);
-    a CPU launch, or any launch under pdl(False), is the usual one."""
-    calls = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((grid, a, kw))
-
-    kt._PdlLauncher(Fake())[(3,)](1, 2, BLOCK=4)
-    assert calls == [((3,), (1, 2), {"PDL": True, "launch_pdl": True, "BLOCK": 4})]
-    cpu = torch.device("cpu")
-    assert not kt.pdl_active(cpu)
-    from kernels.attention import _decode_attention
-    from kernels.experts import _down_kernel, _gate_up_kernel, _reduce_kernel, _route_kernel
-    from kernels.select import _route_select_kernel
-
-    for k in (_decode_attention, _route_kernel, _gate_up_kernel, _down_kernel, _reduce_kernel, _route_select_kernel):
-        assert k.takes_pdl and k.on(cpu) is k.cpu
-    before = kt._PDL["on"]
-    with kt.pdl(not before):
-        assert kt._PDL["on"] is (not before)
-    assert kt._PDL["on"] is before
-
-
-@pytest.mark.gpu
-def test_gpu_pdl_launches_give_the_plain_launches_results_eager_and_replayed():
-    """The selection and expert chain on an H200 with and without PDL, eagerly and in a CUDA graph:
-    bit for bit the same outputs."""
-    from kernels.select import route_select
-
-    dev = torch.device("cuda")
-    T, E, K, H, I = 16, 128, 8, 2048, 768
-    b = make_batch(T, E, K, H, torch.bfloat16, device=dev, seed=21)
-    gu, dn = make_experts(E, H, I, torch.bfloat16, seed=22, device=dev)
-    logits_TE = torch.randn(T, E, generator=torch.Generator().manual_seed(23)).to(dev)
-
-    def step():
-        _, sel = route_select(logits_TE, K, b.active_T, 16, norm_topk=True)
-        return fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, residual_TH=b.z_TH)
-
-    with kt.pdl(False):
-        plain = step()
-    with kt.pdl(True):
-        assert kt.pdl_active(dev) == (torch.cuda.get_device_capability()[0] >= 9)
-        assert torch.equal(step(), plain)
-        replay, out = capture_graph(step)
-    for _ in range(3):
-        replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, plain)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("D,E", [(16, 16), (24, 10)])
 def test_write_kv_rows_matches_the_reference(dtype, D, E):

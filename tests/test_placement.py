@@ -342,10 +342,13 @@ def test_config_hash_of_runs_recorded_before_compile_prefill(compose):
     assert not same_config(on, recorded)
 
 
-def test_config_hash_of_runs_recorded_with_a_removed_option(compose):
-    """method.route_in_select (deleted when it lost its A/B) at the value every run recorded with it
-    had (false) leaves such a run the same config, so it is still skipped; a run recorded with it on
-    computed another step and is not."""
+@pytest.mark.parametrize("removed", [[("method", "route_in_select")], [("throughput", "pdl")],
+                                     [("method", "route_in_select"), ("throughput", "pdl")]])
+def test_config_hash_of_runs_recorded_with_a_removed_option(compose, removed):
+    """Options deleted when they lost their A/B (method.route_in_select, throughput.pdl), at the
+    value every run recorded with them had (false), leave such a run the same config, so it is still
+    skipped, whichever of them it was recorded with (they existed at different times); a run
+    recorded with one on computed another step and is not."""
     import yaml
     from omegaconf import OmegaConf
 
@@ -353,8 +356,10 @@ def test_config_hash_of_runs_recorded_with_a_removed_option(compose):
 
     text = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
     recorded = yaml.safe_load(text)
-    assert "route_in_select" not in recorded["method"]
-    recorded["method"]["route_in_select"] = False
+    for group, key in removed:
+        assert key not in recorded[group]
+        recorded[group][key] = False
     assert same_config(text, config_hash(yaml.safe_dump(recorded)))
-    recorded["method"]["route_in_select"] = True
+    group, key = removed[-1]
+    recorded[group][key] = True
     assert not same_config(text, config_hash(yaml.safe_dump(recorded)))

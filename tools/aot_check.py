@@ -110,15 +110,13 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     for phase in (1, 2):
         out.append((f"route_select split PHASE={phase}", _route_select_kernel, route_ptrs, floats,
                     {**base, "GEMV": False, "PHASE": phase}, {"num_warps": 8}))
-    # programmatic dependent launch (kernels/_triton.py) and the folded residual add
+    # the one-program selection after the router's GEMM, and the folded residual add
     for nw in (8, 16):  # the one-program launch after the router's GEMM: the tuner's warps candidates' largest
         out.append((f"route_select one program {nw} warps", _route_select_kernel, route_ptrs, floats,
                     {**base, "GEMV": False}, {"num_warps": nw}))
-    out.append(("route_select select-after-router PDL", _route_select_kernel, route_ptrs, floats,
-                {**base, "GEMV": False, "PDL": True}, {"num_warps": 8, "launch_pdl": True}))
-    out.append(("down_kept T=16 residual PDL", _down_kept_kernel, dn_ptrs, (),
-                {**common, "T_BLOCK": 16, "BHO": 16, "BI": 128, "stride_di": 1, "HAS_RES": True, "PDL": True},
-                {"num_warps": 4, "num_stages": 4, "launch_pdl": True}))
+    out.append(("down_kept T=16 residual", _down_kept_kernel, dn_ptrs, (),
+                {**common, "T_BLOCK": 16, "BHO": 16, "BI": 128, "stride_di": 1, "HAS_RES": True},
+                {"num_warps": 4, "num_stages": 4}))
     # the decode projections without a reduce launch (kernels/skinny.py): one column block per program,
     # and K in shares summed by the last share
     sk_ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}

@@ -77,7 +77,8 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                                   "max_wait_steps": 0, "overlap": False}}
 # Options deleted after runs were recorded with them, with the value those runs had (an option that
 # lost its A/B, at its default): a run recorded while the option existed is still the same config.
-REMOVED_OPTIONS = {("method", "route_in_select"): False}  # issue 42/44 (2026-12-05)
+REMOVED_OPTIONS = {("method", "route_in_select"): False,  # issue 42/44 (2026-12-05)
+                   ("throughput", "pdl"): False}  # issue 42 item 4 (2026-12-05: lost its A/Bs)
 
 
 def _serves_continuously(cfg: dict[str, Any]) -> bool:
@@ -140,22 +141,31 @@ def same_config(resolved_config: str, recorded: str | None) -> bool:
     """Is a finished run's recorded hash this configuration's (also as hashed before issue 21, and
     with the REMOVED_OPTIONS it was recorded with)?"""
     return recorded in (config_hash(resolved_config), config_hash(resolved_config, LEGACY_NON_SEMANTIC_KEYS),
-                        config_hash(_with_removed_options(resolved_config)))
+                        *(config_hash(c) for c in _with_removed_options(resolved_config)))
 
 
-def _with_removed_options(resolved_config: str) -> str:
-    """The configuration as a run recorded it while the REMOVED_OPTIONS existed: each at its value."""
+def _with_removed_options(resolved_config: str) -> list[str]:
+    """The configuration as a run may have recorded it while REMOVED_OPTIONS existed, each at its
+    value: once per nonempty set of them (they existed at different times, so a run may have had
+    any of them)."""
+    from itertools import combinations
+
     import yaml
 
-    cfg = yaml.safe_load(resolved_config) or {}
-    for path, value in REMOVED_OPTIONS.items():
-        *parents, key = path
-        node = cfg
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.setdefault(key, value)
-    return yaml.safe_dump(cfg)
+    options = list(REMOVED_OPTIONS.items())
+    out = []
+    for n in range(1, len(options) + 1):
+        for subset in combinations(options, n):
+            cfg = yaml.safe_load(resolved_config) or {}
+            for path, value in subset:
+                *parents, key = path
+                node = cfg
+                for p in parents:
+                    node = node.get(p) if isinstance(node, dict) else None
+                if isinstance(node, dict):
+                    node.setdefault(key, value)
+            out.append(yaml.safe_dump(cfg))
+    return out
 
 
 def finished_hash(out_dir: Path) -> str | None:

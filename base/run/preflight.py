@@ -190,7 +190,7 @@ GPU_FORMS = ("compile_prefill",)  # base/config.py VARIANT_FORMS that act on a G
 
 
 def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
-    """Options that change what a CUDA GPU runs (compiled regions, CUDA graphs, PDL) do nothing on a
+    """Options that change what a CUDA GPU runs (compiled regions, CUDA graphs) do nothing on a
     CPU, where every step runs eagerly: refused there rather than run as a silently different run."""
     if on_gpu or cfg.stage not in ("evaluate", "throughput"):
         return
@@ -199,7 +199,6 @@ def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
     tp = cfg.throughput
     set_here = _changed("scheduler", cfg.scheduler, ("compile_prefill",))
     if cfg.stage == "throughput" and tp is not None:
-        set_here += _changed("throughput", tp, ("pdl",))
         if tp.regions != "layer_combo":
             set_here.append(f"throughput.regions={tp.regions}")
         set_here += [f"throughput.methods[]={spec!r}" for spec, parsed in zip(tp.methods or [], tp.specs or [])

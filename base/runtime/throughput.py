@@ -34,7 +34,6 @@ from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
 from base.progress import progress, say
 from base.runtime.engine import DecodeEngine
-from kernels import pdl, pdl_active
 
 SKIP_EXPERTS = "base_skip"
 
@@ -221,7 +220,6 @@ def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
         "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
         "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
         "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile, **v.engine_options(cfg),
-        "pdl": pdl_active(ids_BP.device),
         "warmup_s": warm_s, "steps": len(ms) if ms else steps,
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
         "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(devices), "gpus": len(devices),
@@ -246,20 +244,12 @@ def measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
             emit: Callable[[list[dict], list[dict], list[dict]], None] | None = None) -> Tables:
     """One row per (batch size, variant), see the module doc for the columns; at cfg.profile_batch,
     one row per (variant, kernel class) with ms per step (base/runtime/profile.py), and on a GPU
-    one per (variant, class, kernel name). Kernels launch with programmatic dependent launch as
-    cfg.pdl says (kernels/_triton.py).
+    one per (variant, class, kernel name).
 
     Resuming, by batch size: `emit(rows, profile, kernels)` gets the tables after each batch size
     is done (every variant and every interleaved repeat); a stopped run's (`earlier`) batch sizes
     are taken as they were, and the others measured whole. Why not finer: a batch size's variants
     are timed in interleaved rounds, and rounds split over two processes would not pair up."""
-    with pdl(cfg.pdl):
-        return _measure(model, make_budget, variants, cfg, seed, earlier, emit)
-
-
-def _measure(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget | None],
-             variants: list[Variant], cfg: ThroughputConfig, seed: int, earlier: Tables | None = None,
-             emit: Callable[[list[dict], list[dict], list[dict]], None] | None = None) -> Tables:
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     if cuda:

@@ -19,7 +19,7 @@
 #   2c. (PARTS exptune) the expert kernels' table, both paths, the kept bound, the reduce in down (tools/tune_kernels.py;
 #      EXPTUNE_MODELS, EXPTUNE_TS), installed before the grid -> $OUT/tune_experts.log, installed_configs.json
 #   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.regions AB_VALUES="layer layer_combo"
-#      (or AB_KEY=throughput.pdl AB_VALUES="false true") -> $OUT/ab.tgz
+#      -> $OUT/ab.tgz
 # Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; LOG=/tmp/roofline; mkdir -p "$OUT" "$LOG"
