@@ -131,6 +131,9 @@ CASES = [
     ("folder_as_predictor", "is a folder (looked for"),
     # router_sq predicts no norms, but the diagnostic before its evaluation runs base, which does
     ("garbage_for_diagnostic", "is not a readable predictor file"),
+    (["method=router_sq", "budget=2", "calibration.num_tokens=32", "calibration.tokens_per_expert=1",
+      "calibration.seq_len=16"], "method=router_sq reads no calibration or predictor; the start-time diagnostic's base, base_anchor do: "
+                                 "set diagnose.enabled=false"),
     # a predictor no rule reads
     (["stage=throughput", "method=dense", "throughput.methods=[dense,router_sq]", "throughput.budgets=[2]",
       "predictor.path=p.st"],
@@ -302,6 +305,19 @@ def test_describe_reads_no_calibration(compose, tmp_path):
 
     cfg = compose([*FAST, "stage=describe", "method=base", "budget=2", "calibration.files=[missing.txt]"])
     preflight(run.build_config(cfg, tmp_path / "out"))
+
+
+def test_a_rule_without_artifacts_reads_calibration_only_for_its_diagnostic(compose, tmp_path):
+    """router_sq reads no calibration: with the diagnostic off (or its rules without base and
+    base_anchor) a calibration too small for a predictor fit is not its concern."""
+    from base.run.preflight import preflight
+
+    small = ["method=router_sq", "budget=2", "calibration.num_tokens=32", "calibration.tokens_per_expert=1",
+             "calibration.seq_len=16"]
+    for extra in (["diagnose.enabled=false"], ["diagnose.rules=[router_sum]"]):
+        preflight(run.build_config(compose([*FAST, *small, *extra]), tmp_path / "out"))
+    with pytest.raises(ConfigError, match="the start-time diagnostic's base, base_anchor do"):
+        preflight(run.build_config(compose([*FAST, *small]), tmp_path / "out"))
 
 
 def test_run_folder_names_hold_no_path_separators():

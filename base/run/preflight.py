@@ -14,7 +14,8 @@ missing or empty data).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +60,8 @@ def preflight(cfg: RunConfig) -> None:
     check_device_memory(cfg, hf)
     check_stream_prompts(cfg)
     check_prefill_buckets(cfg, hf)
-    methods = _methods(cfg)
-    needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
-    needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
-    if cfg.predictor.path and (needs_pred or cfg.stage == "fit"):
-        _check_predictor_file(cfg, hf)
-    elif needs_calib or needs_pred:
-        E, K = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
-        _check_calibration_files(cfg, calibration_tokens(cfg.calibration, E, K))
-        if needs_pred or cfg.stage == "fit":
-            _check_fit_size(cfg, E, K)
+    with _for_the_diagnostic(cfg):
+        _check_artifact_inputs(cfg, hf, family)
     context = getattr(hf, "max_position_embeddings", None)
     if cfg.stage == "evaluate":
         check_tasks(cfg, context)
@@ -158,6 +151,41 @@ def _check_placement(cfg: RunConfig, hf) -> None:
     from base.hf.placement import device_map_for, empty_model
 
     device_map_for(empty_model(hf, getattr(torch, cfg.model.dtype), {"trust_remote_code": cfg.model.trust_remote_code}))
+
+
+def _check_artifact_inputs(cfg: RunConfig, hf, family) -> None:
+    """What the run's calibration and predictor come from: a given predictor file, else the
+    calibration files and a fit of a meaningful size."""
+    methods = _methods(cfg)
+    needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
+    needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
+    if cfg.predictor.path and (needs_pred or cfg.stage == "fit"):
+        _check_predictor_file(cfg, hf)
+    elif needs_calib or needs_pred:
+        E, K = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
+        _check_calibration_files(cfg, calibration_tokens(cfg.calibration, E, K))
+        if needs_pred or cfg.stage == "fit":
+            _check_fit_size(cfg, E, K)
+
+
+@contextmanager
+def _for_the_diagnostic(cfg: RunConfig) -> Iterator[None]:
+    """A refusal of calibration or predictor inputs that only the start-time diagnostic's rules
+    read says so, and how to run without them."""
+    own = [cfg.method.name] if cfg.stage == "evaluate" else []
+    diagnostic = [r["method"] for r in cfg.diagnostic_rules()]
+    reads = [n for n in dict.fromkeys(diagnostic) if n != "dense" and n not in own
+             and (SELECTORS.get(n).needs_predictor or SELECTORS.get(n).needs_calibration)]
+    own_reads = any(n != "dense" and (SELECTORS.get(n).needs_predictor or SELECTORS.get(n).needs_calibration)
+                    for n in own)
+    try:
+        yield
+    except ConfigError as err:
+        if not reads or own_reads:
+            raise
+        raise ConfigError(f"{err} (method={cfg.method.name} reads no calibration or predictor; the start-time diagnostic's "
+                          f"{', '.join(reads)} do: set diagnose.enabled=false, or diagnose.rules without "
+                          f"them)") from None
 
 
 def _methods(cfg: RunConfig) -> list[str]:
