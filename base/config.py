@@ -689,15 +689,9 @@ class RunConfig:
                               f"their defaults, or choose a setting that reads them")
 
     def _reads_predictor(self) -> bool:
-        """Whether a rule this run builds (its own, throughput.methods', its diagnostic's) predicts norms."""
         from base.method.selectors import SELECTORS
 
-        if self.stage not in ("evaluate", "throughput"):
-            return False
-        tp = self.throughput
-        specs = tp.specs if self.stage == "throughput" and tp is not None and tp.specs else [{"method": self.method.name}]
-        names = [s["method"] for s in [*specs, *self.diagnostic_rules()]]
-        return any(n != "dense" and SELECTORS.get(n).needs_predictor for n in names)
+        return any(SELECTORS.get(n).needs_predictor for n in self.built_rules())
 
     def _unused_engine_options(self) -> list[tuple[list[str], str]]:
         """The engine option scheduler.compile_prefill and the throughput.methods[] forms
@@ -783,6 +777,19 @@ class RunConfig:
             if budgeted:
                 raise ConfigError(f"throughput of {', '.join(budgeted)} needs budgets: set budget= or "
                                   f"throughput.budgets=[...]")
+
+    def built_rules(self) -> list[str]:
+        """The selectors an evaluation or throughput run builds, dense left out: throughput.methods'
+        in a throughput run that lists them, else the run's own and its diagnostic's (calibrate,
+        fit and describe build none)."""
+        tp = self.throughput
+        if self.stage == "throughput" and tp is not None and tp.specs:
+            names = [s["method"] for s in tp.specs]
+        elif self.stage in ("evaluate", "throughput"):
+            names = [self.method.name, *(s["method"] for s in self.diagnostic_rules())]
+        else:
+            names = []
+        return [n for n in dict.fromkeys(names) if n != "dense"]
 
     def diagnostic_rules(self) -> list[dict[str, Any]]:
         """The rules an evaluation's diagnostic (base/run/diagnose.py) decodes beside the run's own,

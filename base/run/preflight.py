@@ -156,7 +156,7 @@ def _check_placement(cfg: RunConfig, hf) -> None:
 def _check_artifact_inputs(cfg: RunConfig, hf, family) -> None:
     """What the run's calibration and predictor come from: a given predictor file, else the
     calibration files and a fit of a meaningful size."""
-    methods = _methods(cfg)
+    methods = cfg.built_rules()
     needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
     needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
     if cfg.predictor.path and (needs_pred or cfg.stage == "fit"):
@@ -186,18 +186,6 @@ def _for_the_diagnostic(cfg: RunConfig) -> Iterator[None]:
         raise ConfigError(f"{err} (method={cfg.method.name} reads no calibration or predictor; the start-time diagnostic's "
                           f"{', '.join(reads)} do: set diagnose.enabled=false, or diagnose.rules without "
                           f"them)") from None
-
-
-def _methods(cfg: RunConfig) -> list[str]:
-    """The selectors this run may build (throughput runs several, an evaluation its diagnostic's
-    rules too; describe builds none)."""
-    if cfg.stage == "describe":
-        return []
-    if cfg.stage == "throughput" and cfg.throughput is not None and cfg.throughput.specs:
-        names = [s["method"] for s in cfg.throughput.specs]
-    else:
-        names = [cfg.method.name, *(s["method"] for s in cfg.diagnostic_rules())]
-    return [n for n in dict.fromkeys(names) if n != "dense"]
 
 
 def _check_device(cfg: RunConfig) -> None:
