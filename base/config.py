@@ -648,7 +648,7 @@ class RunConfig:
         tp = self.throughput
         if self.stage == "evaluate" or (self.stage == "throughput" and tp is not None):
             specs = tp.specs if self.stage == "throughput" and tp is not None else None
-            built = [s["method"] for s in specs] if specs else [self.method.name]
+            built = self.own_rules()
             anchored = [n for n in SELECTORS.names() if SELECTORS.get(n).needs_k0]
             if self.method.k0 is not None and (specs or self.method.name not in anchored):
                 unused.append(([f"method.k0={self.method.k0}"], f"only {', '.join(anchored)} read it" +
@@ -681,6 +681,7 @@ class RunConfig:
             unused += self._unused_engine_options()
         if self.predictor.path and self.stage != "fit" and not self._reads_predictor():
             unused.append(([f"predictor.path={self.predictor.path}"],
+                           f"stage={self.stage} reads no predictor" if self.stage in ("calibrate", "describe") else
                            "no rule of this run (nor of its diagnostic) predicts norms: base and base_anchor do"))
         unused = [(keys, why) for keys, why in unused if keys]
         if unused:
@@ -778,17 +779,17 @@ class RunConfig:
                 raise ConfigError(f"throughput of {', '.join(budgeted)} needs budgets: set budget= or "
                                   f"throughput.budgets=[...]")
 
-    def built_rules(self) -> list[str]:
-        """The selectors an evaluation or throughput run builds, dense left out: throughput.methods'
-        in a throughput run that lists them, else the run's own and its diagnostic's (calibrate,
-        fit and describe build none)."""
+    def own_rules(self) -> list[str]:
+        """The rules an evaluation or throughput run decodes with, dense included: throughput.methods'
+        in a throughput run that lists them, else the run's own (calibrate, fit and describe: none)."""
         tp = self.throughput
         if self.stage == "throughput" and tp is not None and tp.specs:
-            names = [s["method"] for s in tp.specs]
-        elif self.stage in ("evaluate", "throughput"):
-            names = [self.method.name, *(s["method"] for s in self.diagnostic_rules())]
-        else:
-            names = []
+            return list(dict.fromkeys(s["method"] for s in tp.specs))
+        return [self.method.name] if self.stage in ("evaluate", "throughput") else []
+
+    def built_rules(self) -> list[str]:
+        """The selectors the run builds, dense left out: its own rules and its diagnostic's."""
+        names = [*self.own_rules(), *(s["method"] for s in self.diagnostic_rules())]
         return [n for n in dict.fromkeys(names) if n != "dense"]
 
     def diagnostic_rules(self) -> list[dict[str, Any]]:

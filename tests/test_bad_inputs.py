@@ -130,10 +130,19 @@ CASES = [
     # paths of the wrong kind
     ("folder_as_predictor", "is a folder (looked for"),
     # router_sq predicts no norms, but the diagnostic before its evaluation runs base, which does
-    ("garbage_for_diagnostic", "is not a readable predictor file"),
+    ("garbage_for_diagnostic", "(only the start-time diagnostic reads it, not method=router_sq: set "
+                               "diagnose.enabled=false, or diagnose.rules without base, base_anchor and leave "
+                               "predictor.path unset)"),
     (["method=router_sq", "budget=2", "calibration.num_tokens=32", "calibration.tokens_per_expert=1",
-      "calibration.seq_len=16"], "method=router_sq reads no calibration or predictor; the start-time diagnostic's base, base_anchor do: "
-                                 "set diagnose.enabled=false"),
+      "calibration.seq_len=16"], "needs at least 8: set calibration.num_tokens >= 41 (only the start-time diagnostic "
+                                 "reads it, not method=router_sq: set diagnose.enabled=false, or diagnose.rules "
+                                 "without base, base_anchor)"),
+    # calib_freq reads the calibration but fits no predictor: the diagnostic's base does
+    (["method=calib_freq", "budget=2", "calibration.num_tokens=32", "calibration.tokens_per_expert=1",
+      "calibration.seq_len=16"], "(only the start-time diagnostic reads it, not method=calib_freq"),
+    # the diagnostic's prompts are calibration text, whichever rules it runs
+    (["method=router_sq", "budget=2", "diagnose.rules=[router_sum]", "calibration.files=[missing.txt]"],
+     "calibration.files: missing.txt does not exist (looked for"),
     # a predictor no rule reads
     (["stage=throughput", "method=dense", "throughput.methods=[dense,router_sq]", "throughput.budgets=[2]",
       "predictor.path=p.st"],
@@ -314,9 +323,10 @@ def test_a_rule_without_artifacts_reads_calibration_only_for_its_diagnostic(comp
 
     small = ["method=router_sq", "budget=2", "calibration.num_tokens=32", "calibration.tokens_per_expert=1",
              "calibration.seq_len=16"]
-    for extra in (["diagnose.enabled=false"], ["diagnose.rules=[router_sum]"]):
+    for extra in (["diagnose.enabled=false"], ["diagnose.rules=[router_sum]"],
+                  ["diagnose.enabled=false", "calibration.files=[missing.txt]"]):  # nothing reads them
         preflight(run.build_config(compose([*FAST, *small, *extra]), tmp_path / "out"))
-    with pytest.raises(ConfigError, match="the start-time diagnostic's base, base_anchor do"):
+    with pytest.raises(ConfigError, match="only the start-time diagnostic reads it, not method=router_sq"):
         preflight(run.build_config(compose([*FAST, *small]), tmp_path / "out"))
 
 

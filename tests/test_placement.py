@@ -342,8 +342,9 @@ def test_config_hash_of_runs_recorded_before_compile_prefill(compose):
     assert not same_config(on, recorded)
 
 
-@pytest.mark.parametrize("removed", [[("method", "route_in_select")], [("throughput", "pdl")],
-                                     [("method", "route_in_select"), ("throughput", "pdl")]])
+@pytest.mark.parametrize("removed", [[("method", "route_in_select")],
+                                     [("method", "route_in_select"), ("throughput", "pdl")],
+                                     [("throughput", "pdl")]])  # the fast tier runs the first and the last
 def test_config_hash_of_runs_recorded_with_a_removed_option(compose, removed):
     """Options deleted when they lost their A/B (method.route_in_select, throughput.pdl), at the
     value every run recorded with them had (false), leave such a run the same config, so it is still

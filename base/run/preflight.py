@@ -14,8 +14,7 @@ missing or empty data).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +59,7 @@ def preflight(cfg: RunConfig) -> None:
     check_device_memory(cfg, hf)
     check_stream_prompts(cfg)
     check_prefill_buckets(cfg, hf)
-    with _for_the_diagnostic(cfg):
-        _check_artifact_inputs(cfg, hf, family)
+    _check_artifact_inputs(cfg, hf, family)
     context = getattr(hf, "max_position_embeddings", None)
     if cfg.stage == "evaluate":
         check_tasks(cfg, context)
@@ -155,37 +153,56 @@ def _check_placement(cfg: RunConfig, hf) -> None:
 
 def _check_artifact_inputs(cfg: RunConfig, hf, family) -> None:
     """What the run's calibration and predictor come from: a given predictor file, else the
-    calibration files and a fit of a meaningful size."""
-    methods = cfg.built_rules()
-    needs_pred = any(SELECTORS.get(m).needs_predictor for m in methods)
-    needs_calib = cfg.stage in ("calibrate", "fit") or any(SELECTORS.get(m).needs_calibration for m in methods)
-    if cfg.predictor.path and (needs_pred or cfg.stage == "fit"):
+    calibration files and a fit of a meaningful size. What only the start-time diagnostic reads
+    (its rules' artifacts; calibration.files, whose held-out text are its prompts) is checked the
+    same way, its refusals saying so and how to run without it."""
+    E, K = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
+    path = cfg.predictor.path
+
+    def reads(names: list[str]) -> tuple[bool, bool]:  # (a predictor, calibration)
+        rules = [SELECTORS.get(n) for n in names if n != "dense"]
+        return any(r.needs_predictor for r in rules), any(r.needs_calibration for r in rules)
+
+    own = cfg.own_rules()
+    pred, calib = reads(own)
+    pred = pred or cfg.stage == "fit"
+    calib = (calib or cfg.stage == "calibrate" or (pred and not path)  # a fit reads the calibration
+             or (cfg.method.reassign == "similar" and any(n != "dense" for n in own)))  # so does `similar`
+    if pred and path:
         _check_predictor_file(cfg, hf)
-    elif needs_calib or needs_pred:
-        E, K = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
-        _check_calibration_files(cfg, calibration_tokens(cfg.calibration, E, K))
-        if needs_pred or cfg.stage == "fit":
-            _check_fit_size(cfg, E, K)
+    if calib:
+        _check_calibration_files(cfg)
+        _check_calibration_tokens(cfg, calibration_tokens(cfg.calibration, E, K))
+    if pred and not path:
+        _check_fit_size(cfg, E, K)
+    extra = [n for n in cfg.built_rules() if n not in own]
+    if not cfg.diagnostic_rules():
+        return
+    d_pred, d_calib = reads(extra)
+    d_pred = d_pred and not pred
+    d_calib = (d_calib or (d_pred and not path)) and not calib
+    readers = [n for n in extra if SELECTORS.get(n).needs_predictor or SELECTORS.get(n).needs_calibration]
+    unset = " and leave predictor.path unset" if path else ""
 
+    def hint(err: ConfigError, rules_way: bool) -> ConfigError:
+        way = f", or diagnose.rules without {', '.join(readers)}" if rules_way else ""
+        return ConfigError(f"{err} (only the start-time diagnostic reads it, not method={cfg.method.name}: set "
+                           f"diagnose.enabled=false{way}{unset})")
 
-@contextmanager
-def _for_the_diagnostic(cfg: RunConfig) -> Iterator[None]:
-    """A refusal of calibration or predictor inputs that only the start-time diagnostic's rules
-    read says so, and how to run without them."""
-    own = [cfg.method.name] if cfg.stage == "evaluate" else []
-    diagnostic = [r["method"] for r in cfg.diagnostic_rules()]
-    reads = [n for n in dict.fromkeys(diagnostic) if n != "dense" and n not in own
-             and (SELECTORS.get(n).needs_predictor or SELECTORS.get(n).needs_calibration)]
-    own_reads = any(n != "dense" and (SELECTORS.get(n).needs_predictor or SELECTORS.get(n).needs_calibration)
-                    for n in own)
+    if not calib:  # its prompts, whichever rules it runs
+        try:
+            _check_calibration_files(cfg)
+        except ConfigError as err:
+            raise hint(err, False) from None
     try:
-        yield
+        if d_pred and path:
+            _check_predictor_file(cfg, hf)
+        if d_calib:
+            _check_calibration_tokens(cfg, calibration_tokens(cfg.calibration, E, K))
+        if d_pred and not path:
+            _check_fit_size(cfg, E, K)
     except ConfigError as err:
-        if not reads or own_reads:
-            raise
-        raise ConfigError(f"{err} (method={cfg.method.name} reads no calibration or predictor; the start-time diagnostic's "
-                          f"{', '.join(reads)} do: set diagnose.enabled=false, or diagnose.rules without "
-                          f"them)") from None
+        raise hint(err, True) from None
 
 
 def _check_device(cfg: RunConfig) -> None:
@@ -280,8 +297,8 @@ def _tokenizer(cfg: RunConfig, vocab_size: int | None = None):
     return tok
 
 
-def _check_calibration_files(cfg: RunConfig, needed: int | None = None) -> None:
-    """Every file exists, parses, and together they hold the tokens calibration cuts into windows."""
+def _check_calibration_files(cfg: RunConfig) -> None:
+    """Every file exists and parses."""
     from base.hf.calibrate import read_texts
 
     for f in cfg.calibration.files:
@@ -297,6 +314,12 @@ def _check_calibration_files(cfg: RunConfig, needed: int | None = None) -> None:
         except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
             raise ConfigError(f"calibration.files: {f} does not parse ({type(err).__name__}: {err}); .jsonl files "
                               f"hold one JSON object per line with a \"text\" field, .txt files UTF-8 text") from None
+
+
+def _check_calibration_tokens(cfg: RunConfig, needed: int | None = None) -> None:
+    """Together the files hold the tokens calibration cuts into windows."""
+    from base.hf.calibrate import read_texts
+
     text = read_texts([cfg.resolve(f) for f in cfg.calibration.files])
     tokens = len(_tokenizer(cfg)(text, add_special_tokens=False, verbose=False)["input_ids"])
     if tokens < cfg.calibration.seq_len:
