@@ -4,6 +4,7 @@ Nothing in base/ reads Hydra: these dataclasses are the only way configuration e
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -157,7 +158,9 @@ class TaskConfig:
         if not self.tasks:
             raise ConfigError(f"task {self.name}: tasks is empty")
         check_unique("task.tasks", list(self.tasks))
-        self.limit = check_int("task.limit", self.limit, 1, allow_none=True)
+        # lm-eval slices each task's docs with itertools.islice, whose bound is sys.maxsize (2**63 at
+        # most: a ValueError from inside lm-eval); a limit above a task's docs takes them all
+        self.limit = check_int("task.limit", self.limit, 1, sys.maxsize, allow_none=True)
         self.num_fewshot = check_int("task.num_fewshot", self.num_fewshot, 0, allow_none=True)
 
 

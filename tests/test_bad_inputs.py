@@ -103,6 +103,8 @@ CASES = [
     (["eval.max_gen_tokens=0"], "eval.max_gen_tokens=0 is out of range: must be >= 1 or null"),
     # more shots than the task's few-shot docs (found by tests/test_schema_property.py: random.sample's ValueError)
     (["task.num_fewshot=2147483648"], "task.num_fewshot=2147483648: task smoke_copy has"),
+    # beyond itertools.islice's bound, where lm-eval slices the docs (found by the same test: a ValueError)
+    (["task.limit=9223372036854775808"], "task.limit=9223372036854775808 is out of range: must be [1, 9223372036854775807]"),
     (["eval.seed=-1"], "eval.seed=-1 is out of range: must be >= 0 or null"),
     (["eval.batching=dynamic"], "eval.batching='dynamic' is not valid; choose one of: continuous, static"),
     # files are checked by what they hold, not by what they claim
