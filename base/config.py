@@ -651,12 +651,11 @@ class RunConfig:
         tp = self.throughput
         if self.stage == "evaluate" or (self.stage == "throughput" and tp is not None):
             specs = tp.specs if self.stage == "throughput" and tp is not None else None
-            built = self.own_rules()
             anchored = [n for n in SELECTORS.names() if SELECTORS.get(n).needs_k0]
             if self.method.k0 is not None and (specs or self.method.name not in anchored):
                 unused.append(([f"method.k0={self.method.k0}"], f"only {', '.join(anchored)} read it" +
                                (" (throughput.methods gives each its own, e.g. oea:1)" if specs else "")))
-            if all(name == "dense" for name in built):
+            if all(name == "dense" for name in self.own_rules()):
                 unused.append((_changed("method", self.method, ("reassign", "renormalize", "apply_to", "backend")),
                                "dense selects no experts"))
         if not self.scheduler.chunked:

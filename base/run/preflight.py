@@ -156,8 +156,8 @@ def _check_artifact_inputs(cfg: RunConfig, hf, family) -> None:
     calibration files and a fit of a meaningful size. What only the start-time diagnostic reads
     (its rules' artifacts; calibration.files, whose held-out text are its prompts) is checked the
     same way, its refusals saying so and how to run without it."""
-    E, K = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
     path = cfg.predictor.path
+    sizes = int(getattr(hf, family.experts_key)), int(getattr(hf, family.topk_key))
 
     def reads(names: list[str]) -> tuple[bool, bool]:  # (a predictor, calibration)
         rules = [SELECTORS.get(n) for n in names if n != "dense"]
@@ -168,24 +168,18 @@ def _check_artifact_inputs(cfg: RunConfig, hf, family) -> None:
     pred = pred or cfg.stage == "fit"
     calib = (calib or cfg.stage == "calibrate" or (pred and not path)  # a fit reads the calibration
              or (cfg.method.reassign == "similar" and any(n != "dense" for n in own)))  # so does `similar`
-    if pred and path:
-        _check_predictor_file(cfg, hf)
-    if calib:
-        _check_calibration_files(cfg)
-        _check_calibration_tokens(cfg, calibration_tokens(cfg.calibration, E, K))
-    if pred and not path:
-        _check_fit_size(cfg, E, K)
-    extra = [n for n in cfg.built_rules() if n not in own]
+    _check_inputs(cfg, hf, sizes, pred, calib)
     if not cfg.diagnostic_rules():
         return
+    extra = [n for n in cfg.built_rules() if n not in own]
     d_pred, d_calib = reads(extra)
     d_pred = d_pred and not pred
     d_calib = (d_calib or (d_pred and not path)) and not calib
-    readers = [n for n in extra if SELECTORS.get(n).needs_predictor or SELECTORS.get(n).needs_calibration]
-    unset = " and leave predictor.path unset" if path else ""
+    readers = [n for n in extra if any(reads([n]))]
 
     def hint(err: ConfigError, rules_way: bool) -> ConfigError:
         way = f", or diagnose.rules without {', '.join(readers)}" if rules_way else ""
+        unset = " and leave predictor.path unset" if path else ""
         return ConfigError(f"{err} (only the start-time diagnostic reads it, not method={cfg.method.name}: set "
                            f"diagnose.enabled=false{way}{unset})")
 
@@ -195,14 +189,22 @@ def _check_artifact_inputs(cfg: RunConfig, hf, family) -> None:
         except ConfigError as err:
             raise hint(err, False) from None
     try:
-        if d_pred and path:
-            _check_predictor_file(cfg, hf)
-        if d_calib:
-            _check_calibration_tokens(cfg, calibration_tokens(cfg.calibration, E, K))
-        if d_pred and not path:
-            _check_fit_size(cfg, E, K)
+        _check_inputs(cfg, hf, sizes, d_pred, d_calib, files=False)
     except ConfigError as err:
         raise hint(err, True) from None
+
+
+def _check_inputs(cfg: RunConfig, hf, sizes: tuple[int, int], pred: bool, calib: bool, files: bool = True) -> None:
+    """A predictor's inputs (`pred`: predictor.path's file, else a fit of a meaningful size) and the
+    calibration's (`calib`: its files, unless `files` is off, and the tokens they hold)."""
+    if pred and cfg.predictor.path:
+        _check_predictor_file(cfg, hf)
+    if calib:
+        if files:
+            _check_calibration_files(cfg)
+        _check_calibration_tokens(cfg, calibration_tokens(cfg.calibration, *sizes))
+    if pred and not cfg.predictor.path:
+        _check_fit_size(cfg, *sizes)
 
 
 def _check_device(cfg: RunConfig) -> None:
