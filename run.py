@@ -45,7 +45,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from base.checks import check_folder
-from base.config import RENAMED_KEYS, ConfigError, RunConfig, config_fields
+from base.config import DELETED_KEYS, RENAMED_KEYS, ConfigError, RunConfig, config_fields
 from base.run.gpu_pool import job_gpu, launcher_jobs, lock_dir, visible_gpus
 from base.run.outputs import config_hash, read_report
 from base.run.report import headline
@@ -642,10 +642,14 @@ def check_composition(argv: list[str]) -> None:
 
 
 def check_renamed(keys: list[str], where: str = "") -> None:
-    """A key renamed or moved since (base/config.py RENAMED_KEYS) is refused, naming the new one."""
+    """A key renamed or moved since (base/config.py RENAMED_KEYS) is refused, naming the new one; a
+    deleted engine option (DELETED_KEYS), saying why it went."""
     for key in keys:
         if key in RENAMED_KEYS:
             raise ConfigError(f"{key} was renamed {RENAMED_KEYS[key]}{where}: write {RENAMED_KEYS[key]} instead")
+        if key in DELETED_KEYS:
+            raise ConfigError(f"{key}{where} was deleted when it lost its A/B ({DELETED_KEYS[key]}; docs/engine.md, "
+                              f"'The switches that remain'): drop it")
 
 
 def _error_keys(err: BaseException) -> list[str]:

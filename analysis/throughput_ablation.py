@@ -8,6 +8,8 @@ decoder layer, and the step without a feature against the step with it.
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch); the switch was deleted on 2026-12-05 when it lost
               these A/Bs, and this reads its committed runs
+(throughput.regions was deleted too, when `layer` and `modules` had lost these A/Bs to
+`layer_combo`: regions and combo read the committed runs, results/roofline/grid_2026-12-02{e,f}.)
 
 Reads run folders (outputs/ or results/ only). The runs are separate processes on one machine,
 so the comparison pairs runs, not interleaved passes: `ratio` is a variant's ms without the

@@ -33,7 +33,6 @@ MAX_SEED = 2**32 - 1  # numpy's generator (lm-eval seeds it with `seed`) takes s
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 100.0
 THROUGHPUT_MODES = ("steps", "stream", "serve")
 PROFILE_BATCH = 16  # ThroughputConfig.profile_batch's default
-REGION_KINDS = ("layer", "modules", "layer_combo")  # base/runtime/regional.py
 PACKINGS = ("packed", "padded")
 ADMISSION_KEYS = ("admission", "max_wait_rounds")  # SchedulerConfig's admission policy
 # Keys renamed or moved (issue 44), old -> new: an old key is refused at start, naming the new one
@@ -42,6 +41,14 @@ RENAMED_KEYS = {"eval.gen_toks": "eval.gen_tokens", "eval.max_gen_toks": "eval.m
                 "eval.admission": "scheduler.admission", "stream.admission": "scheduler.admission",
                 "eval.max_wait_rounds": "scheduler.max_wait_rounds",
                 "stream.max_wait_rounds": "scheduler.max_wait_rounds"}
+# Engine options deleted when they lost their A/Bs (docs/engine.md, "The switches that remain"), with why:
+# an override of one is refused at start saying so (run.py), not as an unknown key.
+DELETED_KEYS = {"method.route_in_select": "it made base M=16's step 36 % slower",
+                "throughput.fused_attention": "it made the step slower despite fewer kernels",
+                "throughput.fold_input_norm": "it made the step slower despite fewer kernels",
+                "throughput.pdl": "it made dense 1.7-1.9 % and base M=16 4.3-4.6 % slower",
+                "throughput.regions": "layer and modules made the step slower than layer_combo, the form every "
+                                      "compiled step now runs"}
 
 
 @dataclass
@@ -319,14 +326,9 @@ class ThroughputConfig:
     eager_reference: bool = True  # CUDA: decode the first configuration eagerly once, for the record
     profile_batch: int | None = PROFILE_BATCH  # profile the step by kernel class at this batch size (null: never;
     # the default only where 16 is among batch_sizes, another value must be among them)
-    compile: bool = True  # CUDA: compile each layer's attention and norms once (base/runtime/regional.py)
-    regions: str = "layer_combo"  # with compile: layer_combo (layer, with Inductor's combo kernels:
-    # one kernel fewer per layer; on an H200 base M=16 1.3 % and dense 0.7 % faster than layer; and the
-    # attention's q/k/v and output projections on kernels/skinny.py for each shape whose entry in the
-    # GPU's tuned table beat cuBLAS, F.linear elsewhere (base/hf/skinny_proj.py): on an H100 router_sq
-    # M=16 at batch 16 0.98x the step without them, in each of 5 interleaved rounds) |
-    # layer (each layer's attention half one region, its MoE residual add in the expert kernel) |
-    # modules (attention and norms one by one, adds eager: the ablation of the fusion)
+    compile: bool = True  # CUDA: each layer's attention half compiled once with Inductor's combo kernels, and
+    # the attention's projections on kernels/skinny.py where the GPU's tuned table says they beat cuBLAS
+    # (base/runtime/regional.py, base/hf/skinny_proj.py); false: the graph of the eager step
     mode: str = "steps"  # steps: full static batches, each decode step timed | stream: a request stream
     # through continuous batching with latency (base/runtime/stream.py; `stream.*`), batch_sizes = slots |
     # serve: a serving benchmark after `vllm bench serve` (base/runtime/serving.py; `serve.*`, requests
@@ -360,7 +362,6 @@ class ThroughputConfig:
                               f"throughput.profile_batch=null for none")
         self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
         check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
-        check_choice("throughput.regions", self.regions, REGION_KINDS)
 
     def warm_steps(self, graph: bool) -> int:
         """Untimed steps before a timed or statistics pass: with a CUDA graph, the capture's step and

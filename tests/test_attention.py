@@ -216,10 +216,10 @@ def _generate_ref(model, ids, mask, n):
     return out[:, ids.shape[1]:]
 
 
-def _engine_tokens(model, ids, mask, n, compile: bool, halves: int | None = None, regions: str = "layer"):
+def _engine_tokens(model, ids, mask, n, compile: bool, halves: int | None = None):
     """Greedy tokens of the decode engine (batch one row larger than the prompts), then released;
     `halves`: the compiled attention halves the engine must hold."""
-    engine = DecodeEngine(model, ids.shape[0] + 1, 32, compile=compile, regions=regions)
+    engine = DecodeEngine(model, ids.shape[0] + 1, 32, compile=compile)
     if halves is not None:
         assert len(engine.regions.layers) == halves
     try:
@@ -247,7 +247,8 @@ def test_engine_decodes_every_family_like_generate(name):
 @pytest.mark.parametrize("name", ["tiny_qwen3", pytest.param("tiny_gpt_oss", marks=pytest.mark.slow),
                                   pytest.param("tiny_deepseek", marks=pytest.mark.slow)])
 def test_compiled_regions_decode_like_generate_with_one_graph_for_all_layers(name):
-    """Regional compilation (Inductor on the CPU here) of a 4-layer model: same tokens, and the
+    """Regional compilation (Inductor on the CPU here; its combo kernels apply to GPU kernels only)
+    of a 4-layer model: same tokens, and the
     layers share the compiled attention half and the final norm (no recompilation per layer: one graph per region
     kind and attention type, whatever the depth)."""
     model = _model(name, layers=4)
@@ -289,21 +290,8 @@ def test_every_family_layer_runs_as_one_attention_half_with_the_same_output(name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("regions,halves", [("modules", 0), ("layer_combo", 4)])
-def test_the_other_region_kinds_decode_like_generate(regions, halves):
-    """throughput.regions=modules (attention and norms compiled one by one, the ablation) and
-    layer_combo (the halves with Inductor's combo kernels, which apply to GPU kernels: on the CPU
-    the option is only accepted) decode a 4-layer model like generate."""
-    model = _model("tiny_qwen3", layers=4)
-    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
-    torch._dynamo.reset()
-    got = _engine_tokens(model, ids, torch.ones_like(ids), 14, compile=True, halves=halves, regions=regions)
-    assert torch.equal(got, _generate_ref(model, ids, torch.ones_like(ids), 14))
-
-
-@pytest.mark.slow
 def test_the_default_regions_decode_like_generate_through_the_skinny_kernel(monkeypatch):
-    """The default region (layer_combo): the q/k/v and output projections through the custom op and
+    """The compiled halves' q/k/v and output projections through the custom op and
     kernels/skinny.py inside the compiled halves (forced on here: on the CPU, and on a GPU without a
     winning entry in its tuned table, they keep F.linear), and o_proj restored at release; the same
     tokens as generate."""
@@ -316,7 +304,7 @@ def test_the_default_regions_decode_like_generate_through_the_skinny_kernel(monk
     model = _model("tiny_qwen3", layers=2)
     ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
     torch._dynamo.reset()
-    got = _engine_tokens(model, ids, torch.ones_like(ids), 6, compile=True, halves=2, regions="layer_combo")
+    got = _engine_tokens(model, ids, torch.ones_like(ids), 6, compile=True, halves=2)
     assert torch.equal(got, _generate_ref(model, ids, torch.ones_like(ids), 6))
     attn = model.model.layers[0].self_attn
     fused = attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features

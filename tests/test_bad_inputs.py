@@ -160,18 +160,11 @@ CASES = [
     (["model=mini", "task=paper_standin", "method=dense", "eval.confirm_unsafe_code=true"],
      "would generate 384 new tokens, but mini has 256 positions in all"),
     (["scheduler.admission=union", "eval.batching=static"], "scheduler.admission=union chooses who takes a free slot: it needs"),
-    (["stage=throughput", "throughput.regions=fused"], "throughput.regions='fused' is not valid; choose one of: layer, modules, layer_combo"),
     (["model.experts_impl=deepgemm_megamoe"], "model.experts_impl='deepgemm_megamoe' is not valid"),  # FP8 checkpoints only
     (["task.include_path=no_such_folder"], "task.include_path=no_such_folder: no folder at"),
     (["+model.arch.num_expertz=4"], "model.arch.num_expertz is not a field of qwen3_moe's config; did you mean "
                                     "model.arch.num_experts?"),  # transformers keeps it as an attribute nothing reads
     (["model.experts_impl=deepgemm"], "model.experts_impl: deepgemm "),  # a hub kernel: `kernels`, CUDA, bf16
-    # removed: it lost its A/B (issue 42/44)
-    (["stage=throughput", "throughput.regions=layer_autotune"],
-     "throughput.regions='layer_autotune' is not valid; choose one of: layer, modules, layer_combo"),
-    # removed: it won its A/B, so the default region has the skinny projections (2026-12-05)
-    (["stage=throughput", "throughput.regions=layer_skinny"],
-     "throughput.regions='layer_skinny' is not valid; choose one of: layer, modules, layer_combo"),
     (["stage=throughput", "throughput.mode=stream", "stream.prompt_len=[10,5]"], "stream.prompt_len=[10, 5]: low 10 is above high 5"),
     (["stage=throughput", "throughput.mode=stream", "stream.rate=0"], "stream.rate=0.0 is out of range: must be a number > 0.0"),
     (["stage=throughput", "throughput.mode=stream", "stream.lengths_from=nowhere/samples.jsonl"],
@@ -382,6 +375,7 @@ def test_task_paper_sets_the_papers_decoding(compose, tmp_path):
     ("throughput.fused_attention=true", "throughput.fused_attention"),  # removed: lost its A/B (2026-12-05)
     ("throughput.fold_input_norm=true", "throughput.fold_input_norm"),  # likewise
     ("throughput.pdl=true", "throughput.pdl"),  # removed: lost its A/Bs (issue 42 item 4, 2026-12-05)
+    ("throughput.regions=modules", "throughput.regions"),  # removed: layer, modules lost to layer_combo (issue 42)
 ])
 def test_a_value_of_the_wrong_type_fails_at_composition_naming_the_key(compose, override, key):
     from hydra.errors import HydraException

@@ -344,23 +344,25 @@ def test_config_hash_of_runs_recorded_before_compile_prefill(compose):
 
 @pytest.mark.parametrize("removed", [[("method", "route_in_select")],
                                      [("method", "route_in_select"), ("throughput", "pdl")],
-                                     [("throughput", "pdl")]])  # the fast tier runs the first and the last
+                                     [("throughput", "pdl"), ("throughput", "regions")],
+                                     [("throughput", "regions")]])  # the fast tier runs the first and the last
 def test_config_hash_of_runs_recorded_with_a_removed_option(compose, removed):
-    """Options deleted when they lost their A/B (method.route_in_select, throughput.pdl), at the
-    value every run recorded with them had (false), leave such a run the same config, so it is still
-    skipped, whichever of them it was recorded with (they existed at different times); a run
-    recorded with one on computed another step and is not."""
+    """Options deleted when they lost their A/B (method.route_in_select, throughput.pdl; the
+    throughput.regions key, whose other values lost), at the value every run recorded with them had
+    (false; regions: layer_combo), leave such a run the same config, so it is still skipped,
+    whichever of them it was recorded with (they existed at different times); a run recorded with
+    another value computed another step and is not."""
     import yaml
     from omegaconf import OmegaConf
 
-    from base.run.outputs import config_hash, same_config
+    from base.run.outputs import REMOVED_OPTIONS, config_hash, same_config
 
     text = OmegaConf.to_yaml(compose(["model=tiny_qwen3", "method=router_sum"]), resolve=True)
     recorded = yaml.safe_load(text)
     for group, key in removed:
         assert key not in recorded[group]
-        recorded[group][key] = False
+        recorded[group][key] = REMOVED_OPTIONS[(group, key)]
     assert same_config(text, config_hash(yaml.safe_dump(recorded)))
     group, key = removed[-1]
-    recorded[group][key] = True
+    recorded[group][key] = {"pdl": True, "route_in_select": True, "regions": "modules"}[key]
     assert not same_config(text, config_hash(yaml.safe_dump(recorded)))

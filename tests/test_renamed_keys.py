@@ -4,7 +4,8 @@ eval.max_wait_rounds / stream.max_wait_rounds -> scheduler.max_wait_rounds.
 
 An old key is refused at start (exit 2, one line naming the new key) wherever it is written: on
 the command line, in a config file, in an experiment's sweep. A run recorded with the old keys
-keeps its config hash (base/run/outputs.py as_recorded), so a finished run is still skipped."""
+keeps its config hash (base/run/outputs.py as_recorded), so a finished run is still skipped.
+Engine options deleted when they lost their A/B (DELETED_KEYS) are refused saying so."""
 from __future__ import annotations
 
 import shutil
@@ -15,7 +16,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import run
-from base.config import RENAMED_KEYS, ConfigError
+from base.config import DELETED_KEYS, RENAMED_KEYS, ConfigError
 from base.run.outputs import config_hash, same_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,15 @@ def test_an_old_key_on_the_command_line_is_refused_naming_the_new_one(old, new):
     for arg in (f"{old}=4", f"+{old}=4", f"~{old}"):
         with pytest.raises(ConfigError, match=f"^{old} was renamed {new}"):
             run.check_composition(["model=tiny_qwen3", arg])
+
+
+@pytest.mark.parametrize("key", sorted(DELETED_KEYS))
+def test_a_deleted_engine_option_is_refused_saying_it_lost_its_a_b(key):
+    """An option deleted when it lost its A/B (base/config.py DELETED_KEYS) is not refused as an
+    unknown key with a near miss (throughput.regions -> throughput.repeats) but as deleted, with why."""
+    for arg in (f"{key}=true", f"+{key}=true"):
+        with pytest.raises(ConfigError, match=f"^{key} was deleted when it lost its A/B .*: drop it$"):
+            run.check_composition(["model=tiny_qwen3", "stage=throughput", arg])
 
 
 def test_an_old_key_in_a_config_file_or_a_sweep_is_refused(tmp_path, monkeypatch):

@@ -64,7 +64,6 @@ def _choices() -> dict[str, tuple[str, ...]]:
             "method.budget_split": ("uniform", "sensitivity"), "predictor.fit_on": ("routed", "all"),
             "eval.order": C.EVAL_ORDERS, "eval.engine": ("auto", "on", "off"), "eval.batching": C.BATCHINGS,
             "scheduler.admission": C.ADMISSIONS, "throughput.mode": C.THROUGHPUT_MODES,
-            "throughput.regions": C.REGION_KINDS,
             "stage": C.STAGES, "logger.name": ("wandb", "none"), "logger.mode": ("offline", "disabled"),
             "throughput.methods": ("dense", "router_sum", "oea:1", "oea", "base:2", "dense:eager", "dense:fast", "x:")}
 

@@ -15,7 +15,7 @@ where it splits; the graph's launch gaps are in both. A launch that needs more s
 the GPU has, or whose product differs from F.linear's, is left out. `--install` writes, per shape and token bucket, the fastest launch and
 whether it beat cuBLAS in every round ("use") into kernels/configs/<gpu>.json, where
 kernels.skinny.skinny_launch reads it (the router's GEMM, and the attention's projections in the
-default compiled region, `throughput.regions=layer_combo`).
+compiled layer halves, base/runtime/regional.py).
 """
 from __future__ import annotations
 

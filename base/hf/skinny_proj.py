@@ -9,8 +9,8 @@ per layer of Qwen3-30B-A3B on an H200); kernels/skinny.py streams the weights on
 reduce launch (see its doc). Which one runs is decided per shape by the GPU's tuned table
 (`skinny_launch`): only a shape whose entry beat cuBLAS in tools/bench_skinny.py runs the kernel; a
 shape without an entry or where it lost, more than 64 rows (prefill), a bias, or a CPU tensor keep
-F.linear, so a GPU without entries runs as before. The engine applies this in its default compiled
-region (`throughput.regions=layer_combo`): on an H100 (router_sq M=16, batch 16) the step took 0.98x
+F.linear, so a GPU without entries runs as before. The engine applies this in its compiled layer
+halves (base/runtime/regional.py): on an H100 (router_sq M=16, batch 16) the step took 0.98x
 its time without it in each of 5 interleaved rounds.
 
 The kernel runs through a custom op (`base_moe::skinny_linear`), so a compiled region treats it as

@@ -234,8 +234,6 @@ def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
     tp = cfg.throughput
     set_here = _changed("scheduler", cfg.scheduler, ("compile_prefill",))
     if cfg.stage == "throughput" and tp is not None:
-        if tp.regions != "layer_combo":
-            set_here.append(f"throughput.regions={tp.regions}")
         set_here += [f"throughput.methods[]={spec!r}" for spec, parsed in zip(tp.methods or [], tp.specs or [])
                      if set(parsed["forms"]) & set(GPU_FORMS) & set(VARIANT_FORMS)]
     if set_here:

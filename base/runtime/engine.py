@@ -70,7 +70,7 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, batch_size: int, max_len: int, budget: MoeBudget | None = None,
                  eos_ids: tuple[int, ...] = (), pad_id: int = 0, graph: bool | None = None,
-                 sampling: Sampling | None = None, compile: bool | None = None, regions: str = "layer_combo") -> None:
+                 sampling: Sampling | None = None, compile: bool | None = None) -> None:
         self.model, self.budget, self.B, self.L = model, budget, batch_size, max_len
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
@@ -91,13 +91,12 @@ class DecodeEngine:
         # compile the attention/norm regions where the step is replayed as a CUDA graph (None: auto)
         if compile is None:
             compile = self.graph_enabled and self.device.type == "cuda"
-        self.regions = (RegionalCompile(model, layers=regions != "modules", combo=regions == "layer_combo")
-                        if compile else None)
+        self.regions = RegionalCompile(model) if compile else None
         # with the compiled regions, q/k/v in one GEMM per layer (base/hf/fused_qkv.py)
         self.fused_qkv = FusedQKV(model) if compile else None
-        # layer_combo: the projections on kernels/skinny.py where the tuned table says it beat cuBLAS
+        # and the projections on kernels/skinny.py where the tuned table says it beat cuBLAS
         # (base/hf/skinny_proj.py; F.linear for every shape without such an entry)
-        self.skinny = SkinnyProjections(model) if compile and regions == "layer_combo" else None
+        self.skinny = SkinnyProjections(model) if compile else None
         dev, B, L = self.device, batch_size, max_len
         self.eos_D = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
         self.cache = StaticKV(L, dev)

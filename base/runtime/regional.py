@@ -21,6 +21,12 @@ when its children are exactly those of the pre-norm decoder layer every supporte
 (`HALF_LAYER_CHILDREN`); another layer's attention and norms are compiled module by module.
 The layer's second residual add goes to the owned MoE block (base/hf/moe_block.py), whose expert
 kernel adds it in its last launch where it can: one more launch per layer fewer.
+The half is compiled with Inductor's combo kernels (independent kernels of a half, such as the q
+and k norm + rotary and the cache writes, in one launch; GPU only). Both other forms lost their
+A/Bs and were deleted (`throughput.regions`, issue 42; H200, batch 16, runs in the order a b b a):
+with the modules compiled one by one the dense step took 1.015x and base M=16's 1.035x their time
+with the half (results/roofline/grid_2026-12-02e), with the half but no combo kernels 1.007x and
+1.013x (grid_2026-12-02f).
 The half is compiled with `emulate_precision_casts`, so the norm reads the residual rounded to
 the model's dtype, as the eager layer does (tests/test_attention.py compares the two).
 
@@ -45,7 +51,8 @@ REGION_ATTRS = ("self_attn", "input_layernorm", "post_attention_layernorm")
 # a decoder layer with exactly these children runs norm -> attention -> add -> norm -> MoE -> add
 HALF_LAYER_CHILDREN = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"})
 RECOMPILE_LIMIT = 64  # (batch sizes) x (region kinds: attention, norm; sliding-window layers)
-_COMPILED: dict[type | str, object] = {}  # one compiled forward per module class (and per half kind), shared
+_COMPILED: dict[type | str, object] = {}  # one compiled forward per module class (and the half), shared
+HALF = "half"  # _COMPILED's key of the attention half
 
 
 def attention_half(layer: nn.Module, hidden_BSH: Tensor, kwargs: dict) -> tuple[Tensor, Tensor]:
@@ -89,30 +96,25 @@ def _regions(model: nn.Module, skip: set[int]) -> list[nn.Module]:
 class RegionalCompile:
     """Wraps the forward of each region module: compiled while `enabled()`, the original otherwise."""
 
-    def __init__(self, model: nn.Module, layers: bool = True, combo: bool = False) -> None:
-        """layers: each qualifying decoder layer as one attention half (the default); False: every
-        attention and norm module compiled alone, the adds eager (the fusion's ablation). combo:
-        the halves compiled with Inductor's combo kernels (independent kernels of a half, such as
-        the q and k norm + rotary and the cache writes, in one launch; GPU only)."""
+    def __init__(self, model: nn.Module) -> None:
         for key in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, key):
                 setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), RECOMPILE_LIMIT))
         self.on = False
-        self.layers = _half_layers(model) if layers else []
+        self.layers = _half_layers(model)
         in_halves = {id(getattr(layer, attr)) for layer in self.layers for attr in REGION_ATTRS}
         self.modules = _regions(model, in_halves)
         if not self.modules and not self.layers:
             raise ValueError(f"no {REGION_ATTRS} modules to compile in {type(model).__name__}")
-        half = "half_combo" if combo else "half"
-        if self.layers and half not in _COMPILED:
-            _COMPILED[half] = torch.compile(attention_half, dynamic=False,
-                                            options={"emulate_precision_casts": True, "combo_kernels": combo})
+        if self.layers and HALF not in _COMPILED:
+            _COMPILED[HALF] = torch.compile(attention_half, dynamic=False,
+                                            options={"emulate_precision_casts": True, "combo_kernels": True})
         for layer in self.layers:
 
             def layer_forward(hidden_states, *args, _l=layer, _orig=layer.forward, **kwargs):
                 if not self.on or args:
                     return _orig(hidden_states, *args, **kwargs)
-                return half_layer_forward(_l, hidden_states, kwargs, _COMPILED[half])
+                return half_layer_forward(_l, hidden_states, kwargs, _COMPILED[HALF])
 
             layer.forward = layer_forward
         for module in self.modules:

@@ -163,7 +163,7 @@ class _Engine:
         self.budget = make_budget(v, False)
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
-                                           compile=None if tp.compile else False, **v.engine_options(tp),
+                                           compile=None if tp.compile else False,
                                            buckets=scheduler.buckets,
                                            compile_prefill=v.compile_prefill(scheduler.compile_prefill))
         except BaseException:

@@ -111,7 +111,7 @@ def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, l
     """The stream of variant v (its budget given) through a fresh engine after its warm-up;
     (finished, stats, s to predict experts)."""
     engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False,
-                              **v.engine_options(tp), buckets=scheduler.buckets,
+                              buckets=scheduler.buckets,
                               compile_prefill=v.compile_prefill(scheduler.compile_prefill))
     try:
         if scheduler.packing == "packed":

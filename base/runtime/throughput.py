@@ -54,12 +54,6 @@ class Variant:
         name = name if self.experts_impl is None else f"{name}[{self.experts_impl}]"
         return "+".join((name, *self.forms))
 
-    def engine_options(self, cfg: ThroughputConfig) -> dict:
-        """The engine's regions for this variant: the run's, with its forms' keys."""
-        options = {"regions": cfg.regions}
-        options.update(self._form_keys("throughput"))
-        return options
-
     def compile_prefill(self, scheduler_compile_prefill: bool) -> bool:
         """Whether this variant's continuous engine compiles its packed prefills: the run's
         scheduler.compile_prefill, or its form's."""
@@ -149,7 +143,7 @@ def _decode(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget |
     not compiled before at this shape, capture and the untimed replays)."""
     budget = make_budget(v, stats)
     engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=graph,
-                          compile=None if (cfg.compile and graph is None) else False, **v.engine_options(cfg))
+                          compile=None if (cfg.compile and graph is None) else False)
     try:
         mask_BP = torch.ones_like(ids_BP)
         engine.prefill(ids_BP, mask_BP, cfg.gen_tokens, stop_at_eos=False)
@@ -194,7 +188,7 @@ def _profile(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBudget 
     budget = make_budget(v, False)
     # the graph's kernels, run eagerly: compiled regions as in the timed pass
     engine = DecodeEngine(model, bs, cfg.prompt_len + cfg.gen_tokens, budget=budget, graph=False,
-                          compile=cfg.compile and ids_BP.device.type == "cuda", **v.engine_options(cfg))
+                          compile=cfg.compile and ids_BP.device.type == "cuda")
     try:
         engine.prefill(ids_BP, torch.ones_like(ids_BP), cfg.gen_tokens, stop_at_eos=False)
         engine.decode(1)  # warm
@@ -219,7 +213,7 @@ def _measure_one(model: nn.Module, make_budget: Callable[[Variant, bool], MoeBud
     row = {
         "batch_size": bs, "method": v.method, "budget": v.budget, "k0": v.k0, "variant": v.label,
         "experts_impl": v.experts_impl or getattr(model.config, "_experts_implementation", None),
-        "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile, **v.engine_options(cfg),
+        "mode": "graph" if ms else "eager", "compiled": bool(ms) and cfg.compile,
         "warmup_s": warm_s, "steps": len(ms) if ms else steps,
         "ms_per_step": step_ms, "p90_ms": _quantile(ms, 0.9) if ms else None,
         "tokens_per_s": 1e3 * bs / step_ms, "peak_gb": _peak_gb(devices), "gpus": len(devices),

@@ -18,7 +18,7 @@
 #      tools/bench_skinny.py -> $OUT/bench_select.*, bench_skinny.*
 #   2c. (PARTS exptune) the expert kernels' table, both paths, the kept bound, the reduce in down (tools/tune_kernels.py;
 #      EXPTUNE_MODELS, EXPTUNE_TS), installed before the grid -> $OUT/tune_experts.log, installed_configs.json
-#   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.regions AB_VALUES="layer layer_combo"
+#   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.compile AB_VALUES="false true" (both needed)
 #      -> $OUT/ab.tgz
 # Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
 set -uo pipefail
@@ -102,7 +102,8 @@ if [[ " $PARTS " == *" ab "* ]]; then
   # an A/B of one throughput key on one machine: AB_KEY's two AB_VALUES in the order a b b a, each
   # a run of AB_METHODS at batch 16 (analysis: python -m analysis.throughput_ablation <runs> <out> <name>);
   # AB_NAME: a subfolder of outputs/ab for this A/B, so two A/Bs of one call stay apart
-  AB_KEY=${AB_KEY:-throughput.regions}; read -r va vb <<< "${AB_VALUES:-layer layer_combo}"
+  : "${AB_KEY:?PARTS=ab needs AB_KEY (a throughput key) and AB_VALUES (its two values)}" "${AB_VALUES:?}"
+  read -r va vb <<< "$AB_VALUES"
   i=0
   for v in "$va" "$vb" "$vb" "$va"; do
     i=$((i + 1)); stamp "ab $i $AB_KEY=$v"
