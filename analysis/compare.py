@@ -3,10 +3,13 @@
     python -m analysis.compare outputs/demo
 
 One row per evaluate run, keyed by model, tasks (the prompt pool), engine, variant, budget, batch
-size and batching seed (and admission where the runs differ in it), so runs of two models, two
-pools or two engines are separate rows; a run repeating another's key is shown once, with a
-warning. tokens/s is the throughput runs' timing of the same model, routing, variant, budget and
-batch size (CUDA-graph rows where a configuration was also timed eagerly).
+size and batching seed (and admission where the runs differ in it, and `setting`, what else the
+runs were given that differs between them, e.g. predictor.ridge=1000), so runs of two models, two
+pools, two engines or two settings are separate rows; a run repeating another's key is shown once,
+with a warning. tokens/s is the throughput runs' timing of the same model, routing, variant, budget and
+batch size (CUDA-graph rows where a configuration was also timed eagerly): a static batch at the
+throughput run's lengths, on its engine and device (`timed_engine`, `timed_on`), not the
+evaluation's own speed; a CPU's tokens/s is a smoke test.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ def _timings(root: str) -> pd.DataFrame:
     """tokens/s per TIMED key; two timings of one key (two throughput runs) are refused."""
     tp = throughput_frame(root)
     if tp.empty:
-        return pd.DataFrame(columns=[*TIMED, "tokens_per_s"])
+        return pd.DataFrame(columns=[*TIMED, "tokens_per_s", "timed_engine", "timed_on"])
     tp = tp.assign(budget=tp["budget"].astype("Int64"), variant=tp.get("variant", tp["method"]).fillna(tp["method"]))
     if "mode" in tp:  # a configuration timed both ways: the CUDA-graph timing is the one served
         graphed = tp.groupby(TIMED, dropna=False)["mode"].transform(lambda m: (m == "graph").any())
@@ -36,14 +39,17 @@ def _timings(root: str) -> pd.DataFrame:
         fail(f"{root}: {len(twice)} throughput rows time the same configuration (e.g. {r['model']} {r['variant']} "
              f"budget {r['budget']} batch {r['batch_size']} in {', '.join(sorted(twice['run'].unique()))}); "
              "compare one throughput run per configuration")
-    return tp[[*TIMED, "tokens_per_s"]]
+    return tp.reindex(columns=[*TIMED, "tokens_per_s", "timed_engine", "timed_on"])
 
 
 def compare(root: str) -> pd.DataFrame:
     ev = runs_frame(root)
     if ev.empty:
-        fail(f"no finished evaluate runs under {root}")
+        timed = len(throughput_frame(root))
+        fail(f"no finished evaluate runs under {root}" + (f" (its throughput runs: python -m analysis.throughput {root} "
+                                                          f"<out folder>)" if timed else ""))
     key = KEY + (["admission"] if ev["admission"].nunique(dropna=False) > 1 else [])
+    key += ["setting"] if (ev["setting"] != "").any() else []
     ev = ev.assign(budget=ev["budget"].astype("Int64"))
     for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
         first, *others = g["run"].tolist()
@@ -51,6 +57,8 @@ def compare(root: str) -> pd.DataFrame:
              f"{', '.join(key)}): shown once")
     ev = ev.drop_duplicates(key)
     table = ev.reindex(columns=[*key, "routing", *SHOWN]).merge(_timings(root), on=TIMED, how="left")
+    if table["tokens_per_s"].isna().all():  # nothing timed: no columns saying where timings came from
+        table = table.drop(columns=["timed_engine", "timed_on"])
     return table.drop(columns="routing").sort_values(key, na_position="first").reset_index(drop=True)
 
 

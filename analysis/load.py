@@ -43,6 +43,13 @@ AXES = ("exp", "run", "stage", "model", "pool", "method", "variant", "reassign",
 # What makes two evaluate runs one measurement: a second run of the same key (dense swept over
 # budgets it ignores, a rerun under another folder name) is not another seed.
 RUN_KEY = ("exp", "model", "pool", "variant", "budget", "batch_size", "engine", "admission", "seed")
+# Command-line keys a run's key already holds (RUN_KEY: model, tasks, variant, budget, batch size,
+# engine, admission, seed) or that change nothing it computes: never part of its `setting`.
+KEY_OVERRIDES = frozenset({
+    "method", "method.name", "budget", "method.k0", "method.shrink", "method.reassign", "method.budget_split",
+    "method.coverage", "model", "task", "task.tasks", "task.limit", "batch_size", "seed", "eval.seed",
+    "scheduler.admission", "eval.admission", "eval.batching", "stage", "exp_name", "logger", "logger.name",
+    "logger.mode", "force", "outputs_dir", "artifacts_dir", "allow_outside_outputs"})
 # Per-run tables of one evaluate run folder, by the name its frame has on RunSet.
 RUN_TABLES = {"metrics": "metrics.csv", "selection": "selection.csv", "steps": "selection_steps.csv",
               "fidelity": "fidelity_steps.csv", "samples": "samples.jsonl"}
@@ -161,6 +168,50 @@ def run_axes(rep: dict, exp: str, run: str, config: dict | None = None) -> dict:
             "admission": ev.get("admission")}
 
 
+def overrides_of(rep: dict) -> dict[str, str]:
+    """report.json's command-line overrides (`overrides`, Hydra's `k=v,k2=[1,2]`) as {key: value};
+    a list's or quoted value's commas stay in its value."""
+    text, out, depth, quote, part = str(rep.get("overrides") or ""), {}, 0, "", ""
+    for ch in text + ",":
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth <= 0:
+            key, _, value = part.partition("=")
+            if key.strip():
+                out[key.strip().lstrip("+~")] = value.strip()
+            part = ""
+            continue
+        part += ch
+    return out
+
+
+def settings(reps: list[dict]) -> list[str]:
+    """Per run, what else was set where the given runs differ (one sweep's runs): the overrides
+    beyond the run's key (KEY_OVERRIDES) whose value is not the same in all of them, e.g.
+    `predictor.ridge=1000` ("" for none). Two runs of one key and setting that are not dense and
+    still hash differently (a default changed in conf/ between them) are told apart by their
+    config hash (`config=<hash>`), so no two configurations are taken for one measurement."""
+    ovs = [{k: v for k, v in overrides_of(r).items() if k not in KEY_OVERRIDES} for r in reps]
+    varying = sorted({k for o in ovs for k in o if len({o2.get(k) for o2 in ovs}) > 1})
+    out = [",".join(f"{k}={o[k]}" for k in varying if k in o) for o in ovs]
+    groups: dict[tuple, set] = {}
+    keys = []
+    for r, s in zip(reps, out):
+        axes = r.get("_axes") or run_axes(r, "", "", r.get("_config"))
+        key = (*(str(axes.get(k)) for k in RUN_KEY if k != "exp"), s)
+        keys.append(key)
+        if r.get("method") != "dense":  # dense's hash holds the budget it ignores
+            groups.setdefault(key, set()).add(r.get("config_hash"))
+    return [f"{s},config={r.get('config_hash')}".lstrip(",") if len(groups.get(k, ())) > 1 else s
+            for r, s, k in zip(reps, out, keys)]
+
+
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
     """Integer axes as nullable ints, so a missing budget (dense, adaptive) stays <NA>, not 6.0."""
     for col in ("budget", "batch_size", "seed", "k0"):
@@ -191,31 +242,41 @@ class RunSet:
             config = _config(path.parent)
             rep["_axes"] = run_axes(rep, _exp_name(path.parent, self.root, config), run, config)
             self.reports.append(rep)
+        by_exp: dict[str, list[dict]] = {}
+        for rep in self.reports:
+            rep["_setting"] = ""
+            if rep.get("stage") == "evaluate":
+                by_exp.setdefault(rep["_axes"]["exp"], []).append(rep)
+        for reps in by_exp.values():
+            for rep, setting in zip(reps, settings(reps)):
+                rep["_setting"] = setting
 
     def __len__(self) -> int:
         return len(self.reports)
 
     @cached_property
     def runs(self) -> pd.DataFrame:
-        """One row per finished run: AXES, the summary (accuracy, kept_mean, kl, ...), size and wall time."""
-        rows = [{**rep["_axes"], **{k: rep.get(k) for k in ("num_experts", "moe_layers", "top_k", "wall_s")},
+        """One row per finished run: AXES, its `setting` (what else its sweep varied: `settings`), the
+        summary (accuracy, kept_mean, kl, ...), size and wall time."""
+        rows = [{**rep["_axes"], "setting": rep["_setting"],
+                 **{k: rep.get(k) for k in ("num_experts", "moe_layers", "top_k", "wall_s")},
                  **(rep.get("summary") or {})} for rep in self.reports]
         return _typed(pd.DataFrame(rows, columns=None if rows else list(AXES)))
 
     @cached_property
     def evaluations(self) -> pd.DataFrame:
-        """The evaluate runs, one per RUN_KEY: of runs that are one measurement the first (by
-        folder) is kept, and the others named in a warning."""
+        """The evaluate runs, one per RUN_KEY and setting: of runs that are one measurement the
+        first (by folder) is kept, and the others named in a warning."""
         ev = self.runs[self.runs["stage"] == "evaluate"] if len(self.runs) else self.runs
         if ev.empty:
             return ev
-        key = list(RUN_KEY)  # missing values (no budget, no pool) compare equal
+        key = [*RUN_KEY, "setting"]  # missing values (no budget, no pool) compare equal
         for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
             first, *others = g["run"].tolist()
             r = g.iloc[0]
             warn(f"{r['exp']}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} "
                  f"(model {r['model']}, tasks {r['pool']}, {r['variant']}, budget {r['budget']}, engine {r['engine']}, "
-                 f"seed {r['seed']}): counted once")
+                 f"seed {r['seed']}{', ' + r['setting'] if r['setting'] else ''}): counted once")
         return ev[~ev.duplicated(key, keep="first")]
 
     def table(self, name: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -385,18 +446,18 @@ def reports(root: str | Path) -> list[dict]:
 
 def runs_frame(root: str | Path) -> pd.DataFrame:
     """One row per finished evaluate run: its key (model, tasks: the prompt pool, variant, budget,
-    batch size, engine, admission, batching seed), method options, and the selection summary."""
+    batch size, engine, admission, batching seed), its setting (what else the runs under root
+    differ in: `settings`), method options, and the selection summary."""
     rows = []
-    for rep in reports(root):
-        if rep.get("stage") != "evaluate":
-            continue
+    evals = [rep for rep in reports(root) if rep.get("stage") == "evaluate"]
+    for rep, setting in zip(evals, settings(evals)):
         mc = rep.get("method_config") or {}
         axes = run_axes(rep, "", rep["run"], rep["_config"])
         rows.append({"run": rep["run"], "model": axes["model"], "tasks": axes["pool"], "method": axes["method"],
                      "variant": axes["variant"], "budget": axes["budget"], "batch_size": axes["batch_size"],
                      "engine": axes["engine"], "admission": axes["admission"], "routing": axes["routing"],
                      "reassign": mc.get("reassign"), "k0": mc.get("k0"), "order": (rep.get("eval") or {}).get("order"),
-                     "batch_seed": axes["seed"], **(rep.get("summary") or {})})
+                     "batch_seed": axes["seed"], "setting": setting, **(rep.get("summary") or {})})
     return pd.DataFrame(rows)
 
 
@@ -415,8 +476,12 @@ def metrics_frame(root: str | Path) -> pd.DataFrame:
 
 
 def throughput_frame(root: str | Path) -> pd.DataFrame:
+    """One row per timed configuration of every throughput run under root, with its run's folder,
+    model, routing, engine fingerprint and device."""
     rows = []
     for rep in reports(root):
         for r in rep.get("throughput") or []:
-            rows.append({"run": rep["run"], "model": rep.get("model"), "routing": rep.get("routing", "uniform"), **r})
+            rows.append({"run": rep["run"], "model": rep.get("model"), "routing": rep.get("routing", "uniform"),
+                         "timed_engine": engine_of(rep, rep["_config"]), "timed_on": rep.get("gpu") or rep.get("device"),
+                         **r})
     return pd.DataFrame(rows)

@@ -31,7 +31,7 @@ def quality_table(root: str) -> pd.DataFrame:
     if runs.empty:
         fail(f"no finished evaluate runs under {root}")
     # one table is one model, prompt pool and engine: its rows are keyed by variant, budget and seed only
-    for col, what in (("model", "models"), ("tasks", "prompt pools")):
+    for col, what in (("model", "models"), ("tasks", "prompt pools"), ("setting", "settings")):
         if runs[col].nunique(dropna=False) > 1:
             fail(f"{root} holds runs of {runs[col].nunique(dropna=False)} {what} ({', '.join(map(str, runs[col].unique()))}); "
                  "make one table of each (one exp_name each)")

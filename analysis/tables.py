@@ -72,9 +72,25 @@ def per_model(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def per_setting(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs with an experiment holding several settings (what else its sweep varied, e.g.
+    predictor.ridge: load.settings) renamed `<exp>[<setting>]` ("default" where none was set),
+    each its own experiment: a point never pools two configurations as batching seeds."""
+    if runs.empty or "setting" not in runs:
+        return runs
+    n = runs.groupby("exp")["setting"].nunique()
+    several = runs["exp"].isin(n[n > 1].index)
+    if not several.any():
+        return runs
+    runs = runs.copy()
+    label = runs.loc[several, "setting"].replace("", "default").str.replace("[", "(").str.replace("]", ")")
+    runs.loc[several, "exp"] = runs.loc[several, "exp"] + "[" + label + "]"
+    return runs
+
+
 def sweep_of(exp: pd.Series) -> pd.Series:
-    """The experiment names as swept: `sweep[mini]` (per_model) is `sweep`."""
-    return exp.astype(str).str.replace(r"\[[^\]]*\]$", "", regex=True)
+    """The experiment names as swept: `sweep[mini]` (per_model) and `sweep[mini][ridge=1]` are `sweep`."""
+    return exp.astype(str).str.replace(r"(\[[^\]]*\])+$", "", regex=True)
 
 
 def in_exps(exp: pd.Series, names: list[str]) -> pd.Series:
@@ -100,8 +116,8 @@ def per_batching(runs: pd.DataFrame) -> pd.DataFrame:
 
 def evaluations(data: Data) -> pd.DataFrame:
     """The evaluate runs of outputs/ the report reads: one per measurement, an experiment per
-    model and batching; an experiment of two engines of one batching is refused (analysis/engines.py)."""
-    ev = per_batching(per_model(data.outputs.evaluations))
+    model, batching and setting; an experiment of two engines of one batching is refused (analysis/engines.py)."""
+    ev = per_setting(per_batching(per_model(data.outputs.evaluations)))
     for exp, g in ev.groupby("exp") if len(ev) else ():
         one_engine(g, f"experiment {exp}")
     return ev

@@ -27,7 +27,7 @@ def _samples(correct: int, n: int = 10) -> list[dict]:
 
 
 def _evaluate(root, name, model="mini", method="base", budget=4, seed=0, correct=8, pool="mini",
-              engine="c3-packed-cpu", exp="two"):
+              engine="c3-packed-cpu", exp="two", overrides="", config_hash=None):
     """One finished evaluate run of `model` in outputs/<exp>/<name>."""
     report = {"stage": "evaluate", "model": model, "method": method, "budget": None if method == "dense" else budget,
               "batch_size": 16, "seed": 0, "device": "cpu", "num_experts": 8,
@@ -35,7 +35,8 @@ def _evaluate(root, name, model="mini", method="base", budget=4, seed=0, correct
               "eval": {"batch_seed": seed, "tasks": [pool], "limit": None, "batching": "continuous"},
               "summary": {"accuracy": correct / 10, "kept_mean": 8.0 if method == "dense" else budget - 0.5,
                           "union_mean": 7.0, "weight_retained": 0.9},
-              "provenance": {"fingerprint": engine}}
+              "provenance": {"fingerprint": engine}, "overrides": overrides,
+              "config_hash": config_hash or f"{name}-hash"}
     _run(root / exp / name, report, _samples(correct), exp)
 
 
@@ -111,6 +112,49 @@ def test_compare_separates_models_tasks_and_engines(tmp_path):
     assert base.loc[("mini_olmoe", "mini", "c3-packed-cpu"), "tokens_per_s"] == 30.0  # its own model's timing
     assert base.loc[("mini", "mini128", "c3-packed-cpu"), "accuracy"] == 0.5  # another pool: its own row
     assert base.loc[("mini", "mini", "s1-engine-cpu"), "accuracy"] == 0.7  # another engine: its own row
+
+
+def test_runs_of_one_key_in_two_settings_are_two_rows_and_a_rerun_is_one(tmp_path, capsys):
+    """A sweep point run again with another predictor.ridge is its own row, named by what differs
+    (not the first folder's accuracy shown for both); a default changed in conf/ between two runs
+    (same overrides, another config hash) likewise; a rerun of one configuration is shown once."""
+    from analysis.compare import compare
+    from analysis.load import overrides_of
+
+    sweep = "method=base,budget=4,task=mini,exp_name=two"
+    _evaluate(tmp_path, "base", overrides=sweep, config_hash="h1", correct=10)
+    _evaluate(tmp_path, "base-ridge", overrides=sweep + ",predictor.ridge=1000,throughput.batch_sizes=[1,16]",
+              config_hash="h2", correct=8)
+    _evaluate(tmp_path, "base-rerun", overrides=sweep, config_hash="h1", correct=10)
+    _evaluate(tmp_path, "base-conf-edit", overrides=sweep, config_hash="h3", correct=7)
+    _evaluate(tmp_path, "dense-b4", method="dense", overrides="method=dense,budget=4", config_hash="d4")
+    _evaluate(tmp_path, "dense-b8", method="dense", overrides="method=dense,budget=8", config_hash="d8")
+    assert overrides_of({"overrides": sweep + ",throughput.batch_sizes=[1,16],+x='a,b'"})["throughput.batch_sizes"] == "[1,16]"
+    t = compare(str(tmp_path / "two"))
+    got = dict(zip(t["variant"] + ":" + t["setting"], t["accuracy"]))
+    assert got == {"dense:": 0.8, "base:config=h1": 1.0, "base:config=h3": 0.7,
+                   "base:predictor.ridge=1000,throughput.batch_sizes=[1,16]": 0.8}
+    err = capsys.readouterr().err
+    assert "base-rerun is the same measurement as base" in err and "dense-b8 is the same measurement as dense-b4" in err
+    assert "base-ridge" not in err and "base-conf-edit" not in err
+
+
+def test_settings_are_experiments_of_their_own_in_the_report_and_the_quality_table_refuses_two(tmp_path, capsys):
+    from analysis import tables as T
+    from analysis.quality import quality_table
+
+    for seed in (0, 1):
+        _evaluate(tmp_path, f"base-{seed}", seed=seed, overrides=f"method=base,eval.seed={seed}", config_hash=f"a{seed}")
+        _evaluate(tmp_path, f"base-ridge-{seed}", seed=seed, correct=6,
+                  overrides=f"method=base,eval.seed={seed},predictor.ridge=1000", config_hash=f"b{seed}")
+    pts = T.quality_points(load(tmp_path, None))
+    acc = pts[pts["metric"] == "accuracy"].set_index("exp")
+    assert acc.loc["two[default]", "n"] == 2 and acc.loc["two[default]", "mean"] == 0.8
+    assert acc.loc["two[predictor.ridge=1000]", "n"] == 2 and acc.loc["two[predictor.ridge=1000]", "mean"] == 0.6
+    assert set(T.sweep_of(pts["exp"])) == {"two"}
+    with pytest.raises(SystemExit) as e:
+        quality_table(str(tmp_path / "two"))
+    assert e.value.code == 2 and "2 settings" in capsys.readouterr().err
 
 
 def test_the_quality_table_refuses_a_folder_of_two_models(tmp_path, capsys):
