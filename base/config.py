@@ -680,6 +680,13 @@ class RunConfig:
         if self.stage == "evaluate" or (self.stage == "throughput" and tp is not None and tp.mode != "serve"):
             unused.append((_changed("serve", self.serve, [f.name for f in fields(ServeConfig)]),
                            "only throughput.mode=serve (stage=throughput) reads serve.*"))
+        if self.stage != "throughput" and tp is not None:  # a forgotten stage=throughput would run another stage
+            read = ("batch_sizes", "prompt_len", "gen_tokens") if self.stage == "describe" else ()
+            unused.append((_changed("throughput", tp, [f.name for f in fields(ThroughputConfig) if f.name not in read]) +
+                           _changed("stream", self.stream, [f.name for f in fields(StreamConfig)]),
+                           "only stage=throughput (experiment=throughput, stream or serve) reads throughput.* and "
+                           "stream.*" + (" (stage=describe sizes the KV cache from throughput.batch_sizes, prompt_len "
+                                         "and gen_tokens)" if self.stage == "describe" else "")))
         if self.stage == "throughput" and tp is not None:
             unused += self._unused_engine_options()
         if self.predictor.path and self.stage != "fit" and not self._reads_predictor():

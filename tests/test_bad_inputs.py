@@ -189,6 +189,11 @@ CASES = [
      "scheduler.admission=union: throughput.mode=serve admits fifo only"),
     (["stage=throughput", "scheduler.admission=union"],
      "scheduler.admission=union would be ignored: throughput.mode=steps times full batches"),
+    # a forgotten stage=throughput: an evaluation would run instead of the benchmark asked for
+    (["method=router_sq", "throughput.methods=[dense,router_sum]"],
+     "throughput.methods=['dense', 'router_sum'] would be ignored: only stage=throughput"),
+    (["stream.rate=2"], "stream.rate=2.0 would be ignored: only stage=throughput"),
+    (["stage=describe", "throughput.repeats=3"], "throughput.repeats=3 would be ignored: only stage=throughput"),
     (["scheduler.packing=ragged"], "scheduler.packing='ragged' is not valid; choose one of: packed, padded"),
     (["scheduler.chunked=true", "scheduler.packing=padded"], "scheduler.chunked=true rides prompt chunks in the decode"),
     (["scheduler.compile_prefill=true", "scheduler.packing=padded"], "scheduler.compile_prefill=true compiles the packed"),
