@@ -149,6 +149,7 @@ def collect(exp_dir: Path, one_run_per_cell: bool = True) -> pd.DataFrame:
         df.insert(0, "routing", rep.get("routing", "uniform"))
         df.insert(0, "model", rep["model"])
         df["gpu"] = rep.get("gpu", rep.get("device"))
+        df["timing_note"] = rep.get("timing_note")  # a CPU run's: base/run/pipeline.py cpu_timing_note
         frames.append(df.assign(engine=run_engine(report.parent), _run=report.parent.name))
     if not frames:
         raise SystemExit(f"error: no throughput runs under {exp_dir}")
@@ -251,22 +252,28 @@ def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
     return g[cols].round(3)
 
 
+USAGE = "usage: python -m analysis.throughput <folder of throughput runs> <out: path prefix of the .md and .csv>"
+
+
 def main(exp_dir: str, out: str) -> None:
     df = collect(Path(exp_dir))
     out_p = Path(out)
     out_p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_p.with_suffix(".csv"), index=False)
-    eager = df[df["mode"] == "eager"][["model", "routing", "batch_size", "variant", "ms_per_step", "tokens_per_s"]]
+    eager = df[df["mode"] == "eager"][["model", "routing", "batch_size", "variant", "budget", "ms_per_step",
+                                       "tokens_per_s"]]
     text = [f"Decode engine: `{df['engine'].iloc[0]}` (analysis/engines.py).\n",
-            "Batch 16 (speed-ups: tokens/s over dense, same process, CUDA-graph replay)\n",
-            headline_table(df).to_markdown(index=False),
-            "\n\nSpeed-up over dense (tokens/s ratio, same process, CUDA-graph replay)\n",
-            speedup_table(df).to_markdown(index=False), "\n\nWhere the step goes (experts skipped -> non-expert ms)\n",
-            breakdown_table(df).to_markdown(index=False),
-            "\n\nSelection overhead against `fixed` (same budget, no scoring): (ms - fixed ms) / fixed ms, median over rounds [min, max]\n",
-            overhead_table(df).to_markdown(index=False),
-            "\n\nEager decoding (same engine, no graph, no compiled regions), once per run\n",
-            eager.round(2).to_markdown(index=False), "\n"]
+            *[f"**Note:** {n}.\n" for n in df["timing_note"].dropna().unique()]]
+    sections = [("Batch 16 (speed-ups: tokens/s over dense, same process, CUDA-graph replay)", headline_table(df)),
+                ("Speed-up over dense (tokens/s ratio, same process, CUDA-graph replay)",
+                 speedup_table(df) if (df["mode"] == "graph").any() else pd.DataFrame()),
+                ("Where the step goes (experts skipped -> non-expert ms)", breakdown_table(df)),
+                ("Selection overhead against `fixed` (same budget, no scoring): (ms - fixed ms) / fixed ms, median over "
+                 "rounds [min, max]", overhead_table(df)),
+                ("Eager decoding (same engine, no graph, no compiled regions), once per run", eager.round(2))]
+    for i, (title, table) in enumerate((t, d) for t, d in sections if not d.empty):  # a CPU run has no graph rows
+        text += [("" if i == 0 else "\n") + title + "\n", table.to_markdown(index=False)]
+    text[-1] += "\n"
     rows = profile_rows(Path(exp_dir))
     prof = collect_profiles(rows)
     if not prof.empty:
@@ -292,4 +299,6 @@ def main(exp_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(USAGE)
     main(*sys.argv[1:3])

@@ -15,7 +15,10 @@ def check_choice(what: str, value: Any, valid: tuple[str, ...]) -> None:
         raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(valid)}")
 
 
-def check_int(what: str, value: Any, low: int, high: int | None = None, allow_none: bool = False) -> int | None:
+def check_int(what: str, value: Any, low: int, high: int | None = None, allow_none: bool = False,
+              high_is: str = "") -> int | None:
+    """An int in [low, high] (or None with allow_none); the message names the range, and where the
+    bound comes from another key, `high_is` names it (e.g. "throughput.gen_tokens - 1")."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -26,6 +29,7 @@ def check_int(what: str, value: Any, low: int, high: int | None = None, allow_no
             raise ConfigError(f"{what}={value!r} must be {rng}{' or null' if allow_none else ''}") from None
     if value < low or (high is not None and value > high):
         rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        rng += f" ({high_is} = {high})" if high_is and high is not None else ""
         raise ConfigError(f"{what}={value} is out of range: must be {rng}{' or null' if allow_none else ''}")
     return value
 

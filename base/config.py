@@ -360,7 +360,8 @@ class ThroughputConfig:
             raise ConfigError(f"throughput.profile_batch={self.profile_batch} is not among throughput.batch_sizes="
                               f"{self.batch_sizes}: the profile is taken at a measured batch size; give one of them, or "
                               f"throughput.profile_batch=null for none")
-        self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True)
+        self.timed_steps = check_int("throughput.timed_steps", self.timed_steps, 1, self.gen_tokens - 1, allow_none=True,
+                                     high_is="throughput.gen_tokens - 1")
         check_choice("throughput.mode", self.mode, THROUGHPUT_MODES)
 
     def warm_steps(self, graph: bool) -> int:

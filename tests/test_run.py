@@ -181,6 +181,7 @@ def test_fit_and_throughput_stages(compose, tmp_path):
         assert n == pytest.approx(one.loc[one["class"] == "total", "kernels_per_step"].iloc[0]) and n > 0
     # tiny_qwen3's expert: gate, up and down, 64 x 32 each, float32; no copy bandwidth on a CPU
     assert report["expert_bytes"] == 3 * 64 * 32 * 4 and "copy_gbps" not in report
+    assert report["timing_note"].startswith("on a CPU the times are a smoke test") and "interpreter" not in report["timing_note"]
     from analysis.throughput import profile_rows
 
     ffn = profile_rows(tmp_path).query("`class` == 'expert FFN'").set_index("variant")
@@ -191,16 +192,37 @@ def test_fit_and_throughput_stages(compose, tmp_path):
         assert ffn.loc[variant, "expert_tb_per_s"] == pytest.approx(gb / ffn.loc[variant, "ms_per_step"])
 
 
+def test_a_cpu_throughput_run_says_its_times_are_a_smoke_test_and_when_triton_is_interpreted(compose, tmp_path):
+    """experiment=throughput on a CPU runs the Triton kernels in Triton's interpreter (hundreds of
+    times slower than PyTorch): the run says so at start and in report.json, and analysis.throughput
+    above its tables."""
+    import types
+
+    import torch
+
+    import run
+    from base.run.pipeline import cpu_timing_note
+
+    model = torch.nn.Linear(2, 2)
+    model.config = types.SimpleNamespace(_experts_implementation="base_triton")
+    triton_cfg = run.build_config(compose(["experiment=throughput", "model=tiny_qwen3"]), tmp_path / "a")
+    assert "Triton's interpreter" in cpu_timing_note(triton_cfg, model)
+    model.config = types.SimpleNamespace(_experts_implementation="eager")
+    torch_cfg = run.build_config(compose(["stage=throughput", "model=tiny_qwen3"]), tmp_path / "b")
+    note = cpu_timing_note(torch_cfg, model)
+    assert note.startswith("on a CPU the times are a smoke test") and "interpreter" not in note
+
+
 @pytest.mark.slow
 def test_many_overrides_fit_in_a_folder_name(tmp_path):
     """Hydra names a run folder by its overrides; past a file-name limit the name gets a hash."""
-    long = [f"throughput.budgets=[{','.join(str(m) for m in range(1, 61))}]", "stage=describe", "model.device=meta",
+    long = [f"throughput.batch_sizes=[{','.join(str(m) for m in range(1, 61))}]", "stage=describe", "model.device=meta",
             "model=qwen3_30b", "model.init=random"]
     proc = _run(tmp_path, *long)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (folder,) = _runs_in(tmp_path / "default")
     assert len(folder.name) <= 120
-    assert "throughput.budgets=[1,2,3" in json.loads((folder / "report.json").read_text())["overrides"]
+    assert "throughput.batch_sizes=[1,2,3" in json.loads((folder / "report.json").read_text())["overrides"]
 
 
 @pytest.mark.slow  # tests/test_placement.py describes a model in process

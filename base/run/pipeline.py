@@ -87,6 +87,19 @@ def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = N
     return make, info
 
 
+def cpu_timing_note(cfg: RunConfig, model) -> str | None:
+    """What a throughput run's times are where they are not a GPU's (None on a GPU): said at start
+    and kept in report.json (`timing_note`), which analysis.throughput prints above its tables."""
+    if next(model.parameters()).device.type == "cuda":
+        return None
+    note = "on a CPU the times are a smoke test of the pipeline, not a speed measurement"
+    if cfg.method.backend == "triton" or getattr(model.config, "_experts_implementation", None) == "base_triton":
+        note += ("; the Triton kernels (method.backend=triton, model.experts_impl=base_triton: experiment=throughput's "
+                 "settings) run in Triton's interpreter, hundreds of times slower than PyTorch here, so their times and "
+                 "speed-ups say nothing about the method (a CPU smoke test: stage=throughput without the experiment)")
+    return note
+
+
 def throughput_variants(cfg: RunConfig) -> list[Variant]:
     """The configurations of a throughput run: dense first, then each method at each budget."""
     tp = cfg.throughput
@@ -356,6 +369,10 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
         from base.runtime.throughput import copy_gbps, measure
 
         budgeters: dict[tuple, Any] = {}
+        note = cpu_timing_note(cfg, model)
+        if note:
+            print(f"[throughput] note: {note}", flush=True)
+            report["timing_note"] = note
 
         def make_variant(v: Variant, record: bool) -> MoeBudget:
             key = (v.method, v.k0)
