@@ -341,9 +341,10 @@ class ThroughputConfig:
     def __post_init__(self) -> None:
         if not self.batch_sizes:
             raise ConfigError("throughput.batch_sizes is empty")
-        self.batch_sizes = [check_int("throughput.batch_sizes[]", b, 1) for b in self.batch_sizes]
+        self.batch_sizes = [check_int(f"throughput.batch_sizes[{i}]", b, 1) for i, b in enumerate(self.batch_sizes)]
         check_unique("throughput.batch_sizes", self.batch_sizes)
-        self.budgets = None if self.budgets is None else [check_int("throughput.budgets[]", b, 1) for b in self.budgets]
+        self.budgets = None if self.budgets is None else [check_int(f"throughput.budgets[{i}]", b, 1)
+                                                          for i, b in enumerate(self.budgets)]
         check_unique("throughput.budgets", self.budgets or [])
         for spec in self.methods or []:
             parse_method_spec(spec)  # fails with the valid choices
@@ -472,8 +473,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not self.rates:
             raise ConfigError("serve.rates is empty: give request rates (requests/s) and/or null for the burst")
-        self.rates = [None if r is None else check_float("serve.rates[]", r, low=0.0, low_open=True)
-                      for r in self.rates]
+        self.rates = [None if r is None else check_float(f"serve.rates[{i}]", r, low=0.0, low_open=True)
+                      for i, r in enumerate(self.rates)]
         if len(set(self.rates)) != len(self.rates):
             raise ConfigError(f"serve.rates={self.rates} repeats a rate; give each once")
         self.requests = check_int("serve.requests", self.requests, 1)
@@ -531,7 +532,7 @@ class SchedulerConfig:
                 raise ConfigError(f"scheduler.{key}={getattr(self, key)!r} must be true or false")
         if not self.buckets:
             raise ConfigError("scheduler.buckets is empty: give token counts, e.g. [64, 128, 256, 512, 1024, 2048]")
-        self.buckets = [check_int("scheduler.buckets[]", b, 1) for b in self.buckets]
+        self.buckets = [check_int(f"scheduler.buckets[{i}]", b, 1) for i, b in enumerate(self.buckets)]
         if self.buckets != sorted(set(self.buckets)):
             raise ConfigError(f"scheduler.buckets={self.buckets} must be strictly increasing")
         # a mixed step's chunk is one packed stream: it fits the largest bucket
@@ -761,7 +762,7 @@ class RunConfig:
             return
         if tp.mode == "serve":
             n = self.serve.requests
-            rates = [("serve.rates[]", r) for r in self.serve.rates if r is not None]
+            rates = [(f"serve.rates[{i}]", r) for i, r in enumerate(self.serve.rates) if r is not None]
             if self.serve.search_steps:
                 rates.append(("serve.search_range[0]", self.serve.search_range[0]))
         else:

@@ -131,6 +131,21 @@ def test_throughput_overhead_is_against_fixed_at_the_same_budget_paired_by_round
     assert out.loc[(16, "base"), "max warm-up s"] == 3.0
 
 
+def test_a_step_with_no_active_token_is_not_a_step_that_kept_nothing():
+    """The continuous engine's last step after its requests ended on the device selects nothing:
+    the selection summary leaves it out (an independent walkthrough saw kept_min 0 and kept_mean
+    6.46 at M=8 from it); prefill rows are left out as before."""
+    from base.run.outputs import selection_summary
+
+    def row(step, kept, tokens, decode=True):
+        return {"layer": 0, "step": step, "decode": decode, "kind": "decode" if decode else "prefill", "union": kept + 2,
+                "kept": kept, "executed": kept, "weight_kept": 1.0, "weight_total": 1.0, "tokens_lost": 0.0,
+                "tokens": tokens}
+
+    (s,) = selection_summary([row(0, 12, 16, decode=False), row(1, 8, 16), row(2, 6, 4), row(3, 0, 0)])
+    assert (s["kept_min"], s["kept_mean"], s["steps"], s["occupancy_mean"]) == (6, 7.0, 2, 10.0)
+
+
 def test_summary_accuracy_averages_one_metric_per_top_level_task():
     """A group stands for its members; plain tasks count too (task=paper lost gsm8k, boolq, ... before)."""
     from base.run.outputs import summary_accuracy

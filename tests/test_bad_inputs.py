@@ -170,7 +170,7 @@ CASES = [
     (["stage=throughput", "throughput.mode=stream", "stream.lengths_from=nowhere/samples.jsonl"],
      "stream.lengths_from=nowhere/samples.jsonl: no such file"),
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[null,0]"],
-     "serve.rates[]=0.0 is out of range: must be a number > 0.0"),
+     "serve.rates[1]=0.0 is out of range: must be a number > 0.0"),
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[4,4.0]"], "serve.rates=[4.0, 4.0] repeats a rate"),
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[]"], "serve.rates is empty"),
     # issue 43: duplicates named twice were measured (or counted) twice; options a CPU never acts on

@@ -160,7 +160,7 @@ def test_a_stream_whose_prompts_cannot_fit_in_memory_is_refused(compose, tmp_pat
 @pytest.mark.parametrize("overrides, message", [
     # a stream that would wait for its arrivals longer than a day (1e-300: time.sleep overflowed mid-run)
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[null,1e-300]"],
-     "serve.rates[]=1e-300: 12 requests at 1e-300 requests/s arrive over about 1.2e+301 s on average, more than a day"),
+     "serve.rates[1]=1e-300: 12 requests at 1e-300 requests/s arrive over about 1.2e+301 s on average, more than a day"),
     (["stage=throughput", "throughput.mode=stream", "throughput.batch_sizes=[2]", "stream.rate=1e-5"],
      "stream.rate=1e-05: 16 requests at 1e-05 requests/s arrive over about 1.6e+06 s"),
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[null]", "serve.search_steps=2",

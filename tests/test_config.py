@@ -43,7 +43,7 @@ def test_experiments_compose(compose, tmp_path):
         ("eval.engine=maybe", "eval.engine='maybe' is not valid; choose one of: auto, on, off"),
         ("throughput.methods=[bogus]", "throughput.methods[]='bogus' is not valid; choose one of: dense,"),
         ("throughput.methods=[oea]", "oea needs its k0, e.g. oea:1"),
-        ("throughput.budgets=[0]", "throughput.budgets[]=0 is out of range: must be >= 1"),
+        ("throughput.budgets=[0]", "throughput.budgets[0]=0 is out of range: must be >= 1"),
         ("throughput.batch_sizes=[]", "throughput.batch_sizes is empty"),
         ("throughput.timed_steps=400", "throughput.timed_steps=400 is out of range: must be [1, 383]"),
         ("model.routing=skewed", "model.routing=skewed applies to random-weight models (model.init=random) only"),

@@ -219,13 +219,17 @@ def read_report(out_dir: Path) -> dict[str, Any] | None:
 def selection_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per MoE layer, over decode steps: mean union and kept experts (and the kept count's spread),
     weight retained, tokens that lost an expert, mean occupancy (rows decoding per step), and
-    retained energy and the relative MoE-output error when recorded."""
+    retained energy and the relative MoE-output error when recorded. A step with no active token
+    (the continuous engine's last one, after its requests ended on the device) selects nothing and
+    is left out: it would count as a step that kept 0 experts."""
     import pandas as pd
 
     if not rows:
         return []
     df = pd.DataFrame(rows)
     df = df[df["decode"]] if df["decode"].any() else df
+    if "tokens" in df and (df["tokens"] > 0).any():
+        df = df[df["tokens"] > 0]
     sums = df.groupby("layer").sum(numeric_only=True)
     out = pd.DataFrame({
         "union_mean": df.groupby("layer")["union"].mean(),
