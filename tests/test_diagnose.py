@@ -107,7 +107,7 @@ def test_the_run_warns_when_another_rule_stays_closer_to_dense(compose, tmp_path
     layers = [type("L", (), {"num_experts": 16, "top_k": 4, "router": type("R", (), {"weight": torch.zeros(4, 8)})()})()]
     monkeypatch.setattr(diagnose, "_cached", lambda cfg, layers, key, compute: compute())
     report = diagnose.run_diagnostic(cfg, None, None, layers, None)
-    assert report["chosen"] == "base" and "router_sq stays closer to dense than base" in report["warning"]
+    assert report["run_rule"] == "base" and "router_sq stays closer to dense than base" in report["warning"]
     assert "WARNING diagnostic" in capsys.readouterr().out
     alpha, _ = diagnose.resolve_shrink(cfg, None, None, layers, "base", None, 3, None)
     assert alpha == 0.5

@@ -106,9 +106,11 @@ class Agreement:
         """The rules whose agreement is higher than `chosen`'s (Holm-adjusted p < 0.05)."""
         return [r["rule"] for r in self.compare(chosen) if r["call"] == "higher"]
 
-    def report(self, chosen: str) -> dict:
-        return {"budget": self.budget, "prompts": len(next(iter(self.per_prompt.values()))), "chosen": chosen,
-                "mean_agreement": self.mean, "against_chosen": self.compare(chosen)}
+    def report(self, run_rule: str) -> dict:
+        """report.json's `diagnostic`: the run's own rule (`run_rule`), every rule's mean agreement,
+        and each other rule against the run's (`against_run_rule`: diff = other - run's)."""
+        return {"budget": self.budget, "prompts": len(next(iter(self.per_prompt.values()))), "run_rule": run_rule,
+                "mean_agreement": self.mean, "against_run_rule": self.compare(run_rule)}
 
 
 def agreement(model: nn.Module, make_budget: Callable[[str], MoeBudget], rules: list[str],
@@ -240,7 +242,7 @@ def run_diagnostic(cfg, model, tokenizer, layers, make_budgeter: Budgeter) -> di
         return {"skipped": stored["skipped"]}
     result = _agreement_of(stored)
     report = result.report(labels[0])
-    better = [r for r in report["against_chosen"] if r["call"] == "higher"]
+    better = [r for r in report["against_run_rule"] if r["call"] == "higher"]
     report["warning"] = None
     if better:
         report["warning"] = (f"at M={cfg.budget}, " + "; ".join(

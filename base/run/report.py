@@ -13,7 +13,8 @@ def report_text(report: dict[str, Any], out_dir: Path) -> str:
     """The summary print_report prints (a run's stage, its tables and its summary line)."""
     import pandas as pd  # here: run.py refuses a bad command line before pandas loads
 
-    lines = [f"[{report['stage']}] model={report['model']} method={report['method']} budget={report['budget']} -> {out_dir}"]
+    rule = "" if report["stage"] in ("describe", "calibrate") else f" method={report['method']} budget={report['budget']}"
+    lines = [f"[{report['stage']}] model={report['model']}{rule} -> {out_dir}"]
     if "describe" in report:
         for k, v in report["describe"].items():
             if k != "memory":
@@ -21,7 +22,8 @@ def report_text(report: dict[str, Any], out_dir: Path) -> str:
         mem = report["describe"].get("memory")
         if mem:
             lines.append(f"  memory: weights {mem['weights_gb']:.1f} GB + KV cache of {mem['cache_len']} tokens per "
-                         f"sequence; GPUs of {mem['gpu_gb']:g} GB, {mem['usable_share']:.0%} usable:")
+                         f"sequence (throughput.prompt_len + gen_tokens, at each of throughput.batch_sizes and "
+                         f"batch_size); GPUs of {mem['gpu_gb']:g} GB (describe.gpu_gb), {mem['usable_share']:.0%} usable:")
             lines.append(pd.DataFrame(mem["by_batch"]).round(2).to_string(index=False))
     if "metrics" in report:
         df = pd.DataFrame(report["metrics"])
