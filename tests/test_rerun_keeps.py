@@ -1,7 +1,8 @@
 """Issue 43: nothing a user ran is lost on rerun, and a damaged finished run is not skipped.
 
 - the same command after a task file changed (its `limit`): the earlier result is kept beside
-  the new one (`<run>~<its config hash>`), not replaced with a one-line note;
+  the new one (`<run>~<its config hash>`), not replaced with a one-line note; changed back, the
+  kept run is put back (the other kept in its turn), not computed again;
 - a finished run whose samples.jsonl was truncated is run again, not skipped as finished; an
   intact one is skipped.
 """
@@ -35,6 +36,15 @@ def test_a_rerun_after_the_task_changed_keeps_the_earlier_result(compose, tmp_pa
     assert json.loads((out / "report.json").read_text())["config_hash"] == second["config_hash"]
     assert len((kept / "samples.jsonl").read_text().splitlines()) == 3
     assert len((out / "samples.jsonl").read_text().splitlines()) == 4
+    # the task file edited back: the kept run of that config is put back, not computed again, and the
+    # run it replaces is kept in its turn
+    capsys.readouterr()
+    assert _evaluate(compose, tmp_path, out, "task.limit=3") is None
+    assert "is put back instead of run again" in capsys.readouterr().out
+    assert json.loads((out / "report.json").read_text())["config_hash"] == first["config_hash"]
+    (kept,) = [p for p in out.parent.iterdir() if p.name.startswith(out.name + "~")]
+    assert json.loads((kept / "report.json").read_text())["config_hash"] == second["config_hash"]
+    assert _evaluate(compose, tmp_path, out, "task.limit=3", "force=true") is not None  # force computes it
 
 
 @pytest.mark.slow

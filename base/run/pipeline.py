@@ -155,6 +155,8 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
     out = cfg.out_dir
     chash = outputs.config_hash(resolved_config)
     run_folder.check_target(out, cfg.run_key)
+    if not outputs.same_config(resolved_config, outputs.finished_hash(out)) and _put_back_kept_run(cfg, resolved_config):
+        return None
     if _finished_before(cfg, resolved_config, chash):
         return None
     preflight(cfg)  # every bad input fails here, before anything is written or loaded
@@ -205,6 +207,37 @@ def _finished_before(cfg: RunConfig, resolved_config: str, chash: str, say: bool
     return False
 
 
+def _put_back_kept_run(cfg: RunConfig, resolved_config: str) -> bool:
+    """Is a finished, intact run of this config kept beside out_dir (`<run>~<hash>`: moved aside
+    when a run of another config took the folder, e.g. a default changed and changed back)? Then
+    it is put back instead of run again, and the run it replaces goes aside in its turn. Not with
+    force=true, nor where out_dir holds anything but a finished run of another config or Hydra's
+    files of this start (a stopped run's files stay where a resume finds them)."""
+    out = cfg.out_dir
+    if cfg.force or not out.parent.is_dir():
+        return False
+    with run_folder.run_lock(out):
+        run_folder.recover(out)
+        kept = next((p for p in sorted(out.parent.iterdir()) if p.name.startswith(f"{out.name}~") and p.is_dir()
+                     and outputs.same_config(resolved_config, outputs.finished_hash(p)) and not outputs.damaged(p)
+                     and not _older_engine(cfg, p)), None)
+        if kept is None:
+            return False
+        done = outputs.finished_hash(out)
+        if done is not None and not outputs.same_config(resolved_config, done):
+            aside = _kept_name(cfg, resolved_config)
+            out.rename(aside)
+        elif out.exists() and {p.name for p in out.iterdir()} - set(run_folder.HYDRA_FILES):
+            return False
+        else:
+            aside = None
+            shutil.rmtree(out, ignore_errors=True)  # at most Hydra's files of this start
+        kept.rename(out)
+    print(f"[base] {out}: the finished run of this config kept as {kept.name} is put back instead of run again"
+          + (f"; the run of another config that was there is kept as {aside.name}" if aside else ""), flush=True)
+    return True
+
+
 def _kept_name(cfg: RunConfig, resolved_config: str) -> Path | None:
     """Where the finished run in out_dir goes when this run replaces it without being the same
     measurement (another config, an older engine): `<run>~<its config hash or engine>`, a run folder
@@ -227,17 +260,18 @@ def _kept_name(cfg: RunConfig, resolved_config: str) -> Path | None:
     return out.parent / name
 
 
-def _older_engine(cfg: RunConfig) -> int | None:
-    """The engine version of a finished continuous-batching evaluation in out_dir when older than
-    this code's (a report without provenance: 1, or 2 when its config has a scheduler section)."""
+def _older_engine(cfg: RunConfig, folder: Path | None = None) -> int | None:
+    """The engine version of a finished continuous-batching evaluation in `folder` (out_dir) when
+    older than this code's (a report without provenance: 1, or 2 when its config has a scheduler section)."""
+    folder = cfg.out_dir if folder is None else folder
     if cfg.stage != "evaluate" or cfg.eval.batching != "continuous":
         return None
-    report = outputs.read_report(cfg.out_dir)
+    report = outputs.read_report(folder)
     if report is None:
         return None
     version = ((report.get("provenance") or {}).get("engine") or {}).get("version")
     if version is None:
-        recorded = cfg.out_dir / "config.yaml"
+        recorded = folder / "config.yaml"
         version = 2 if recorded.exists() and "scheduler" in (yaml.safe_load(recorded.read_text()) or {}) else 1
     return version if version < CONTINUOUS_VERSION else None
 
