@@ -198,7 +198,12 @@ def settings(reps: list[dict]) -> list[str]:
     still hash differently (a default changed in conf/ between them) are told apart by their
     config hash (`config=<hash>`), so no two configurations are taken for one measurement."""
     ovs = [{k: v for k, v in overrides_of(r).items() if k not in KEY_OVERRIDES} for r in reps]
-    varying = sorted({k for o in ovs for k in o if len({o2.get(k) for o2 in ovs}) > 1})
+    values: dict[str, set] = {}
+    for o in ovs:
+        for k, v in o.items():
+            values.setdefault(k, set()).add(v)
+    # a key set in some runs only varies too (the others ran its default)
+    varying = sorted(k for k, vs in values.items() if len(vs) > 1 or sum(k in o for o in ovs) < len(ovs))
     out = [",".join(f"{k}={o[k]}" for k in varying if k in o) for o in ovs]
     groups: dict[tuple, set] = {}
     keys = []

@@ -214,7 +214,7 @@ def _put_back_kept_run(cfg: RunConfig, resolved_config: str) -> bool:
     force=true, nor where out_dir holds anything but a finished run of another config or Hydra's
     files of this start (a stopped run's files stay where a resume finds them)."""
     out = cfg.out_dir
-    if cfg.force or not out.parent.is_dir():
+    if cfg.force or not out.parent.is_dir() or not any(p.name.startswith(f"{out.name}~") for p in out.parent.iterdir()):
         return False
     with run_folder.run_lock(out):
         run_folder.recover(out)
