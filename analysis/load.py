@@ -21,6 +21,7 @@ would silently change a point's seeds. Reports of older schemas are read with de
 """
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from collections.abc import Callable
@@ -43,13 +44,10 @@ AXES = ("exp", "run", "stage", "model", "pool", "method", "variant", "reassign",
 # What makes two evaluate runs one measurement: a second run of the same key (dense swept over
 # budgets it ignores, a rerun under another folder name) is not another seed.
 RUN_KEY = ("exp", "model", "pool", "variant", "budget", "batch_size", "engine", "admission", "seed")
-# Command-line keys a run's key already holds (RUN_KEY: model, tasks, variant, budget, batch size,
-# engine, admission, seed) or that change nothing it computes: never part of its `setting`.
-KEY_OVERRIDES = frozenset({
-    "method", "method.name", "budget", "method.k0", "method.shrink", "method.reassign", "method.budget_split",
-    "method.coverage", "model", "task", "task.tasks", "task.limit", "batch_size", "seed", "eval.seed",
-    "scheduler.admission", "eval.admission", "eval.batching", "stage", "exp_name", "logger", "logger.name",
-    "logger.mode", "force", "outputs_dir", "artifacts_dir", "allow_outside_outputs"})
+# Top-level config keys that never make two evaluate runs of one key (RUN_KEY) different
+# measurements: where they are written, the budget dense ignores, and what only other stages read.
+NOT_SETTINGS = frozenset({"exp_name", "outputs_dir", "artifacts_dir", "logger", "force", "allow_outside_outputs",
+                          "budget", "stage", "throughput", "stream", "serve", "describe", "hydra"})
 # Per-run tables of one evaluate run folder, by the name its frame has on RunSet.
 RUN_TABLES = {"metrics": "metrics.csv", "selection": "selection.csv", "steps": "selection_steps.csv",
               "fidelity": "fidelity_steps.csv", "samples": "samples.jsonl"}
@@ -168,53 +166,51 @@ def run_axes(rep: dict, exp: str, run: str, config: dict | None = None) -> dict:
             "admission": ev.get("admission")}
 
 
-def overrides_of(rep: dict) -> dict[str, str]:
-    """report.json's command-line overrides (`overrides`, Hydra's `k=v,k2=[1,2]`) as {key: value};
-    a list's or quoted value's commas stay in its value."""
-    text, out, depth, quote, part = str(rep.get("overrides") or ""), {}, 0, "", ""
-    for ch in text + ",":
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == "," and depth <= 0:
-            key, _, value = part.partition("=")
-            if key.strip():
-                out[key.strip().lstrip("+~")] = value.strip()
-            part = ""
-            continue
-        part += ch
+def _flat(node: dict, prefix: str = "") -> dict[str, str]:
+    """A config as {dotted key: value as text} (lists and nulls as JSON)."""
+    out: dict[str, str] = {}
+    for k, v in node.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, str) else json.dumps(v)
     return out
 
 
 def settings(reps: list[dict]) -> list[str]:
-    """Per run, what else was set where the given runs differ (one sweep's runs): the overrides
-    beyond the run's key (KEY_OVERRIDES) whose value is not the same in all of them, e.g.
-    `predictor.ridge=1000` ("" for none). Two runs of one key and setting that are not dense and
-    still hash differently (a default changed in conf/ between them) are told apart by their
-    config hash (`config=<hash>`), so no two configurations are taken for one measurement."""
-    ovs = [{k: v for k, v in overrides_of(r).items() if k not in KEY_OVERRIDES} for r in reps]
-    values: dict[str, set] = {}
-    for o in ovs:
-        for k, v in o.items():
-            values.setdefault(k, set()).add(v)
-    # a key set in some runs only varies too (the others ran its default)
-    varying = sorted(k for k, vs in values.items() if len(vs) > 1 or sum(k in o for o in ovs) < len(ovs))
-    out = [",".join(f"{k}={o[k]}" for k in varying if k in o) for o in ovs]
-    groups: dict[tuple, set] = {}
-    keys = []
-    for r, s in zip(reps, out):
+    """Per run, what sets it apart from the runs of its key (RUN_KEY: model, prompt pool, variant,
+    budget, batch size, engine, admission, seed) that hold another configuration: its values of the
+    config keys (config.yaml, `_config`) whose values differ within the key, e.g.
+    `predictor.ridge=1000`. "" where every run of its key has one configuration (repeats of one
+    measurement, dense swept over budgets it ignores). A run is labelled only with the keys where it
+    holds other than the given runs' most common value (the sweep's own configuration keeps "";
+    where no value is most common, every run of the key names its own). A key only some runs
+    record (added since) is no difference; NOT_SETTINGS never are."""
+    flats = [{k: v for k, v in _flat(r.get("_config") or {}).items() if k.split(".")[0] not in NOT_SETTINGS}
+             for r in reps]
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(reps):
         axes = r.get("_axes") or run_axes(r, "", "", r.get("_config"))
-        key = (*(str(axes.get(k)) for k in RUN_KEY if k != "exp"), s)
-        keys.append(key)
-        if r.get("method") != "dense":  # dense's hash holds the budget it ignores
-            groups.setdefault(key, set()).add(r.get("config_hash"))
-    return [f"{s},config={r.get('config_hash')}".lstrip(",") if len(groups.get(k, ())) > 1 else s
-            for r, s, k in zip(reps, out, keys)]
+        groups.setdefault(tuple(str(axes.get(k)) for k in RUN_KEY if k != "exp"), []).append(i)
+    out = [""] * len(reps)
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        values: dict[str, set[str]] = {}
+        for i in idx:
+            for k, v in flats[i].items():
+                values.setdefault(k, set()).add(v)
+        varying = sorted(k for k, vs in values.items() if len(vs) > 1)
+        common = {k: _most_common(flats, k) for k in varying}
+        for i in idx:  # the keys where the run holds other than the sweep's most common value
+            out[i] = ",".join(f"{k}={flats[i][k]}" for k in varying if k in flats[i] and flats[i][k] != common[k])
+    return out
+
+
+def _most_common(flats: list[dict[str, str]], key: str) -> str | None:
+    """The value of `key` most runs hold (None on a tie)."""
+    counts = collections.Counter(f[key] for f in flats if key in f).most_common(2)
+    return counts[0][0] if counts and (len(counts) == 1 or counts[0][1] > counts[1][1]) else None
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -246,6 +242,7 @@ class RunSet:
             run = str(path.parent.relative_to(self.root)) if path.parent != self.root else "."
             config = _config(path.parent)
             rep["_axes"] = run_axes(rep, _exp_name(path.parent, self.root, config), run, config)
+            rep["_config"] = config
             self.reports.append(rep)
         by_exp: dict[str, list[dict]] = {}
         for rep in self.reports:

@@ -31,7 +31,8 @@ def quality_table(root: str) -> pd.DataFrame:
     if runs.empty:
         fail(f"no finished evaluate runs under {root}")
     # one table is one model, prompt pool and engine: its rows are keyed by variant, budget and seed only
-    for col, what in (("model", "models"), ("tasks", "prompt pools"), ("setting", "settings")):
+    runs["setting"] = runs["setting"].replace("", "the sweep's own")
+    for col, what in (("model", "models"), ("tasks", "prompt pools"), ("setting", "configurations of one point")):
         if runs[col].nunique(dropna=False) > 1:
             fail(f"{root} holds runs of {runs[col].nunique(dropna=False)} {what} ({', '.join(map(str, runs[col].unique()))}); "
                  "make one table of each (one exp_name each)")

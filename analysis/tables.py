@@ -73,17 +73,17 @@ def per_model(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_setting(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs with an experiment holding several settings (what else its sweep varied, e.g.
-    predictor.ridge: load.settings) renamed `<exp>[<setting>]` ("default" where none was set),
-    each its own experiment: a point never pools two configurations as batching seeds."""
+    """Runs of a point that another configuration of the experiment also measured (load.settings:
+    e.g. predictor.ridge=1000 beside the sweep's own) renamed `<exp>[<setting>]`, each its own
+    experiment; the sweep's own configuration keeps the experiment's name. A point never pools two
+    configurations as batching seeds."""
     if runs.empty or "setting" not in runs:
         return runs
-    n = runs.groupby("exp")["setting"].nunique()
-    several = runs["exp"].isin(n[n > 1].index)
+    several = runs["setting"].fillna("") != ""
     if not several.any():
         return runs
     runs = runs.copy()
-    label = runs.loc[several, "setting"].replace("", "default").str.replace("[", "(").str.replace("]", ")")
+    label = runs.loc[several, "setting"].str.replace("[", "(").str.replace("]", ")")
     runs.loc[several, "exp"] = runs.loc[several, "exp"] + "[" + label + "]"
     return runs
 
@@ -291,8 +291,8 @@ def predictor_r2(data: Data) -> pd.DataFrame:
 
 
 def adaptive_kept(data: Data) -> pd.DataFrame:
-    """Kept experts per (layer, decode step) of the adaptive-budget runs in outputs/ (method.coverage
-    or budget_split), one run per (exp, variant, budget): the lowest batching seed. Steps are in run
+    """Kept experts per (layer, decode step with an active token) of the adaptive-budget runs in
+    outputs/ (method.coverage or budget_split), one run per (exp, variant, budget): the lowest batching seed. Steps are in run
     order over all decode batches, so they are not averaged over seeds (other seeds batch other prompts)."""
     runs = evaluations(data)
     cols = ["exp", "model", "variant", "budget", "batch_size", "seed", "layer", "step", "kept", "tokens"]
@@ -304,6 +304,8 @@ def adaptive_kept(data: Data) -> pd.DataFrame:
     if steps.empty:
         return pd.DataFrame(columns=cols)
     steps = steps[steps["decode"].astype(bool)] if "decode" in steps else steps
+    if "tokens" in steps:  # a step with no active token selects nothing (as selection.csv: base/run/outputs.py)
+        steps = steps[steps["tokens"] > 0]
     return steps.reindex(columns=cols).reset_index(drop=True)
 
 

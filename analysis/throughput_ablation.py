@@ -1,13 +1,15 @@
 """A throughput ablation across runs: each run's replayed step per variant and its kernels per
 decoder layer, and the step without a feature against the step with it.
 
-    python -m analysis.throughput_ablation <runs> <out> [regions|combo|pdl]
+    python -m analysis.throughput_ablation <runs> <out> [regions|combo|pdl|compile]
     regions   throughput.regions: modules (off) against layer (on); the default
     combo     throughput.regions: layer (off) against layer_combo (on; since 2026-12-05 with the
               skinny projections where the GPU's tuned table names them)
     pdl       throughput.pdl: false (off) against true (on; each row records whether its launches
               used programmatic dependent launch); the switch was deleted on 2026-12-05 when it lost
               these A/Bs, and this reads its committed runs
+    compile   throughput.compile: false (the eager step's graph) against true (the compiled layer
+              halves; each graph row records it as `compiled`)
 (throughput.regions was deleted too, when `layer` and `modules` had lost these A/Bs to
 `layer_combo`: regions and combo read the committed runs, results/roofline/grid_2026-12-02{e,f}.)
 
@@ -29,7 +31,7 @@ from analysis.engines import one_engine, run_engine
 
 # each ablation's column of throughput.csv (a throughput.* setting), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
-             "pdl": ("pdl", False, True)}
+             "pdl": ("pdl", False, True), "compile": ("compiled", False, True)}
 
 
 def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
@@ -45,8 +47,11 @@ def run_rows(runs: Path, by: str = "regions") -> pd.DataFrame:
         per_layer = total.set_index("variant")["kernels_per_layer"] if not total.empty else pd.Series(dtype=float)
         column, _, on_value = ABLATIONS[by]
         engine = run_engine(csv.parent)
+        if column not in df:  # a run made after the option was deleted ran the default form only
+            raise SystemExit(f"error: {csv.parent} records no throughput.{column} (made after the option was deleted, "
+                             f"or before it existed): it cannot be a side of the {by} ablation")
         for _, r in df.iterrows():
-            setting = r.get(column, on_value)
+            setting = r[column]
             rows.append({"run": csv.parent.relative_to(runs).parts[0], "setting": setting,
                          "batch_size": r["batch_size"], "variant": r["variant"], "ms_per_step": r["ms_per_step"],
                          "ms_min": r["ms_min"], "ms_max": r["ms_max"], "repeats": r["repeats"],

@@ -14,9 +14,11 @@ from analysis.load import load
 EMPTY_RESULTS = "no-results"  # a folder that does not exist: no committed tables
 
 
-def _run(d, report: dict, samples: list[dict] | None = None, exp: str | None = None) -> None:
+def _run(d, report: dict, samples: list[dict] | None = None, exp: str | None = None, config: dict | None = None) -> None:
+    import yaml
+
     d.mkdir(parents=True)
-    (d / "config.yaml").write_text(f"exp_name: {exp or d.parent.name}\nbatch_size: 16\n")
+    (d / "config.yaml").write_text(yaml.safe_dump({"exp_name": exp or d.parent.name, "batch_size": 16, **(config or {})}))
     if samples is not None:
         (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     (d / "report.json").write_text(json.dumps(report))  # last, as the pipeline does
@@ -27,7 +29,7 @@ def _samples(correct: int, n: int = 10) -> list[dict]:
 
 
 def _evaluate(root, name, model="mini", method="base", budget=4, seed=0, correct=8, pool="mini",
-              engine="c3-packed-cpu", exp="two", overrides="", config_hash=None):
+              engine="c3-packed-cpu", exp="two", config=None):
     """One finished evaluate run of `model` in outputs/<exp>/<name>."""
     report = {"stage": "evaluate", "model": model, "method": method, "budget": None if method == "dense" else budget,
               "batch_size": 16, "seed": 0, "device": "cpu", "num_experts": 8,
@@ -35,9 +37,8 @@ def _evaluate(root, name, model="mini", method="base", budget=4, seed=0, correct
               "eval": {"batch_seed": seed, "tasks": [pool], "limit": None, "batching": "continuous"},
               "summary": {"accuracy": correct / 10, "kept_mean": 8.0 if method == "dense" else budget - 0.5,
                           "union_mean": 7.0, "weight_retained": 0.9},
-              "provenance": {"fingerprint": engine}, "overrides": overrides,
-              "config_hash": config_hash or f"{name}-hash"}
-    _run(root / exp / name, report, _samples(correct), exp)
+              "provenance": {"fingerprint": engine}}
+    _run(root / exp / name, report, _samples(correct), exp, config)
 
 
 def _throughput(root, name, rows, model="mini", exp="two"):
@@ -114,47 +115,63 @@ def test_compare_separates_models_tasks_and_engines(tmp_path):
     assert base.loc[("mini", "mini", "s1-engine-cpu"), "accuracy"] == 0.7  # another engine: its own row
 
 
-def test_runs_of_one_key_in_two_settings_are_two_rows_and_a_rerun_is_one(tmp_path, capsys):
+def _cfg(method="base", budget=4, ridge=1.0, max_gen=16, seed=0, **extra):
+    """The config.yaml keys a run's setting is read from (load.settings)."""
+    return {"method": {"name": method, "renormalize": "model"}, "budget": budget, "predictor": {"ridge": ridge},
+            "eval": {"seed": seed, "max_gen_tokens": max_gen}, "throughput": {"batch_sizes": [1, budget]}, **extra}
+
+
+def test_runs_of_one_key_in_two_configurations_are_two_rows_and_a_rerun_is_one(tmp_path, capsys):
     """A sweep point run again with another predictor.ridge is its own row, named by what differs
     (not the first folder's accuracy shown for both); a default changed in conf/ between two runs
-    (same overrides, another config hash) likewise; a rerun of one configuration is shown once."""
+    likewise; a rerun of one configuration, dense at budgets it ignores, and throughput.* (not read
+    by an evaluation) are one measurement."""
     from analysis.compare import compare
-    from analysis.load import overrides_of
 
-    sweep = "method=base,budget=4,task=mini,exp_name=two"
-    _evaluate(tmp_path, "base", overrides=sweep, config_hash="h1", correct=10)
-    _evaluate(tmp_path, "base-ridge", overrides=sweep + ",predictor.ridge=1000,throughput.batch_sizes=[1,16]",
-              config_hash="h2", correct=8)
-    _evaluate(tmp_path, "base-rerun", overrides=sweep, config_hash="h1", correct=10)
-    _evaluate(tmp_path, "base-conf-edit", overrides=sweep, config_hash="h3", correct=7)
-    _evaluate(tmp_path, "dense-b4", method="dense", overrides="method=dense,budget=4", config_hash="d4")
-    _evaluate(tmp_path, "dense-b8", method="dense", overrides="method=dense,budget=8", config_hash="d8")
-    assert overrides_of({"overrides": sweep + ",throughput.batch_sizes=[1,16],+x='a,b'"})["throughput.batch_sizes"] == "[1,16]"
+    _evaluate(tmp_path, "base", config=_cfg(), correct=10)
+    _evaluate(tmp_path, "base-rerun", config=_cfg(), correct=10)
+    _evaluate(tmp_path, "base-ridge", config=_cfg(ridge=1000), correct=8)
+    _evaluate(tmp_path, "base-conf-edit", config=_cfg(max_gen=32), correct=7)
+    _evaluate(tmp_path, "base-b8", budget=8, config=_cfg(budget=8), correct=9)
+    for b in (4, 8):
+        _evaluate(tmp_path, f"dense-b{b}", method="dense", config=_cfg("dense", b))
     t = compare(str(tmp_path / "two"))
-    got = dict(zip(t["variant"] + ":" + t["setting"], t["accuracy"]))
-    assert got == {"dense:": 0.8, "base:config=h1": 1.0, "base:config=h3": 0.7,
-                   "base:predictor.ridge=1000,throughput.batch_sizes=[1,16]": 0.8}
+    got = {f"{v}@{b}:{s}": a for v, b, s, a in zip(t["variant"], t["budget"], t["setting"], t["accuracy"])}
+    assert got == {"dense@<NA>:": 0.8, "base@4:": 1.0, "base@8:": 0.9,
+                   "base@4:eval.max_gen_tokens=32": 0.7, "base@4:predictor.ridge=1000": 0.8}
     err = capsys.readouterr().err
     assert "base-rerun is the same measurement as base" in err and "dense-b8 is the same measurement as dense-b4" in err
     assert "base-ridge" not in err and "base-conf-edit" not in err
 
 
-def test_settings_are_experiments_of_their_own_in_the_report_and_the_quality_table_refuses_two(tmp_path, capsys):
+def test_another_configuration_of_a_point_is_an_experiment_of_its_own_and_the_quality_table_refuses_it(
+        tmp_path, capsys):
+    """The sweep's own configuration keeps the experiment (dense and every other point with it); the
+    points run again with predictor.ridge=1000 are `<exp>[predictor.ridge=1000]`, pooled over
+    their seeds; an option on every budgeted run and not on dense splits nothing."""
     from analysis import tables as T
     from analysis.quality import quality_table
 
     for seed in (0, 1):
-        _evaluate(tmp_path, f"base-{seed}", seed=seed, overrides=f"method=base,eval.seed={seed}", config_hash=f"a{seed}")
-        _evaluate(tmp_path, f"base-ridge-{seed}", seed=seed, correct=6,
-                  overrides=f"method=base,eval.seed={seed},predictor.ridge=1000", config_hash=f"b{seed}")
+        _evaluate(tmp_path, f"base-{seed}", seed=seed, config=_cfg(seed=seed))
+        _evaluate(tmp_path, f"base-ridge-{seed}", seed=seed, correct=6, config=_cfg(ridge=1000, seed=seed))
+        _evaluate(tmp_path, f"base-b8-{seed}", budget=8, seed=seed, correct=9, config=_cfg(budget=8, seed=seed))
+        _evaluate(tmp_path, f"dense-{seed}", method="dense", seed=seed, correct=10, config=_cfg("dense", seed=seed))
     pts = T.quality_points(load(tmp_path, None))
-    acc = pts[pts["metric"] == "accuracy"].set_index("exp")
-    assert acc.loc["two[default]", "n"] == 2 and acc.loc["two[default]", "mean"] == 0.8
-    assert acc.loc["two[predictor.ridge=1000]", "n"] == 2 and acc.loc["two[predictor.ridge=1000]", "mean"] == 0.6
+    acc = pts[pts["metric"] == "accuracy"].set_index(["exp", "variant", "budget"])
+    assert acc.loc[("two", "base", 4), "n"] == 2 and acc.loc[("two", "base", 4), "mean"] == 0.8
+    assert acc.loc[("two", "dense", pd.NA), "mean"] == 1.0 and acc.loc[("two", "base", 8), "mean"] == 0.9
+    assert acc.loc[("two[predictor.ridge=1000]", "base", 4), "n"] == 2
+    assert acc.loc[("two[predictor.ridge=1000]", "base", 4), "mean"] == 0.6
     assert set(T.sweep_of(pts["exp"])) == {"two"}
     with pytest.raises(SystemExit) as e:
         quality_table(str(tmp_path / "two"))
-    assert e.value.code == 2 and "2 settings" in capsys.readouterr().err
+    assert e.value.code == 2 and "2 configurations of one point" in capsys.readouterr().err
+
+    other = tmp_path / "other"  # ridge on every budgeted run, dense run without it: one configuration each
+    for name, method, b in (("base-4", "base", 4), ("base-8", "base", 8), ("dense", "dense", 4)):
+        _evaluate(other, name, method=method, budget=b, config=_cfg(method, b, ridge=1000 if method == "base" else 1.0))
+    assert set(T.quality_points(load(other, None))["exp"]) == {"two"}
 
 
 def test_the_quality_table_refuses_a_folder_of_two_models(tmp_path, capsys):

@@ -116,3 +116,17 @@ def test_the_step_budget_adds_each_removed_kernel_and_its_gap(tmp_path):
     floor = 3 * 1000 * 1000 * 2 / 1e12 * 1e3
     assert rows["their floor at 1.0 TB/s"] == pytest.approx(floor)
     assert rows["the step with all three"] == pytest.approx(10.0 - 0.248 - (3.0 - floor) - (0.7 - 0.2))
+
+
+def test_a_run_without_the_ablations_column_is_refused_not_taken_for_one_side(tmp_path, capsys):
+    """A run made after throughput.regions was deleted records no `regions`: it ran layer_combo,
+    and must not be read as the `layer` side (what a missing column once meant)."""
+    import pytest
+
+    _run(tmp_path / "a", "modules", {"base": 6.0}, 17.5)
+    (tmp_path / "b").mkdir()
+    pd.DataFrame([{"batch_size": 16, "variant": "base", "mode": "graph", "compiled": True, "ms_per_step": 5.0,
+                   "ms_min": 4.9, "ms_max": 5.1, "repeats": 5}]).to_csv(tmp_path / "b" / "throughput.csv", index=False)
+    (tmp_path / "b" / "report.json").write_text(json.dumps({"profile": []}))
+    with pytest.raises(SystemExit, match="records no throughput.regions"):
+        run_rows(tmp_path, "regions")

@@ -155,7 +155,7 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
     out = cfg.out_dir
     chash = outputs.config_hash(resolved_config)
     run_folder.check_target(out, cfg.run_key)
-    if not outputs.same_config(resolved_config, outputs.finished_hash(out)) and _put_back_kept_run(cfg, resolved_config):
+    if _put_back_kept_run(cfg, resolved_config):
         return None
     if _finished_before(cfg, resolved_config, chash):
         return None
@@ -163,6 +163,8 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
     with run_folder.run_lock(out):
         run_folder.recover(out)
         run_folder.check_target(out, cfg.run_key)  # as it is now, after any run that held the lock
+        if _put_back_locked(cfg, resolved_config):  # another run moved it aside while this one waited
+            return None
         if _finished_before(cfg, resolved_config, chash, say=False):  # another run finished it while this one waited
             print(f"[base] {out} was finished by another run meanwhile (same config); skipping.")
             return None
@@ -214,25 +216,35 @@ def _put_back_kept_run(cfg: RunConfig, resolved_config: str) -> bool:
     force=true, nor where out_dir holds anything but a finished run of another config or Hydra's
     files of this start (a stopped run's files stay where a resume finds them)."""
     out = cfg.out_dir
-    if cfg.force or not out.parent.is_dir() or not any(p.name.startswith(f"{out.name}~") for p in out.parent.iterdir()):
+    if (cfg.force or outputs.same_config(resolved_config, outputs.finished_hash(out)) or not out.parent.is_dir()
+            or not any(p.name.startswith(f"{out.name}~") for p in out.parent.iterdir())):
         return False
     with run_folder.run_lock(out):
         run_folder.recover(out)
-        kept = next((p for p in sorted(out.parent.iterdir()) if p.name.startswith(f"{out.name}~") and p.is_dir()
-                     and outputs.same_config(resolved_config, outputs.finished_hash(p)) and not outputs.damaged(p)
-                     and not _older_engine(cfg, p)), None)
-        if kept is None:
-            return False
-        done = outputs.finished_hash(out)
-        if done is not None and not outputs.same_config(resolved_config, done):
-            aside = _kept_name(cfg, resolved_config)
-            out.rename(aside)
-        elif out.exists() and {p.name for p in out.iterdir()} - set(run_folder.HYDRA_FILES):
-            return False
-        else:
-            aside = None
-            shutil.rmtree(out, ignore_errors=True)  # at most Hydra's files of this start
-        kept.rename(out)
+        return _put_back_locked(cfg, resolved_config)
+
+
+def _put_back_locked(cfg: RunConfig, resolved_config: str) -> bool:
+    """_put_back_kept_run's work, with out_dir's lock held."""
+    out = cfg.out_dir
+    if cfg.force or outputs.same_config(resolved_config, outputs.finished_hash(out)):
+        return False
+    kept = next((p for p in sorted(out.parent.iterdir()) if p.name.startswith(f"{out.name}~") and p.is_dir()
+                 and run_folder.marker_run(p) in (cfg.run_key, None)  # a kept run of these overrides only
+                 and outputs.same_config(resolved_config, outputs.finished_hash(p)) and not outputs.damaged(p)
+                 and not _older_engine(cfg, p)), None)
+    if kept is None:
+        return False
+    done = outputs.finished_hash(out)
+    if done is not None:  # a finished run of another config: kept in its turn
+        aside = _kept_name(cfg, resolved_config)
+        out.rename(aside)
+    elif out.exists() and {p.name for p in out.iterdir()} - set(run_folder.HYDRA_FILES):
+        return False  # a stopped run's files: where its resume finds them
+    else:
+        aside = None
+        shutil.rmtree(out, ignore_errors=True)  # at most Hydra's files of this start
+    kept.rename(out)
     print(f"[base] {out}: the finished run of this config kept as {kept.name} is put back instead of run again"
           + (f"; the run of another config that was there is kept as {aside.name}" if aside else ""), flush=True)
     return True

@@ -63,7 +63,8 @@ def write_marker(folder: Path, run_key: str, chash: str) -> None:
     atomic_write_text(folder / MARKER, json.dumps({"run": run_key, "config_hash": chash}))
 
 
-def _marker_run(folder: Path) -> str | None:
+def marker_run(folder: Path) -> str | None:
+    """The overrides (run key) a run folder's marker names; None without a readable marker."""
     try:
         return str(json.loads((folder / MARKER).read_text())["run"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -83,7 +84,7 @@ def check_target(out_dir: Path, run_key: str) -> None:
     entries = sorted(p.name for p in out_dir.iterdir())
     if not entries or set(entries) <= set(HYDRA_FILES):
         return
-    held = _marker_run(out_dir)
+    held = marker_run(out_dir)
     if held == run_key:
         return
     if held is None and is_finished(out_dir) and out_dir.name == run_name(run_key):

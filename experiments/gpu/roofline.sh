@@ -100,7 +100,8 @@ if [[ " $PARTS " == *" grid "* ]]; then
 fi
 if [[ " $PARTS " == *" ab "* ]]; then
   # an A/B of one throughput key on one machine: AB_KEY's two AB_VALUES in the order a b b a, each
-  # a run of AB_METHODS at batch 16 (analysis: python -m analysis.throughput_ablation <runs> <out> <name>);
+  # a run of AB_METHODS at batch 16 (analysis: python -m analysis.throughput_ablation <runs> <out> <name>,
+  # one of its ABLATIONS, e.g. compile for AB_KEY=throughput.compile);
   # AB_NAME: a subfolder of outputs/ab for this A/B, so two A/Bs of one call stay apart
   : "${AB_KEY:?PARTS=ab needs AB_KEY (a throughput key) and AB_VALUES (its two values)}" "${AB_VALUES:?}"
   read -r va vb <<< "$AB_VALUES"
