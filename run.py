@@ -697,7 +697,28 @@ def go_offline_without_network() -> str | None:
             f"models, tokenizers and datasets come from local files and the cache; HF_HUB_OFFLINE=0 tries the Hub")
 
 
+def redeliver_lost_interrupts() -> None:
+    """Ctrl-C that lands while Python runs a finaliser (`__del__`, e.g. of a regex object lm-eval
+    dropped) raises its KeyboardInterrupt there, where Python prints "Exception ignored" and drops
+    it: the run went on to its end and the sweep to its next point, exit 0 (seen in
+    tests/test_start_refusals.py). Such an interrupt is delivered again a moment later, from another
+    thread, so that it is raised in the code the main thread runs then (not in this hook, where it
+    would be dropped too)."""
+    import _thread
+
+    default = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            threading.Timer(0.05, _thread.interrupt_main).start()
+            return
+        default(unraisable)
+
+    sys.unraisablehook = hook
+
+
 if __name__ == "__main__":
+    redeliver_lost_interrupts()
     try:
         check_launcher_env()
         check_command_line(sys.argv[1:])

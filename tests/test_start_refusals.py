@@ -143,6 +143,27 @@ def test_ctrl_c_during_a_sweep_exits_130_and_marks_the_row_interrupted(tmp_path)
     assert "interrupted" in {r["status"] for r in read_summary(tmp_path / "default")}
 
 
+def test_an_interrupt_dropped_in_a_finaliser_is_delivered_again(monkeypatch):
+    """Ctrl-C landing in a __del__ raises there and Python drops it (the sweep above once went on
+    to exit 0): run.py delivers it again, to the code that runs next."""
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores SIGINT
+    try:
+        run.redeliver_lost_interrupts()
+
+        class Finaliser:
+            def __del__(self):
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            Finaliser()
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_naming_the_file(tmp_path):
     """`ulimit -f` (the same error path as a full disk): one line naming what could not be written."""
