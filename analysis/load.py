@@ -189,9 +189,8 @@ def settings(reps: list[dict]) -> list[str]:
     flats = [{k: v for k, v in _flat(r.get("_config") or {}).items() if k.split(".")[0] not in NOT_SETTINGS}
              for r in reps]
     groups: dict[tuple, list[int]] = {}
-    for i, r in enumerate(reps):
-        axes = r.get("_axes") or run_axes(r, "", "", r.get("_config"))
-        groups.setdefault(tuple(str(axes.get(k)) for k in RUN_KEY if k != "exp"), []).append(i)
+    for i, r in enumerate(reps):  # `_axes`: run_axes, set by whoever read the reports
+        groups.setdefault(tuple(str(r["_axes"].get(k)) for k in RUN_KEY if k != "exp"), []).append(i)
     out = [""] * len(reps)
     for idx in groups.values():
         if len(idx) < 2:
@@ -452,9 +451,11 @@ def runs_frame(root: str | Path) -> pd.DataFrame:
     differ in: `settings`), method options, and the selection summary."""
     rows = []
     evals = [rep for rep in reports(root) if rep.get("stage") == "evaluate"]
+    for rep in evals:
+        rep["_axes"] = run_axes(rep, "", rep["run"], rep["_config"])
     for rep, setting in zip(evals, settings(evals)):
         mc = rep.get("method_config") or {}
-        axes = run_axes(rep, "", rep["run"], rep["_config"])
+        axes = rep["_axes"]
         rows.append({"run": rep["run"], "model": axes["model"], "tasks": axes["pool"], "method": axes["method"],
                      "variant": axes["variant"], "budget": axes["budget"], "batch_size": axes["batch_size"],
                      "engine": axes["engine"], "admission": axes["admission"], "routing": axes["routing"],

@@ -42,7 +42,9 @@ RENAMED_KEYS = {"eval.gen_toks": "eval.gen_tokens", "eval.max_gen_toks": "eval.m
                 "eval.max_wait_rounds": "scheduler.max_wait_rounds",
                 "stream.max_wait_rounds": "scheduler.max_wait_rounds"}
 # Engine options deleted when they lost their A/Bs (docs/engine.md, "The switches that remain"), with why:
-# an override of one is refused at start saying so (run.py), not as an unknown key.
+# an override of one is refused at start saying so (run.py), not as an unknown key. Those that runs were
+# recorded with are also in base/run/outputs.py REMOVED_OPTIONS (their value then), which keeps such a
+# run's config hash: delete an option in both places.
 DELETED_KEYS = {"method.route_in_select": "it made base M=16's step 36 % slower",
                 "throughput.fused_attention": "it made the step slower despite fewer kernels",
                 "throughput.fold_input_norm": "it made the step slower despite fewer kernels",

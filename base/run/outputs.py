@@ -77,6 +77,7 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                                   "max_wait_steps": 0, "overlap": False}}
 # Options deleted after runs were recorded with them, with the value those runs had (an option that
 # lost its A/B, at its default): a run recorded while the option existed is still the same config.
+# Each is in base/config.py DELETED_KEYS too, which refuses it on the command line saying why.
 REMOVED_OPTIONS = {("method", "route_in_select"): False,  # issue 42/44 (2026-12-05)
                    ("throughput", "pdl"): False,  # issue 42 item 4 (2026-12-05: lost its A/Bs)
                    # issue 42 item 5 (2026-12-06): layer and modules lost their A/Bs to layer_combo

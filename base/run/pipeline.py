@@ -216,9 +216,8 @@ def _put_back_kept_run(cfg: RunConfig, resolved_config: str) -> bool:
     force=true, nor where out_dir holds anything but a finished run of another config or Hydra's
     files of this start (a stopped run's files stay where a resume finds them)."""
     out = cfg.out_dir
-    if (cfg.force or outputs.same_config(resolved_config, outputs.finished_hash(out)) or not out.parent.is_dir()
-            or not any(p.name.startswith(f"{out.name}~") for p in out.parent.iterdir())):
-        return False
+    if not out.parent.is_dir() or not any(p.name.startswith(f"{out.name}~") for p in out.parent.iterdir()):
+        return False  # nothing kept beside it: no lock taken
     with run_folder.run_lock(out):
         run_folder.recover(out)
         return _put_back_locked(cfg, resolved_config)
