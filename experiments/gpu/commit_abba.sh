@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The decode step at two commits on one machine, in the order a b b a: tells a change from a machine
+# difference when two grids from different calls disagree by a few percent. Tree a is another commit's
+# code (no results), packed on the host and carried; tree b is the working tree the call runs in.
+#   git archive --format=tar.gz -o .abba/a.tgz <commit> .gitignore Makefile analysis base conf data \
+#     experiments kernels pyproject.toml run.py tasks tools
+#   echo '/.abba/' >> .git/info/exclude        # carried like .whl: carry [".whl", ".abba"]
+#   ABBA_A_COMMIT=<commit> bash experiments/gpu/commit_abba.sh
+#   ABBA_S=seconds     each run's limit (default 120)
+#   ABBA_MODEL=name    the model shape (default qwen3_30b)
+#   ABBA_EXTRA='...'   overrides added to every run (default: Qwen3-30B-A3B, batch 16, M=16, dense and base,
+#                      5 interleaved rounds)
+# -> $OUT/abba.tgz (four run folders 1_a, 2_b, 3_b, 4_a and their logs); read them with
+#    python -m analysis.throughput <folder> <out> per run, or analysis.throughput_ablation.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+: "${ABBA_A_COMMIT:?the commit .abba/a.tgz holds (its report.json names it)}"
+[ -f .abba/a.tgz ] || { echo "commit_abba: .abba/a.tgz missing (see this script's header)" >&2; exit 2; }
+source experiments/gpu/env.sh
+b_commit=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+tree_a=/tmp/abba_a; rm -rf "$tree_a"; mkdir -p "$tree_a"; tar xzf .abba/a.tgz -C "$tree_a"
+tree_b=$PWD; runs=/tmp/abba_runs; rm -rf "$runs"; mkdir -p "$runs"
+t0=$(date +%s)
+i=0
+for side in a b b a; do
+  i=$((i + 1))
+  if [ "$side" = a ]; then tree=$tree_a; commit=$ABBA_A_COMMIT; else tree=$tree_b; commit=$b_commit; fi
+  echo "[abba $(( $(date +%s) - t0 ))s] run $i: $side ($commit)"
+  (cd "$tree" && BASE_COMMIT=$commit timeout "${ABBA_S:-120}" python3 run.py experiment=throughput model="${ABBA_MODEL:-qwen3_30b}" \
+    model.routing=uniform throughput.batch_sizes=[16] throughput.budgets=[16] throughput.repeats=5 \
+    "throughput.methods=[dense,base]" ${ABBA_EXTRA:-} outputs_dir="$runs/${i}_$side" > "$runs/${i}_$side.log" 2>&1)
+  echo "rc=$?" >> "$runs/${i}_$side.log"
+  grep -E "^\[throughput\] batch|Error" "$runs/${i}_$side.log" | tail -4
+done
+tar czf "$OUT/abba.tgz" -C "$(dirname "$runs")" "$(basename "$runs")"
+echo "[abba $(( $(date +%s) - t0 ))s] done"
