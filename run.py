@@ -648,7 +648,7 @@ def check_renamed(keys: list[str], where: str = "") -> None:
         if key in RENAMED_KEYS:
             raise ConfigError(f"{key} was renamed {RENAMED_KEYS[key]}{where}: write {RENAMED_KEYS[key]} instead")
         if key in DELETED_KEYS:
-            raise ConfigError(f"{key}{where} was deleted when it lost its A/B ({DELETED_KEYS[key]}; docs/engine.md, "
+            raise ConfigError(f"{key}{where} was deleted after its A/B ({DELETED_KEYS[key]}; docs/engine.md, "
                               f"'The switches that remain'): drop it")
 
 

@@ -1,5 +1,6 @@
 """An engine form's A/B inside one throughput run: each `METHOD+FORM` variant against its plain
-`METHOD` variant, round by round (base/config.py VARIANT_FORMS).
+`METHOD` variant, round by round. Engine forms existed until 2026-12-06 (deleted with the last,
++compile_prefill, which won its A/B): this reads the committed runs that timed them.
 
     python -m analysis.throughput_forms <run folder or throughput.csv> [<out>]
 
@@ -54,7 +55,7 @@ def compare(csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     t = passes(pd.read_csv(csv).drop(columns=["engine"], errors="ignore"))
     if t.empty or PLAIN not in set(t["impl"]) or set(t["impl"]) == {PLAIN}:
         raise SystemExit(f"error: {csv}: no variant with a form beside its plain variant "
-                         f"(throughput.methods=[base,base+FORM], FORM in base/config.py VARIANT_FORMS)")
+                         f"(a run with throughput.methods=[base,base+FORM], made while engine forms existed)")
     paired = t.groupby(["batch_size", "variant", "budget"], dropna=False)["impl"].transform(
         lambda s: PLAIN in set(s) and len(set(s)) > 1)
     t = t[paired.astype(bool)]

@@ -5,7 +5,6 @@ Nothing in base/ reads Hydra: these dataclasses are the only way configuration e
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ RENAMED_KEYS = {"eval.gen_toks": "eval.gen_tokens", "eval.max_gen_toks": "eval.m
                 "eval.admission": "scheduler.admission", "stream.admission": "scheduler.admission",
                 "eval.max_wait_rounds": "scheduler.max_wait_rounds",
                 "stream.max_wait_rounds": "scheduler.max_wait_rounds"}
-# Engine options deleted when they lost their A/Bs (docs/engine.md, "The switches that remain"), with why:
+# Engine options deleted after their A/Bs (the losing setting with them) (docs/engine.md, "The switches that remain"), with why:
 # an override of one is refused at start saying so (run.py), not as an unknown key. Those that runs were
 # recorded with are also in base/run/outputs.py REMOVED_OPTIONS (their value then), which keeps such a
 # run's config hash: delete an option in both places.
@@ -50,7 +49,10 @@ DELETED_KEYS = {"method.route_in_select": "it made base M=16's step 36 % slower"
                 "throughput.fold_input_norm": "it made the step slower despite fewer kernels",
                 "throughput.pdl": "it made dense 1.7-1.9 % and base M=16 4.3-4.6 % slower",
                 "throughput.regions": "layer and modules made the step slower than layer_combo, the form every "
-                                      "compiled step now runs"}
+                                      "compiled step now runs",
+                "scheduler.compile_prefill": "false, the eager packed prefill, served base M=16 7 % fewer tokens/s "
+                                             "than true; every packed prefill now runs compiled where the decode "
+                                             "step is (a GPU with throughput.compile)"}
 
 
 @dataclass
@@ -269,30 +271,21 @@ class DiagnoseConfig:
             check_unique("diagnose.rules", list(self.rules))
 
 
-# Forms a throughput variant may add to the run's own (`base+compile_prefill`): each sets keys for that
-# variant alone (throughput.* its engine, scheduler.* its continuous engine), so an A/B of a form
-# runs interleaved in one process.
-VARIANT_FORMS: dict[str, dict[str, Any]] = {
-    "compile_prefill": {"scheduler.compile_prefill": True},  # stream/serve: packed prefills compiled
-}
-
-
 def parse_method_spec(spec: str, key: str = "throughput.methods[]", engine: bool = True) -> dict[str, Any]:
-    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation),
-    `base+compile_prefill` (a form, VARIANT_FORMS; several: `base+A+B`) -> {"method", "k0", "impl",
-    "forms"}, validated; `key` names the list in messages. A selector that reads k0 needs one, one
-    that does not is refused one; `engine=False` (diagnose.rules: rules, not engines) refuses
-    :IMPL and forms."""
+    """`router_sum`, `oea:2` (k0=2), `dense:grouped_mm` (an experts implementation) -> {"method",
+    "k0", "impl"}, validated; `key` names the list in messages. A selector that reads k0 needs one,
+    one that does not is refused one; `engine=False` (diagnose.rules: rules, not engines) refuses
+    :IMPL."""
     from base.method.selectors import SELECTORS
 
     head, *forms = str(spec).split("+")
-    for form in forms:
-        if not engine:
-            raise ConfigError(f"{key}={spec!r}: a rule here takes no engine form (+{form})")
-        check_choice(f"{key}={spec!r}: form", form, tuple(VARIANT_FORMS))
+    if forms:  # METHOD+FORM ran one variant with an engine option of its own (an A/B in one process)
+        raise ConfigError(f"{key}={spec!r}: engine forms (+{forms[0]}) were removed with the last one, "
+                          f"+compile_prefill, which won its A/B and is how every packed prefill now runs; "
+                          f"an A/B of an engine key runs a b b a (experiments/gpu/roofline.sh PARTS=ab)")
     name, *opts = head.split(":")
     check_choice(key, name, ("dense", *SELECTORS.names()))
-    out: dict[str, Any] = {"method": name, "k0": None, "impl": None, "forms": tuple(sorted(set(forms)))}
+    out: dict[str, Any] = {"method": name, "k0": None, "impl": None}
     for opt in opts:
         if opt.isdigit():
             out["k0"] = check_int(f"{key}={spec!r} k0", opt, 1)
@@ -519,8 +512,6 @@ class SchedulerConfig:
     max_wait_steps: int = 0  # ... or steps a free slot and a waiting request have both waited
     overlap: bool = True  # the host reads step i's tokens while step i+1 runs (no per-step sync); false:
     # it also waits for each step before launching the next. Timing only: the schedule is the same
-    compile_prefill: bool = False  # packed prefills (and mixed steps) through the compiled attention
-    # halves too, one compile per bucket (GPU, throughput.compile; not yet timed: off by default)
     admission: str = "fifo"  # who takes a free slot: fifo (arrival order; evaluation: the mixed order) |
     # union: the waiting request whose predicted experts overlap the running batch most (base/runtime/admission.py)
     max_wait_rounds: int = 4  # union: a request passed over this many admission rounds goes next
@@ -529,7 +520,7 @@ class SchedulerConfig:
         check_choice("scheduler.packing", self.packing, PACKINGS)
         check_choice("scheduler.admission", self.admission, ADMISSIONS)
         self.max_wait_rounds = check_int("scheduler.max_wait_rounds", self.max_wait_rounds, 0)
-        for key in ("chunked", "overlap", "compile_prefill"):
+        for key in ("chunked", "overlap"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"scheduler.{key}={getattr(self, key)!r} must be true or false")
         if not self.buckets:
@@ -545,9 +536,6 @@ class SchedulerConfig:
         if self.chunked and self.packing != "packed":
             raise ConfigError("scheduler.chunked=true rides prompt chunks in the decode step's packed stream: "
                               "it needs scheduler.packing=packed")
-        if self.compile_prefill and self.packing != "packed":
-            raise ConfigError("scheduler.compile_prefill=true compiles the packed prefill; scheduler.packing=padded "
-                              "prefills eagerly: it needs scheduler.packing=packed")
         # base/runtime/scheduler.py prefill_due: a prefill starts when enough prompt tokens wait OR the
         # oldest has waited max_wait_steps, so at 0 waiting steps the token threshold never holds one back
         if self.min_prompt_tokens > 1 and self.max_wait_steps == 0:
@@ -691,8 +679,6 @@ class RunConfig:
                            "only stage=throughput (experiment=throughput, stream or serve) reads throughput.* and "
                            "stream.*" + (" (stage=describe sizes the KV cache from throughput.batch_sizes, prompt_len "
                                          "and gen_tokens)" if self.stage == "describe" else "")))
-        if self.stage == "throughput" and tp is not None:
-            unused += self._unused_engine_options()
         if self.predictor.path and self.stage != "fit" and not self._reads_predictor():
             unused.append(([f"predictor.path={self.predictor.path}"],
                            f"stage={self.stage} reads no predictor" if self.stage in ("calibrate", "describe") else
@@ -707,36 +693,6 @@ class RunConfig:
         from base.method.selectors import SELECTORS
 
         return any(SELECTORS.get(n).needs_predictor for n in self.built_rules())
-
-    def _unused_engine_options(self) -> list[tuple[list[str], str]]:
-        """The engine option scheduler.compile_prefill and the throughput.methods[] forms
-        (VARIANT_FORMS) this run would not read, with why; a form
-        that changes nothing, or cannot run, is refused here."""
-        tp = self.throughput
-        with_forms = [(spec, set(parsed["forms"])) for spec, parsed in zip(tp.methods or [], tp.specs or [])]
-
-        def specs(test: Callable[[set[str]], bool]) -> list[str]:  # the methods[] whose forms pass `test`
-            return [f"throughput.methods[]={spec!r}" for spec, forms in with_forms if test(forms)]
-
-        for spec, forms in with_forms:
-            for form in sorted(forms):
-                keys = VARIANT_FORMS[form]
-                if all(getattr(getattr(self, k.split(".")[0]), k.split(".")[1]) == v for k, v in keys.items()):
-                    said = ", ".join(f"{k}={v}" for k, v in keys.items())
-                    raise ConfigError(f"throughput.methods[]={spec!r} adds {said}, which the run already sets for "
-                                      f"every variant: drop the +{form} or set the run's key back")
-        if self.scheduler.packing != "packed" and specs(lambda f: "compile_prefill" in f):
-            raise ConfigError(f"{specs(lambda f: 'compile_prefill' in f)[0]} compiles the packed prefill; "
-                              f"scheduler.packing={self.scheduler.packing} prefills padded, eagerly")
-        unused: list[tuple[list[str], str]] = []
-        if not tp.compile:
-            unused.append((_changed("scheduler", self.scheduler, ("compile_prefill",)) +
-                           specs(lambda f: "compile_prefill" in f),
-                           "throughput.compile=false compiles no region, the prefill's included"))
-        elif tp.mode == "steps":
-            unused.append((specs(lambda f: "compile_prefill" in f),
-                           "throughput.mode=steps prefills through the static engine"))
-        return unused
 
     def _check_serve(self) -> None:
         """throughput.mode=serve takes its arrivals from serve.rates and admits FIFO."""

@@ -130,7 +130,7 @@ def _compiled_cache_write(op, k_shape: tuple, v_shape: tuple, k_new, v_new, *whe
 
 @pytest.mark.slow
 def test_packed_cache_writes_land_at_each_tokens_row_and_slot_and_compile_in_place():
-    """A packed prefill's K/V write (scheduler.compile_prefill runs it in a compiled region): token
+    """A packed prefill's K/V write (the compiled packed prefill runs it in a compiled region): token
     t's heads at (row_T[t], slot_T[t]) of both caches, and compiled in place, with no temporary the
     size of a cache and no clone (what an index_copy_ into a view of the cache became on an H200)."""
     from base.hf.attention import _write_packed_kv_op

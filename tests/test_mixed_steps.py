@@ -200,15 +200,15 @@ def test_a_host_stop_check_ends_its_request_one_step_late_and_is_counted(model, 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunked", [False, True])
 def test_compiled_packed_prefill_decodes_each_request_as_alone(model, chunked):
-    """scheduler.compile_prefill: packed prefills (and mixed steps) through the compiled attention
-    halves (Inductor on the CPU here; the packed K/V write and varlen attention as custom ops):
+    """Where the engine compiles its regions, packed prefills (and mixed steps) run through the
+    compiled attention halves too (Inductor on the CPU here; the packed K/V write and varlen attention as custom ops):
     every request's tokens as decoded alone, and the packed shapes compiled (more graphs than the
     decode step's half and final norm)."""
     reqs = requests(9, seed=4)
     policy = SchedulerConfig(buckets=BUCKETS, chunked=chunked, chunk_tokens=3)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=policy.buckets, compile=True, compile_prefill=True)
+    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=policy.buckets, compile=True)
     try:
         with torch_threads(1):
             done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
@@ -222,16 +222,16 @@ def test_compiled_packed_prefill_decodes_each_request_as_alone(model, chunked):
 
 @pytest.mark.slow
 def test_compiled_packed_prefill_under_a_budget_serves_as_the_eager_prefill(model):
-    """With a budget (router_sum at 2 of 16 experts, chunked): the compiled packed forwards give
-    the uncompiled ones' tokens and statistics rows (the decode step compiled in both)."""
+    """With a budget (router_sum at 2 of 16 experts, chunked): the compiled engine's packed forwards
+    and decode steps give the eager engine's tokens and statistics rows."""
     reqs = requests(7, seed=8)
     policy = SchedulerConfig(**CHUNKED)
     results = []
-    for compile_prefill in (False, True):
+    for compile in (False, True):
         torch._dynamo.reset()
         with budgeted(model, "qwen3_moe", build_selector("router_sum"), BudgetOptions(budget=2)) as budget:
-            engine = ContinuousEngine(model, 3, 32, budget=budget, pad_id=0, buckets=policy.buckets, compile=True,
-                                      compile_prefill=compile_prefill)
+            engine = ContinuousEngine(model, 3, 32, budget=budget, pad_id=0, buckets=policy.buckets,
+                                      compile=compile)
             try:
                 with torch_threads(1):
                     done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
@@ -244,14 +244,14 @@ def test_compiled_packed_prefill_under_a_budget_serves_as_the_eager_prefill(mode
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,chunked,compile,compile_prefill", [
-    ("dense", False, False, False), ("dense", True, False, False), ("base", False, False, False),
-    ("base", True, False, False), ("base", True, True, False), ("base", True, True, True), ("dense", False, True, True)])
-def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked, compile, compile_prefill):
+@pytest.mark.parametrize("method,chunked,compile", [
+    ("dense", False, False), ("dense", True, False), ("base", False, False),
+    ("base", True, False), ("base", True, True), ("dense", False, True)])
+def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method, chunked, compile):
     """On a GPU: the same stream served eagerly and from CUDA graphs (packed prefill per bucket,
-    mixed steps, decode step; `compile`: the decode step's regions compiled, as the benchmarks
-    run it; `compile_prefill`: the packed forwards' too) gives the same tokens and statistics; after
-    the warm-up nothing is captured again."""
+    mixed steps, decode step; `compile`: the regions compiled, the decode step's and the packed
+    forwards', as the benchmarks run it) gives the same tokens and statistics; after the warm-up
+    nothing is captured again."""
     from base.hf.experts_impl import register_base_triton
     from tests.helpers import model_artifacts
 
@@ -266,8 +266,7 @@ def test_gpu_graph_replay_equals_eager_for_packed_prefill_and_mixed_steps(method
         sel = None if method == "dense" else build_selector(method, model_artifacts(gpu_model))
         with budgeted(gpu_model, "qwen3_moe", sel, BudgetOptions(budget=3, backend="triton")) as budget:
             engine = ContinuousEngine(gpu_model, 4, 48, budget=budget, pad_id=0, graph=graph,
-                                      compile=compile and graph, buckets=policy.buckets,
-                                      compile_prefill=compile_prefill)
+                                      compile=compile and graph, buckets=policy.buckets)
             try:
                 engine.warm_up(mixed=chunked, reserve=forwards_bound(reqs, policy.buckets))
                 done, stats = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
@@ -358,13 +357,13 @@ def test_each_decode_step_records_the_context_its_longest_decoding_row_reads(mod
 
 @pytest.mark.slow
 def test_compiled_packed_prefill_compiles_each_shape_once(model):
-    """scheduler.compile_prefill: the K/V buffers exist before the first compiled forward, so a
+    """The compiled packed prefill: the K/V buffers exist before the first compiled forward, so a
     packed shape compiles once. Before, the first compiled forward traced the buffers' allocation,
     its guards failed at the next run and dynamo recompiled: on a GPU inside the CUDA graph's
     capture, which fails (capture_outputs runs a step eagerly, then captures the same step)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=BUCKETS, compile=True, compile_prefill=True)
+    engine = ContinuousEngine(model, 3, 32, pad_id=0, buckets=BUCKETS, compile=True)
     try:
         with torch_threads(1):
             engine.reset()

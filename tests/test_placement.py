@@ -325,21 +325,26 @@ def test_config_hash_of_continuous_runs_recorded_before_scheduler_options(compos
     assert same_config(text(static + ["scheduler.chunked=true", "scheduler.chunk_tokens=64"]), hashed_before(static))
 
 
-def test_config_hash_of_runs_recorded_before_compile_prefill(compose):
-    """scheduler.compile_prefill (2026-12-04) at its default leaves the hash of a continuous run
-    recorded before it unchanged; set, it is a different run."""
+@pytest.mark.parametrize("recorded_as", [None, False, True])
+def test_config_hash_of_continuous_runs_recorded_with_compile_prefill(compose, recorded_as):
+    """scheduler.compile_prefill existed from 2026-12-04 to 12-06 (deleted when its eager setting lost
+    its A/B; compiled is what runs now): a continuous run recorded before it (None), at its default
+    false (hashed without it) or at true (REMOVED_OPTIONS) is still this configuration; one that
+    differs in another scheduler key is not."""
     import yaml
     from omegaconf import OmegaConf
 
     from base.run.outputs import config_hash, same_config
 
     overrides = ["model=tiny_qwen3", "method=router_sum", "eval.batching=continuous"]
-    old = yaml.safe_load(OmegaConf.to_yaml(compose(overrides), resolve=True))
-    del old["scheduler"]["compile_prefill"]
-    recorded = config_hash(yaml.safe_dump(old))
-    assert same_config(OmegaConf.to_yaml(compose(overrides), resolve=True), recorded)
-    on = OmegaConf.to_yaml(compose(overrides + ["scheduler.compile_prefill=true"]), resolve=True)
-    assert not same_config(on, recorded)
+    text = OmegaConf.to_yaml(compose(overrides), resolve=True)
+    old = yaml.safe_load(text)
+    assert "compile_prefill" not in old["scheduler"]
+    if recorded_as is not None:
+        old["scheduler"]["compile_prefill"] = recorded_as
+    assert same_config(text, config_hash(yaml.safe_dump(old)))
+    old["scheduler"]["overlap"] = not old["scheduler"]["overlap"]
+    assert not same_config(text, config_hash(yaml.safe_dump(old)))
 
 
 @pytest.mark.parametrize("removed", [[("method", "route_in_select")],

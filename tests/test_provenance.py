@@ -52,3 +52,45 @@ def test_a_gpu_run_names_the_tuned_table_its_launches_read(tmp_path, monkeypatch
     from base.run.provenance import kernel_table
 
     assert kernel_table("cpu") is None  # only a GPU run reads a table
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_continuous_runs_engine_names_whether_its_prefill_was_compiled(compiled):
+    """The continuous engine's packed prefills run through its compiled regions wherever it compiles
+    them (a GPU): their kernels round differently from eager ones, so the engine's settings and
+    fingerprint say so (+cprefill); on a CPU nothing compiles and the fingerprint is as before."""
+    from types import SimpleNamespace
+
+    from base.config import SchedulerConfig
+    from base.run.provenance import engine_settings, fingerprint
+
+    cfg = SimpleNamespace(scheduler=SchedulerConfig())
+    engine = engine_settings(cfg, "cuda:0" if compiled else "cpu", "continuous", "device", compiled)
+    assert engine["compile_prefill"] is compiled
+    assert fingerprint(engine) == ("c3-packed+cprefill-cuda" if compiled else "c3-packed-cpu")
+
+
+def test_an_engine_that_compiles_its_regions_runs_its_packed_prefill_through_them(monkeypatch):
+    """What the evaluation records as compiled_prefill: the engine compiled its regions (a GPU; here
+    asked for on the CPU) and its packed forward ran inside them (entered, not compiled here: the
+    compiled forward's tokens are tests/test_mixed_steps.py's)."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from base.runtime.continuous import ContinuousEngine
+    from tests.helpers import tiny_qwen3
+
+    model = tiny_qwen3()
+    for compile in (False, True):
+        engine = ContinuousEngine(model, 2, 16, pad_id=0, buckets=(8, 16), compile=compile)
+        entered, compiled = [], engine.regions is not None
+        if compiled:
+            monkeypatch.setattr(engine.regions, "enabled", lambda: (entered.append(1), nullcontext())[1])
+        try:
+            engine.reset()
+            with torch.no_grad():
+                engine.run_packed([], mixed=False, bucket=8)
+        finally:
+            engine.release()
+        assert compiled == compile and bool(entered) == compile

@@ -34,7 +34,7 @@ def test_a_deleted_engine_option_is_refused_saying_it_lost_its_a_b(key):
     """An option deleted when it lost its A/B (base/config.py DELETED_KEYS) is not refused as an
     unknown key with a near miss (throughput.regions -> throughput.repeats) but as deleted, with why."""
     for arg in (f"{key}=true", f"+{key}=true"):
-        with pytest.raises(ConfigError, match=f"^{key} was deleted when it lost its A/B .*: drop it$"):
+        with pytest.raises(ConfigError, match=f"^{key} was deleted after its A/B .*: drop it$"):
             run.check_composition(["model=tiny_qwen3", "stage=throughput", arg])
 
 

@@ -384,25 +384,6 @@ def test_prefill_buckets_rebuilds_the_forwards_and_recovers_a_linear_cost(tmp_pa
     assert a == pytest.approx(0.0135) and b == pytest.approx(3e-5)
 
 
-def test_a_prefill_form_reaches_its_variants_engine_only(monkeypatch):
-    """`base+compile_prefill` (base/config.py VARIANT_FORMS): that variant's continuous engine
-    compiles its packed prefills, the plain variant's does not (the run's scheduler setting)."""
-    from base.config import SchedulerConfig, ThroughputConfig
-    from base.runtime import serving
-    from base.runtime.throughput import Variant
-
-    seen = []
-
-    class Engine:  # stands in for ContinuousEngine: records what it was built with
-        def __init__(self, *args, compile_prefill=False, **kwargs):
-            seen.append(compile_prefill)
-
-    monkeypatch.setattr(serving, "ContinuousEngine", Engine)
-    for v in (Variant("base", 4), Variant("base", 4, forms=("compile_prefill",))):
-        serving._Engine(None, lambda v, record: None, v, 2, 16, ThroughputConfig(batch_sizes=[2]), SchedulerConfig())
-    assert seen == [False, True]
-
-
 class _Killed(Exception):
     """Stands for SIGTERM after a stream: the run stops where emit was called."""
 

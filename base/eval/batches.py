@@ -85,6 +85,7 @@ class DecodeBatches:
         self.lengths: dict[tuple[str, int], tuple[int, int]] = {}  # (task, doc id) -> (prompt, new) tokens
         self.serve_stats: ServeStats | None = None  # continuous batching: occupancy and step times
         self.stop_mode = "host"  # continuous batching: where stop strings end requests (device | host)
+        self.compiled_prefill = False  # ... whether its packed prefills ran through compiled regions (a GPU)
 
     def order(self, requests: list[Request]) -> list[int]:
         """Request indices in decoding order: mixed (seeded shuffle) or lm-eval's longest first."""
@@ -136,8 +137,9 @@ class DecodeBatches:
         sampling = Sampling(True, c.temperature, c.top_k, c.top_p) if c.do_sample else Sampling()
         engine = ContinuousEngine(self.model, self.batch_size, cache_length(need), budget=self.budget,
                                   eos_ids=tuple(sorted(eos)), pad_id=self.tok.pad_token_id, sampling=sampling,
-                                  buckets=self.scheduler.buckets, compile_prefill=self.scheduler.compile_prefill,
+                                  buckets=self.scheduler.buckets,
                                   stops=table)
+        self.compiled_prefill = engine.regions is not None and self.scheduler.packing == "packed"
         bar = progress(total=len(jobs), desc="decode", unit="request", disable=disable_tqdm)
         try:
             done, self.serve_stats = serve(engine, jobs, self.tok.pad_token_id, pick=self._admission(jobs),

@@ -83,7 +83,8 @@ def evaluate(model, tokenizer, task: TaskConfig, eval_cfg: EvalConfig, batch_siz
     samples = sample_rows(out.get("samples") or {}, b.batch_of, b.lengths, b.fidelity_of)
     return EvalResult(rows, raw, b.decode_batches, b.decode_steps, b.decode_steps_by_task,
                       b.use_engine or eval_cfg.batching == "continuous", samples, b.fidelity_rows,
-                      {**b.serve_stats.summary(), "stop_mode": b.stop_mode} if b.serve_stats is not None else None)
+                      {**b.serve_stats.summary(), "stop_mode": b.stop_mode,
+                       "compiled_prefill": b.compiled_prefill} if b.serve_stats is not None else None)
 
 
 def sample_rows(samples: dict[str, list[dict]], batch_of: dict[tuple[str, int], int],

@@ -251,7 +251,7 @@ def _write_packed(cache_BKLD: Tensor, new_1KTD: Tensor, row_T: Tensor, slot_T: T
 def _write_packed_kv_op(k_cache_BKLD: Tensor, v_cache_BKLE: Tensor, key_1KTD: Tensor, value_1KTE: Tensor,
                         row_T: Tensor, slot_T: Tensor) -> None:
     """A packed forward's K/V, token t's heads at (row_T[t], slot_T[t]) of both caches: an op that
-    declares the caches mutated, so a compiled region (scheduler.compile_prefill) keeps the write in
+    declares the caches mutated, so a compiled region (the continuous engine's packed prefill) keeps the write in
     place (an index_copy_ into a view of the cache compiled out of place on an H200: a copy of the
     whole cache per layer, results/serve/README.md)."""
     _write_packed(k_cache_BKLD, key_1KTD, row_T, slot_T)

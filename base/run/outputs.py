@@ -75,13 +75,17 @@ LATER_OPTIONS = {("model", "device_map"): None, ("allow_outside_outputs",): Fals
                  ("scheduler",): {"packing": "padded", "chunked": False, "chunk_tokens": 256,
                                   "buckets": [64, 128, 256, 512, 1024, 2048], "min_prompt_tokens": 1,
                                   "max_wait_steps": 0, "overlap": False}}
-# Options deleted after runs were recorded with them, with the value those runs had (an option that
-# lost its A/B, at its default): a run recorded while the option existed is still the same config.
+# Options deleted after runs were recorded with them, with the value that matches what runs now (an
+# option that lost its A/B at its default, or one whose winning value became the only path): a run
+# recorded with that value while the option existed is still the same config.
 # Each is in base/config.py DELETED_KEYS too, which refuses it on the command line saying why.
 REMOVED_OPTIONS = {("method", "route_in_select"): False,  # issue 42/44 (2026-12-05)
                    ("throughput", "pdl"): False,  # issue 42 item 4 (2026-12-05: lost its A/Bs)
                    # issue 42 item 5 (2026-12-06): layer and modules lost their A/Bs to layer_combo
-                   ("throughput", "regions"): "layer_combo"}
+                   ("throughput", "regions"): "layer_combo",
+                   # issue 42 item 5 (2026-12-06): the eager prefill lost its A/B; true is what runs now
+                   # (a run recorded at false, the default, hashed without it: LATER_OPTIONS)
+                   ("scheduler", "compile_prefill"): True}
 
 
 def _serves_continuously(cfg: dict[str, Any]) -> bool:

@@ -103,19 +103,19 @@ def cpu_timing_note(cfg: RunConfig, model) -> str | None:
 def throughput_variants(cfg: RunConfig) -> list[Variant]:
     """The configurations of a throughput run: dense first, then each method at each budget."""
     tp = cfg.throughput
-    specs = tp.specs or [{"method": "dense", "k0": None, "impl": None, "forms": ()},
-                         {"method": cfg.method.name, "k0": cfg.method.k0, "impl": None, "forms": ()}]
+    specs = tp.specs or [{"method": "dense", "k0": None, "impl": None},
+                         {"method": cfg.method.name, "k0": cfg.method.k0, "impl": None}]
     budgets = tp.budgets or ([cfg.budget] if cfg.budget is not None else [])
     out: list[Variant] = []
     for spec in specs:
         name = spec["method"]
         if name == "dense" or not SELECTORS.get(name).uses_budget:
-            out.append(Variant(name, None, spec["k0"], spec["impl"], spec["forms"]))
+            out.append(Variant(name, None, spec["k0"], spec["impl"]))
         else:
-            out += [Variant(name, b, spec["k0"], spec["impl"], spec["forms"]) for b in budgets]
+            out += [Variant(name, b, spec["k0"], spec["impl"]) for b in budgets]
     out = list(dict.fromkeys(out))
     # the dense reference first
-    out.sort(key=lambda v: v.method != "dense" or v.experts_impl is not None or bool(v.forms))
+    out.sort(key=lambda v: v.method != "dense" or v.experts_impl is not None)
     return out
 
 
@@ -522,7 +522,9 @@ def _run_stage(cfg: RunConfig, model, layers, report: dict[str, Any], logger: Lo
                       **(result.serving or {})}
     _record_hardware(model, report)  # figure captions name the hardware (analysis/figures.py)
     path = "continuous" if continuous else ("engine" if result.engine else "generate")
-    report["provenance"] = provenance(cfg, report["device"], path, (result.serving or {}).get("stop_mode"))
+    serving = result.serving or {}
+    report["provenance"] = provenance(cfg, report["device"], path, serving.get("stop_mode"),
+                                      serving.get("compiled_prefill", False))
     report["metrics"] = result.metrics
     report["lm_eval"] = {"results": result.raw.get("results"), "groups": result.raw.get("groups")}
     report["selection"] = summary_rows

@@ -43,7 +43,6 @@ def preflight(cfg: RunConfig) -> None:
     check_names(cfg)
     _check_device(cfg)
     check_decode_steps(cfg.throughput if cfg.stage == "throughput" else None, _on_gpu(cfg))
-    check_gpu_only_options(cfg, _on_gpu(cfg))
     check_folder("artifacts_dir", cfg.artifacts_dir)
     check_folder("outputs_dir", cfg.out_dir.parent)
     check_logger(cfg)
@@ -219,26 +218,6 @@ def _on_gpu(cfg: RunConfig) -> bool:
     from base.hf.loading import pick_device
 
     return cfg.model.device != "meta" and pick_device(cfg.model.device).type == "cuda"
-
-
-GPU_FORMS = ("compile_prefill",)  # base/config.py VARIANT_FORMS that act on a GPU only
-
-
-def check_gpu_only_options(cfg: RunConfig, on_gpu: bool) -> None:
-    """Options that change what a CUDA GPU runs (compiled regions, CUDA graphs) do nothing on a
-    CPU, where every step runs eagerly: refused there rather than run as a silently different run."""
-    if on_gpu or cfg.stage not in ("evaluate", "throughput"):
-        return
-    from base.config import VARIANT_FORMS, _changed
-
-    tp = cfg.throughput
-    set_here = _changed("scheduler", cfg.scheduler, ("compile_prefill",))
-    if cfg.stage == "throughput" and tp is not None:
-        set_here += [f"throughput.methods[]={spec!r}" for spec, parsed in zip(tp.methods or [], tp.specs or [])
-                     if set(parsed["forms"]) & set(GPU_FORMS) & set(VARIANT_FORMS)]
-    if set_here:
-        raise ConfigError(f"{', '.join(set_here)} acts on a CUDA GPU only (compiled regions, CUDA graphs); this run "
-                          f"decodes on the CPU, eagerly, where it would change nothing: drop it, or run on a GPU")
 
 
 def check_decode_steps(tp: ThroughputConfig | None, on_gpu: bool) -> None:

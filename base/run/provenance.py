@@ -7,6 +7,7 @@ short fingerprint every committed table carries (`report.json` key `provenance`)
 The fingerprint names the decode engine by what changes its outputs, readable on its own:
 
     c<V>-<packing>[+chunk<N>][+wait<T>/<S>][+cprefill][-hoststops]-<device>   continuous batching
+                  (+cprefill: packed prefills through the compiled regions, on a GPU since 2026-12-06)
     s<V>-<engine|generate>-<device>                                           static batching
     t<V>-<device>                                                              throughput runs (timing only)
 
@@ -91,9 +92,12 @@ def fingerprint(engine: dict[str, Any]) -> str:
     return f"{name}-{device}"
 
 
-def engine_settings(cfg, device: str, path: str, stop_mode: str | None = None) -> dict[str, Any]:
+def engine_settings(cfg, device: str, path: str, stop_mode: str | None = None,
+                    compiled_prefill: bool = False) -> dict[str, Any]:
     """The settings that decide a run's outputs (`path`: continuous | engine | generate |
-    throughput: what decoded it)."""
+    throughput: what decoded it; `compiled_prefill`: whether the continuous engine's packed prefills
+    ran through its compiled regions, as they do wherever it compiles them: a GPU's kernels round
+    differently from the eager ones)."""
     device = device.split(":")[0]
     if path == "throughput":
         return {"kind": "throughput", "version": THROUGHPUT_VERSION, "device": device}
@@ -103,7 +107,7 @@ def engine_settings(cfg, device: str, path: str, stop_mode: str | None = None) -
     return {"kind": "continuous", "version": CONTINUOUS_VERSION, "device": device, "packing": s.packing,
             "chunked": s.chunked, "chunk_tokens": s.chunk_tokens, "buckets": list(s.buckets),
             "min_prompt_tokens": s.min_prompt_tokens, "max_wait_steps": s.max_wait_steps,
-            "compile_prefill": s.compile_prefill, "stop_mode": stop_mode or "device",
+            "compile_prefill": compiled_prefill, "stop_mode": stop_mode or "device",
             "admission": s.admission, "overlap": s.overlap}
 
 
@@ -119,8 +123,9 @@ def kernel_table(device: str) -> dict[str, Any] | None:
     return table_record(device_name(torch.device(device)))
 
 
-def provenance(cfg, device: str, path: str, stop_mode: str | None = None) -> dict[str, Any]:
-    engine = engine_settings(cfg, device, path, stop_mode)
+def provenance(cfg, device: str, path: str, stop_mode: str | None = None,
+               compiled_prefill: bool = False) -> dict[str, Any]:
+    engine = engine_settings(cfg, device, path, stop_mode, compiled_prefill)
     out = {**commit(cfg.root), "engine": engine, "fingerprint": fingerprint(engine)}
     if (table := kernel_table(device)) is not None:
         out["kernel_table"] = table

@@ -118,16 +118,15 @@ class TokenRing:
 
 class ContinuousEngine(DecodeEngine):
     """The decode engine with per-slot admission, packed prefill and mixed steps (see the module doc).
-    `buckets`: the packed stream lengths (one graph each). `compile_prefill`: packed forwards run
-    through the compiled attention halves too (base/runtime/regional.py; one compile per bucket and
-    kind), where the engine compiles them (a GPU with throughput.compile). `stops`: the stop strings
+    `buckets`: the packed stream lengths (one graph each). Where the engine compiles its decode step's
+    regions (a GPU with throughput.compile), packed forwards run through them too (base/runtime/regional.py;
+    one compile per bucket and kind, in the warm-up). `stops`: the stop strings
     of the requests to come (base/runtime/stops.py; a request names its own by a bit mask), matched
     in the step; None: no stop strings on the device."""
 
-    def __init__(self, *args, buckets: tuple[int, ...] | list[int] = DEFAULT_BUCKETS, compile_prefill: bool = False,
+    def __init__(self, *args, buckets: tuple[int, ...] | list[int] = DEFAULT_BUCKETS,
                  stops: StopTable | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.compile_prefill = compile_prefill
         self.stops = stops
         B, L, dev = self.B, self.L, self.device
         self.trash = L  # the spare cache slot (see the module doc)
@@ -159,7 +158,7 @@ class ContinuousEngine(DecodeEngine):
         if not self.cache.owns(self.model):
             self.cache.claim(self.model)
             self.graphs.clear()
-            if self.regions is not None and self.compile_prefill:
+            if self.regions is not None:
                 self._allocate_cache()
         self.cache.zero_()
         self.valid_BL.zero_()
@@ -317,10 +316,10 @@ class ContinuousEngine(DecodeEngine):
         self.cache.set_packed((row_T, slot_T, last_T))
         # eager, a prefill's norms, rotary and casts are dozens of element-wise launches per layer
         # over every token (about 15 of the 71.7 ms of kernel time of a 2,048-token prefill on an
-        # H200: results/serve/grid_2026-12-04b/'s probe profile); compiled, Inductor fuses them
-        compiled = self.regions is not None and self.compile_prefill
+        # H200: results/serve/grid_2026-12-04b/'s probe profile); compiled, Inductor fuses them (the
+        # stream's prefill 1.14 -> 0.87 s, base M=16 7.7 % more tokens/s: results/serve/grid_2026-12-06b/)
         try:
-            with self.regions.enabled() if compiled else nullcontext():
+            with self.regions.enabled() if self.regions is not None else nullcontext():
                 logits_KV = self._forward_packed(ids_T[None], pos_T[None], keep_K, active_T, mixed)
         finally:
             self.cache.set_packed(None)

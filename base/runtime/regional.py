@@ -3,8 +3,8 @@ attention, residual add, post-attention norm) goes through `torch.compile` as on
 compiled once and shared by every layer.
 
     regions = RegionalCompile(model)
-    with regions.enabled():                 # decode steps (and, with scheduler.compile_prefill, the
-        model(...)                          # continuous engine's packed prefills); else eager
+    with regions.enabled():                 # decode steps and the continuous engine's packed
+        model(...)                          # prefills; else eager
     regions.remove()
 
 Why regions and not the model: compiling the whole forward took minutes per batch size, and the

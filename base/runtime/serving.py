@@ -164,8 +164,7 @@ class _Engine:
         try:
             self.engine = ContinuousEngine(model, slots, length, budget=self.budget,
                                            compile=None if tp.compile else False,
-                                           buckets=scheduler.buckets,
-                                           compile_prefill=v.compile_prefill(scheduler.compile_prefill))
+                                           buckets=scheduler.buckets)
         except BaseException:
             self._remove()
             raise

@@ -111,8 +111,7 @@ def _serve(model: nn.Module, budget: MoeBudget | None, v: Variant, slots: int, l
     """The stream of variant v (its budget given) through a fresh engine after its warm-up;
     (finished, stats, s to predict experts)."""
     engine = ContinuousEngine(model, slots, length, budget=budget, compile=None if tp.compile else False,
-                              buckets=scheduler.buckets,
-                              compile_prefill=v.compile_prefill(scheduler.compile_prefill))
+                              buckets=scheduler.buckets)
     try:
         if scheduler.packing == "packed":
             engine.warm_up(mixed=scheduler.chunked, reserve=forwards_bound(requests, scheduler.buckets))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from base.config import VARIANT_FORMS, ThroughputConfig
+from base.config import ThroughputConfig
 from base.hf.budget import MoeBudget
 from base.hf.placement import model_devices
 from base.progress import progress, say
@@ -46,22 +46,12 @@ class Variant:
     budget: int | None = None
     k0: int | None = None
     experts_impl: str | None = None  # None: the model's own
-    forms: tuple[str, ...] = ()  # forms over the run's settings (base/config.py VARIANT_FORMS), sorted
 
     @property
     def label(self) -> str:
         name = self.method if self.k0 is None else f"{self.method}(k0={self.k0})"
         name = name if self.experts_impl is None else f"{name}[{self.experts_impl}]"
-        return "+".join((name, *self.forms))
-
-    def compile_prefill(self, scheduler_compile_prefill: bool) -> bool:
-        """Whether this variant's continuous engine compiles its packed prefills: the run's
-        scheduler.compile_prefill, or its form's."""
-        return self._form_keys("scheduler").get("compile_prefill", scheduler_compile_prefill)
-
-    def _form_keys(self, group: str) -> dict:
-        return {k.split(".", 1)[1]: v for form in self.forms for k, v in VARIANT_FORMS[form].items()
-                if k.startswith(group + ".")}
+        return name
 
 
 def register_skip_experts() -> str:

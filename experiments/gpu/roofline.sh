@@ -12,8 +12,6 @@
 #   PARTS="grid" MODEL=olmoe ROUTING=skewed bash experiments/gpu/roofline.sh
 #   PARTS=grid SPECS="qwen3_30b:uniform qwen3_30b:skewed:[16,64]" bash experiments/gpu/roofline.sh  # several runs
 #   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
-#   GRID_EXTRA='throughput.batch_sizes=[16] throughput.budgets=[16] throughput.repeats=5 throughput.methods=[base,router_sq]'
-#     # an engine form against the plain step, interleaved in one process (python -m analysis.throughput_forms <run>)
 #   3b. (PARTS micro) kernel A/Bs: tools/bench_select.py (SELECT_BASELINE=<an older kernels/select.py>) and
 #      tools/bench_skinny.py -> $OUT/bench_select.*, bench_skinny.*
 #   2c. (PARTS exptune) the expert kernels' table, both paths, the kept bound, the reduce in down (tools/tune_kernels.py;
