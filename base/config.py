@@ -40,10 +40,10 @@ RENAMED_KEYS = {"eval.gen_toks": "eval.gen_tokens", "eval.max_gen_toks": "eval.m
                 "eval.admission": "scheduler.admission", "stream.admission": "scheduler.admission",
                 "eval.max_wait_rounds": "scheduler.max_wait_rounds",
                 "stream.max_wait_rounds": "scheduler.max_wait_rounds"}
-# Engine options deleted after their A/Bs (the losing setting with them) (docs/engine.md, "The switches that remain"), with why:
-# an override of one is refused at start saying so (run.py), not as an unknown key. Those that runs were
-# recorded with are also in base/run/outputs.py REMOVED_OPTIONS (their value then), which keeps such a
-# run's config hash: delete an option in both places.
+# Engine options deleted after their A/Bs, with why (docs/engine.md, "The switches that remain"): an
+# override of one is refused at start saying so (run.py), not as an unknown key. Those that runs were
+# recorded with are also in base/run/outputs.py REMOVED_OPTIONS (the value that matches what runs now),
+# which keeps such a run's config hash: delete an option in both places.
 DELETED_KEYS = {"method.route_in_select": "it made base M=16's step 36 % slower",
                 "throughput.fused_attention": "it made the step slower despite fewer kernels",
                 "throughput.fold_input_norm": "it made the step slower despite fewer kernels",
