@@ -260,7 +260,7 @@ class RunSet:
         """One row per finished run: AXES, its `setting` (what else its sweep varied: `settings`), the
         summary (accuracy, kept_mean, kl, ...), size and wall time."""
         rows = [{**rep["_axes"], "setting": rep["_setting"],
-                 **{k: rep.get(k) for k in ("num_experts", "moe_layers", "top_k", "wall_s")},
+                 **{k: rep.get(k) for k in ("num_experts", "moe_layers", "top_k", "wall_s", "reused_from")},
                  **(rep.get("summary") or {})} for rep in self.reports]
         return _typed(pd.DataFrame(rows, columns=None if rows else list(AXES)))
 
@@ -275,6 +275,8 @@ class RunSet:
         for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
             first, *others = g["run"].tolist()
             r = g.iloc[0]
+            if copies_of_one(g["run"].tolist(), g["reused_from"].tolist()):
+                continue  # dense's copies in a sweep over budgets: one decode, nothing to warn of
             warn(f"{r['exp']}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} "
                  f"(model {r['model']}, tasks {r['pool']}, {r['variant']}, budget {r['budget']}, engine {r['engine']}, "
                  f"seed {r['seed']}{', ' + r['setting'] if r['setting'] else ''}): counted once")
@@ -460,8 +462,18 @@ def runs_frame(root: str | Path) -> pd.DataFrame:
                      "variant": axes["variant"], "budget": axes["budget"], "batch_size": axes["batch_size"],
                      "engine": axes["engine"], "admission": axes["admission"], "routing": axes["routing"],
                      "reassign": mc.get("reassign"), "k0": mc.get("k0"), "order": (rep.get("eval") or {}).get("order"),
-                     "batch_seed": axes["seed"], "setting": setting, **(rep.get("summary") or {})})
+                     "batch_seed": axes["seed"], "setting": setting, "reused_from": rep.get("reused_from"),
+                     **(rep.get("summary") or {})})
     return pd.DataFrame(rows)
+
+
+def copies_of_one(runs: list[str], reused_from: list) -> bool:
+    """Are these runs one measurement and its copies (`reused_from` naming another of them:
+    base/run/dense_reuse.py, a dense sweep point that took a sibling's outputs), not the same
+    measurement made again?"""
+    names = {Path(r).name for r in runs}
+    copies = [src for src in reused_from if isinstance(src, str)]
+    return len(copies) == len(runs) - 1 and all(src in names for src in copies)
 
 
 def metrics_frame(root: str | Path) -> pd.DataFrame:

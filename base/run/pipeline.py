@@ -25,7 +25,7 @@ from base.hf.families import find_moe_layers
 from base.hf.loading import load_model, load_tokenizer
 from base.hf.placement import model_devices
 from base.method.selectors import SELECTORS, build_selector
-from base.run import outputs, run_folder
+from base.run import dense_reuse, outputs, run_folder
 from base.run.artifacts import ensure_calibration, ensure_predictor, selector_artifacts
 from base.run.logger import Logger, run_identity
 from base.run.preflight import preflight
@@ -169,6 +169,15 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
             print(f"[base] {out} was finished by another run meanwhile (same config); skipping.")
             return None
         keep = _kept_name(cfg, resolved_config)
+        if (sibling := dense_reuse.dense_sibling(cfg, resolved_config, lambda p: _older_engine(cfg, p))) is not None:
+            stage = run_folder.staging_dir(out)
+            try:
+                report = dense_reuse.copy_run(sibling, stage, cfg, resolved_config, chash)
+            except OSError:  # the sibling changed under the copy (a rerun of it swapped its folder): decode
+                shutil.rmtree(stage, ignore_errors=True)
+            else:
+                run_folder.publish(stage, out, keep)
+                return report
         stage = run_folder.staging_dir(out, RESUMABLE, resolved_config)
         try:
             report = _run_into(dataclasses.replace(cfg, out_dir=stage), resolved_config, chash, extra_files or {})
