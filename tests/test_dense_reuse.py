@@ -10,8 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import run
-from base.run import outputs
-from base.run import pipeline
+from base.run import outputs, pipeline
 from base.run.pipeline import run as run_pipeline
 
 FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "diagnose.enabled=false"]
