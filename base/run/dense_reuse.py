@@ -12,6 +12,7 @@ throughput run is a timing, measured where it runs.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,8 @@ def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[
 
 def copy_run(sibling: Path, stage: Path, cfg: RunConfig, resolved_config: str, chash: str) -> dict[str, Any]:
     """The sibling's outputs into `stage` as this run's (its own marker, config.yaml and pending
-    report); the report."""
+    report; `wall_s` the copy's, the decode's own time stays in eval's `seconds`); the report."""
+    t0 = time.perf_counter()
     for p in sibling.iterdir():
         if p.name in OWN_FILES or p.name.startswith("."):
             continue
@@ -60,7 +62,7 @@ def copy_run(sibling: Path, stage: Path, cfg: RunConfig, resolved_config: str, c
     atomic_write_text(stage / "config.yaml", resolved_config)
     report = outputs.read_report(sibling) or {}
     report.update(budget=cfg.budget, overrides=cfg.overrides, config_hash=chash, reused_from=sibling.name,
-                  files=outputs.line_counts(stage))
+                  files=outputs.line_counts(stage), wall_s=time.perf_counter() - t0)
     report.pop("wandb", None)  # the sibling's logged run, not this one's
     note = (f"[base] dense decodes the same at every budget: {cfg.out_dir.name} takes the outputs of "
             f"{sibling.name} (same config but for budget) instead of decoding again; force=true decodes it")
