@@ -52,7 +52,7 @@ DELETED_KEYS = {"method.route_in_select": "it made base M=16's step 36 % slower"
                                       "compiled step now runs",
                 "scheduler.compile_prefill": "false, the eager packed prefill, served base M=16 7 % fewer tokens/s "
                                              "than true; every packed prefill now runs compiled where the decode "
-                                             "step is (a GPU with throughput.compile)"}
+                                             "step is compiled (a GPU with throughput.compile)"}
 
 
 @dataclass
@@ -279,10 +279,14 @@ def parse_method_spec(spec: str, key: str = "throughput.methods[]", engine: bool
     from base.method.selectors import SELECTORS
 
     head, *forms = str(spec).split("+")
-    if forms:  # METHOD+FORM ran one variant with an engine option of its own (an A/B in one process)
-        raise ConfigError(f"{key}={spec!r}: engine forms (+{forms[0]}) were removed with the last one, "
-                          f"+compile_prefill, which won its A/B and is how every packed prefill now runs; "
-                          f"an A/B of an engine key runs a b b a (experiments/gpu/roofline.sh PARTS=ab)")
+    if forms and not engine:
+        raise ConfigError(f"{key}={spec!r}: a rule here takes no engine form (+{forms[0]})")
+    if forms == ["compile_prefill"]:  # METHOD+FORM: a variant with an engine option of its own, until 2026-12-06
+        raise ConfigError(f"{key}={spec!r}: +compile_prefill was removed after it won its A/B: every packed "
+                          f"prefill now runs compiled where the decode step is compiled; write {head!r}")
+    if forms:
+        raise ConfigError(f"{key}={spec!r}: '+' takes nothing here: a method is NAME, NAME:K0 (e.g. oea:1) or "
+                          f"dense:IMPL (an A/B of an engine key runs a b b a: experiments/gpu/roofline.sh PARTS=ab)")
     name, *opts = head.split(":")
     check_choice(key, name, ("dense", *SELECTORS.names()))
     out: dict[str, Any] = {"method": name, "k0": None, "impl": None}

@@ -16,9 +16,9 @@ from base.run.pipeline import run as run_pipeline
 FAST = ["model=tiny_qwen3", "task=smoke", "logger=none", "diagnose.enabled=false"]
 
 
-def _run(compose, out: Path, *overrides: str) -> dict | None:
+def _run(compose, out: Path, *overrides: str, extra_files: dict[str, str] | None = None) -> dict | None:
     cfg = compose([*FAST, *overrides])
-    return run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True))
+    return run_pipeline(run.build_config(cfg, out), OmegaConf.to_yaml(cfg, resolve=True), extra_files)
 
 
 def _decodes(monkeypatch) -> list[str]:
@@ -90,3 +90,30 @@ def test_analysis_counts_dense_s_copies_once_without_calling_them_a_repeat(compo
     _run(compose, exp / "again", "method=dense", "budget=4", "force=true", f"artifacts_dir={tmp_path}/a")
     assert len(RunSet(tmp_path).evaluations) == 1 and len(compare(str(exp))) == 1
     assert "same measurement" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_copies_name_the_run_that_decoded_and_hold_their_own_hydra_files(compose, tmp_path, monkeypatch):
+    """A third budget copies the run that decoded, not a copy (reused_from names it), and a copy holds
+    the Hydra files its own start passed (run.py's extra_files), not the sibling's."""
+    exp, a = tmp_path / "exp", f"artifacts_dir={tmp_path}/a"
+    _run(compose, exp / "b8", "method=dense", "budget=8", a)
+    _run(compose, exp / "b16", "method=dense", "budget=16", a)
+    decodes = _decodes(monkeypatch)
+    report = _run(compose, exp / "b12", "method=dense", "budget=12", a, extra_files={".hydra/overrides.yaml": "- budget=12\n"})
+    assert decodes == [] and report["reused_from"] == "b8"
+    assert (exp / "b12" / ".hydra" / "overrides.yaml").read_text() == "- budget=12\n"
+
+
+@pytest.mark.slow
+def test_a_sibling_decoded_by_other_code_is_not_copied(compose, tmp_path, monkeypatch):
+    """A config does not show every engine change (the prefill compiled since 110fd43): a sibling
+    decoded at another commit decodes again."""
+    exp, a = tmp_path / "exp", f"artifacts_dir={tmp_path}/a"
+    _run(compose, exp / "b2", "method=dense", "budget=2", a)
+    path = exp / "b2" / "report.json"
+    report = json.loads(path.read_text())
+    report["provenance"]["commit"] = "0000000"
+    path.write_text(json.dumps(report))
+    decodes = _decodes(monkeypatch)
+    assert "reused_from" not in _run(compose, exp / "b4", "method=dense", "budget=4", a) and decodes == ["dense"]

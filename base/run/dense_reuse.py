@@ -4,8 +4,8 @@
 
 `method=dense` ignores `budget`, yet each budget is a sweep point with a folder of its own (Hydra
 names it by its overrides). An evaluation of dense whose experiment folder already holds a finished,
-intact dense evaluation of the same configuration but for `budget` takes that run's outputs instead
-of decoding again: its folder gets a copy of them with its own config.yaml, marker and report
+intact dense evaluation of the same configuration but for `budget`, decoded by the same code, takes
+that run's outputs instead of decoding again: its folder gets a copy of them with its own config.yaml, marker and report
 (`reused_from` names the run it copied; `force=true` decodes it anew). Only evaluations: a
 throughput run is a timing, measured where it runs.
 """
@@ -20,6 +20,7 @@ from typing import Any
 from base.config import RunConfig
 from base.files import atomic_write_text
 from base.run import outputs, run_folder
+from base.run.provenance import commit
 
 # what the copy writes itself (the run's own) rather than takes from the run it copies
 OWN_FILES = (run_folder.MARKER, "config.yaml", outputs.REPORT, outputs.PENDING_REPORT, "run.log")
@@ -31,28 +32,39 @@ def _without_budget(resolved_config: str) -> str:
 
 def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[Path], Any]) -> Path | None:
     """A finished, intact dense evaluation beside cfg.out_dir (its experiment folder) whose config
-    differs from this one's in `budget` at most, decoded by this engine version (`older_engine`:
-    truthy for a folder an older engine decoded); None when this run is no dense evaluation, with
-    force=true, or where there is none."""
+    differs from this one's in `budget` at most, decoded by this checkout's code (its commit and
+    whether tracked files differed from it, as the points of one sweep are: so an engine change a
+    config does not show, such as the prefill compiled since 110fd43, is never copied across);
+    `older_engine`: truthy for a folder an older engine version decoded. None when this run is no
+    dense evaluation, with force=true, or where there is none. A run that decoded comes before a copy."""
     out = cfg.out_dir
     if cfg.stage != "evaluate" or cfg.method.name != "dense" or cfg.force or not out.parent.is_dir():
         return None
-    key = _without_budget(resolved_config)
-    for p in sorted(out.parent.iterdir()):
+    key, code = _without_budget(resolved_config), commit(cfg.root)
+    candidates = []
+    for p in out.parent.iterdir():
         # a run folder of its own: not this one, nor a staging, old or kept (`<run>~<hash>`) folder
         if p == out or not p.is_dir() or p.name.startswith(".") or "~" in p.name:
             continue
-        recorded = p / "config.yaml"
-        if outputs.finished_hash(p) is None or not recorded.is_file():
+        recorded, report = p / "config.yaml", outputs.read_report(p)
+        if report is None or not recorded.is_file() or _without_budget(recorded.read_text()) != key:
             continue
-        if _without_budget(recorded.read_text()) == key and not outputs.damaged(p) and not older_engine(p):
-            return p
-    return None
+        made_by = report.get("provenance") or {}
+        if (made_by.get("commit"), made_by.get("dirty")) != (code.get("commit"), code.get("dirty")) or older_engine(p):
+            continue
+        if damage := outputs.damaged(p):
+            print(f"[base] {p.name} holds this dense run's outputs but is damaged ({'; '.join(damage)}): not copied",
+                  flush=True)
+            continue
+        candidates.append((bool(report.get("reused_from")), p.name, p))
+    return min(candidates)[2] if candidates else None
 
 
-def copy_run(sibling: Path, stage: Path, cfg: RunConfig, resolved_config: str, chash: str) -> dict[str, Any]:
-    """The sibling's outputs into `stage` as this run's (its own marker, config.yaml and pending
-    report; `wall_s` the copy's, the decode's own time stays in eval's `seconds`); the report."""
+def copy_run(sibling: Path, stage: Path, cfg: RunConfig, resolved_config: str, chash: str,
+             extra_files: dict[str, str]) -> dict[str, Any]:
+    """The sibling's outputs into `stage` as this run's (its own marker, config.yaml, Hydra's files
+    `extra_files` and pending report; `wall_s` the copy's, the decode's own time stays in eval's
+    `seconds`; `reused_from` the run that decoded them); the report."""
     t0 = time.perf_counter()
     for p in sibling.iterdir():
         if p.name in OWN_FILES or p.name.startswith("."):
@@ -60,12 +72,15 @@ def copy_run(sibling: Path, stage: Path, cfg: RunConfig, resolved_config: str, c
         (shutil.copytree if p.is_dir() else shutil.copy2)(p, stage / p.name)
     run_folder.write_marker(stage, cfg.run_key, chash)
     atomic_write_text(stage / "config.yaml", resolved_config)
+    for name, text in extra_files.items():
+        atomic_write_text(stage / name, text)
     report = outputs.read_report(sibling) or {}
-    report.update(budget=cfg.budget, overrides=cfg.overrides, config_hash=chash, reused_from=sibling.name,
+    source = report.get("reused_from") or sibling.name
+    report.update(budget=cfg.budget, overrides=cfg.overrides, config_hash=chash, reused_from=source,
                   files=outputs.line_counts(stage), wall_s=time.perf_counter() - t0)
     report.pop("wandb", None)  # the sibling's logged run, not this one's
     note = (f"[base] dense decodes the same at every budget: {cfg.out_dir.name} takes the outputs of "
-            f"{sibling.name} (same config but for budget) instead of decoding again; force=true decodes it")
+            f"{source} (same config but for budget, same code) instead of decoding; force=true decodes it")
     atomic_write_text(stage / "run.log", note + "\n")
     print(note, flush=True)
     outputs.write_report(stage, report, outputs.PENDING_REPORT)

@@ -172,7 +172,9 @@ def run(cfg: RunConfig, resolved_config: str, extra_files: dict[str, str] | None
         if (sibling := dense_reuse.dense_sibling(cfg, resolved_config, lambda p: _older_engine(cfg, p))) is not None:
             stage = run_folder.staging_dir(out)
             try:
-                report = dense_reuse.copy_run(sibling, stage, cfg, resolved_config, chash)
+                report = dense_reuse.copy_run(sibling, stage, cfg, resolved_config, chash, extra_files or {})
+                with open(stage / "run.log", "a") as log:
+                    log.write("\n" + report_text(report, out))
             except OSError:  # the sibling changed under the copy (a rerun of it swapped its folder): decode
                 shutil.rmtree(stage, ignore_errors=True)
             else:
@@ -207,7 +209,7 @@ def _finished_before(cfg: RunConfig, resolved_config: str, chash: str, say: bool
     if outputs.same_config(resolved_config, done) and not cfg.force:
         damage = outputs.damaged(out)
         if damage:
-            note(f"[base] {out} is finished but damaged ({'; '.join(damage)}); running it again")
+            note(f"[base] {out} is finished but damaged ({'; '.join(damage)}); replacing it")
             return False
         note(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
              f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
