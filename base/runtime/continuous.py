@@ -317,7 +317,7 @@ class ContinuousEngine(DecodeEngine):
         # eager, a prefill's norms, rotary and casts are dozens of element-wise launches per layer
         # over every token (about 15 of the 71.7 ms of kernel time of a 2,048-token prefill on an
         # H200: results/serve/grid_2026-12-04b/'s probe profile); compiled, Inductor fuses them (the
-        # stream's prefill 1.14 -> 0.87 s, base M=16 7.7 % more tokens/s: results/serve/grid_2026-12-06b/)
+        # stream's prefill 1.14 -> 0.87-0.88 s, base M=16 7.7 % more tokens/s: results/serve/grid_2026-12-06b/)
         try:
             with self.regions.enabled() if self.regions is not None else nullcontext():
                 logits_KV = self._forward_packed(ids_T[None], pos_T[None], keep_K, active_T, mixed)
