@@ -5,9 +5,9 @@
 `method=dense` ignores `budget`, yet each budget is a sweep point with a folder of its own (Hydra
 names it by its overrides). An evaluation of dense whose experiment folder already holds a finished,
 intact dense evaluation of the same configuration but for `budget`, decoded by the same code, takes
-that run's outputs instead of decoding again: its folder gets a copy of them with its own config.yaml, marker and report
-(`reused_from` names the run it copied; `force=true` decodes it anew). Only evaluations: a
-throughput run is a timing, measured where it runs.
+that run's outputs instead of decoding again: its folder gets a copy of them with its own
+config.yaml, marker, Hydra files and report (`reused_from` names the run that decoded; `force=true`
+decodes it anew). Only evaluations: a throughput run is a timing, measured where it runs.
 """
 from __future__ import annotations
 
