@@ -51,6 +51,7 @@ def test_a_dense_sweep_point_at_another_budget_takes_the_finished_ones_outputs(c
     assert _run(compose, second, "method=dense", "budget=4", f"artifacts_dir={tmp_path}/a") is None and decodes == []
 
 
+@pytest.mark.slow  # the fast tier keeps the sweep's test
 @pytest.mark.parametrize("other", [["method=dense", "budget=4", "seed=1"], ["method=router_sum", "budget=2"],
                                    ["method=dense", "budget=4", "force=true"]])
 def test_a_run_that_differs_in_more_than_dense_s_budget_decodes(compose, tmp_path, monkeypatch, other):
@@ -61,7 +62,7 @@ def test_a_run_that_differs_in_more_than_dense_s_budget_decodes(compose, tmp_pat
     assert len(decodes) == 1 and "reused_from" not in report
 
 
-@pytest.mark.slow  # the fast tier keeps the sweep's test and the first difference
+@pytest.mark.slow
 def test_a_damaged_sibling_is_not_copied(compose, tmp_path, monkeypatch):
     exp = tmp_path / "exp"
     _run(compose, exp / "first", "method=dense", "budget=2", f"artifacts_dir={tmp_path}/a")
