@@ -2,6 +2,9 @@
 
     python -m analysis.paired outputs/<exp>/<run A> outputs/<exp>/<run B>
 
+Two runs that are one decode (one the copy of the other: a dense sweep point, report.json
+`reused_from`) are compared as asked, with a warning that this compares a run with itself.
+
 Per-request records are joined on (task, doc_id); the prompts must be the same (prompt hashes are
 compared). Requests only one run holds are left out, with a warning giving the paired n and how
 many of each run's went unpaired (a run stopped early, a truncated file). A samples.jsonl line that
@@ -19,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import stats as S
-from analysis.load import fail, read_jsonl, warn
+from analysis.load import fail, read_jsonl, read_report, warn
 
 
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
@@ -57,7 +60,24 @@ def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, float | int | str]:
             "margin": c.margin, "call": call, "unpaired_a": unpaired_a, "unpaired_b": unpaired_b}
 
 
+def copy_note(run_a: str | Path, run_b: str | Path) -> str | None:
+    """Where one run is the other's copy (report.json `reused_from`: a dense sweep point that took a
+    sibling's outputs, base/run/dense_reuse.py) or both copy one run: they are one decode, and their
+    comparison is a run against itself."""
+    src = {}
+    for run in (Path(run_a), Path(run_b)):
+        report = read_report(run / "report.json") if (run / "report.json").exists() else {}
+        src[run] = (report or {}).get("reused_from") or run.name
+    a, b = src.values()
+    return (f"{Path(run_a).name} and {Path(run_b).name} are one decode ({a}'s outputs, copied: "
+            f"report.json reused_from): this compares a run with itself") if a == b else None
+
+
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        fail("usage: python -m analysis.paired <run A> <run B>")
+    if note := copy_note(sys.argv[1], sys.argv[2]):
+        warn(note)
     try:
         res = paired(load_samples(sys.argv[1]), load_samples(sys.argv[2]))
     except ValueError as e:

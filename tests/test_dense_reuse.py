@@ -118,3 +118,14 @@ def test_a_sibling_decoded_by_other_code_is_not_copied(compose, tmp_path, monkey
     path.write_text(json.dumps(report))
     decodes = _decodes(monkeypatch)
     assert "reused_from" not in _run(compose, exp / "b4", "method=dense", "budget=4", a) and decodes == ["dense"]
+
+
+def test_a_paired_comparison_of_a_run_and_its_copy_says_it_compares_a_run_with_itself(tmp_path):
+    from analysis.paired import copy_note
+
+    for name, report in (("b2", {}), ("b4", {"reused_from": "b2"}), ("b8", {"reused_from": "b2"}), ("other", {})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
+    assert "one decode (b2's outputs" in copy_note(tmp_path / "b2", tmp_path / "b4")
+    assert copy_note(tmp_path / "b4", tmp_path / "b8") is not None  # two copies of one run
+    assert copy_note(tmp_path / "b2", tmp_path / "other") is None
