@@ -256,7 +256,9 @@ def probe_table(root: Path) -> pd.DataFrame:
         engine = engine_of(read_report(path.parent / "report.json"), _config(path.parent))
         serve = serve[serve["arrivals"] != "search"] if "arrivals" in serve else serve
         for _, p in probe.iterrows():
-            mine = serve[serve["variant"] == p["variant"]]
+            # a variant at each budget is its own: base M=16's probe against base M=16's streams only
+            same_budget = serve["budget"].isna() if pd.isna(p["budget"]) else serve["budget"] == p["budget"]
+            mine = serve[(serve["variant"] == p["variant"]) & same_budget]
             if mine.empty:
                 continue
             first = mine.sort_values(["repeat", "position"]).iloc[0]

@@ -345,16 +345,20 @@ def test_runs_with_other_scheduler_thresholds_are_other_cells(tmp_path):
 def test_the_probe_table_sets_the_first_rates_stream_step_beside_both_probes(tmp_path):
     """analysis.serving.probe_table: per run and variant, the median over repeats of the streams'
     step at the variant's first rate (the burst here, not the Poisson rate run after it), against
-    the engine's probe and the static engine's step."""
+    the engine's probe and the static engine's step; the same variant at another budget (M=10) is
+    another row, its streams not pooled with M=16's."""
     from analysis.serving import probe_table
 
     run = tmp_path / "uniform"
     run.mkdir()
     base = {"routing": "uniform", "slots": 16, "variant": "base", "budget": 16, "occupancy_mean": 13.0}
+    m10 = {**base, "budget": 10, "step_ms_median": 4.0}
     pd.DataFrame([{**base, "repeat": 0, "position": 1, "rate": None, "arrivals": "burst", "step_ms_median": 6.0},
                   {**base, "repeat": 0, "position": 1, "rate": 4.0, "arrivals": "poisson", "step_ms_median": 9.0},
                   {**base, "repeat": 1, "position": 2, "rate": None, "arrivals": "burst", "step_ms_median": 6.2},
-                  {**base, "repeat": 1, "position": 2, "rate": 4.0, "arrivals": "poisson", "step_ms_median": 9.0}]
+                  {**base, "repeat": 1, "position": 2, "rate": 4.0, "arrivals": "poisson", "step_ms_median": 9.0},
+                  {**m10, "repeat": 0, "position": 2, "rate": None, "arrivals": "burst"},
+                  {**m10, "repeat": 1, "position": 1, "rate": None, "arrivals": "burst"}]
                  ).to_csv(run / "serve.csv", index=False)
     pd.DataFrame([{"model": "m", "routing": "uniform", "slots": 16, "variant": "base", "budget": 16, "prompt_tokens": 284,
                    "full_step_ms": 5.5, "static_step_ms": 5.0, "stream_context_median": 300.0}]
@@ -365,6 +369,7 @@ def test_the_probe_table_sets_the_first_rates_stream_step_beside_both_probes(tmp
     assert (row["context"], row["probe_from"], row["min_prompt_tokens"]) == (300.0, 284, 1)
     assert row["stream_over_static"] == pytest.approx(0.22) and row["probe_over_static"] == pytest.approx(0.1)
     assert row["stream_over_probe"] == pytest.approx(6.1 / 5.5 - 1)
+    assert len(probe_table(tmp_path)) == 1  # M=10 has no probe of its own here
 
 
 def test_prefill_buckets_rebuilds_the_forwards_and_recovers_a_linear_cost(tmp_path):
