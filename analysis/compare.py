@@ -17,7 +17,7 @@ import sys
 
 import pandas as pd
 
-from analysis.load import copies_of_one, fail, runs_frame, throughput_frame, warn
+from analysis.load import fail, once_per_measurement, runs_frame, throughput_frame
 
 KEY = ["model", "tasks", "engine", "variant", "budget", "batch_size", "batch_seed"]
 SHOWN = ["accuracy", "union_mean", "kept_mean", "weight_retained"]
@@ -51,13 +51,7 @@ def compare(root: str) -> pd.DataFrame:
     key = KEY + (["admission"] if ev["admission"].nunique(dropna=False) > 1 else [])
     key += ["setting"] if (ev["setting"] != "").any() else []
     ev = ev.assign(budget=ev["budget"].astype("Int64"))
-    for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
-        first, *others = g["run"].tolist()
-        if copies_of_one(g["run"].tolist(), g["reused_from"].tolist()):
-            continue  # dense's copies in a sweep over budgets: one decode, nothing to warn of
-        warn(f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} (the same "
-             f"{', '.join(key)}): shown once")
-    ev = ev.drop_duplicates(key)
+    ev = once_per_measurement(ev, key, lambda r: ("", f"the same {', '.join(key)}", "shown once"))
     table = ev.reindex(columns=[*key, "routing", *SHOWN]).merge(_timings(root), on=TIMED, how="left")
     if table["tokens_per_s"].isna().all():  # nothing timed: no columns saying where timings came from
         table = table.drop(columns=["timed_engine", "timed_on"])

@@ -272,15 +272,14 @@ class RunSet:
         if ev.empty:
             return ev
         key = [*RUN_KEY, "setting"]  # missing values (no budget, no pool) compare equal
-        for _, g in ev[ev.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
-            first, *others = g["run"].tolist()
-            r = g.iloc[0]
-            if copies_of_one(g["run"].tolist(), g["reused_from"].tolist()):
-                continue  # dense's copies in a sweep over budgets: one decode, nothing to warn of
-            warn(f"{r['exp']}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} "
-                 f"(model {r['model']}, tasks {r['pool']}, {r['variant']}, budget {r['budget']}, engine {r['engine']}, "
-                 f"seed {r['seed']}{', ' + r['setting'] if r['setting'] else ''}): counted once")
-        return ev[~ev.duplicated(key, keep="first")]
+
+        def words(r: pd.Series) -> tuple[str, str, str]:
+            setting = f", {r['setting']}" if r["setting"] else ""
+            shared = (f"model {r['model']}, tasks {r['pool']}, {r['variant']}, budget {r['budget']}, "
+                      f"engine {r['engine']}, seed {r['seed']}{setting}")
+            return f"{r['exp']}: ", shared, "counted once"
+
+        return once_per_measurement(ev, key, words)
 
     def table(self, name: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
         """One per-run file (a RUN_TABLES key or a file name) of the given runs (default: every
@@ -465,6 +464,21 @@ def runs_frame(root: str | Path) -> pd.DataFrame:
                      "batch_seed": axes["seed"], "setting": setting, "reused_from": rep.get("reused_from"),
                      **(rep.get("summary") or {})})
     return pd.DataFrame(rows)
+
+
+def once_per_measurement(runs: pd.DataFrame, key: list[str],
+                         words: Callable[[pd.Series], tuple[str, str, str]]) -> pd.DataFrame:
+    """`runs` with one row per `key` (the first by folder): the others are the same measurement
+    again, named in a warning, `words(first row)` giving its prefix, what they share and what
+    happens to them; a run's copies (copies_of_one) are one measurement without a warning."""
+    for _, g in runs[runs.duplicated(key, keep=False)].groupby(key, dropna=False, sort=True):
+        if copies_of_one(g["run"].tolist(), g["reused_from"].tolist()):
+            continue  # dense's copies in a sweep over budgets: one decode, nothing to warn of
+        first, *others = g["run"].tolist()
+        prefix, shared, fate = words(g.iloc[0])
+        warn(f"{prefix}{', '.join(others)} {'is' if len(others) == 1 else 'are'} the same measurement as {first} "
+             f"({shared}): {fate}")
+    return runs[~runs.duplicated(key, keep="first")]
 
 
 def copies_of_one(runs: list[str], reused_from: list) -> bool:

@@ -120,7 +120,7 @@ class ContinuousEngine(DecodeEngine):
     """The decode engine with per-slot admission, packed prefill and mixed steps (see the module doc).
     `buckets`: the packed stream lengths (one graph each). Where the engine compiles its decode step's
     regions (a GPU with throughput.compile), packed forwards run through them too (base/runtime/regional.py;
-    one compile per bucket and kind, in the warm-up). `stops`: the stop strings
+    one compile per bucket and kind, in the warm-up, or at a bucket's first use without one). `stops`: the stop strings
     of the requests to come (base/runtime/stops.py; a request names its own by a bit mask), matched
     in the step; None: no stop strings on the device."""
 

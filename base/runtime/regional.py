@@ -50,7 +50,7 @@ from base.hf.moe_block import BudgetedMoE
 REGION_ATTRS = ("self_attn", "input_layernorm", "post_attention_layernorm")
 # a decoder layer with exactly these children runs norm -> attention -> add -> norm -> MoE -> add
 HALF_LAYER_CHILDREN = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"})
-RECOMPILE_LIMIT = 64  # (batch sizes) x (region kinds: attention, norm; sliding-window layers)
+RECOMPILE_LIMIT = 64  # (batch sizes, packed prefill buckets and kinds) x (region kinds: attention, norm; sliding windows)
 _COMPILED: dict[type | str, object] = {}  # one compiled forward per module class (and the half), shared
 HALF = "half"  # _COMPILED's key of the attention half
 
