@@ -40,7 +40,7 @@ def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[
     out = cfg.out_dir
     if cfg.stage != "evaluate" or cfg.method.name != "dense" or cfg.force or not out.parent.is_dir():
         return None
-    key, code = _without_budget(resolved_config), commit(cfg.root)
+    key, code = _without_budget(resolved_config), None
     candidates = []
     for p in out.parent.iterdir():
         # a run folder of its own: not this one, nor a staging, old or kept (`<run>~<hash>`) folder
@@ -49,7 +49,7 @@ def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[
         recorded, report = p / "config.yaml", outputs.read_report(p)
         if report is None or not recorded.is_file() or _without_budget(recorded.read_text()) != key:
             continue
-        made_by = report.get("provenance") or {}
+        made_by, code = report.get("provenance") or {}, code or commit(cfg.root)  # git only for a match
         if (made_by.get("commit"), made_by.get("dirty")) != (code.get("commit"), code.get("dirty")) or older_engine(p):
             continue
         if damage := outputs.damaged(p):
