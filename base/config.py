@@ -34,6 +34,12 @@ THROUGHPUT_MODES = ("steps", "stream", "serve")
 PROFILE_BATCH = 16  # ThroughputConfig.profile_batch's default
 PACKINGS = ("packed", "padded")
 ADMISSION_KEYS = ("admission", "max_wait_rounds")  # SchedulerConfig's admission policy
+# The packed prefill's stream lengths (one CUDA graph each; in an evaluation on a GPU, one compile at
+# a bucket's first use). conf/experiment/serve.yaml adds the points between (96, 192, ...): in an
+# interleaved A/B on an H100 (results/serve/grid_2026-12-06c) they cut the 64-request burst's prefill
+# by 7 % and base M=16 served 2.0 % more tokens/s (dense 1.0 %). The default stays at powers of two:
+# a finished run keeps its config hash, and a short run compiles fewer shapes (not measured).
+DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 # Keys renamed or moved (issue 44), old -> new: an old key is refused at start, naming the new one
 # (run.py); base/run/outputs.py hashes a configuration with them where runs recorded them.
 RENAMED_KEYS = {"eval.gen_toks": "eval.gen_tokens", "eval.max_gen_toks": "eval.max_gen_tokens",
@@ -510,7 +516,7 @@ class SchedulerConfig:
     # to the round's longest prompt, eager (the engine before issue 26)
     chunked: bool = False  # prompt chunks share a step with the decoding slots (mixed steps)
     chunk_tokens: int = 256  # prompt tokens per mixed step at most
-    buckets: list[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])  # packed stream
+    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))  # packed stream
     # lengths: a forward is padded to the smallest bucket that holds it (one graph per bucket)
     min_prompt_tokens: int = 1  # prompt tokens of the round admitted now that start a prefill (1: at once)
     max_wait_steps: int = 0  # ... or steps a free slot and a waiting request have both waited
@@ -528,7 +534,7 @@ class SchedulerConfig:
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"scheduler.{key}={getattr(self, key)!r} must be true or false")
         if not self.buckets:
-            raise ConfigError("scheduler.buckets is empty: give token counts, e.g. [64, 128, 256, 512, 1024, 2048]")
+            raise ConfigError(f"scheduler.buckets is empty: give token counts, e.g. {list(DEFAULT_BUCKETS)}")
         self.buckets = [check_int(f"scheduler.buckets[{i}]", b, 1) for i, b in enumerate(self.buckets)]
         if self.buckets != sorted(set(self.buckets)):
             raise ConfigError(f"scheduler.buckets={self.buckets} must be strictly increasing")

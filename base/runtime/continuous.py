@@ -56,14 +56,13 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from base.config import DEFAULT_BUCKETS
 from base.hf.attention import StaticKV
 from base.hf.moe_block import StepInputs
 from base.runtime.engine import DecodeEngine
 from base.runtime.graphs import CaptureError, StepGraphs, eager_capture
 from base.runtime.packing import NO_LIMIT, Chunk, Packed, pack
 from base.runtime.stops import StopTable
-
-DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 
 
 class HostTokens:
