@@ -601,6 +601,9 @@ def check_composition(argv: list[str]) -> None:
         key, _, value = o.lstrip("+").partition("=")
         if key in GROUPS and any(v.strip() in ("null", "~", "") for v in value.split(",")):  # a sweep's too
             raise ConfigError(f"{o}: a run needs a {key}; choose one of: {', '.join(group_options(key))} (conf/{key}/)")
+        if key in GROUPS and value.strip().startswith("["):  # Hydra would merge the options, the last winning
+            raise ConfigError(f"{o}: a run takes one {key} (a list merges its options into one run, the last "
+                              f"winning); to run each, sweep: python run.py -m {key}={value.strip()[1:-1]}")
         # conf/config.yaml's `optional experiment`: Hydra skips an option it cannot find, so a typo
         # would run the default configuration (a sweep function, glob(...), is Hydra's to expand)
         if key == "experiment" and "(" not in value:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.engines import run_engine
+from analysis.load import command_line
 
 TABLES = ("selection_steps.csv", "fidelity_steps.csv", "metrics.csv")
 
@@ -85,4 +86,4 @@ def main(a: str, b: str, dest: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*command_line(__doc__, 3)))

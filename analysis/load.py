@@ -80,6 +80,20 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def command_line(doc: str, least: int, most: int | None = None) -> list[str]:
+    """An analysis module's positional arguments (sys.argv[1:]): between `least` and `most` of them,
+    else exit 2 with the usage lines of its doc (the indented `python -m ...` lines); -h prints them."""
+    args = sys.argv[1:]
+    usage = "\n".join(line.strip() for line in doc.splitlines() if line.strip().startswith("python -m "))
+    if any(a in ("-h", "--help") for a in args):
+        print(f"usage: {usage}")
+        raise SystemExit(0)
+    if not least <= len(args) <= (least if most is None else most):
+        fail(f"expected {least if most in (None, least) else f'{least} to {most}'} arguments, got {len(args)}; "
+             f"usage: {usage}")
+    return args
+
+
 def one_run_per_cell(df: pd.DataFrame, key: list[str], verb: str, example: Callable[[pd.Series], str],
                      advice: str) -> None:
     """Exit 2 where two run folders (column `_run`) give rows of one cell (`key`): a table would pool

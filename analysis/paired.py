@@ -2,7 +2,10 @@
 
     python -m analysis.paired outputs/<exp>/<run A> outputs/<exp>/<run B>
 
-Two runs that are one decode (one the copy of the other: a dense sweep point, report.json
+Both must be finished evaluate runs (report.json) of one model through one decode engine
+(analysis/engines.py): two models, or one rule's run against another's through another engine
+(static against continuous batching), would pair what differs in more than the rule, and are refused
+(exit 2). Two runs that are one decode (one the copy of the other: a dense sweep point, report.json
 `reused_from`) are compared as asked, with a warning that this compares a run with itself.
 
 Per-request records are joined on (task, doc_id); the prompts must be the same (prompt hashes are
@@ -22,7 +25,28 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import stats as S
-from analysis.load import fail, read_jsonl, read_report, warn
+from analysis.engines import engine_of
+from analysis.load import _config, fail, read_jsonl, read_report, warn
+
+
+def check_pair(run_a: str | Path, run_b: str | Path) -> None:
+    """Exit 2 unless both are finished evaluate runs of one model through one decode engine."""
+    seen = {}
+    for run in (Path(run_a), Path(run_b)):
+        if not run.is_dir():
+            fail(f"{run}: no such run folder")
+        if not (run / "report.json").exists():
+            fail(f"{run} is not a finished run (no report.json: killed or unfinished); rerun it")
+        report = read_report(run / "report.json")
+        if report.get("stage") != "evaluate":
+            fail(f"{run} is a stage={report.get('stage')} run; a paired comparison reads two evaluate runs")
+        seen[run] = (report.get("model"), engine_of(report, _config(run)))
+    (a, (model_a, engine_a)), (b, (model_b, engine_b)) = seen.items()
+    if model_a != model_b:
+        fail(f"{a} evaluates {model_a} and {b} {model_b}: a paired comparison of rules needs one model")
+    if engine_a != engine_b:
+        fail(f"{a} decoded through engine {engine_a} and {b} through {engine_b} (analysis/engines.py): their "
+             "difference would mix the engines' with the rules'; compare runs of one engine")
 
 
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
@@ -76,6 +100,7 @@ def copy_note(run_a: str | Path, run_b: str | Path) -> str | None:
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         fail("usage: python -m analysis.paired <run A> <run B>")
+    check_pair(sys.argv[1], sys.argv[2])
     if note := copy_note(sys.argv[1], sys.argv[2]):
         warn(note)
     try:

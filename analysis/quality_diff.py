@@ -15,13 +15,13 @@ analysis/engines.py LEGACY_GRIDS).
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from analysis import stats as S
 from analysis.engines import grid_engine, one_engine, with_engine
+from analysis.load import command_line, fail
 
 Z95 = 1.959964
 
@@ -82,4 +82,9 @@ def main(src: str, dest: str, n: int = 1600) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:4]))
+    args = command_line(__doc__, 2, 3)
+    if not Path(args[0]).is_file():
+        fail(f"{args[0]}: not a file; the source is a quality table (.csv), e.g. results/quality_mini.csv")
+    if args[2:] and not args[2].isdigit():
+        fail(f"n={args[2]!r}: the prompts per run, a positive whole number")
+    main(args[0], args[1], *(int(a) for a in args[2:3]))

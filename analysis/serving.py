@@ -27,7 +27,6 @@ the column `engine`, the decode engine of the runs (analysis/engines.py).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,14 @@ import pandas as pd
 
 from analysis import style
 from analysis.engines import engine_of, one_engine, with_engine
-from analysis.load import _config, fail, finished, one_run_per_cell, read_report
+from analysis.load import (
+    _config,
+    command_line,
+    fail,
+    finished,
+    one_run_per_cell,
+    read_report,
+)
 
 ROUTING_ORDER = {"uniform": 0, "skewed": 1}  # tables and panels: uniform first
 # a cell: one configuration served; runs with other scheduler thresholds are other cells
@@ -322,4 +328,4 @@ def main(src: str, dest: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*command_line(__doc__, 2))

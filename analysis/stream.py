@@ -14,13 +14,12 @@ variants ran one after the other, dense first, and the first paid the most prefi
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.engines import engine_of, one_engine
-from analysis.load import _config, fail, finished, read_report
+from analysis.load import _config, command_line, fail, finished, read_report
 
 COLUMNS = ["model", "routing", "slots", "position", "variant", "budget", "admission", "tokens_per_s", "speedup_vs_dense",
            "tpot_ms_p50", "tpot_ms_p90", "ttft_ms_p50", "ttft_ms_p90", "occupancy_mean", "union_mean", "kept_mean",
@@ -57,4 +56,4 @@ def main(src: str, dest: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*command_line(__doc__, 2))

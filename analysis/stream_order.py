@@ -26,11 +26,11 @@ column: analysis/stream.py's load refuses runs of two). Reads results/ (or outpu
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
+from analysis.load import command_line
 from analysis.stream import load
 
 GROUP = ["model", "routing", "slots", "admission"]
@@ -88,4 +88,4 @@ def main(src: str, dest: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*command_line(__doc__, 2))

@@ -22,12 +22,12 @@ run, `engine`: analysis/engines.py) and <out>.md; runs of two engines are not pa
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.engines import one_engine, run_engine
+from analysis.load import command_line
 
 # each ablation's column of throughput.csv (a throughput.* setting), and its (off, on) values
 ABLATIONS = {"regions": ("regions", "modules", "layer"), "combo": ("regions", "layer", "layer_combo"),
@@ -97,4 +97,4 @@ def main(runs: str, out: str, by: str = "regions") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*command_line(__doc__, 2, 3))

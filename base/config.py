@@ -640,6 +640,7 @@ class RunConfig:
             raise ConfigError("predictor.fit_on=all fits on every expert's norm, which only a calibration with "
                               "calibration.all_experts=true records; set both, or leave fit_on=routed")
         self._check_unused_options()
+        self._check_backend()
         self._check_serve()
         self._check_admission()
         self._check_arrival_span()
@@ -698,6 +699,22 @@ class RunConfig:
             said = "; ".join(f"{', '.join(keys)} would be ignored: {why}" for keys, why in unused)
             raise ConfigError(f"{said} (method={self.method.name}, stage={self.stage}). Leave such options at "
                               f"their defaults, or choose a setting that reads them")
+
+    def _check_backend(self) -> None:
+        """method.backend=triton runs a rule on the selection kernel only where the kernel can rank
+        its experts (a per-pair score term or a static score); another rule would run on the PyTorch
+        reference while its report said triton."""
+        from base.method.selectors import SELECTORS
+
+        if self.method.backend != "triton":
+            return
+        off = [n for n in self.own_rules() if n != "dense" and SELECTORS.get(n).kernel_term is None
+               and not SELECTORS.get(n).static_score]
+        if off:
+            on = [n for n in SELECTORS.names() if n not in off]
+            raise ConfigError(f"method.backend=triton: {', '.join(off)} has no kernel form (oracle ranks by each "
+                              f"expert's true output norm, computed in the forward), so it would run on the PyTorch "
+                              f"reference; use method.backend=torch, or a rule the kernel runs: {', '.join(on)}")
 
     def _reads_predictor(self) -> bool:
         from base.method.selectors import SELECTORS
@@ -790,6 +807,14 @@ class RunConfig:
         if self.method.k0 is not None and self.method.k0 > top_k:
             raise ConfigError(f"method.k0={self.method.k0} exceeds the model's top-k ({top_k} for "
                               f"{self.model.name}): it would keep every routed expert; choose 1..{top_k}")
+        tp = self.throughput
+        listed = [("throughput.methods", spec) for spec in
+                  ((tp.specs or []) if (tp is not None and self.stage == "throughput") else [])]
+        for key, spec in listed + [("diagnose.rules", spec) for spec in self.diagnostic_rules()]:
+            if spec["k0"] is not None and spec["k0"] > top_k:
+                raise ConfigError(f"{key} has {spec['method']}:{spec['k0']}: k0={spec['k0']} exceeds the model's "
+                                  f"top-k ({top_k} for {self.model.name}): it would keep every routed expert; "
+                                  f"choose k0 in 1..{top_k}")
 
     def check_budget(self, num_experts: int) -> None:
         """The budget can only be checked once the model's expert count is known."""

@@ -242,6 +242,41 @@ def test_paired_warns_with_the_counts_it_could_not_pair(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("case, message", [
+    ("two models", "evaluates mini and"),
+    ("two engines", "decoded through engine c3-packed-cpu and"),
+    ("unfinished", "is not a finished run (no report.json"),
+    ("missing", "no such run folder"),
+    ("throughput", "is a stage=throughput run"),
+])
+def test_paired_refuses_two_runs_that_differ_in_more_than_the_rule(tmp_path, case, message, capsys):
+    from analysis.paired import check_pair
+
+    out = tmp_path / "outputs"
+    _evaluate(out, "a")
+    b = out / "two" / "b"
+    if case == "two models":
+        _evaluate(out, "b", model="mini128", method="dense")
+    elif case == "two engines":
+        _evaluate(out, "b", engine="s1-generate-cpu", method="dense")
+    elif case == "unfinished":
+        _evaluate(out, "b", method="dense")
+        (b / "report.json").unlink()
+    elif case == "throughput":
+        _throughput(out, "b", [])
+    with pytest.raises(SystemExit) as e:
+        check_pair(out / "two" / "a", b)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_paired_takes_two_finished_runs_of_one_model_and_engine(tmp_path):
+    from analysis.paired import check_pair
+
+    _evaluate(tmp_path, "a")
+    _evaluate(tmp_path, "b", method="dense")
+    check_pair(tmp_path / "two" / "a", tmp_path / "two" / "b")  # no exit
+
+
 # ---- 5: make report EXP=<nonexistent> -----------------------------------------------------------
 def test_report_of_an_unknown_experiment_is_an_error(tmp_path, capsys):
     from analysis.report import main
@@ -318,3 +353,25 @@ def test_a_truncated_samples_file_is_an_error_naming_it(tmp_path, capsys):
     assert e.value.code == 2 and err.startswith(f"error: {path} line 10 is not valid JSON") and err.count("\n") == 1
     with pytest.raises(SystemExit):  # every reader of samples goes through the same check
         _ = load(tmp_path, None).outputs.samples
+
+
+# ---- an analysis command line without its arguments -----------------------------------------------
+@pytest.mark.parametrize("module, argv, message", [
+    ("analysis.serving", [], "expected 2 arguments, got 0; usage: python -m analysis.serving "),
+    ("analysis.stream", ["only-one"], "expected 2 arguments, got 1; usage: python -m analysis.stream "),
+    ("analysis.stream_order", [], "usage: python -m analysis.stream_order "),
+    ("analysis.throughput_ablation", ["a"], "expected 2 to 3 arguments, got 1"),
+    ("analysis.compare_runs", ["a", "b"], "expected 3 arguments, got 2"),
+    ("analysis.quality_diff", [], "expected 2 to 3 arguments, got 0"),
+    ("analysis.quality_diff", ["RESULTS_DIR", "dest"], "not a file; the source is a quality table (.csv)"),
+])
+def test_an_analysis_command_line_without_its_arguments_names_its_usage(tmp_path, monkeypatch, capsys, module, argv,
+                                                                        message):
+    import runpy
+    import sys
+
+    argv = [str(tmp_path) if a == "RESULTS_DIR" else a for a in argv]
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module(module, run_name="__main__")
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -173,6 +173,14 @@ CASES = [
      "serve.rates[1]=0.0 is out of range: must be a number > 0.0"),
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[4,4.0]"], "serve.rates=[4.0, 4.0] repeats a rate"),
     (["stage=throughput", "throughput.mode=serve", "serve.rates=[]"], "serve.rates is empty"),
+    # a rule the kernel cannot run, asked for on it (it would run on the reference, recorded as triton)
+    (["method=oracle", "budget=2", "method.backend=triton"], "method.backend=triton: oracle has no kernel form"),
+    # k0 above the model's top-k in a list (method.k0 is refused the same way)
+    (["stage=throughput", "throughput.prompt_len=16", "throughput.gen_tokens=9", "throughput.batch_sizes=[2]",
+      "throughput.profile_batch=null", "throughput.methods=[dense,oea:9]"],
+     "throughput.methods has oea:9: k0=9 exceeds the model's top-k (4 for tiny_qwen3)"),
+    (["method=router_sq", "budget=2", "diagnose.rules=[base_anchor:7]"],
+     "diagnose.rules has base_anchor:7: k0=7 exceeds the model's top-k (4 for tiny_qwen3)"),
     # issue 43: duplicates named twice were measured (or counted) twice; options a CPU never acts on
     (["task.tasks=[smoke_copy,smoke_copy]"], "task.tasks=['smoke_copy', 'smoke_copy'] names smoke_copy more than once"),
     (["stage=throughput", "throughput.batch_sizes=[2,2]"], "throughput.batch_sizes=[2, 2] names 2 more than once"),

@@ -42,6 +42,10 @@ def test_an_unknown_registry_name_names_the_valid_ones(compose, tmp_path, overri
 @pytest.mark.parametrize("argv, message", [
     (["model=null"], "model=null: a run needs a model; choose one of: deepseek_v2_lite,"),
     (["method=null"], "method=null: a run needs a method; choose one of: base, base_anchor,"),
+    # a list for a group: Hydra would merge the options into one run, the last winning
+    (["method=[base,dense]"], "method=[base,dense]: a run takes one method (a list merges its options into one run, "
+                              "the last winning); to run each, sweep: python run.py -m method=base,dense"),
+    (["task=[smoke,mini_smoke]"], "task=[smoke,mini_smoke]: a run takes one task"),
     (["model.name=null"], "field 'model.name' is not Optional; full_key: model.name"),
     (["~budget"], "budget has no value (deleted by a ~key override"),
     (["~model"], "model.name, model.family, model.path has no value"),
