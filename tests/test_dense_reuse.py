@@ -129,3 +129,15 @@ def test_a_paired_comparison_of_a_run_and_its_copy_says_it_compares_a_run_with_i
     assert "one decode (b2's outputs" in copy_note(tmp_path / "b2", tmp_path / "b4")
     assert copy_note(tmp_path / "b4", tmp_path / "b8") is not None  # two copies of one run
     assert copy_note(tmp_path / "b2", tmp_path / "other") is None
+
+
+def test_oea_reads_no_budget_so_its_sweep_points_decode_once(compose, tmp_path, monkeypatch):
+    """oea keeps every token's top-k0 whatever the budget: its second budget is a copy; a change of
+    k0 decodes."""
+    exp, a = tmp_path / "exp", f"artifacts_dir={tmp_path}/a"
+    _run(compose, exp / "budget=2,method=oea", "method=oea", "method.k0=1", "budget=2", a)
+    decodes = _decodes(monkeypatch)
+    report = _run(compose, exp / "budget=8,method=oea", "method=oea", "method.k0=1", "budget=8", a)
+    assert decodes == [] and report["reused_from"] == "budget=2,method=oea"
+    _run(compose, exp / "k0=2", "method=oea", "method.k0=2", "budget=8", a)
+    assert decodes == ["oea"]

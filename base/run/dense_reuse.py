@@ -1,13 +1,14 @@
-"""Dense decodes the same at every budget: a sweep over budgets decodes it once.
+"""A rule that reads no budget decodes the same at every budget: a sweep over budgets decodes it once.
 
     python run.py -m method=dense,base budget=4,8,16      # dense is three sweep points, one decode
 
-`method=dense` ignores `budget`, yet each budget is a sweep point with a folder of its own (Hydra
-names it by its overrides). An evaluation of dense whose experiment folder already holds a finished,
-intact dense evaluation of the same configuration but for `budget`, decoded by the same code, takes
-that run's outputs instead of decoding again: its folder gets a copy of them with its own
-config.yaml, marker, Hydra files and report (`reused_from` names the run that decoded; `force=true`
-decodes it anew). Only evaluations: a throughput run is a timing, measured where it runs.
+`method=dense` ignores `budget`, and so does `oea` (every token's top-k0, however many experts that
+keeps); yet each budget is a sweep point with a folder of its own (Hydra names it by its overrides).
+An evaluation of such a rule whose experiment folder already holds a finished, intact evaluation of
+the same configuration but for `budget`, decoded by the same code, takes that run's outputs instead
+of decoding again: its folder gets a copy of them with its own config.yaml, marker, Hydra files and
+report (`reused_from` names the run that decoded; `force=true` decodes it anew). Only evaluations: a
+throughput run is a timing, measured where it runs. (The module keeps dense's name: dense was first.)
 """
 from __future__ import annotations
 
@@ -26,19 +27,27 @@ from base.run.provenance import commit
 OWN_FILES = (run_folder.MARKER, "config.yaml", outputs.REPORT, outputs.PENDING_REPORT, "run.log")
 
 
+def reads_no_budget(method: str) -> bool:
+    """Dense, and a selector that ignores the budget (oea). Not a budgeted rule run without one
+    (method.coverage with budget=null): a sibling's budget would have capped it."""
+    from base.method.selectors import SELECTORS
+
+    return method == "dense" or not SELECTORS.get(method).uses_budget
+
+
 def _without_budget(resolved_config: str) -> str:
     return outputs.config_hash(resolved_config, outputs.NON_SEMANTIC_KEYS + ("budget",))
 
 
 def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[Path], Any]) -> Path | None:
-    """A finished, intact dense evaluation beside cfg.out_dir (its experiment folder) whose config
+    """A finished, intact evaluation of this budget-free rule (dense, oea) beside cfg.out_dir (its experiment folder) whose config
     differs from this one's in `budget` at most, decoded by this checkout's code (its commit and
     whether tracked files differed from it, as the points of one sweep are: so an engine change a
     config does not show, such as the prefill compiled since 110fd43, is never copied across);
     `older_engine`: truthy for a folder an older engine version decoded. None when this run is no
-    dense evaluation, with force=true, or where there is none. A run that decoded comes before a copy."""
+    evaluation of a rule that reads no budget, with force=true, or where there is none. A run that decoded comes before a copy."""
     out = cfg.out_dir
-    if cfg.stage != "evaluate" or cfg.method.name != "dense" or cfg.force or not out.parent.is_dir():
+    if cfg.stage != "evaluate" or not reads_no_budget(cfg.method.name) or cfg.force or not out.parent.is_dir():
         return None
     key, code = _without_budget(resolved_config), None
     candidates = []
@@ -53,7 +62,7 @@ def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[
         if (made_by.get("commit"), made_by.get("dirty")) != (code.get("commit"), code.get("dirty")) or older_engine(p):
             continue
         if damage := outputs.damaged(p):
-            print(f"[base] {p.name} holds this dense run's outputs but is damaged ({'; '.join(damage)}): not copied",
+            print(f"[base] {p.name} holds this run's outputs but is damaged ({'; '.join(damage)}): not copied",
                   flush=True)
             continue
         candidates.append((bool(report.get("reused_from")), p.name, p))
@@ -79,7 +88,7 @@ def copy_run(sibling: Path, stage: Path, cfg: RunConfig, resolved_config: str, c
     report.update(budget=cfg.budget, overrides=cfg.overrides, config_hash=chash, reused_from=source,
                   files=outputs.line_counts(stage), wall_s=time.perf_counter() - t0)
     report.pop("wandb", None)  # the sibling's logged run, not this one's
-    note = (f"[base] dense decodes the same at every budget: {cfg.out_dir.name} takes the outputs of "
+    note = (f"[base] {cfg.method.name} decodes the same at every budget: {cfg.out_dir.name} takes the outputs of "
             f"{source} (same config but for budget, same code) instead of decoding; force=true decodes it")
     atomic_write_text(stage / "run.log", note + "\n")
     print(note, flush=True)
