@@ -269,6 +269,15 @@ class RunSet:
     def __len__(self) -> int:
         return len(self.reports)
 
+    def only(self, exps: list[str]) -> RunSet:
+        """The runs of the named experiments (exp_name; `sweep` names `sweep[...]` too): what a report
+        of some sweeps reads, so that another experiment's runs can neither join nor stop it."""
+        kept = RunSet(None)
+        kept.root = self.root
+        kept.reports = [rep for rep in self.reports
+                        if rep["_axes"]["exp"] in exps or rep["_axes"]["exp"].split("[")[0] in exps]
+        return kept
+
     @cached_property
     def runs(self) -> pd.DataFrame:
         """One row per finished run: AXES, its `setting` (what else its sweep varied: `settings`), the

@@ -538,12 +538,15 @@ def main(argv: list[str] | None = None) -> Path:
     args.argv = argv or []
     committed = load(None, args.results)  # the committed grids and your runs: never one frame
     mine = load(None if args.results_only else args.outputs, None)
+    yours_known = sorted({rep["_axes"]["exp"] for rep in mine.outputs.reports})
+    if args.exp:  # the named sweeps' runs only: another experiment's (even one analysis refuses) stays out
+        mine = Data(outputs=mine.outputs.only(args.exp), results=mine.results)
     c_points, y_points = T.quality_points(committed), T.quality_points(mine)
     unknown = [e for e in args.exp or [] if not (T.in_exps(c_points["exp"], [e]).any()
                                                  or T.in_exps(y_points["exp"], [e]).any())]
     if unknown:
         where = f"`{args.results}/`" + ("" if args.results_only else f" or `{args.outputs}/`")
-        known = sorted(set(T.sweep_of(c_points["exp"])) | set(T.sweep_of(y_points["exp"])))
+        known = sorted(set(T.sweep_of(c_points["exp"])) | set(yours_known))
         fail(f"no experiment {', '.join(unknown)} in {where} (finished evaluate runs or committed tables); "
              f"known: {', '.join(known) or 'none'}")
     if args.exp:

@@ -290,6 +290,26 @@ def test_report_of_an_unknown_experiment_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "report").exists()
 
 
+def test_a_report_of_named_sweeps_reads_only_their_runs(tmp_path, capsys):
+    """--exp good: another experiment of three engines (which the report refuses as a whole) neither
+    stops it nor joins it; asked for itself, it is refused."""
+    from analysis.report import main
+
+    out = tmp_path / "outputs"
+    _evaluate(out, "a", exp="good")
+    _evaluate(out, "b", exp="good", method="dense")
+    for name, engine, method in [("x", "s1-generate-cpu", "base"), ("y", "c3-packed-cpu", "dense"),
+                                 ("z", "c2-packed-cpu", "router_sq")]:
+        _evaluate(out, name, exp="bad", engine=engine, method=method)
+    common = ["--outputs", str(out), "--results", str(tmp_path / EMPTY_RESULTS)]
+    main([*common, "--out", str(tmp_path / "good"), "--exp", "good"])
+    text = (tmp_path / "good" / "report.md").read_text()
+    assert "good" in text and "bad" not in text
+    with pytest.raises(SystemExit) as e:
+        main([*common, "--out", str(tmp_path / "bad"), "--exp", "bad"])
+    assert e.value.code == 2 and "experiment bad would mix rows of 3 decode engines" in capsys.readouterr().err
+
+
 # ---- 6: reports of an older schema --------------------------------------------------------------
 def _old_tree(root):
     """Runs recorded before method_config, eval, batch_size, fidelity metrics, prompt hashes and
