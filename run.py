@@ -493,6 +493,20 @@ def unknown_key(key: str, valid: list[str], more: str = "") -> ConfigError:
                        f"key the run would never read)")
 
 
+def arch_key_error(key: str, cfg: DictConfig) -> ConfigError:
+    """An override of a model.arch key the model's config does not set (Hydra: "not in struct")."""
+    import difflib
+
+    arch, model = sorted(cfg.model.get("arch") or {}), cfg.model.get("name")
+    if cfg.model.get("init") != "random" or not arch:
+        return ConfigError(f"{key}: model {model} loads a checkpoint (model.init={cfg.model.get('init')}), whose "
+                           f"shape is its config.json; model.arch shapes a model built with random weights")
+    near = difflib.get_close_matches(key.removeprefix("model.arch."), arch, n=1, cutoff=0.6)
+    hint = f"did you mean model.arch.{near[0]}? " if near else ""
+    return ConfigError(f"{key} is not set by model {model}'s config; {hint}(its keys: {', '.join(arch)}; "
+                       f"+{key}=... adds a field of its transformers config, checked when the model is built)")
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Every key is one the run reads; an unknown one is refused naming the nearest valid key."""
     extras = schema_extras(cfg)
@@ -626,6 +640,9 @@ def check_composition(argv: list[str]) -> None:
                 valid = schema_keys_beside(missing[0]) if missing else None
                 if valid is not None and missing[0] not in valid:  # Hydra's own hint (+key=) adds a key nothing reads
                     raise unknown_key(missing[0], valid) from None
+                if missing and missing[0].startswith("model.arch."):  # free-form: the model's own keys
+                    raise arch_key_error(missing[0], compose(config_name=args.config_name or "config", overrides=[
+                        o for o in point if o.lstrip("~+").partition("=")[0] != missing[0]])) from None
                 raise ConfigError(hydra_message(err)) from None
             check_known_keys(cfg)
             check_complete(cfg)

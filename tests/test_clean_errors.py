@@ -42,6 +42,10 @@ def test_an_unknown_registry_name_names_the_valid_ones(compose, tmp_path, overri
 @pytest.mark.parametrize("argv, message", [
     (["model=null"], "model=null: a run needs a model; choose one of: deepseek_v2_lite,"),
     (["method=null"], "method=null: a run needs a method; choose one of: base, base_anchor,"),
+    # a model.arch key the model's config does not set: the nearest of its keys, not Hydra's "use +"
+    (["model=tiny_qwen3", "model.arch.num_expert=8"], "model.arch.num_expert is not set by model tiny_qwen3's config; did you mean "
+                                  "model.arch.num_experts?"),
+    (["model=mini", "model.arch.num_expert=8"], "model.arch.num_expert: model mini loads a checkpoint"),
     # a list for a group: Hydra would merge the options into one run, the last winning
     (["method=[base,dense]"], "method=[base,dense]: a run takes one method (a list merges its options into one run, "
                               "the last winning); to run each, sweep: python run.py -m method=base,dense"),

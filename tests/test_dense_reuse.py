@@ -131,6 +131,7 @@ def test_a_paired_comparison_of_a_run_and_its_copy_says_it_compares_a_run_with_i
     assert copy_note(tmp_path / "b2", tmp_path / "other") is None
 
 
+@pytest.mark.slow  # the fast tier keeps dense's sweep test
 def test_oea_reads_no_budget_so_its_sweep_points_decode_once(compose, tmp_path, monkeypatch):
     """oea keeps every token's top-k0 whatever the budget: its second budget is a copy; a change of
     k0 decodes."""
