@@ -78,6 +78,7 @@ def runs(root: str | Path, summary: tuple[str, ...] = ()) -> pd.DataFrame:
                      "admission": admission, "model": rep.get("model"), "tasks": ",".join(ev.get("tasks") or []),
                      "limit": ev.get("limit"), "engine": engine_of(rep, config),
                      "grid": config.get("exp_name") or path.parent.parent.name, "dir": str(path.parent),
+                     "decode": rep.get("reused_from") or path.parent.name,  # a copy names the run that decoded
                      **{m: rep.get("summary", {}).get(m) for m in summary}})
     if not rows:
         raise SystemExit(f"error: no finished evaluate runs under {root}")
@@ -162,6 +163,21 @@ def _committed(path: Path) -> bool:
         return False
 
 
+def one_per_cell(df: pd.DataFrame, root: str | Path) -> pd.DataFrame:
+    """One run per RUN key: runs that are one decode (a dense or oea sweep point copied from another,
+    report.json reused_from) are kept once; two measurements of one key (a rerun's kept-aside
+    `<run>~<hash>` folder of another config, a repeat) are refused: their rows could not be told apart."""
+    df = df.drop_duplicates([*RUN, "decode"]).reset_index(drop=True)
+    twice = df[df.duplicated(RUN, keep=False)]
+    if len(twice):
+        cell = twice.iloc[0]
+        _refuse(f"{root} holds {len(twice)} runs of {len(twice.drop_duplicates(RUN))} cells measured more than once "
+                f"(e.g. {cell['method']} at budget {cell['budget']}, seed {cell['seed']}: "
+                f"{', '.join(sorted(Path(d).name for d in twice.loc[(twice[RUN] == cell[RUN]).all(axis=1), 'dir']))}"
+                f"): one records file holds one run per cell; move the others (a kept-aside `~` folder) out")
+    return df
+
+
 def write(root: str | Path, dest: str | Path, force: bool = False) -> tuple[Path, Path]:
     """Records of the grid under `root` -> <dest>.csv.gz and <dest>.batches.csv.gz. Refuses a folder
     mixing prompt pools or engines (one grid is one model on one prompt pool, decoded one way), and,
@@ -171,6 +187,7 @@ def write(root: str | Path, dest: str | Path, force: bool = False) -> tuple[Path
     if len(pools) > 1:
         _refuse(f"{root} holds runs of {len(pools)} prompt pools, models or engines "
                 f"({'; '.join(' '.join(map(str, r)) for r in pools.itertuples(index=False))}): one records file is one grid")
+    df = one_per_cell(df, root)
     prompts, batches = of_runs(df)
     p, b = paths(dest)
     grid = str(df["grid"].iloc[0])

@@ -395,3 +395,27 @@ def test_an_analysis_command_line_without_its_arguments_names_its_usage(tmp_path
     with pytest.raises(SystemExit) as e:
         runpy.run_module(module, run_name="__main__")
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---- records: one run per cell ------------------------------------------------------------------
+def test_records_keep_one_decode_once_and_refuse_two_measurements_of_a_cell(tmp_path, capsys):
+    """A dense sweep point copied from another (reused_from) is one decode: its rows once. A rerun's
+    kept-aside `~<hash>` folder (another config) beside the run is a second measurement of the
+    cell: refused, naming both, nothing written."""
+    from analysis.records import read, write
+
+    grid = tmp_path / "g"
+    _evaluate(tmp_path, "budget=2,method=base", exp="g", budget=2)
+    _evaluate(tmp_path, "budget=2,method=dense", exp="g", method="dense")
+    _evaluate(tmp_path, "budget=4,method=dense", exp="g", method="dense")
+    copy = json.loads((grid / "budget=4,method=dense" / "report.json").read_text())
+    (grid / "budget=4,method=dense" / "report.json").write_text(json.dumps({**copy, "reused_from": "budget=2,method=dense"}))
+    write(grid, tmp_path / "rec" / "g")
+    prompts, _ = read(tmp_path / "rec" / "g")
+    assert len(prompts) == 2 * 10 and sorted(prompts["method"].unique()) == ["base", "dense"]
+    _evaluate(tmp_path, "budget=2,method=base~3f2a", exp="g", budget=2)
+    with pytest.raises(SystemExit) as e:
+        write(grid, tmp_path / "rec2" / "g")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "budget=2,method=base, budget=2,method=base~3f2a" in err
+    assert not (tmp_path / "rec2").exists()
