@@ -641,8 +641,13 @@ def check_composition(argv: list[str]) -> None:
                 if valid is not None and missing[0] not in valid:  # Hydra's own hint (+key=) adds a key nothing reads
                     raise unknown_key(missing[0], valid) from None
                 if missing and missing[0].startswith("model.arch."):  # free-form: the model's own keys
-                    raise arch_key_error(missing[0], compose(config_name=args.config_name or "config", overrides=[
-                        o for o in point if o.lstrip("~+").partition("=")[0] != missing[0]])) from None
+                    try:
+                        without = compose(config_name=args.config_name or "config", overrides=[
+                            o for o in point if o.lstrip("~+").partition("=")[0] != missing[0]])
+                    except (HydraException, OmegaConfBaseException):
+                        without = None  # another override fails too: Hydra's message for this one
+                    if without is not None:
+                        raise arch_key_error(missing[0], without) from None
                 raise ConfigError(hydra_message(err)) from None
             check_known_keys(cfg)
             check_complete(cfg)

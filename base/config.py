@@ -712,9 +712,10 @@ class RunConfig:
                and not SELECTORS.get(n).static_score]
         if off:
             on = [n for n in SELECTORS.names() if n not in off]
-            raise ConfigError(f"method.backend=triton: {', '.join(off)} has no kernel form (oracle ranks by each "
-                              f"expert's true output norm, computed in the forward), so it would run on the PyTorch "
-                              f"reference; use method.backend=torch, or a rule the kernel runs: {', '.join(on)}")
+            why = " (oracle ranks by each expert's true output norm, computed in the forward)" if "oracle" in off else ""
+            raise ConfigError(f"method.backend=triton: {', '.join(off)} has no kernel form{why}, so it would run on "
+                              f"the PyTorch reference; use method.backend=torch, or a rule the kernel runs: "
+                              f"{', '.join(on)}")
 
     def _reads_predictor(self) -> bool:
         from base.method.selectors import SELECTORS

@@ -40,12 +40,13 @@ def _without_budget(resolved_config: str) -> str:
 
 
 def dense_sibling(cfg: RunConfig, resolved_config: str, older_engine: Callable[[Path], Any]) -> Path | None:
-    """A finished, intact evaluation of this budget-free rule (dense, oea) beside cfg.out_dir (its experiment folder) whose config
-    differs from this one's in `budget` at most, decoded by this checkout's code (its commit and
-    whether tracked files differed from it, as the points of one sweep are: so an engine change a
-    config does not show, such as the prefill compiled since 110fd43, is never copied across);
-    `older_engine`: truthy for a folder an older engine version decoded. None when this run is no
-    evaluation of a rule that reads no budget, with force=true, or where there is none. A run that decoded comes before a copy."""
+    """A finished, intact evaluation of this budget-free rule (dense, oea) beside cfg.out_dir (its
+    experiment folder) whose config differs from this one's in `budget` at most, decoded by this
+    checkout's code (its commit and whether tracked files differed from it, as the points of one sweep
+    are: so an engine change a config does not show, such as the prefill compiled since 110fd43, is
+    never copied across); `older_engine`: truthy for a folder an older engine version decoded. None
+    when this run is no evaluation of a rule that reads no budget, with force=true, or where there is
+    none. A run that decoded comes before a copy."""
     out = cfg.out_dir
     if cfg.stage != "evaluate" or not reads_no_budget(cfg.method.name) or cfg.force or not out.parent.is_dir():
         return None
