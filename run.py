@@ -643,7 +643,7 @@ def check_composition(argv: list[str]) -> None:
                 if missing and missing[0].startswith("model.arch."):  # free-form: the model's own keys
                     try:
                         without = compose(config_name=args.config_name or "config", overrides=[
-                            o for o in point if o.lstrip("~+").partition("=")[0] != missing[0]])
+                            o for o in point if not o.lstrip("~+").startswith("model.arch.")])
                     except (HydraException, OmegaConfBaseException):
                         without = None  # another override fails too: Hydra's message for this one
                     if without is not None:
