@@ -94,3 +94,33 @@ def test_artifacts_stay_in_artifacts_dir_whatever_model_name_says(compose, tmp_p
     rc = run.build_config(compose([*FAST, f"model.name={name}", f"artifacts_dir={tmp_path}/art"]), tmp_path / "o")
     folder = artifact_dir(rc, {"name": name}).resolve()
     assert folder.parent.parent == (tmp_path / "art").resolve()
+
+
+def test_a_single_run_and_a_sweeps_point_name_a_boolean_alike(tmp_path):
+    """Hydra names a sweep's point by its parsed values (diagnose.enabled=False) and a single run by
+    what was typed (=false): one folder for both, so the second finds the first finished; a marker
+    written with the other spelling names the same run."""
+    from base.run.run_folder import check_target, run_name, same_run, write_marker
+
+    assert run_name("diagnose.enabled=false,method=dense") == run_name("diagnose.enabled=False,method=dense")
+    assert run_name("a=[true,false],b=falsey,c=TRUE") == "a=[True,False],b=falsey,c=True"
+    assert run_name("model.path=/data/true") == "model.path=_data_true"  # a path, not a boolean
+    assert same_run("diagnose.enabled=False", "diagnose.enabled=false") and not same_run(None, "x=1")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "report.json").write_text("{}")
+    write_marker(folder, "diagnose.enabled=False,method=dense", "h")
+    check_target(folder, "diagnose.enabled=false,method=dense")  # no refusal
+    with pytest.raises(run.ConfigError, match="holds the run of other overrides"):
+        check_target(folder, "diagnose.enabled=true,method=dense")
+
+
+@pytest.mark.slow  # two run.py processes
+def test_a_single_run_after_a_sweep_of_the_same_point_is_skipped(tmp_path):
+    first = _run_py(tmp_path, "-m", "exp_name=b", "diagnose.enabled=false")
+    assert first.returncode == 0, first.stderr
+    again = _run_py(tmp_path, "exp_name=b", "diagnose.enabled=false")
+    assert again.returncode == 0, again.stderr
+    assert "skipping" in again.stdout + again.stderr
+    assert [p.name for p in (tmp_path / "outputs" / "b").iterdir() if p.is_dir()] == \
+        ["diagnose.enabled=False,model=tiny_qwen3,stage=describe,task=smoke"]

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,12 +31,30 @@ HYDRA_FILES = (".hydra", "run.log")  # what Hydra wrote into a run folder before
 MAX_RUN_NAME = 120  # file systems allow 255 bytes per name; leave room for the .partial-<pid> suffixes
 
 
+# a whole boolean value, alone or in a list: `=false`, `[true,`
+_BOOL = re.compile(r"(?<=[=\[,])(true|false)(?=[,\]]|$)", re.IGNORECASE)
+
+
+def canonical(overrides: str) -> str:
+    """Overrides with every boolean value written as a sweep writes it (True, False): Hydra names a
+    sweep's points by their parsed values and a single run by what was typed, so `diagnose.enabled=false`
+    and the same point of a sweep would otherwise be two folders, and the second run would decode again."""
+    return _BOOL.sub(lambda m: m.group(1).capitalize(), overrides)
+
+
+def same_run(held: str | None, run_key: str) -> bool:
+    """Does a marker's run key name the run of these overrides (booleans as either writes them)?"""
+    return held is not None and canonical(held) == canonical(run_key)
+
+
 def run_name(overrides: str) -> str:
-    """A run folder's name: its sorted overrides, "default" for none; a long one keeps a readable
-    prefix and a hash of the whole (every override is in config.yaml and report.json). A path in an
-    override value (model.path=/data/m) cannot lead the folder elsewhere: separators become '_'."""
+    """A run folder's name: its sorted overrides (booleans written as a sweep writes them: canonical),
+    "default" for none; a long one keeps a readable prefix and a hash of the whole (every override is in
+    config.yaml and report.json). A path in an override value (model.path=/data/m) cannot lead the
+    folder elsewhere: separators become '_'."""
     if not overrides:
         return "default"
+    overrides = canonical(overrides)
     overrides = overrides.replace("/", "_").replace("\\", "_")
     if len(overrides) <= MAX_RUN_NAME:
         return overrides
@@ -85,7 +104,7 @@ def check_target(out_dir: Path, run_key: str) -> None:
     if not entries or set(entries) <= set(HYDRA_FILES):
         return
     held = marker_run(out_dir)
-    if held == run_key:
+    if same_run(held, run_key):
         return
     if held is None and is_finished(out_dir) and out_dir.name == run_name(run_key):
         return  # a finished run of these overrides, made before run folders had a marker
