@@ -48,7 +48,7 @@ def load(runs: list[Path]) -> pd.DataFrame:
         frames.append(df.assign(run=int(order), label=label,
                                 engine=engine_of(read_report(run / "report.json"), _config(run))))
     df = pd.concat(frames, ignore_index=True)
-    labels = list(dict.fromkeys(df.sort_values("run")["label"]))
+    labels = labels_of(df)
     if len(labels) != 2:
         fail(f"an A/B needs runs of exactly two labels; these have {labels}")
     if df["model"].nunique() > 1:
@@ -56,16 +56,20 @@ def load(runs: list[Path]) -> pd.DataFrame:
     return df.assign(rate=df["rate"].astype(float))
 
 
+def labels_of(df: pd.DataFrame) -> list[str]:
+    """The labels in the order their first runs were made: the baseline (a) first."""
+    return list(dict.fromkeys(df.sort_values("run")["label"]))
+
+
 def order_of(df: pd.DataFrame) -> str:
     """The runs' order as letters, the baseline a: 'a b a b a b'."""
-    runs = df.drop_duplicates("run").sort_values("run")
-    first = runs["label"].iloc[0]
-    return " ".join("a" if label == first else "b" for label in runs["label"])
+    first = labels_of(df)[0]
+    return " ".join("a" if label == first else "b" for label in df.drop_duplicates("run").sort_values("run")["label"])
 
 
 def compare(df: pd.DataFrame) -> pd.DataFrame:
     engine = one_engine(df, "the A/B of these serve runs")
-    a, b = list(dict.fromkeys(df.sort_values("run")["label"]))
+    a, b = labels_of(df)
     rows = []
     for key, cell in df.groupby(CELL, dropna=False, sort=True):
         row = dict(zip(CELL, key))
@@ -93,7 +97,7 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(t: pd.DataFrame, df: pd.DataFrame) -> str:
-    a, b = list(dict.fromkeys(df.sort_values("run")["label"]))
+    a, b = labels_of(df)
 
     def cell(row, label, name, fmt):
         return (f"{row[f'{label}_{name}']:{fmt}} [{row[f'{label}_{name}_min']:{fmt}}, "

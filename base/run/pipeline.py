@@ -240,7 +240,7 @@ def _put_back_locked(cfg: RunConfig, resolved_config: str) -> bool:
     if cfg.force or outputs.same_config(resolved_config, outputs.finished_hash(out)):
         return False
     kept = next((p for p in sorted(out.parent.iterdir()) if p.name.startswith(f"{out.name}~") and p.is_dir()
-                 and (run_folder.marker_run(p) is None or run_folder.same_run(run_folder.marker_run(p), cfg.run_key))
+                 and ((held := run_folder.marker_run(p)) is None or run_folder.same_run(held, cfg.run_key))
                  and outputs.same_config(resolved_config, outputs.finished_hash(p)) and not outputs.damaged(p)
                  and not _older_engine(cfg, p)), None)
     if kept is None:
