@@ -528,10 +528,12 @@ def test_decode_attention_in_many_shares_combines_in_the_last_and_leaves_its_cou
     assert torch.equal(first, again)
 
 
-@pytest.mark.parametrize("block_n,target", [(16, 1), (32, 40), (128, 4)])
+@pytest.mark.parametrize("block_n,target", [(16, 1), (16, 12), (32, 40), (16, 64), (128, 4)])
 def test_decode_attention_under_every_launch_matches_the_reference(block_n, target):
     """A tuned launch (slots per block, programs targeted) changes how the cache is cut into
-    shares, not the result: one share, several, and shares past the filled slots."""
+    shares, not the result: one share, several (3: one combine chunk with a padded share; 10:
+    three chunks, the last one part padding; 16: the most, four full chunks), and shares past the
+    filled slots."""
     from kernels.attention import (
         AttentionLaunch,
         decode_attention,
@@ -543,7 +545,7 @@ def test_decode_attention_under_every_launch_matches_the_reference(block_n, targ
     launch = AttentionLaunch(block_n=block_n, num_warps=2, target_programs=target)
     q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E)
     out = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=launch)
-    assert splits_for(B * K, L, launch) == {1: 1, 40: 10, 4: 1}[target]
+    assert splits_for(B * K, L, launch) == {1: 1, 12: 3, 40: 10, 64: 16, 4: 1}[target]
     torch.testing.assert_close(out, decode_attention_reference(q, k, v, allowed, last, 0.3), rtol=1e-5, atol=1e-5)
 
 

@@ -12,8 +12,9 @@
 #   PARTS="grid" MODEL=olmoe ROUTING=skewed bash experiments/gpu/roofline.sh
 #   PARTS=grid SPECS="qwen3_30b:uniform qwen3_30b:skewed:[16,64]" bash experiments/gpu/roofline.sh  # several runs
 #   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
-#   3b. (PARTS micro) kernel A/Bs: tools/bench_select.py (SELECT_BASELINE=<an older kernels/select.py>) and
-#      tools/bench_skinny.py -> $OUT/bench_select.*, bench_skinny.*
+#   3b. (PARTS micro) kernel A/Bs: tools/bench_select.py (SELECT_BASELINE=<an older kernels/select.py>),
+#      tools/bench_skinny.py and, with MICRO=attention, tools/bench_attention.py (ATTN_BASELINE=<an older
+#      kernels/attention.py>) -> $OUT/bench_select.*, bench_skinny.*, bench_attention*
 #   2c. (PARTS exptune) the expert kernels' table, both paths, the kept bound, the reduce in down (tools/tune_kernels.py;
 #      EXPTUNE_MODELS, EXPTUNE_TS), installed before the grid -> $OUT/tune_experts.log, installed_configs.json
 #   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.compile AB_VALUES="false true" (both needed)
@@ -80,7 +81,13 @@ if [[ " $PARTS " == *" micro "* ]]; then
     echo "rc=$?" >> "$LOG/bench_skinny.log"; tail -45 "$LOG/bench_skinny.log"
     cp "$TABLE" "$LOG/installed_configs.json"
   fi
-  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
+  if [[ " ${MICRO:-select skinny} " == *" attention "* ]]; then
+    stamp "decode attention A/B"
+    timeout "${ATTN_S:-240}" python3 -m tools.bench_attention --csv "$LOG/bench_attention.csv" \
+      ${ATTN_BASELINE:+--baseline "$ATTN_BASELINE"} > "$LOG/bench_attention.log" 2>&1
+    echo "rc=$?" >> "$LOG/bench_attention.log"; tail -32 "$LOG/bench_attention.log"
+  fi
+  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$LOG"/bench_attention* "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" grid "* ]]; then
   # SPECS: runs of one process each, "model:routing" or "model:routing:[batch,...]" (default MODEL:ROUTING)
