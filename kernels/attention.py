@@ -16,9 +16,7 @@ start of a generation. This is one launch reading only the slots up to the newes
                      its (G, E) output; else it writes the share's running max, sum and
                      unnormalised output, and the LAST of the S programs of (b, k) to finish (an
                      arrival counter per (b, k), incremented with release/acquire semantics, reset
-                     by that program) rescales and sums the S shares into (B, Hq, E): the maxima in
-                     one load, the sums and outputs COMBINE_SHARES shares per load, every load
-                     issued before any result is needed (S_BLOCK = next_pow2(S) is a constexpr).
+                     by that program) rescales and sums the S shares into (B, Hq, E).
 
 Why one launch: until 2026-12-02 the combine was a second kernel, one more launch per layer of a
 decode step (48 on Qwen3-30B-A3B), each a few microseconds of launch and ramp-up for a few
@@ -58,10 +56,6 @@ from kernels._triton import arrival_counters as _arrival_counters
 from kernels._triton import dual_jit, empty, fit_shared_memory, next_pow2
 from kernels.tuned import tuned_entry
 
-# The combine reads the shares' outputs this many at a time: a (4, G_BLOCK, E_BLOCK) fp32 tile is 64
-# registers a thread at 4 warps for Qwen3's heads (G_BLOCK 16, E_BLOCK 128); S is at most 16.
-COMBINE_SHARES = 4
-
 
 @dataclass(frozen=True)
 class AttentionLaunch:
@@ -99,7 +93,7 @@ def _decode_attention(
     scaling, K, G, D, E, S,
     sq_b, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, sa_b, so_b, so_h,
     G_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_SHARE: tl.constexpr, S_BLOCK: tl.constexpr, SC: tl.constexpr,
+    ONE_SHARE: tl.constexpr,
 ):
     bk = tl.program_id(0)
     s = tl.program_id(1)
@@ -149,27 +143,17 @@ def _decode_attention(
         arrived = tl.atomic_add(count_ptr + bk, 1, sem="acq_rel", scope="gpu")
         if arrived == S - 1:  # the last share of (row, KV head) to finish combines all S
             tl.store(count_ptr + bk, 0)  # back to 0 for the next launch (a graph replays it)
-            # Every share's max in one load; then the shares' sums and outputs SC shares at a time, in
-            # chunks unrolled at compile time whose loads depend on nothing computed here, so they
-            # are all in flight at once (a loop over the S shares waited for each load in turn).
-            sh = tl.arange(0, S_BLOCK)
-            m_SG = tl.load(m_ptr + (bk * S + sh)[:, None] * G_BLOCK + g[None, :], mask=(sh < S)[:, None],
-                           other=float("-inf"), cache_modifier=".cg")
-            m_G = tl.max(m_SG, axis=0)
+            m_G = tl.full((G_BLOCK,), float("-inf"), tl.float32)
+            for t in range(S):
+                m_G = tl.maximum(m_G, tl.load(m_ptr + (bk * S + t) * G_BLOCK + g, cache_modifier=".cg"))
             m_safe = tl.where(m_G == float("-inf"), 0.0, m_G)
             l_G = tl.zeros((G_BLOCK,), tl.float32)
             acc_GE = tl.zeros((G_BLOCK, E_BLOCK), tl.float32)
-            for c in tl.static_range(0, S_BLOCK, SC):
-                sc = c + tl.arange(0, SC)
-                sc_ok = sc < S
-                r_CG = (bk * S + sc)[:, None] * G_BLOCK + g[None, :]
-                a_CGE = tl.load(acc_ptr + r_CG[:, :, None] * E_BLOCK + e[None, None, :],
-                                mask=sc_ok[:, None, None], other=0.0, cache_modifier=".cg")
-                l_CG = tl.load(l_ptr + r_CG, mask=sc_ok[:, None], other=0.0, cache_modifier=".cg")
-                w_CG = tl.exp(tl.load(m_ptr + r_CG, mask=sc_ok[:, None], other=float("-inf"), cache_modifier=".cg")
-                              - m_safe[None, :])  # an empty share (max -inf) weighs 0
-                l_G += tl.sum(w_CG * l_CG, axis=0)
-                acc_GE += tl.sum(w_CG[:, :, None] * a_CGE, axis=0)
+            for t in range(S):
+                r = (bk * S + t) * G_BLOCK + g
+                w_G = tl.exp(tl.load(m_ptr + r, cache_modifier=".cg") - m_safe)
+                l_G += w_G * tl.load(l_ptr + r, cache_modifier=".cg")
+                acc_GE += w_G[:, None] * tl.load(acc_ptr + r[:, None] * E_BLOCK + e[None, :], cache_modifier=".cg")
             tl.store(out_at, (acc_GE / tl.where(l_G > 0, l_G, 1.0)[:, None]).to(out_ptr.dtype.element_ty),
                      mask=out_mask)
 
@@ -221,7 +205,7 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
             q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
             v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0), out.stride(0), out.stride(1),
             G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=launch.block_n, ONE_SHARE=S == 1,
-            S_BLOCK=next_pow2(S), SC=min(next_pow2(S), COMBINE_SHARES), num_warps=launch.num_warps,
+            num_warps=launch.num_warps,
         )  # fmt: skip
 
     launch = launch or attention_launch(G, D, dev, B)

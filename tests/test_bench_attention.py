@@ -27,7 +27,7 @@ def test_a_candidate_that_differs_from_the_reference_is_never_the_best():
     ref = attention.decode_attention_reference(*inputs[:4], int(inputs[4]), inputs[5]).float()
     launch, rows = search(wrong_fast, inputs, ref, SMOKE, reps=1, dev=torch.device("cpu"))
     assert launch.block_n == 32
-    assert {r["BLOCK_N"] for r in rows if not r["matches"]} == {16}
+    assert {r["BLOCK_N"] for r in rows if not r["matches_reference"]} == {16}
 
 
 @pytest.mark.slow
@@ -41,7 +41,8 @@ def test_the_ab_writes_every_round_of_both_implementations(tmp_path, monkeypatch
     t = pd.read_csv(tmp_path / "ab.csv")
     assert set(t["impl"]) == {"current", "baseline"} and set(t["launch"]) == {"best", "default"}
     assert len(t) == 2 * 2 * 2  # rounds x launches x implementations, one smoke shape
-    assert (tmp_path / "ab_best.csv").is_file()
+    search = pd.read_csv(tmp_path / "ab_search.csv")
+    assert set(search["impl"]) == {"current", "baseline"} and (search["kernel"] == "attention").all()
 
 
 def test_fewer_than_five_rounds_are_refused(monkeypatch, capsys):

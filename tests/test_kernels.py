@@ -531,9 +531,8 @@ def test_decode_attention_in_many_shares_combines_in_the_last_and_leaves_its_cou
 @pytest.mark.parametrize("block_n,target", [(16, 1), (16, 12), (32, 40), (16, 64), (128, 4)])
 def test_decode_attention_under_every_launch_matches_the_reference(block_n, target):
     """A tuned launch (slots per block, programs targeted) changes how the cache is cut into
-    shares, not the result: one share, several (3: one combine chunk with a padded share; 10:
-    three chunks, the last one part padding; 16: the most, four full chunks), and shares past the
-    filled slots."""
+    shares, not the result: one share, several (3, 10, and 16: the most `splits_for` gives), and
+    shares past the filled slots."""
     from kernels.attention import (
         AttentionLaunch,
         decode_attention,

@@ -116,3 +116,30 @@ def test_an_attention_candidate_wrong_at_any_shape_is_in_no_entry():
         r["matches_reference"] = False
     with pytest.raises(RuntimeError, match="no attention candidate matched decode_attention_reference"):
         tsk.attention_table(pd.DataFrame(rows))
+
+
+def test_from_csv_takes_one_implementations_rows_of_an_ab_search(tmp_path, monkeypatch, capsys):
+    """tools/bench_attention.py's search table times two implementations: `--impl` makes the entries
+    from the named one's rows alone; without it, or naming one the table lacks, the CLI refuses."""
+    rows = []
+    for impl, fast in (("current", 32), ("baseline", 64)):
+        for B in (1, 16):
+            for bn in (32, 64):
+                rows.append({"kernel": "attention", "model": "m", "G": 8, "D": 128, "B": B, "filled": 256,
+                             "impl": impl, "BLOCK_N": bn, "num_warps": 4, "target_programs": 64,
+                             "us": 5.0 if bn == fast else 9.0, "matches_reference": True})
+    csv = tmp_path / "bench_attention_search.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    from tools import tune_kernels
+
+    monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
+    for extra, error in (([], "name one with --impl"), (["--impl", "other"], "has ['baseline', 'current']")):
+        monkeypatch.setattr("sys.argv", ["tune_step_kernels", "--from-csv", str(csv), "--device-name", "GPU_X", *extra])
+        with pytest.raises(SystemExit, match=error.replace("[", r"\[").replace("]", r"\]")):
+            tsk.main()
+    assert not (tmp_path / "GPU_X.json").exists()
+    monkeypatch.setattr("sys.argv", ["tune_step_kernels", "--from-csv", str(csv), "--device-name", "GPU_X",
+                                     "--impl", "baseline"])
+    tsk.main()
+    written = json.loads((tmp_path / "GPU_X.json").read_text())
+    assert {e["BLOCK_N"] for e in written.values()} == {64}

@@ -15,7 +15,9 @@ two launches per shape:
 Then `--rounds` interleaved rounds (at least 5; order rotated each round), each a CUDA graph of 20
 launches (tools/timing.time_graph: the median per launch over `--reps` replays). Prints each case's
 median [min, max] over rounds and current over baseline in the same round (analysis/kernel_ab.py);
---csv gets the rounds, <csv stem>_best.csv the chosen candidates and the search's timings.
+--csv gets the rounds, <csv stem>_search.csv every candidate's search timing, in the tuner's columns:
+    python -m tools.tune_step_kernels --from-csv <stem>_search.csv --impl baseline --device-name <GPU>
+makes one implementation's attention entries from it without timing again.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def search(mod, inputs, ref, model: dict, reps: int, dev: torch.device) -> tuple
         fn = partial(mod.decode_attention, *inputs, launch=launch)
         us, _ = time_graph([fn] * 20, reps, dev)
         ok = bool(torch.allclose(fn().float(), ref, rtol=2e-2, atol=2e-2))
-        rows.append({"BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3), "matches": ok})
+        rows.append({"BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3),
+                     "matches_reference": ok})
         if ok and (best is None or us < best[0]):
             best = (us, launch)
     if best is None:
@@ -97,7 +100,9 @@ def main() -> None:
         ref = current.decode_attention_reference(*inputs[:4], int(inputs[4]), inputs[5]).float()
         for name, mod in impls.items():
             launch, rows = search(mod, inputs, ref, model, args.reps, dev)
-            found += [{**labels, "impl": name, **r} for r in rows]
+            # in tools/tune_step_kernels.py's columns: its --from-csv makes a table from one impl's rows
+            found += [{"kernel": "attention", **labels, "G": model["Hq"] // model["K"], "D": model["D"], "impl": name, **r}
+                      for r in rows]
             work.append(({**labels, "launch": "best"}, name, partial(mod.decode_attention, *inputs, launch=launch)))
             work.append(({**labels, "launch": "default"}, name,
                          partial(mod.decode_attention, *inputs, launch=mod.AttentionLaunch())))
@@ -118,7 +123,7 @@ def main() -> None:
         out = Path(args.csv)
         out.parent.mkdir(parents=True, exist_ok=True)
         t.to_csv(out, index=False)
-        pd.DataFrame(found).to_csv(out.with_name(out.stem + "_best.csv"), index=False)
+        pd.DataFrame(found).to_csv(out.with_name(out.stem + "_search.csv"), index=False)
     pd.set_option("display.width", 200)
     print(medians(t).round(3).to_string(index=False))
     if len(names) == 2:

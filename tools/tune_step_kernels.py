@@ -201,13 +201,23 @@ def main() -> None:
     ap.add_argument("--from-csv", type=Path, default=None,
                     help="no timing: the attention entries from an earlier run's --csv (its GPU's table)")
     ap.add_argument("--device-name", default=None, help="with --from-csv: the config file's GPU name (NVIDIA_H200)")
+    ap.add_argument("--impl", default=None,
+                    help="with --from-csv: only this implementation's rows (a tools/bench_attention.py search table)")
     args = ap.parse_args()
     if args.from_csv is not None:
         if not args.from_csv.exists():
             raise SystemExit(f"error: --from-csv {args.from_csv}: no such file")
         if not args.device_name:
             raise SystemExit("error: --from-csv needs --device-name (the GPU the timings were made on, e.g. NVIDIA_H200)")
-        table = attention_table(pd.read_csv(args.from_csv))
+        t = pd.read_csv(args.from_csv)
+        if args.impl is not None:
+            impls = sorted(set(t["impl"])) if "impl" in t else []
+            if args.impl not in impls:
+                raise SystemExit(f"error: --impl {args.impl!r}: {args.from_csv} has {impls or 'no impl column'}")
+            t = t[t["impl"] == args.impl]
+        elif "impl" in t and t["impl"].nunique() > 1:
+            raise SystemExit(f"error: {args.from_csv} times {sorted(set(t['impl']))}: name one with --impl")
+        table = attention_table(t)
         from tools.tune_kernels import install_named
 
         print(json.dumps(table, indent=1))
