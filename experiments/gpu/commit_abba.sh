@@ -11,7 +11,8 @@
 #   ABBA_EXTRA='...'   overrides added to every run (default: Qwen3-30B-A3B, batch 16, M=16, dense and base,
 #                      5 interleaved rounds)
 # -> $OUT/abba.tgz (four run folders 1_a, 2_b, 3_b, 4_a and their logs); read them with
-#    python -m analysis.throughput <folder> <out> per run, or analysis.throughput_ablation.
+#    python -m analysis.abba <runs>/* --out <out> (the two commits' rounds, tested), and
+#    python -m analysis.throughput <folder> <out> per run (its profile).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
