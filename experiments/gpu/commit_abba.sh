@@ -6,7 +6,8 @@
 #     experiments kernels pyproject.toml run.py tasks tools
 #   echo '/.abba/' >> .git/info/exclude        # carried like .whl: carry [".whl", ".abba"]
 #   ABBA_A_COMMIT=<commit> bash experiments/gpu/commit_abba.sh
-#   ABBA_S=seconds     each run's limit (default 120)
+#   ABBA_S=seconds     each run's limit (default 120; on a machine's first call each tree compiles its kernels
+#                      once: batch [16,64] runs took 60-80 s warm and passed 105 s cold, grid_2026-12-06d)
 #   ABBA_MODEL=name    the model shape (default qwen3_30b)
 #   ABBA_EXTRA='...'   overrides added to every run (default: Qwen3-30B-A3B, batch 16, M=16, dense and base,
 #                      5 interleaved rounds)
