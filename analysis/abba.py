@@ -99,12 +99,12 @@ def markdown(t: pd.DataFrame, df: pd.DataFrame) -> str:
     def cell(row, label):
         return f"{row[f'{label}_ms']:.3f} [{row[f'{label}_ms_min']:.3f}, {row[f'{label}_ms_max']:.3f}]"
 
-    lines = [(f"Runs in the order {order_of(df)}; per label, ms per replayed step, the median [min, max] over the "
+    lines = [(f"Runs in the order {order_of(df)} (a: `{a}`, b: `{b}`); per label, ms per replayed step, the median [min, max] over the "
               f"timed rounds of its runs; `b over a`: the medians' ratio less 1; p: exact two-sided Mann-Whitney "
               f"over the rounds (rounds of one run share its process), Holm over the {len(t)} cells. "
               f"GPU: {', '.join(sorted(df['gpu'].dropna().unique()))}. Engine: `{t['engine'].iloc[0]}`. "
               f"Made by `python -m analysis.abba` (analysis/abba.py)."), "",
-             f"| batch | variant | budget | a ({a}) | b ({b}) | b over a | rounds a / b | p (Holm) | call |",
+             "| batch | variant | budget | a | b | b over a | rounds a / b | p (Holm) | call |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, row in t.iterrows():
         budget = "-" if pd.isna(row["budget"]) else f"{int(row['budget'])}"
