@@ -25,7 +25,7 @@ from scipy.stats import mannwhitneyu
 from analysis.ab_throughput import timed
 from analysis.engines import one_engine, run_engine, with_engine
 from analysis.load import fail, read_report
-from analysis.serve_ab import labels_of, order_of
+from analysis.serve_ab import labels_of, order_of, place_of, two_labels_one_model
 from analysis.stats import ALPHA, holm
 
 CELL = ["batch_size", "variant", "budget"]
@@ -44,25 +44,16 @@ def load(sides: list[Path]) -> pd.DataFrame:
     """Every timed round of the runs, with its run's order, label and decode engine."""
     frames, places = [], {}
     for side in sides:
-        order, _, label = side.name.partition("_")
-        if not (order.isdigit() and label):
-            fail(f"{side}: a side of the A/B is named <i>_<label> (e.g. 1_a, 2_b)")
-        if int(order) in places:
-            fail(f"{side} and {places[int(order)]} share one place in the order ({order})")
-        places[int(order)] = side
+        order, label = place_of(side, places, "a side of the A/B", "1_a, 2_b")
         run = run_folder(side)
         rep = read_report(run / "report.json")
         df = timed(pd.read_csv(run / "throughput.csv")).assign(model=rep.get("model"),
                                                                gpu=rep.get("gpu", rep.get("device")))
         rounds = df.assign(ms=df["ms_runs"].astype(str).str.split(";")).explode("ms")
-        frames.append(rounds.assign(ms=rounds["ms"].astype(float), run=int(order), label=label,
+        frames.append(rounds.assign(ms=rounds["ms"].astype(float), run=order, label=label,
                                     engine=run_engine(run)))
     df = pd.concat(frames, ignore_index=True)
-    labels = labels_of(df)
-    if len(labels) != 2:
-        fail(f"an A/B needs runs of exactly two labels; these have {labels}")
-    if df["model"].nunique() > 1:
-        fail(f"the runs time different models: {sorted(df['model'].unique())}")
+    two_labels_one_model(df, "time")
     runs = df.drop_duplicates("run").groupby("label")["run"].count()
     if (runs < 2).any():
         fail(f"each label needs at least two runs (a b b a), got {dict(runs)}")

@@ -35,25 +35,37 @@ def load(runs: list[Path]) -> pd.DataFrame:
     """Every stream of the runs, with its run's order, label and decode engine."""
     frames, places = [], {}
     for run in runs:
-        order, _, label = run.name.partition("_")
-        if not (order.isdigit() and label):
-            fail(f"{run}: a run folder of the A/B is named <i>_<label> (e.g. 1_default, 2_finer)")
-        if int(order) in places:
-            fail(f"{run} and {places[int(order)]} share one place in the order ({order})")
-        places[int(order)] = run
+        order, label = place_of(run, places, "a run folder of the A/B", "1_default, 2_finer")
         if not finished(run, "serve.csv"):
             fail(f"{run} is not a finished run of throughput.mode=serve (no serve.csv, or no report.json: a killed "
                  "or unfinished run)")
         df = pd.read_csv(run / "serve.csv")
-        frames.append(df.assign(run=int(order), label=label,
+        frames.append(df.assign(run=order, label=label,
                                 engine=engine_of(read_report(run / "report.json"), _config(run))))
     df = pd.concat(frames, ignore_index=True)
+    two_labels_one_model(df, "serve")
+    return df.assign(rate=df["rate"].astype(float))
+
+
+def place_of(run: Path, places: dict[int, Path], what: str, example: str) -> tuple[int, str]:
+    """(i, label) of a folder named <i>_<label>, recorded in `places`; exit 2 on another name or a place
+    taken twice. `what` and `example` name such a folder in the message."""
+    order, _, label = run.name.partition("_")
+    if not (order.isdigit() and label):
+        fail(f"{run}: {what} is named <i>_<label> (e.g. {example})")
+    if int(order) in places:
+        fail(f"{run} and {places[int(order)]} share one place in the order ({order})")
+    places[int(order)] = run
+    return int(order), label
+
+
+def two_labels_one_model(df: pd.DataFrame, verb: str) -> None:
+    """Exit 2 unless the runs have exactly two labels and one model (`verb`: what the runs do to it)."""
     labels = labels_of(df)
     if len(labels) != 2:
         fail(f"an A/B needs runs of exactly two labels; these have {labels}")
     if df["model"].nunique() > 1:
-        fail(f"the runs serve different models: {sorted(df['model'].unique())}")
-    return df.assign(rate=df["rate"].astype(float))
+        fail(f"the runs {verb} different models: {sorted(df['model'].unique())}")
 
 
 def labels_of(df: pd.DataFrame) -> list[str]:

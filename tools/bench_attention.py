@@ -32,11 +32,21 @@ import torch
 from analysis.kernel_ab import medians, ratios
 from tools.bench_select import load_module
 from tools.timing import time_graph
+from tools.tune_step_kernels import (
+    ATTN_BATCHES,
+    ATTN_BLOCK_N,
+    ATTN_FILLED,
+    ATTN_MODELS,
+    ATTN_SLOTS,
+    ATTN_TARGETS,
+    ATTN_WARPS,
+    attention_inputs,
+)
 
-GRID = {"batches": (1, 16, 64), "slots": 640, "filled": (256, 640), "block_n": (32, 64, 128), "warps": (2, 4, 8),
-        "targets": (64, 132, 264, 528)}
-MODELS = ({"name": "qwen3_30b_a3b", "Hq": 32, "K": 4, "D": 128, **GRID},
-          {"name": "olmoe", "Hq": 16, "K": 16, "D": 128, **GRID})
+# the tuner's shapes and candidates (tools/tune_step_kernels.py), so a search here is a tuning run there
+GRID = {"batches": ATTN_BATCHES, "slots": ATTN_SLOTS, "filled": ATTN_FILLED, "block_n": ATTN_BLOCK_N,
+        "warps": ATTN_WARPS, "targets": ATTN_TARGETS}
+MODELS = tuple({"name": name, "Hq": Hq, "K": K, "D": D, **GRID} for name, Hq, K, D in ATTN_MODELS)
 SMOKE = {"name": "smoke", "Hq": 4, "K": 2, "D": 16, "batches": (2,), "slots": 96, "filled": (40,),
          "block_n": (16, 32), "warps": (2,), "targets": (2, 8)}
 
@@ -44,15 +54,9 @@ SMOKE = {"name": "smoke", "Hq": 4, "K": 2, "D": 16, "batches": (2,), "slots": 96
 def shapes(model: dict, dev: torch.device, dtype: torch.dtype):
     """(labels, decode_attention's inputs) per (rows, filled slots)."""
     g = torch.Generator(device="cpu").manual_seed(3)
-    Hq, K, D, L = model["Hq"], model["K"], model["D"], model["slots"]
     for B, n in itertools.product(model["batches"], model["filled"]):
-        q = torch.randn(B, Hq, D, generator=g).to(dev, dtype)
-        k = torch.randn(B, K, L, D, generator=g).to(dev, dtype)
-        v = torch.randn(B, K, L, D, generator=g).to(dev, dtype)
-        allowed = torch.zeros(B, L, dtype=torch.bool, device=dev)
-        allowed[:, :n] = True
-        last = torch.tensor([n - 1], device=dev)
-        yield {"model": model["name"], "B": B, "filled": n}, (q, k, v, allowed, last, D**-0.5)
+        yield {"model": model["name"], "B": B, "filled": n}, attention_inputs(
+            B, model["Hq"], model["K"], model["D"], model["slots"], n, g, dev, dtype)
 
 
 def search(mod, inputs, ref, model: dict, reps: int, dev: torch.device) -> tuple[object, list[dict]]:

@@ -121,6 +121,18 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
     return rows, table
 
 
+def attention_inputs(B: int, Hq: int, K: int, D: int, slots: int, n: int, g: torch.Generator, dev: torch.device,
+                     dtype: torch.dtype) -> tuple:
+    """decode_attention's arguments for B rows of Hq query and K KV heads of size D, a cache of `slots`
+    with the first n filled (random q, K, V from g)."""
+    q = torch.randn(B, Hq, D, generator=g).to(dev, dtype)
+    k = torch.randn(B, K, slots, D, generator=g).to(dev, dtype)
+    v = torch.randn(B, K, slots, D, generator=g).to(dev, dtype)
+    allowed = torch.zeros(B, slots, dtype=torch.bool, device=dev)
+    allowed[:, :n] = True
+    return q, k, v, allowed, torch.tensor([n - 1], device=dev), D**-0.5
+
+
 def tune_attention(dev: torch.device, models, batches, slots: int, filled, block_ns, warps, targets,
                    reps: int) -> tuple[list[dict], dict]:
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -128,12 +140,7 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
     rows = []
     for name, Hq, K, D in models:
         for B, n in itertools.product(batches, filled):
-            q = torch.randn(B, Hq, D, generator=g).to(dev, dtype)
-            k = torch.randn(B, K, slots, D, generator=g).to(dev, dtype)
-            v = torch.randn(B, K, slots, D, generator=g).to(dev, dtype)
-            allowed = torch.zeros(B, slots, dtype=torch.bool, device=dev)
-            allowed[:, :n] = True
-            last = torch.tensor([n - 1], device=dev)
+            q, k, v, allowed, last, _ = attention_inputs(B, Hq, K, D, slots, n, g, dev, dtype)
             ref = decode_attention_reference(q, k, v, allowed, n - 1, D**-0.5).float()
             for bn, nw, tg in itertools.product(block_ns, warps, targets):
                 launch = AttentionLaunch(block_n=bn, num_warps=nw, target_programs=tg)
