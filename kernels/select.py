@@ -76,10 +76,6 @@ REASSIGN_MODES = ("backfill", "drop", "similar")
 # it (and unbounded) K rounds of argmax over all E experts.
 KEPT_LIST_MAX = 32
 TIERS = {"none": 0, "anchor": 1, "top1_union": 2, "oea": 3}
-# When one program routes every token in one tile (T <= tokens per tile), the reassignment takes the
-# routing (probabilities, top-k ids and weights) from registers instead of reading back what the
-# program stored; the same outputs bit for bit. Tests turn it off to compare the two.
-CARRY_ONE_TILE = True
 
 
 @dual_jit
@@ -152,7 +148,6 @@ def _route_select_kernel(
     SELECT: tl.constexpr,  # False: nothing can be dropped (the union fits); tokens keep their routing
     M_BLOCK: tl.constexpr,  # next_pow2(M_OUT)
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
-    CARRY: tl.constexpr = False,  # ROUTE, one program, T <= TB: pass 2 takes the routing from registers
     PHASE: tl.constexpr = 0,  # 0: one program does it all | 1: pass 1 of tile pid | 2: the rest for tile pid
 ):
     """Grid (cdiv(C, CB),) with GEMV, (cdiv(T, TB),) with PHASE 1 or 2, else (1,). See the module doc."""
@@ -207,11 +202,6 @@ def _route_select_kernel(
         pid = tl.program_id(0)
         first = (offs_e * 0 + pid == 0) if PHASE == 2 else (offs_e >= 0)  # which programs write the kept set
         p_lo = pid * TB if PHASE != 0 else 0
-        if CARRY:  # the one tile's routing, kept for pass 2 (no store-then-reload through memory)
-            c_p_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-            c_idx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
-            c_w_TK = tl.zeros((TB, K_BLOCK), dtype=w_ptr.dtype.element_ty)
-            c_pk_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
         p_hi = tl.minimum(T, p_lo + TB) if PHASE == 1 else (T if PHASE == 0 else p_lo)
         for t0 in range(p_lo, p_hi, TB):
             offs_t = t0 + tl.arange(0, TB)
@@ -248,8 +238,6 @@ def _route_select_kernel(
                 if NORM:
                     w_TK = w_TK / tl.sum(tl.where(k_ok[None, :], w_TK, 0.0), axis=1)[:, None]
                 w_TK = (w_TK * route_scale).to(w_ptr.dtype.element_ty)  # the weights as stored
-                if CARRY:
-                    c_p_TE, c_idx_TK, c_w_TK, c_pk_TK = p_TE, idx_TK, w_TK, p_TK
                 tl.store(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], idx_TK, mask=tk_ok)
                 tl.store(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], w_TK, mask=tk_ok)
                 if not SELECT:
@@ -321,7 +309,7 @@ def _route_select_kernel(
                     anchor_E += tl.load(part + 2 * E_BLOCK + offs_e)
                     first_w_E += tl.load(part + 3 * E_BLOCK + offs_e)
                     n_idle += tl.sum(tl.load(part + 4 * E_BLOCK + offs_e), axis=0).to(tl.int32)
-            if ROUTE and not CARRY:
+            if ROUTE:
                 tl.debug_barrier()  # the routing this CTA wrote is visible to its reassignment below
             union_E = cnt_E > 0
             if SCORE_IN_KERNEL:
@@ -385,12 +373,8 @@ def _route_select_kernel(
                 offs_t = t0 + tl.arange(0, TB)
                 t_ok = offs_t < T
                 tk_ok = t_ok[:, None] & k_ok[None, :]
-                if CARRY:  # as the loads below would read them back
-                    idx_TK = tl.where(tk_ok, c_idx_TK, 0).to(idx_ptr.dtype.element_ty)
-                    w_TK = tl.where(tk_ok, c_w_TK, tl.zeros_like(c_w_TK))
-                else:
-                    idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
-                    w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
+                idx_TK = tl.load(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], mask=tk_ok, other=0)
+                w_TK = tl.load(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], mask=tk_ok, other=0.0)
                 if REASSIGN == 2:
                     # similar: a dropped pair moves, with its weight, to the kept expert most like it
                     out_idx = idx_TK
@@ -410,26 +394,16 @@ def _route_select_kernel(
                         cand_C, valid_C, kept_C = kid_M, kid_ok, kid_ok
                     else:
                         cand_C, valid_C, kept_C = offs_e, e_ok, keep_E
-                    if CARRY:
-                        if KEPT_LIST:  # kid_M's columns of the tile's probabilities
-                            p_TC = tl.gather(c_p_TE, tl.broadcast_to(cand_C[None, :], (TB, M_BLOCK)), axis=1)
-                        else:
-                            p_TC = c_p_TE
-                        p_TC = tl.where(t_ok[:, None] & valid_C[None, :], p_TC, 0.0)
-                    else:
-                        p_TC = tl.load(probs_ptr + offs_t[:, None] * stride_pt + cand_C[None, :],
-                                       mask=t_ok[:, None] & valid_C[None, :], other=0.0)
+                    p_TC = tl.load(probs_ptr + offs_t[:, None] * stride_pt + cand_C[None, :],
+                                   mask=t_ok[:, None] & valid_C[None, :], other=0.0)
                     orig_TC = tl.zeros_like(p_TC) != 0
                     origw_TC = tl.zeros_like(p_TC)
                     lost_T = tl.zeros((TB,), dtype=tl.int1)
                     wsum_T = tl.zeros((TB,), dtype=tl.float32)
                     psum_T = tl.zeros((TB,), dtype=tl.float32)
                     # the probabilities of a token's own choices, in one gather (non-kept ones included)
-                    if CARRY:  # the top-k's own values are those probabilities
-                        pk_TK = tl.where(tk_ok, c_pk_TK, 0.0)
-                    else:
-                        pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0),
-                                        mask=tk_ok, other=0.0)
+                    pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0), mask=tk_ok,
+                                    other=0.0)
                     for k in tl.static_range(K):
                         sel_k = offs_k[None, :] == k
                         i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
@@ -647,8 +621,6 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
     # routing: the launch then skips the tier's pass-1 work, as dense's launch does (a step of one
     # token under `top1_union` or an anchored rule timed 0.4-0.8 % slower than dense with it).
     tier = TIERS[rule.tier] if select else TIERS["none"]
-    # one program with every token in one tile: pass 2 reads the routing from registers
-    carry = route and phases == (0,) and T <= TB and CARRY_ONE_TILE
     for phase in phases:
         _route_select_kernel.on(dev)[grid if phase == 0 else (n_tiles,)](
             *_args(gemv_args, logits_TE, logit_bias_E, probs_TE, idx_TK, w_TK, active_T, score_out, g_TE,
@@ -662,7 +634,7 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
             SCORE_IN_KERNEL=in_kernel, KIND=KINDS[kind], TIER=tier, COVERAGE=rule.coverage is not None,
             REASSIGN=REASSIGN_MODES.index(rule.reassign_mode), RENORMALIZE=bool(rule.renormalize),
             SELECT=select, M_BLOCK=next_pow2(M),
-            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, CARRY=carry, PHASE=phase, num_warps=launch.num_warps,
+            KEPT_LIST=next_pow2(M) <= KEPT_LIST_MAX, PHASE=phase, num_warps=launch.num_warps,
         )  # fmt: skip
     return Selection(keep_M, keep_E, score_out, new_idx, new_w)
 

@@ -340,29 +340,6 @@ def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, c
                         launches=[SelectLaunch(tokens_per_tile=16, split=split) for split in (False, True)])
 
 
-@pytest.mark.parametrize("kind,tier,coverage,mode,M,idle", [r[:6] for r in SPLIT_RULES if not r[6]])
-def test_the_one_tile_launch_reassigns_from_registers_as_from_memory(monkeypatch, kind, tier, coverage, mode, M,
-                                                                      idle):
-    """With every token in one tile (T = 37, 64 tokens per tile) the kernel's reassignment takes the
-    routing from registers (CARRY_ONE_TILE); read back from memory instead, every output is the same
-    bit for bit, for every tier, coverage, `drop`/`similar`, both backfill forms (budgets up to
-    KEPT_LIST_MAX and the argmax rounds: oea's 37-expert list) and a budget the union fits (pass 2
-    only for inactive rows)."""
-    import kernels.select as ks
-
-    logits_TE, active_T, kw = _rule_case(kind, tier, coverage, mode, idle, seeds=(11, 5, 6))
-    outs = []
-    for carry in (False, True):
-        monkeypatch.setattr(ks, "CARRY_ONE_TILE", carry)
-        routing, sel = route_select(logits_TE, 6, active_T, M, norm_topk=True,
-                                    launch=ks.SelectLaunch(tokens_per_tile=64), **kw)
-        outs.append([routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, sel.score_E, sel.keep_E, sel.keep_M,
-                     sel.topk_idx_TK, sel.topk_w_TK])
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
-    assert int(outs[1][4].sum()) <= (M or 64)
-
-
 def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(monkeypatch):
     from kernels import tuned
     from kernels.select import SelectLaunch, select_launch

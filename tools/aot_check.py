@@ -114,11 +114,6 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     for nw in (8, 16):  # the one-program launch after the router's GEMM: the tuner's warps candidates' largest
         out.append((f"route_select one program {nw} warps", _route_select_kernel, route_ptrs, floats,
                     {**base, "GEMV": False}, {"num_warps": nw}))
-        # every token in one tile: the reassignment reads the routing from registers (CARRY)
-        out.append((f"route_select one tile {nw} warps", _route_select_kernel, route_ptrs, floats,
-                    {**base, "GEMV": False, "CARRY": True}, {"num_warps": nw}))
-    out.append(("route_select one tile argmax rounds", _route_select_kernel, route_ptrs, floats,
-                {**base, "GEMV": False, "CARRY": True, "M_BLOCK": 64, "KEPT_LIST": False}, {"num_warps": 8}))
     out.append(("down_kept T=16 residual", _down_kept_kernel, dn_ptrs, (),
                 {**common, "T_BLOCK": 16, "BHO": 16, "BI": 128, "stride_di": 1, "HAS_RES": True},
                 {"num_warps": 4, "num_stages": 4}))
