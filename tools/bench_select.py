@@ -16,6 +16,12 @@ uses its own tuned launch (kernels/configs/<gpu>.json) unless `--warps` names wa
 the same rules through `select_reassign` (the selection after the model's own router: softmax and
 top-k given, so its time less route_select's is the routing's share), and `empty`, a launch that
 stores one value (the graph's floor for one kernel).
+
+`--forms gemv` (alone) times instead the router's GEMM with the selection, this tree's two forms as
+the two implementations: `gemm`, what the budgeted model runs (base/method/backends.py `_fused_call`:
+the GEMM on the skinny kernel where this GPU's table says it beat cuBLAS, else cuBLAS, then
+`route_select`: two launches) and `gemv`, `route_select_gemv` (the GEMM's programs and the selection
+in one launch); the table gives gemv over gemm per round.
 """
 from __future__ import annotations
 
@@ -98,6 +104,39 @@ def cases(mod, dev: torch.device, model: dict, ts, budget: int, warps,
     return out
 
 
+def router_cases(dev: torch.device, model: dict, ts, budget: int) -> list[tuple[dict, dict]]:
+    """(labels, {"gemm": call, "gemv": call}) per rule and token count: the router's GEMM over
+    [router; predictor] rows for `base` (router rows alone for the others and wherever the union
+    fits, as TritonSelection.route chooses), then the selection, in the model's two launches and
+    in route_select_gemv's one."""
+    from base.method.backends import SoftmaxTopK, _fused_call
+    from kernels.select import Rule, arrival_counter, route_select_gemv, union_fits
+
+    H, E, K = model["H"], model["E"], model["K"]
+    g = torch.Generator(device="cpu").manual_seed(7)
+    layer = select_layer(H, E, dev, g)
+    router = SoftmaxTopK(layer.wcat_CH[:E].contiguous(), K, norm_topk=True)
+    score_E = torch.rand(E, generator=g).to(dev)
+    counter = arrival_counter(dev)  # one per layer in the model; here one launch at a time
+    out = []
+    for T in ts:
+        z_TH = torch.randn(T, H, generator=g).to(dev, layer.dtype)
+        active_T = torch.ones(T, dtype=torch.bool, device=dev)
+        for name, kind, tier, k0, static, m in RULES:
+            m = None if m is None else min(m, budget, E)
+            rule = Rule(tier=tier, k0=k0)
+            fits = union_fits(rule, m, T, K, E)
+            base = kind == "base" and not static and not fits
+            weight = layer.wcat_CH if base else router.weight_EH
+            kw = dict(kind=kind if not fits else "router_sum", rule=rule,  # noqa: C408
+                      pred_b_E=layer.pred_b_E if base else None, score_E=score_E if static and not fits else None)
+            calls = {"gemm": partial(_fused_call, router, weight, z_TH, active_T, m, 0, **kw),
+                     "gemv": partial(route_select_gemv, z_TH, weight, E, K, active_T, m, norm_topk=True,
+                                     counter=counter, **kw)}
+            out.append(({"rule": name, "T": T, "num_warps": "tuned", "form": "router+select"}, calls))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", help="another kernels/select.py to time against this tree's")
@@ -106,7 +145,8 @@ def main() -> None:
     ap.add_argument("--warps", default="", help="warp counts to time (default: each launch as tuned)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (tools/timing.time_graph)")
-    ap.add_argument("--forms", default="route", help="route (route_select), after (select_reassign), empty")
+    ap.add_argument("--forms", default="route",
+                    help="route (route_select), after (select_reassign), empty; or gemv alone (the router's GEMM too)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on this machine's device")
     args = ap.parse_args()
     if args.rounds < 5 and not args.smoke:
@@ -121,8 +161,10 @@ def main() -> None:
     if any(t < 1 for t in ts) or any(w not in (1, 2, 4, 8, 16) for w in warps if w is not None):
         ap.error("--ts must be >= 1 and --warps in 1, 2, 4, 8, 16")
     forms = tuple(args.forms.split(","))
-    if not forms or not set(forms) <= {"route", "after", "empty"}:
-        ap.error(f"--forms takes route, after and/or empty, got {args.forms!r}")
+    if forms != ("gemv",) and (not forms or not set(forms) <= {"route", "after", "empty"}):
+        ap.error(f"--forms takes route, after and/or empty, or gemv alone, got {args.forms!r}")
+    if forms == ("gemv",) and args.baseline:
+        ap.error("--forms gemv compares this tree's two forms; it takes no --baseline")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = SMOKE if args.smoke or dev.type != "cuda" else MODEL
     import kernels.select as current
@@ -131,14 +173,19 @@ def main() -> None:
     if args.baseline:
         impls["baseline"] = load_module(args.baseline, "_select_baseline")
     budget = 4 if model is SMOKE else 16
-    work = {name: cases(mod, dev, model, ts, budget, warps, forms) for name, mod in impls.items()}
-    names = list(impls)
+    if forms == ("gemv",):
+        work, names = router_cases(dev, model, ts, budget), ["gemm", "gemv"]
+    else:
+        per_impl = {name: cases(mod, dev, model, ts, budget, warps, forms) for name, mod in impls.items()}
+        names = list(impls)
+        work = [(per_impl[names[0]][i][0], {name: per_impl[name][i][1] for name in names})
+                for i in range(len(per_impl[names[0]]))]
     rows = []
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]  # rotated, so neither always runs first
-        for i in range(len(work[names[0]])):
+        for labels, calls in work:
             for name in order:
-                labels, fn = work[name][i]
+                fn = calls[name]
                 us, how = time_graph([fn] * 20, args.reps, dev)
                 rows.append({**labels, "impl": name, "round": r, "us": round(us, 3), "timing": how})
         print(f"round {r + 1}/{args.rounds} done", flush=True)
@@ -149,8 +196,8 @@ def main() -> None:
     pd.set_option("display.width", 200)
     print(medians(t).round(3).to_string(index=False))
     if len(names) == 2:
-        print("\ncurrent over baseline in the same round: median [min, max]")
-        print(ratios(t, "baseline").round(3).to_string(index=False))
+        print(f"\n{names[1]} over {names[0]} in the same round: median [min, max]")
+        print(ratios(t, names[0] if forms == ("gemv",) else "baseline").round(3).to_string(index=False))
     split = stages(t)
     if not split.empty:
         print("\nthe launch by difference (analysis/kernel_ab.py), µs")
