@@ -75,7 +75,6 @@ REASSIGN_MODES = ("backfill", "drop", "similar")
 # Backfill over the kept list (pairwise places, (TB, M, M) in registers) up to this budget; above
 # it (and unbounded) K rounds of argmax over all E experts.
 KEPT_LIST_MAX = 32
-GEMV_SHARES_MAX = 8  # the GEMV form's shares of H at most (gemv_shares)
 TIERS = {"none": 0, "anchor": 1, "top1_union": 2, "oea": 3}
 
 
@@ -136,7 +135,6 @@ def _route_select_kernel(
     CB: tl.constexpr,  # GEMV output columns per program
     BK: tl.constexpr,  # GEMV reduction step
     TBG: tl.constexpr,  # GEMV tokens per tile
-    SHARES: tl.constexpr,  # GEMV: shares of H (grid axis 1); above 1 each share's partial sums, added by the last program
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 weights (no silent tf32), else "tf32" (unused)
     ROUTE: tl.constexpr,  # also route: probs = softmax(logits), top-K, renormalise (NORM), scale
     NORM: tl.constexpr,
@@ -152,22 +150,18 @@ def _route_select_kernel(
     KEPT_LIST: tl.constexpr,  # pass 2's candidates: the kept list (M_BLOCK <= KEPT_LIST_MAX), else all E
     PHASE: tl.constexpr = 0,  # 0: one program does it all | 1: pass 1 of tile pid | 2: the rest for tile pid
 ):
-    """Grid (cdiv(C, CB), SHARES) with GEMV, (cdiv(T, TB),) with PHASE 1 or 2, else (1,). See the module doc."""
+    """Grid (cdiv(C, CB),) with GEMV, (cdiv(T, TB),) with PHASE 1 or 2, else (1,). See the module doc."""
     # ---------------------------------------------------------------- the router GEMV (GEMV)
     if GEMV:
         offs_c = tl.program_id(0) * CB + tl.arange(0, CB)
         c_ok = offs_c < C
-        share = tl.program_id(1)
-        per = tl.cdiv(tl.cdiv(H, BK), SHARES) * BK  # this share's H range: [share * per, (share + 1) * per)
-        h_lo = share * per
-        h_hi = tl.minimum(h_lo + per, H)
         for t0 in range(0, T, TBG):
             offs_tg = t0 + tl.arange(0, TBG)
             tg_ok = offs_tg < T
             acc_TC = tl.zeros((TBG, CB), dtype=tl.float32)
-            for h0 in range(h_lo, h_hi, BK):
+            for h0 in range(0, H, BK):
                 offs_h = h0 + tl.arange(0, BK)
-                h_ok = offs_h < h_hi
+                h_ok = offs_h < H
                 x_TH = tl.load(x_ptr + offs_tg[:, None] * stride_xt + offs_h[None, :],
                                mask=tg_ok[:, None] & h_ok[None, :], other=0.0)
                 if CB >= 16:  # matrix units
@@ -178,13 +172,11 @@ def _route_select_kernel(
                     w_CH = tl.load(wr_ptr + offs_c[:, None] * stride_wc + offs_h[None, :],
                                    mask=c_ok[:, None] & h_ok[None, :], other=0.0)
                     acc_TC += tl.sum(x_TH.to(tl.float32)[:, None, :] * w_CH.to(tl.float32)[None, :, :], axis=2)
-            if SHARES == 1:  # else rounded where the last program adds the shares (pass 1)
-                acc_TC = acc_TC.to(wr_ptr.dtype.element_ty).to(tl.float32)  # as F.linear rounds its output
-            tl.store(ws_ptr + share * T * C + offs_tg[:, None] * C + offs_c[None, :], acc_TC,
-                     mask=tg_ok[:, None] & c_ok[None, :])
+            acc_TC = acc_TC.to(wr_ptr.dtype.element_ty).to(tl.float32)  # as F.linear rounds its output
+            tl.store(ws_ptr + offs_tg[:, None] * C + offs_c[None, :], acc_TC, mask=tg_ok[:, None] & c_ok[None, :])
         tl.debug_barrier()  # every thread's stores precede the release below
         arrived = tl.atomic_add(arrive_ptr, 1, sem="acq_rel", scope="gpu")
-        last = arrived == tl.num_programs(0) * tl.num_programs(1) - 1
+        last = arrived == tl.num_programs(0) - 1
     else:
         last = True
     if last:
@@ -223,19 +215,9 @@ def _route_select_kernel(
                 # the whole tile, issued first so its latency overlaps the routing
                 g_TE = tl.load(g_ptr + offs_t[:, None] * stride_gt + offs_e[None, :], mask=te_ok, other=0.0,
                                cache_modifier=".cg").to(tl.float32)
-                if GEMV and SHARES > 1:  # the shares in share order, rounded once (F.linear)
-                    for j in tl.static_range(1, SHARES):
-                        g_TE += tl.load(g_ptr + j * T * C + offs_t[:, None] * stride_gt + offs_e[None, :], mask=te_ok,
-                                        other=0.0, cache_modifier=".cg")
-                    g_TE = g_TE.to(wr_ptr.dtype.element_ty).to(tl.float32)
             if ROUTE:
                 lg_TE = tl.load(logits_ptr + offs_t[:, None] * stride_lt + offs_e[None, :], mask=te_ok,
                                 other=float("-inf"), cache_modifier=".cg")
-                if GEMV and SHARES > 1:  # the shares in share order, rounded once (F.linear)
-                    for j in tl.static_range(1, SHARES):
-                        lg_TE += tl.load(logits_ptr + j * T * C + offs_t[:, None] * stride_lt + offs_e[None, :],
-                                         mask=te_ok, other=0.0, cache_modifier=".cg")
-                    lg_TE = lg_TE.to(wr_ptr.dtype.element_ty).to(tl.float32)
                 if HAS_LBIAS:  # the skewed router adds its bias in the weight dtype
                     lg_TE = (lg_TE.to(lb_E.dtype) + lb_E[None, :]).to(lb_E.dtype)
                 lg_TE = tl.where(te_ok, lg_TE.to(tl.float32), float("-inf"))
@@ -561,13 +543,6 @@ def union_fits(rule: Rule, budget: int | None, T: int, K: int, E: int) -> bool:
     return budget is None or min(T * K, E) <= budget
 
 
-def gemv_shares(H: int) -> int:
-    """Shares of H the GEMV form's programs split the router's reduction into: each streams
-    1/shares of its columns' weights, so (C / 16) x shares programs read them (Qwen3-30B-A3B's
-    [router; predictor], 256 x 2048: 128 programs), one 128-wide step of H at least per share."""
-    return max(1, min(GEMV_SHARES_MAX, triton.cdiv(H, 128 if H >= 128 else next_pow2(H, 16))))
-
-
 def arrival_counter(device: torch.device) -> Tensor:
     """The GEMV form's counter: allocate once per layer (outside any graph capture)."""
     return torch.zeros(1, dtype=torch.int32, device=device)
@@ -625,19 +600,17 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
         # measured slower on an H200 at 1-16 tokens: 34-37 against 19 us per layer;
         # benchmarks/kernels/v3/NVIDIA_H200.json against run1_bench.log.)
         CB = 16
+        grid = (triton.cdiv(C, CB),)
+        gemv_args = (x_TH, weight_CH, ws_TC, counter)
         fp32 = weight_CH.dtype == torch.float32
         BK = 128 if H >= 128 else next_pow2(H, 16)
-        shares = gemv_shares(H)
-        grid = (triton.cdiv(C, CB), shares)
-        gemv_args = (x_TH, weight_CH, ws_TC, counter)
-        gemv_meta = dict(CB=CB, BK=BK, TBG=min(next_pow2(T, 16), 64), SHARES=shares,  # noqa: C408
-                         DOT_PRECISION="ieee" if fp32 else "tf32")
+        gemv_meta = dict(CB=CB, BK=BK, TBG=min(next_pow2(T, 16), 64), DOT_PRECISION="ieee" if fp32 else "tf32")  # noqa: C408
         sx, sw = x_TH.stride(0), weight_CH.stride(0)
     else:
         C = H = 0
         grid = (1,)
         gemv_args = (dummy, dummy, dummy, dummy)
-        gemv_meta = dict(CB=16, BK=16, TBG=16, SHARES=1, DOT_PRECISION="tf32")  # noqa: C408
+        gemv_meta = dict(CB=16, BK=16, TBG=16, DOT_PRECISION="tf32")  # noqa: C408
         sx = sw = 0
     TB = launch.tokens_per_tile
     n_tiles = triton.cdiv(T, TB)
@@ -797,7 +770,7 @@ def route_select_gemv(
         raise ValueError("kind 'base' needs the predictor rows in weight_CH (2E rows)")
     dev = x_TH.device
     x_TH = x_TH if x_TH.stride(-1) == 1 else x_TH.contiguous()
-    ws_TC = empty(gemv_shares(H), T, C, device=dev, dtype=torch.float32)[0]  # share 0; the others follow it
+    ws_TC = empty(T, C, device=dev, dtype=torch.float32)
     counter = arrival_counter(dev) if counter is None else counter
     routing = _routing_buffers(T, E, top_k, dev, weight_CH.dtype)
     g_TE = ws_TC[:, E:] if C == 2 * E else None

@@ -73,8 +73,7 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                   "score_ptr": "*fp32", "g_ptr": "*fp32", "bias_ptr": "*fp32", "energy_ptr": "*fp32", "sim_ptr": "*fp32",
                   "keep_e_ptr": "*i1", "keep_m_ptr": "*i64", "new_idx_ptr": "*i64", "new_w_ptr": "*bf16",
                   "part_ptr": "*fp32"}  # fmt: skip
-    base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, SHARES=8, DOT_PRECISION="tf32",  # noqa: C408
-                ROUTE=True,
+    base = dict(K=8, K_BLOCK=8, E_BLOCK=128, TB=16, GEMV=True, CB=16, BK=128, TBG=16, DOT_PRECISION="tf32", ROUTE=True,  # noqa: C408
                 NORM=True, HAS_LBIAS=False, SCORE_IN_KERNEL=True, KIND=4, TIER=0, COVERAGE=False, REASSIGN=0,
                 RENORMALIZE=True, SELECT=True, M_BLOCK=16, KEPT_LIST=True)  # fmt: skip
     floats = ("route_scale", "coverage")

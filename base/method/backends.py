@@ -75,26 +75,19 @@ class TorchSelection:
 
 
 def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: Tensor, budget: int | None,
-                layer: int, counter: Tensor | None = None, **kw) -> tuple[RoutedBatch, Decision]:
+                layer: int, **kw) -> tuple[RoutedBatch, Decision]:
     """The router's GEMM (for `base` over [router; predictor] rows, so g comes with the logits),
-    then softmax, top-k and the selection. On a GPU, with every token in one tile of the selection's
-    launch, in ONE launch (`kernels.select.route_select_gemv`: the GEMM's programs, the last of them
-    selects; `counter` is the layer's arrival counter); else the GEMM, then the selection kernel:
-    the GEMM cuBLAS's, or kernels/skinny.py's where this GPU's tuned table says that beat cuBLAS for
-    the shape and token count (`python -m tools.bench_skinny --install`: its "router+pred" and
-    "router" shapes)."""
-    from kernels.select import route_select, route_select_gemv, select_launch
+    then softmax, top-k and the selection in one kernel. The GEMM is cuBLAS's, or
+    kernels/skinny.py's where this GPU's tuned table says that beat cuBLAS for the shape and token
+    count (`python -m tools.bench_skinny --install`: its "router+pred" and "router" shapes). The
+    one-launch form with the GEMM inside (`kernels.select.route_select_gemv`) measured slower on an
+    H200: 19.1 against 17.3 us per layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log,
+    `gemv_rsum` against `route_rsum`)."""
+    from kernels.select import route_select
     from kernels.skinny import skinny_launch, skinny_linear
 
     E = router.weight_EH.shape[0]
     C, H = weight_CH.shape
-    T = z_TH.shape[0]
-    if (counter is not None and z_TH.is_cuda and z_TH.dtype == weight_CH.dtype
-            and T <= select_launch(E, T, z_TH.device).tokens_per_tile):
-        routing, out = route_select_gemv(z_TH, weight_CH, E, router.top_k, active_T, budget, norm_topk=router.norm_topk,
-                                         scale=router.scale, logit_bias_E=router.bias_E, counter=counter, **kw)
-        batch = RoutedBatch(z_TH, routing.probs_TE, routing.topk_idx_TK, routing.topk_w_TK, active_T, layer)
-        return batch, Decision(out.keep_E, out.topk_idx_TK, out.topk_w_TK, out.keep_M)
     gemm = skinny_launch(C, H, z_TH.shape[0], z_TH.device)
     if gemm is not None and z_TH.dtype == weight_CH.dtype:
         out_TC = skinny_linear(z_TH, weight_CH, gemm)
@@ -123,7 +116,6 @@ class TritonSelection(TorchSelection):
                          reassign_mode=policy.reassign, renormalize=policy.renormalize)
         self.router = router
         self.fused_route = router is not None
-        self.counter = _counter(device) if router is not None else None
         self.extra: dict[str, Tensor] = {}  # per-layer kernel inputs, on the layer's device
         if self.sim_EE is not None:
             self.extra["sim_EE"] = self.sim_EE.float().contiguous()
@@ -170,9 +162,9 @@ class TritonSelection(TorchSelection):
         if union_fits(self.rule, budget, z_TH.shape[0], self.router.top_k, E):
             # nothing can be dropped: dense's route (no predictor rows, no score), the same decision
             sim = {"sim_EE": self.extra["sim_EE"]} if "sim_EE" in self.extra else {}
-            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer, self.counter,
-                               rule=self.rule, **sim)
-        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer, self.counter,
+            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer, rule=self.rule,
+                               **sim)
+        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer,
                            kind=self.term or "router_sum", rule=self.rule, **self.extra)
 
 
@@ -183,24 +175,15 @@ class DenseRoute:
 
     def __init__(self, layer: int, router: SoftmaxTopK, device: torch.device) -> None:
         self.layer, self.router = layer, router
-        self.counter = _counter(device)
 
     def routes(self, T: int) -> bool:
         return T <= FUSED_ROUTE_MAX_TOKENS
 
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
-        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer, self.counter)
+        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer)
 
 
 BACKENDS = ("torch", "triton")
-
-
-def _counter(device: torch.device) -> Tensor | None:
-    """The layer's arrival counter for route_select_gemv, made once when the model is budgeted
-    (outside any graph capture); None off a GPU (the GEMV form runs on CUDA only)."""
-    from kernels.select import arrival_counter
-
-    return arrival_counter(device) if torch.device(device).type == "cuda" else None
 
 
 def runs_on_kernels(policy: Policy) -> bool:
