@@ -82,7 +82,9 @@ def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: 
     count (`python -m tools.bench_skinny --install`: its "router+pred" and "router" shapes). The
     one-launch form with the GEMM inside (`kernels.select.route_select_gemv`) measured slower on an
     H200: 19.1 against 17.3 us per layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log,
-    `gemv_rsum` against `route_rsum`)."""
+    `gemv_rsum` against `route_rsum`), and on an H100 with its GEMM in 8 shares of H: base 19.8
+    against 17.0 at 16 tokens, 86 against 20 at 64 (results/roofline/grid_2026-12-06e/, section 3:
+    `python -m tools.bench_select --forms gemv`)."""
     from kernels.select import route_select
     from kernels.skinny import skinny_launch, skinny_linear
 
