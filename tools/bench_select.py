@@ -196,8 +196,9 @@ def main() -> None:
     pd.set_option("display.width", 200)
     print(medians(t).round(3).to_string(index=False))
     if len(names) == 2:
-        print(f"\n{names[1]} over {names[0]} in the same round: median [min, max]")
-        print(ratios(t, names[0] if forms == ("gemv",) else "baseline").round(3).to_string(index=False))
+        ref, other = ("gemm", "gemv") if forms == ("gemv",) else ("baseline", "current")
+        print(f"\n{other} over {ref} in the same round: median [min, max]")
+        print(ratios(t, ref).round(3).to_string(index=False))
     split = stages(t)
     if not split.empty:
         print("\nthe launch by difference (analysis/kernel_ab.py), µs")
