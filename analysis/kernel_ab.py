@@ -9,7 +9,11 @@ Reads a CSV with one row per (case, implementation, round) and columns `impl`, `
 `engine` (a committed table's: analysis/engines.py; one per table, else exit 2) and bench_skinny's
 MB names the case. Prints per case and implementation the median
 µs with [min, max] over rounds, and per case each implementation's µs over the reference's in the
-same round (`--over`; default `baseline`, else the first implementation listed), median and range.
+same round (`--over`; default `baseline`, else the first implementation listed), median and range,
+with an exact two-sided Mann-Whitney test of its rounds' µs against the reference's, Holm-corrected
+over every (case, implementation) of the table: `call` names the faster one where the corrected p is
+below ALPHA (analysis/stats.py), else "inconclusive" (no equivalence test here, so never "tie").
+The rounds of one run share its process (interleaved, order rotated), as analysis/abba.py's do.
 A bench_select table with its three forms (`--forms route,after,empty`) also gets the selection
 launch split by difference, per rule and token count, from the per-round medians: the launch floor
 (the empty launch), the routing (route_select less select_reassign: the softmax, top-k and their
@@ -20,7 +24,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy.stats import mannwhitneyu
+
+from analysis.stats import ALPHA, holm
 
 NOT_CASE = {"impl", "round", "us", "timing", "MB", "engine"}
 # bench_skinny's launch parameters belong to its implementation (`impl` names them), not to the case
@@ -48,6 +56,24 @@ def ratios(t: pd.DataFrame, over: str) -> pd.DataFrame:
                      zip(rest[keys].itertuples(index=False), rest["round"], rest["us"], strict=True)]
     return rest.groupby(keys + ["impl"], sort=False, dropna=False)["ratio"].agg(
         median="median", lo="min", hi="max").reset_index()
+
+
+def tested(t: pd.DataFrame, over: str) -> pd.DataFrame:
+    """`ratios` with, per row, the exact two-sided Mann-Whitney p of the implementation's rounds
+    against `over`'s, its Holm correction over the table's rows, and the call (see the module doc)."""
+    keys = case_columns(t)
+    out = ratios(t, over)
+    us = t.groupby(keys + ["impl"], sort=False, dropna=False)["us"].apply(lambda x: x.to_numpy(float))
+    ps = []
+    for row in out.itertuples(index=False):
+        case = tuple(getattr(row, k) for k in keys)
+        ps.append(mannwhitneyu(us[case + (row.impl,)], us[case + (over,)], alternative="two-sided",
+                               method="exact").pvalue)
+    out["p"] = ps
+    out["p_holm"] = holm(np.asarray(ps, float))
+    out["call"] = [(f"{impl} faster" if med < 1 else f"{over} faster") if p < ALPHA else "inconclusive"
+                   for impl, med, p in zip(out["impl"], out["median"], out["p_holm"], strict=True)]
+    return out
 
 
 def stages(t: pd.DataFrame) -> pd.DataFrame:
@@ -92,8 +118,11 @@ def main() -> None:
           + (f" (engine: {engine})" if engine else "") + "\n")
     print(medians(t).round(3).to_string(index=False))
     if len(impls) > 1:
-        print(f"\nover {over} in the same round: median [min, max]\n")
-        print(ratios(t, over).round(3).to_string(index=False))
+        tbl = tested(t, over).round({"median": 3, "lo": 3, "hi": 3})
+        tbl["p"], tbl["p_holm"] = (tbl[c].map(lambda v: f"{v:.2g}") for c in ("p", "p_holm"))
+        print(f"\nover {over} in the same round: median [min, max]; exact Mann-Whitney over rounds, Holm over"
+              f" the {len(tbl)} rows (alpha {ALPHA})\n")
+        print(tbl.to_string(index=False))
     split = stages(t)
     if not split.empty:
         print("\nthe launch by difference (medians, µs): floor = the empty launch; routing = route_select - "

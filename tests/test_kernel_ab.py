@@ -70,3 +70,26 @@ def test_the_selection_launch_split_by_difference_of_its_forms():
     s = stages(pd.DataFrame(rows)).iloc[0]
     assert (s["floor_us"], s["routing_us"], s["rest_us"]) == pytest.approx((2.0, 4.0, 7.0))
     assert stages(pd.DataFrame(rows[:2])).empty  # without every form there is nothing to split
+
+
+def test_each_row_is_tested_over_rounds_and_holm_corrected_across_the_table():
+    """Exact two-sided Mann-Whitney of an implementation's rounds against the reference's, Holm over
+    the table's rows: 7 rounds wholly apart call the faster one (p = 2 / C(14, 7)); rounds that
+    interleave are inconclusive, never a tie."""
+    from math import comb
+
+    from analysis.kernel_ab import tested
+
+    rows = []
+    for r in range(7):
+        for case, cur, ref in (("apart", 10.0 + r * 0.01, 12.0 + r * 0.01), ("mixed", 10.0 + r, 10.5 + r)):
+            rows += [{"rule": case, "impl": "current", "round": r, "us": cur},
+                     {"rule": case, "impl": "baseline", "round": r, "us": ref}]
+    t = tested(pd.DataFrame(rows), "baseline").set_index("rule")
+    assert t.loc["apart", "p"] == pytest.approx(2 / comb(14, 7))
+    assert t.loc["apart", "p_holm"] == pytest.approx(2 * 2 / comb(14, 7))  # the smaller of two p's, times 2
+    assert t.loc["apart", "call"] == "current faster"
+    assert t.loc["mixed", "p"] > 0.05 and t.loc["mixed", "call"] == "inconclusive"
+    slower = tested(pd.DataFrame([{**row, "us": row["us"] + (5 if row["impl"] == "current" else 0)} for row in rows]),
+                    "baseline").set_index("rule")
+    assert slower.loc["apart", "call"] == "baseline faster"
