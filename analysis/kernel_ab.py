@@ -22,6 +22,7 @@ stores) and the rest (select_reassign less the floor: union, score, ranking, rea
 from __future__ import annotations
 
 import argparse
+from math import comb
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,15 @@ def tested(t: pd.DataFrame, over: str) -> pd.DataFrame:
     return out
 
 
+def smallest_p(t: pd.DataFrame, over: str) -> float:
+    """The smallest exact two-sided Mann-Whitney p any row of `tested` can reach: 2 / C(n + m, n)
+    for a row of n rounds against the reference's m (wholly separated rounds, no ties)."""
+    keys = case_columns(t)
+    counts = t.groupby(keys + ["impl"], sort=False, dropna=False)["us"].size()
+    ref = {k[:-1]: n for k, n in counts.items() if k[-1] == over}
+    return min((min(1.0, 2 / comb(n + ref[k[:-1]], n)) for k, n in counts.items() if k[-1] != over), default=1.0)
+
+
 def stages(t: pd.DataFrame) -> pd.DataFrame:
     """bench_select's forms as differences (see the module doc), per implementation, rule and T;
     empty when the table lacks a form."""
@@ -123,6 +133,11 @@ def main() -> None:
         print(f"\nover {over} in the same round: median [min, max]; exact Mann-Whitney over rounds, Holm over"
               f" the {len(tbl)} rows (alpha {ALPHA})\n")
         print(tbl.to_string(index=False))
+        floor = smallest_p(t, over)
+        if floor * len(tbl) >= ALPHA:
+            print(f"\nno call is possible here: with these rounds an exact two-sided Mann-Whitney p is at least "
+                  f"{floor:.2g}, and Holm over {len(tbl)} rows needs one below {ALPHA / len(tbl):.2g} (7 rounds a side "
+                  f"give {2 / comb(14, 7):.2g})")
     split = stages(t)
     if not split.empty:
         print("\nthe launch by difference (medians, µs): floor = the empty launch; routing = route_select - "

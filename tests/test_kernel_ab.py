@@ -93,3 +93,17 @@ def test_each_row_is_tested_over_rounds_and_holm_corrected_across_the_table():
     slower = tested(pd.DataFrame([{**row, "us": row["us"] + (5 if row["impl"] == "current" else 0)} for row in rows]),
                     "baseline").set_index("rule")
     assert slower.loc["apart", "call"] == "baseline faster"
+
+
+def test_the_smallest_reachable_p_follows_the_fewest_rounds_a_side():
+    """2 / C(2n, n) for n rounds a side: 5 rounds cannot reach Holm's level over 18 rows, 7 can."""
+    from math import comb
+
+    from analysis.kernel_ab import smallest_p
+
+    for n in (5, 7):
+        rows = [{"rule": f"r{c}", "impl": impl, "round": r, "us": 1.0}
+                for c in range(18) for impl in ("current", "baseline") for r in range(n)]
+        short = [r for r in rows if not (r["impl"] == "baseline" and r["round"] == n - 1)]  # n against n - 1
+        assert smallest_p(pd.DataFrame(short), "baseline") == pytest.approx(2 / comb(2 * n - 1, n))
+        assert (smallest_p(pd.DataFrame(rows), "baseline") * 18 < 0.05) == (n == 7)

@@ -143,7 +143,8 @@ def main() -> None:
     ap.add_argument("--csv", default=None, help="every round's timing (a table per round and case)")
     ap.add_argument("--ts", default="1,16,64", help="token counts")
     ap.add_argument("--warps", default="", help="warp counts to time (default: each launch as tuned)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="interleaved rounds (>= 5; 7 let analysis.kernel_ab call a difference among ~80 cases after Holm)")
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (tools/timing.time_graph)")
     ap.add_argument("--forms", default="route",
                     help="route (route_select), after (select_reassign), empty; or gemv alone (the router's GEMM too)")
