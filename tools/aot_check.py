@@ -175,7 +175,7 @@ def sass(cubin: bytes) -> str:
     """The cubin's SASS, one instruction a line, without the addresses and line-info comments that
     differ between two compiles of the same program."""
     return "".join(line.split(";")[0].split("*/", 1)[1].strip() + "\n"
-                   for line in cuobjdump(cubin, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+                   for line in cuobjdump(cubin, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line))
 
 
 def main() -> None:
