@@ -396,24 +396,20 @@ def _route_select_kernel(
                         cand_C, valid_C, kept_C = offs_e, e_ok, keep_E
                     p_TC = tl.load(probs_ptr + offs_t[:, None] * stride_pt + cand_C[None, :],
                                    mask=t_ok[:, None] & valid_C[None, :], other=0.0)
-                    orig_TC = tl.zeros_like(p_TC) != 0
-                    origw_TC = tl.zeros_like(p_TC)
-                    lost_T = tl.zeros((TB,), dtype=tl.int1)
-                    wsum_T = tl.zeros((TB,), dtype=tl.float32)
-                    psum_T = tl.zeros((TB,), dtype=tl.float32)
                     # the probabilities of a token's own choices, in one gather (non-kept ones included)
                     pk_TK = tl.load(probs_ptr + offs_t[:, None] * stride_pt + tl.where(tk_ok, idx_TK, 0), mask=tk_ok,
                                     other=0.0)
-                    for k in tl.static_range(K):
-                        sel_k = offs_k[None, :] == k
-                        i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
-                        w_T = tl.sum(tl.where(sel_k, w_TK.to(tl.float32), 0.0), axis=1)
-                        hit = (i_T[:, None] == cand_C[None, :]) & valid_C[None, :]
-                        orig_TC = orig_TC | hit
-                        origw_TC = tl.where(hit, w_T[:, None], origw_TC)
-                        lost_T = lost_T | (tl.sum((hit & kept_C[None, :]).to(tl.int32), axis=1) == 0)
-                        wsum_T += w_T
-                        psum_T += tl.sum(tl.where(sel_k, pk_TK, 0.0), axis=1)
+                    # every (token, candidate, slot) at once: no per-slot extraction, whose vectors each
+                    # needed a layout change (through shared memory) to meet the candidates
+                    w32_TK = tl.where(tk_ok, w_TK.to(tl.float32), 0.0)
+                    hit_TCK = ((idx_TK[:, None, :] == cand_C[None, :, None]) & valid_C[None, :, None]
+                               & k_ok[None, None, :])
+                    orig_TC = tl.sum(hit_TCK.to(tl.int32), axis=2) > 0
+                    origw_TC = tl.sum(tl.where(hit_TCK, w32_TK[:, None, :], 0.0), axis=2)
+                    kept_TK = tl.sum((hit_TCK & kept_C[None, :, None]).to(tl.int32), axis=1) > 0
+                    lost_T = tl.sum((~kept_TK & k_ok[None, :]).to(tl.int32), axis=1) > 0
+                    wsum_T = tl.sum(w32_TK, axis=1)
+                    psum_T = tl.sum(tl.where(tk_ok, pk_TK, 0.0), axis=1)
                     # kept originals first (probs + 2 > any prob), then kept others by probability, then none
                     rank_TC = tl.where(orig_TC & kept_C[None, :], p_TC + 2.0, -1.0)
                     if REASSIGN == 0:
