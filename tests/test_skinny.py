@@ -208,9 +208,9 @@ def test_the_fused_selection_runs_its_router_gemm_on_the_kernel_when_told(monkey
     router = SoftmaxTopK(w_EH, K, norm_topk=True)
     active = torch.ones(T, dtype=torch.bool)
     kw = dict(kind="base", pred_b_E=torch.zeros(E))  # noqa: C408
-    batch_ref, dec_ref = _fused_call(router, wcat, z, active, 5, 0, **kw)  # CPU: skinny_launch None, F.linear
+    batch_ref, dec_ref = _fused_call(router, wcat, None, z, active, 5, 0, **kw)  # CPU: skinny_launch None, F.linear
     seen = _launches_seen(monkeypatch, SkinnyLaunch(block_n=16, block_k=32, num_stages=1))
-    batch, dec = _fused_call(router, wcat, z, active, 5, 0, **kw)
+    batch, dec = _fused_call(router, wcat, None, z, active, 5, 0, **kw)
     assert len(seen) == 1
     torch.testing.assert_close(batch.probs_TE, batch_ref.probs_TE, rtol=1e-5, atol=1e-6)
     assert torch.equal(batch.topk_idx_TK, batch_ref.topk_idx_TK) and torch.equal(dec.keep_E, dec_ref.keep_E)

@@ -130,7 +130,7 @@ def router_cases(dev: torch.device, model: dict, ts, budget: int) -> list[tuple[
             weight = layer.wcat_CH if base else router.weight_EH
             kw = dict(kind=kind if not fits else "router_sum", rule=rule,  # noqa: C408
                       pred_b_E=layer.pred_b_E if base else None, score_E=score_E if static and not fits else None)
-            calls = {"gemm": partial(_fused_call, router, weight, z_TH, active_T, m, 0, **kw),
+            calls = {"gemm": partial(_fused_call, router, weight, None, z_TH, active_T, m, 0, **kw),
                      "gemv": partial(route_select_gemv, z_TH, weight, E, K, active_T, m, norm_topk=True,
                                      counter=counter, **kw)}
             out.append(({"rule": name, "T": T, "num_warps": "tuned", "form": "router+select"}, calls))

@@ -68,9 +68,9 @@ FAMILIES.register("olmoe")(Family("olmoe", "num_experts", lambda c: bool(c.norm_
 FAMILIES.register("mixtral")(Family("mixtral", "num_local_experts", lambda c: True,
                                     softmax_topk_routers=("MixtralTopKRouter",)))
 # GPT-OSS takes a softmax over its top-k logits: the same as renormalising the full softmax. Its
-# router has a bias, so route_select does not replace it.
+# router's bias goes into the fused route's GEMM (SoftmaxTopK.gemm_bias_E).
 FAMILIES.register("gpt_oss")(Family("gpt_oss", "num_local_experts", lambda c: True, router_attr="router",
-                                    returns_router_scores=True))
+                                    returns_router_scores=True, softmax_topk_routers=("GptOssTopKRouter",)))
 # DeepSeek-V2 scales by routed_scaling_factor and never renormalises.
 FAMILIES.register("deepseek_v2")(Family("deepseek_v2", "n_routed_experts", lambda c: False,
                                         shared=("shared_experts",), combine=_deepseek_shared,
@@ -108,13 +108,14 @@ def find_moe_layers(model: nn.Module) -> list[MoeLayer]:
 
 
 def softmax_topk(family: Family, router: nn.Module, norm_topk: bool) -> SoftmaxTopK | None:
-    """The router as route_select sees it, or None when route_select cannot reproduce it (a bias
-    of its own, group-limited top-k, another router class)."""
+    """The router as route_select sees it, or None when route_select cannot reproduce it
+    (group-limited top-k, another router class). A bias of the router's own (GPT-OSS) is added in
+    the route's GEMM."""
     bias_E = getattr(router, "logit_bias_E", None)  # a skewed random router (base/hf/skew.py)
     plain = type(router).__name__ in family.softmax_topk_routers
-    if not (plain or bias_E is not None) or getattr(router, "bias", None) is not None:
+    if not (plain or bias_E is not None):
         return None
     if getattr(router, "topk_method", "greedy") != "greedy":
         return None
     return SoftmaxTopK(router.weight, int(router.top_k), norm_topk,
-                       float(getattr(router, "routed_scaling_factor", 1.0)), bias_E)
+                       float(getattr(router, "routed_scaling_factor", 1.0)), bias_E, getattr(router, "bias", None))

@@ -41,14 +41,17 @@ FUSED_ROUTE_MAX_TOKENS = 128
 
 @dataclass(frozen=True)
 class SoftmaxTopK:
-    """A router that computes softmax(z W^T + bias) -> top-k (-> renormalise) (* scale), no bias
-    of its own: what the kernel reproduces. bias_E is a skew (base/hf/skew.py), else None."""
+    """A router that computes softmax(z W^T + b) -> top-k (-> renormalise) (* scale): what the
+    kernel reproduces. gemm_bias_E is the router's own bias (GPT-OSS), added in its GEMM as the
+    model's F.linear adds it; bias_E is a skew (base/hf/skew.py), added in the kernel as the skewed
+    router adds it; either may be None."""
 
     weight_EH: Tensor
     top_k: int
     norm_topk: bool
     scale: float = 1.0
     bias_E: Tensor | None = None
+    gemm_bias_E: Tensor | None = None
 
 
 class TorchSelection:
@@ -74,8 +77,8 @@ class TorchSelection:
         raise NotImplementedError("the reference selects after the model's router (fused_route is False)")
 
 
-def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: Tensor, budget: int | None,
-                layer: int, **kw) -> tuple[RoutedBatch, Decision]:
+def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, bias_C: Tensor | None, z_TH: Tensor, active_T: Tensor,
+                budget: int | None, layer: int, **kw) -> tuple[RoutedBatch, Decision]:
     """The router's GEMM (for `base` over [router; predictor] rows, so g comes with the logits),
     then softmax, top-k and the selection in one kernel. The GEMM is cuBLAS's, or
     kernels/skinny.py's where this GPU's tuned table says that beat cuBLAS for the shape and token
@@ -84,17 +87,18 @@ def _fused_call(router: SoftmaxTopK, weight_CH: Tensor, z_TH: Tensor, active_T: 
     H200: 19.1 against 17.3 us per layer at 16 tokens (benchmarks/kernels/v3/run1_bench.log,
     `gemv_rsum` against `route_rsum`), and on an H100 with its GEMM in 8 shares of H: base 19.8
     against 17.0 at 16 tokens, 86 against 20 at 64 (results/roofline/grid_2026-12-06e/, section 3:
-    `python -m tools.bench_select --forms gemv`)."""
+    `python -m tools.bench_select --forms gemv`). `bias_C`: the GEMM's bias (the router's own, zeros
+    for the predictor's rows), or None; with one the GEMM is cuBLAS's (the skinny kernel has none)."""
     from kernels.select import route_select
     from kernels.skinny import skinny_launch, skinny_linear
 
     E = router.weight_EH.shape[0]
     C, H = weight_CH.shape
-    gemm = skinny_launch(C, H, z_TH.shape[0], z_TH.device)
+    gemm = skinny_launch(C, H, z_TH.shape[0], z_TH.device) if bias_C is None else None
     if gemm is not None and z_TH.dtype == weight_CH.dtype:
         out_TC = skinny_linear(z_TH, weight_CH, gemm)
     else:
-        out_TC = F.linear(z_TH, weight_CH)
+        out_TC = F.linear(z_TH, weight_CH, bias_C)
     logits_TE, g_TE = (out_TC[:, :E], out_TC[:, E:]) if weight_CH.shape[0] == 2 * E else (out_TC, None)
     # a skew's bias is added inside the kernel, in the weight dtype as the skewed router adds it (no launch)
     routing, out = route_select(logits_TE, router.top_k, active_T, budget, norm_topk=router.norm_topk,
@@ -122,14 +126,17 @@ class TritonSelection(TorchSelection):
         if self.sim_EE is not None:
             self.extra["sim_EE"] = self.sim_EE.float().contiguous()
         self.weight_CH = router.weight_EH if router is not None else None  # the router GEMM's rows
+        self.bias_C = router.gemm_bias_E if router is not None else None  # and its bias
         if sel.static_score:
             self.extra["score_E"] = sel.static_score_E(layer, num_experts, device)
             return
         inputs = {k: v.to(device) for k, v in sel.kernel_inputs(layer).items()}
         if self.term == "base":
             self.extra["pred_b_E"] = inputs["pred_b_E"]
-            if self.fused_route:  # the predictor rides in the router's GEMM
+            if self.fused_route:  # the predictor rides in the router's GEMM (no bias on its rows)
                 self.weight_CH = fuse_router_predictor(router.weight_EH, inputs["pred_w_HE"])
+                if self.bias_C is not None:
+                    self.bias_C = torch.cat([self.bias_C, self.bias_C.new_zeros(self.weight_CH.shape[0] - num_experts)])
             else:  # select_step after the router gathers predictor rows
                 from kernels.score import prepare_predictor
 
@@ -164,9 +171,9 @@ class TritonSelection(TorchSelection):
         if union_fits(self.rule, budget, z_TH.shape[0], self.router.top_k, E):
             # nothing can be dropped: dense's route (no predictor rows, no score), the same decision
             sim = {"sim_EE": self.extra["sim_EE"]} if "sim_EE" in self.extra else {}
-            return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, budget, self.layer, rule=self.rule,
-                               **sim)
-        return _fused_call(self.router, self.weight_CH, z_TH, active_T, budget, self.layer,
+            return _fused_call(self.router, self.router.weight_EH, self.router.gemm_bias_E, z_TH, active_T, budget,
+                               self.layer, rule=self.rule, **sim)
+        return _fused_call(self.router, self.weight_CH, self.bias_C, z_TH, active_T, budget, self.layer,
                            kind=self.term or "router_sum", rule=self.rule, **self.extra)
 
 
@@ -182,7 +189,8 @@ class DenseRoute:
         return T <= FUSED_ROUTE_MAX_TOKENS
 
     def route(self, z_TH: Tensor, active_T: Tensor) -> tuple[RoutedBatch, Decision]:
-        return _fused_call(self.router, self.router.weight_EH, z_TH, active_T, None, self.layer)
+        return _fused_call(self.router, self.router.weight_EH, self.router.gemm_bias_E, z_TH, active_T, None,
+                           self.layer)
 
 
 BACKENDS = ("torch", "triton")
