@@ -229,15 +229,22 @@ def _route_select_kernel(
                 r_TE = tl.where(e_ok[None, :], p_TE, -1.0)
                 idx_TK = tl.zeros((TB, K_BLOCK), dtype=tl.int32)
                 p_TK = tl.zeros((TB, K_BLOCK), dtype=tl.float32)
+                slot_TE = tl.full((TB, E_BLOCK), -1, tl.int32)  # the slot that chose (t, e), -1: none
                 for k in tl.static_range(K):  # top-K, ties to the lower id
                     v_T, j_T = tl.max(r_TE, axis=1, return_indices=True, return_indices_tie_break_left=True)
                     idx_TK = tl.where(offs_k[None, :] == k, j_T[:, None], idx_TK)
                     p_TK = tl.where(offs_k[None, :] == k, v_T[:, None], p_TK)
-                    r_TE = tl.where(offs_e[None, :] == j_T[:, None], -2.0, r_TE)
+                    pick_TE = offs_e[None, :] == j_T[:, None]
+                    r_TE = tl.where(pick_TE, -2.0, r_TE)
+                    slot_TE = tl.where(pick_TE, k, slot_TE)
                 w_TK = p_TK
+                w_TE = p_TE  # each chosen (t, e)'s weight, as w_TK's slot holds it (the same operations)
                 if NORM:
-                    w_TK = w_TK / tl.sum(tl.where(k_ok[None, :], w_TK, 0.0), axis=1)[:, None]
+                    den_T = tl.sum(tl.where(k_ok[None, :], w_TK, 0.0), axis=1)
+                    w_TK = w_TK / den_T[:, None]
+                    w_TE = w_TE / den_T[:, None]
                 w_TK = (w_TK * route_scale).to(w_ptr.dtype.element_ty)  # the weights as stored
+                w_TE = (w_TE * route_scale).to(w_ptr.dtype.element_ty).to(tl.float32)
                 tl.store(idx_ptr + offs_t[:, None] * stride_it + offs_k[None, :], idx_TK, mask=tk_ok)
                 tl.store(w_ptr + offs_t[:, None] * stride_wt + offs_k[None, :], w_TK, mask=tk_ok)
                 if not SELECT:
@@ -260,7 +267,16 @@ def _route_select_kernel(
             wsq_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
             anch_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
             first_TE = tl.zeros((TB, E_BLOCK), dtype=tl.float32)
-            for k in tl.static_range(K):
+            if ROUTE:  # the top-k's own (t, e) marks: no slot extracted from the (t, k) tiles (a layout
+                # change through shared memory each, K of them), the same sums bit for bit (one slot a pair)
+                hit_TE = (slot_TE >= 0) & act_T[:, None]
+                hits_TE = hit_TE.to(tl.float32)
+                wsum_TE = tl.where(hit_TE, w_TE, 0.0)
+                wsq_TE = tl.where(hit_TE, w_TE * w_TE, 0.0)
+                if TIER != 0:  # the kernel's own top-k is in probability order: slot k has rank k
+                    anch_TE = (hit_TE & (slot_TE < K0)).to(tl.float32)
+                    first_TE = tl.where(hit_TE & (slot_TE == 0), w_TE, 0.0)
+            for k in tl.static_range(0 if ROUTE else K):
                 sel_k = offs_k[None, :] == k
                 i_T = tl.sum(tl.where(sel_k, idx_TK, 0), axis=1)
                 w_T = tl.sum(tl.where(sel_k, w_TK, 0.0), axis=1)
@@ -268,15 +284,10 @@ def _route_select_kernel(
                 hits_TE += hit.to(tl.float32)
                 wsum_TE += tl.where(hit, w_T[:, None], 0.0)
                 wsq_TE += tl.where(hit, (w_T * w_T)[:, None], 0.0)
-                if TIER != 0:
-                    # rank of slot k among the token's K choices by probability (ties: lower slot);
-                    # the kernel's own top-k is already in that order
-                    if ROUTE:
-                        rank_T = tl.full((TB,), k, tl.int32)
-                    else:
-                        pk_T = tl.sum(tl.where(sel_k, p_TK, 0.0), axis=1)
-                        ahead_TK = (p_TK > pk_T[:, None]) | ((p_TK == pk_T[:, None]) & (offs_k[None, :] < k))
-                        rank_T = tl.sum((ahead_TK & k_ok[None, :]).to(tl.int32), axis=1)
+                if TIER != 0:  # rank of slot k among the token's K choices by probability (ties: lower slot)
+                    pk_T = tl.sum(tl.where(sel_k, p_TK, 0.0), axis=1)
+                    ahead_TK = (p_TK > pk_T[:, None]) | ((p_TK == pk_T[:, None]) & (offs_k[None, :] < k))
+                    rank_T = tl.sum((ahead_TK & k_ok[None, :]).to(tl.int32), axis=1)
                     anch_TE += (hit & (rank_T < K0)[:, None]).to(tl.float32)
                     first_TE += tl.where(hit & (rank_T == 0)[:, None], w_T[:, None], 0.0)
             cnt_E += tl.sum(hits_TE, axis=0)
