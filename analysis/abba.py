@@ -4,7 +4,9 @@
 
 Each RUN is a folder of experiments/gpu/commit_abba.sh named <i>_<label> (1_a 2_b 3_b 4_a: i its place in
 the order the runs were made, the first run's label the baseline) holding one finished throughput run
-(throughput.csv and report.json, in a subfolder of any depth). Per cell (batch size, variant,
+(throughput.csv and report.json, in a subfolder of any depth), or one run stopped at its limit: its
+staging folder's throughput_rows.jsonl, the cells it finished (base/run/run_folder.py; such a run has
+no report.json, so its GPU and engine are not recorded: the caption names it). Per cell (batch size, variant,
 budget; graph replays), for each label over every timed round of its runs (`ms_runs`: the run's
 interleaved passes): the median [min, max] ms per step; b's median over a's less 1; and an exact
 two-sided Mann-Whitney test between the labels' rounds, Holm over the cells (one family). A round
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from scipy.stats import mannwhitneyu
 
 from analysis.ab_throughput import timed
@@ -31,13 +34,32 @@ from analysis.stats import ALPHA, holm
 CELL = ["batch_size", "variant", "budget"]
 
 
-def run_folder(side: Path) -> Path:
-    """The one finished throughput run inside a side's folder."""
+def run_folder(side: Path) -> tuple[Path, bool]:
+    """The one throughput run inside a side's folder, and whether it finished: a finished run
+    (throughput.csv and report.json), else one stopped at its limit (.<name>.partial-<pid>/ with the
+    cells it finished in throughput_rows.jsonl)."""
     found = sorted(p.parent for p in side.rglob("throughput.csv") if (p.parent / "report.json").is_file())
-    if len(found) != 1:
-        fail(f"{side}: holds {len(found)} finished throughput runs (throughput.csv and report.json); an A/B side "
-             f"holds exactly one (a run killed at its limit has no report.json)")
-    return found[0]
+    stopped = sorted(p.parent for p in side.rglob("throughput_rows.jsonl") if ".partial-" in p.parent.name)
+    if len(found) == 1:
+        return found[0], True
+    if not found and len(stopped) == 1:
+        return stopped[0], False
+    fail(f"{side}: holds {len(found)} finished throughput runs (throughput.csv and report.json) and {len(stopped)} "
+         f"stopped ones with finished cells (.<name>.partial-<pid>/throughput_rows.jsonl); an A/B side holds exactly "
+         f"one")
+
+
+def read_run(run: Path, finished: bool) -> pd.DataFrame:
+    """A run's timed rows with its model, GPU and engine (the latter two unrecorded for a stopped run)."""
+    if finished:
+        rep = read_report(run / "report.json")
+        return timed(pd.read_csv(run / "throughput.csv")).assign(
+            model=rep.get("model"), gpu=rep.get("gpu", rep.get("device")), engine=run_engine(run))
+    rows = pd.read_json(run / "throughput_rows.jsonl", lines=True)
+    if rows.empty:
+        fail(f"{run}: a stopped run with no finished cell")
+    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    return timed(rows).assign(model=((config or {}).get("model") or {}).get("name"), gpu=np.nan, engine=np.nan)
 
 
 def load(sides: list[Path]) -> pd.DataFrame:
@@ -45,13 +67,11 @@ def load(sides: list[Path]) -> pd.DataFrame:
     frames, places = [], {}
     for side in sides:
         order, label = place_of(side, places, "a side of the A/B", "1_a, 2_b")
-        run = run_folder(side)
-        rep = read_report(run / "report.json")
-        df = timed(pd.read_csv(run / "throughput.csv")).assign(model=rep.get("model"),
-                                                               gpu=rep.get("gpu", rep.get("device")))
+        run, finished = run_folder(side)
+        df = read_run(run, finished)
         rounds = df.assign(ms=df["ms_runs"].astype(str).str.split(";")).explode("ms")
-        frames.append(rounds.assign(ms=rounds["ms"].astype(float), run=order, label=label,
-                                    engine=run_engine(run)))
+        frames.append(rounds.assign(ms=rounds["ms"].astype(float), run=order, label=label, finished=finished,
+                                    side=side.name))
     df = pd.concat(frames, ignore_index=True)
     two_labels_one_model(df, "time")
     runs = df.drop_duplicates("run").groupby("label")["run"].count()
@@ -79,8 +99,8 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
     tested = t["p"].notna().to_numpy()
     t["p_holm"] = np.nan
     t.loc[tested, "p_holm"] = holm(t.loc[tested, "p"].to_numpy(float))
-    t["call"] = [(f"{b} faster" if d < 0 else f"{a} faster") if p < ALPHA else "inconclusive"
-                 for d, p in zip(t[f"{b}_over_{a}"], t["p_holm"].fillna(1.0), strict=True)]
+    t["call"] = ["one side only" if np.isnan(p) else (f"{b} faster" if d < 0 else f"{a} faster") if p < ALPHA
+                 else "inconclusive" for d, p in zip(t[f"{b}_over_{a}"], t["p_holm"], strict=True)]
     return with_engine(t, engine)
 
 
@@ -88,20 +108,29 @@ def markdown(t: pd.DataFrame, df: pd.DataFrame) -> str:
     a, b = labels_of(df)
 
     def cell(row, label):
+        if not row[f"{label}_rounds"]:
+            return "-"
         return f"{row[f'{label}_ms']:.3f} [{row[f'{label}_ms_min']:.3f}, {row[f'{label}_ms_max']:.3f}]"
+
+    def num(x, fmt):
+        return "-" if pd.isna(x) else format(x, fmt)
+
+    stopped = sorted(df.loc[~df["finished"].astype(bool), "side"].unique())
+    note = (f" Stopped at their limit: {', '.join(stopped)} (the cells they finished; GPU and engine not recorded "
+            f"for them)." if stopped else "")
 
     lines = [(f"Runs in the order {order_of(df)} (a: `{a}`, b: `{b}`); per label, ms per replayed step, the median [min, max] over the "
               f"timed rounds of its runs; `b over a`: the medians' ratio less 1; p: exact two-sided Mann-Whitney "
-              f"over the rounds (rounds of one run share its process), Holm over the {len(t)} cells. "
-              f"GPU: {', '.join(sorted(df['gpu'].dropna().unique()))}. Engine: `{t['engine'].iloc[0]}`. "
-              f"Made by `python -m analysis.abba` (analysis/abba.py)."), "",
+              f"over the rounds (rounds of one run share its process), Holm over the {int(t['p'].notna().sum())} "
+              f"cells with rounds of both sides.{note} GPU: {', '.join(sorted(df['gpu'].dropna().unique()))}. "
+              f"Engine: `{t['engine'].iloc[0]}`. Made by `python -m analysis.abba` (analysis/abba.py)."), "",
              "| batch | variant | budget | a | b | b over a | rounds a / b | p (Holm) | call |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, row in t.iterrows():
         budget = "-" if pd.isna(row["budget"]) else f"{int(row['budget'])}"
         lines.append(f"| {int(row['batch_size'])} | {row['variant']} | {budget} | {cell(row, a)} | {cell(row, b)} | "
-                     f"{100 * row[f'{b}_over_{a}']:+.2f} % | {row[f'{a}_rounds']} / {row[f'{b}_rounds']} | "
-                     f"{row['p_holm']:.2g} | {row['call']} |")
+                     f"{num(100 * row[f'{b}_over_{a}'], '+.2f')} % | {row[f'{a}_rounds']} / {row[f'{b}_rounds']} | "
+                     f"{num(row['p_holm'], '.2g')} | {row['call']} |")
     return "\n".join(lines) + "\n"
 
 
