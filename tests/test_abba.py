@@ -55,10 +55,10 @@ def stopped_side(root: Path, name: str, cells: dict[tuple[str, int | None], list
     stage = root / name / "throughput" / ".qwen3_uniform_b16.partial-123"
     stage.mkdir(parents=True)
     (stage / "config.yaml").write_text("model:\n  name: qwen3_30b\n")
-    with open(stage / "throughput_rows.jsonl", "w") as f:
-        for (m, b), ms in cells.items():
-            f.write(json.dumps({"batch_size": 16, "method": m, "budget": b, "variant": m, "mode": "graph",
-                                "ms_per_step": sorted(ms)[len(ms) // 2], "ms_runs": ";".join(map(str, ms))}) + "\n")
+    (stage / "throughput_rows.jsonl").write_text("".join(
+        json.dumps({"batch_size": 16, "method": m, "budget": b, "variant": m, "mode": "graph",
+                    "ms_per_step": sorted(ms)[len(ms) // 2], "ms_runs": ";".join(map(str, ms))}) + "\n"
+        for (m, b), ms in cells.items()))
     return root / name
 
 
