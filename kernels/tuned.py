@@ -2,8 +2,10 @@
 
 One JSON object per GPU name (spaces as '_'); `default.json` holds fallbacks. Keys:
     "H=<H>,I=<I>,T=<T>"         the expert FFN (kernels/experts.py, tools/tune_kernels.py)
-    "select:E=<E_BLOCK>,T=<T>"  the selection kernel's num_warps and tokens per tile
+    "select:E=<E_BLOCK>,T=<T>"  the selection kernel's num_warps, tokens per tile and form
                                 (kernels/select.py, tools/tune_step_kernels.py)
+    "route:E=<E_BLOCK>,T=<T>"   the same kernel's launch when nothing can be dropped (dense's
+                                route); absent, the "select:" entry serves it
     "attention:G=<G>,D=<D>"     decode attention's slots per block, num_warps and programs
                                 targeted (kernels/attention.py, tools/tune_step_kernels.py)
 T is a token bucket: the next power of two, at most 128. A missing key falls back to the nearest
