@@ -269,6 +269,20 @@ def test_the_gpu_decode_path_decodes_like_generate(name, monkeypatch):
     assert calls  # the decode steps took the kernel path
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile", [False, True])
+def test_gpu_gpt_oss_decodes_like_generate_on_the_kernel(compile):
+    """On a GPU, tiny GPT-OSS's one-token steps run kernels/attention.py with its attention sinks
+    (replayed in a CUDA graph; `compile`: in the compiled attention half): generate's tokens."""
+    model = _model("tiny_gpt_oss").cuda()
+    ids = torch.randint(3, 100, (3, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids, mask = ids.cuda(), mask.cuda()
+    want = _generate_ref(model, ids, mask, 14).cpu()
+    assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=compile).cpu(), want)
+
+
 @pytest.mark.parametrize("name", ["tiny_qwen3", pytest.param("tiny_gpt_oss", marks=pytest.mark.slow),
                                   pytest.param("tiny_deepseek", marks=pytest.mark.slow)])
 def test_compiled_regions_decode_like_generate_with_one_graph_for_all_layers(name):
