@@ -8,6 +8,11 @@
 #   ABBA_A_COMMIT=<commit> bash experiments/gpu/commit_abba.sh
 #   ABBA_S=seconds     each run's limit (default 120; on a machine's first call each tree compiles its kernels
 #                      once: batch [16,64] runs took 60-80 s warm and passed 105 s cold, grid_2026-12-06d)
+#   ABBA_FIRST_S=s     the limit of each side's first run (default ABBA_S + 90): tree a is unpacked afresh
+#                      every call, so its first run also calibrates and fits the predictor (about 45 s for
+#                      Qwen3-30B-A3B's shape); at ABBA_S=60 both a runs of branches_2026-12-06g's call 7
+#                      stopped before finishing a cell. Timed rounds are interleaved inside a run, so a
+#                      longer first limit changes no comparison
 #   ABBA_MODEL=name    the model shape (default qwen3_30b)
 #   ABBA_EXTRA='...'   overrides added to every run (default: Qwen3-30B-A3B, batch 16, M=16, dense and base,
 #                      5 interleaved rounds)
@@ -21,7 +26,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -f .abba/a.tgz ] || { echo "commit_abba: .abba/a.tgz missing (see this script's header)" >&2; exit 2; }
 source experiments/gpu/env.sh
 b_commit=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-tree_a=/tmp/abba_a; rm -rf "$tree_a"; mkdir -p "$tree_a"; tar xzf .abba/a.tgz -C "$tree_a"
+# run.py refuses a BASE_COMMIT that is not a commit: refuse here, before any run spends device time
+for c in "$ABBA_A_COMMIT" "$b_commit"; do
+  [[ $c =~ ^[0-9a-f]{7,40}$ ]] || { echo "commit_abba: '$c' is not a commit (7 to 40 hex digits): set ABBA_A_COMMIT and BASE_COMMIT to commits" >&2; exit 2; }
+done
+[ "$ABBA_A_COMMIT" != "$b_commit" ] || { echo "commit_abba: both sides name commit $b_commit" >&2; exit 2; }
+[ -f "conf/model/${ABBA_MODEL:-qwen3_30b}.yaml" ] || { echo "commit_abba: no model '${ABBA_MODEL}' (conf/model/*.yaml)" >&2; exit 2; }
+tree_a=/tmp/abba_a; rm -rf "$tree_a"; mkdir -p "$tree_a"
+tar xzf .abba/a.tgz -C "$tree_a" || { echo "commit_abba: .abba/a.tgz does not unpack" >&2; exit 2; }
 tree_b=$PWD; runs=/tmp/abba_runs; rm -rf "$runs"; mkdir -p "$runs"
 t0=$(date +%s)
 i=0
@@ -29,7 +41,8 @@ for side in a b b a; do
   i=$((i + 1))
   if [ "$side" = a ]; then tree=$tree_a; commit=$ABBA_A_COMMIT; else tree=$tree_b; commit=$b_commit; fi
   echo "[abba $(( $(date +%s) - t0 ))s] run $i: $side ($commit)"
-  (cd "$tree" && BASE_COMMIT=$commit timeout "${ABBA_S:-120}" python3 run.py experiment=throughput model="${ABBA_MODEL:-qwen3_30b}" \
+  limit=${ABBA_S:-120}; [ "$i" -le 2 ] && limit=${ABBA_FIRST_S:-$(( ${ABBA_S:-120} + 90 ))}
+  (cd "$tree" && BASE_COMMIT=$commit timeout "$limit" python3 run.py experiment=throughput model="${ABBA_MODEL:-qwen3_30b}" \
     model.routing=uniform throughput.batch_sizes=[16] throughput.budgets=[16] throughput.repeats=5 \
     "throughput.methods=[dense,base]" ${ABBA_EXTRA:-} outputs_dir="$runs/${i}_$side" > "$runs/${i}_$side.log" 2>&1)
   echo "rc=$?" >> "$runs/${i}_$side.log"

@@ -1,0 +1,38 @@
+"""experiments/gpu/commit_abba.sh refuses a bad A/B before its first run spends device time: a label
+that is not a commit (run.py would refuse it only at the b side's first run, after a's), both sides
+one commit, an unknown model, an archive that does not unpack."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    for rel in ("experiments/gpu/commit_abba.sh", "experiments/gpu/env.sh", "conf/model/qwen3_30b.yaml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    (tmp_path / ".abba").mkdir()
+    (tmp_path / ".abba/a.tgz").write_bytes(b"not an archive")
+    return tmp_path
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"ABBA_A_COMMIT": "34120f8", "BASE_COMMIT": "7b82bb9+select"}, "'7b82bb9+select' is not a commit"),
+    ({"ABBA_A_COMMIT": "main", "BASE_COMMIT": "7b82bb9"}, "'main' is not a commit"),
+    ({"ABBA_A_COMMIT": "7b82bb9", "BASE_COMMIT": "7b82bb9"}, "both sides name commit 7b82bb9"),
+    ({"ABBA_A_COMMIT": "34120f8", "BASE_COMMIT": "7b82bb9", "ABBA_MODEL": "qwen3"}, "no model 'qwen3'"),
+    ({"ABBA_A_COMMIT": "34120f8", "BASE_COMMIT": "7b82bb9"}, "a.tgz does not unpack"),
+])
+def test_a_bad_ab_is_refused_before_any_run(tree, env, message):
+    out = tree / "out"
+    res = subprocess.run(["bash", str(tree / "experiments/gpu/commit_abba.sh")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "OUT": str(out), **env}, timeout=60, check=False)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert "[abba" not in res.stdout  # no run started
+    assert not (out / "abba.tgz").exists()
