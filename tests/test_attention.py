@@ -269,6 +269,33 @@ def test_the_gpu_decode_path_decodes_like_generate(name, monkeypatch):
     assert calls  # the decode steps took the kernel path
 
 
+def test_the_continuous_engines_kernel_path_serves_gpt_oss_as_generate(monkeypatch):
+    """Continuous batching's one-token steps (each row its own slot) on the GPU's attention path,
+    here through Triton's interpreter, with GPT-OSS's sinks and sliding window: every request gets
+    generate's tokens for it alone, with more requests than slots."""
+    from base.config import SchedulerConfig
+    from base.hf import attention
+    from base.runtime.continuous import ContinuousEngine
+    from base.runtime.scheduler import Request, serve
+
+    model = _model("tiny_gpt_oss", layers=2)
+    g = torch.Generator().manual_seed(4)
+    reqs = [Request(torch.randint(3, 100, (int(n),), generator=g).tolist(), 9) for n in (5, 8, 3, 6)]
+    want = [_generate_ref(model, torch.tensor([r.ids]), torch.ones(1, len(r.ids), dtype=torch.long), r.max_new)[0]
+            for r in reqs]
+    calls = []
+    monkeypatch.setattr(attention, "kernel_decode", lambda query: calls.append(1) or True)
+    policy = SchedulerConfig()
+    engine = ContinuousEngine(model, 2, 32, pad_id=0, buckets=policy.buckets)
+    try:
+        done, _ = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
+    finally:
+        engine.release()
+    assert calls
+    for d, w in zip(done, want, strict=True):
+        assert d.tokens == w.tolist()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("compile", [False, True])
 def test_gpu_gpt_oss_decodes_like_generate_on_the_kernel(compile):
