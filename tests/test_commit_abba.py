@@ -36,3 +36,38 @@ def test_a_bad_ab_is_refused_before_any_run(tree, env, message):
     assert res.returncode == 2 and message in res.stderr, res.stderr
     assert "[abba" not in res.stdout  # no run started
     assert not (out / "abba.tgz").exists()
+
+
+FAKE_RUN = """#!/bin/bash
+# stands in for `python3 run.py ...`: says whether this tree's calibration artifacts were there
+if [ -d outputs/artifacts ]; then echo "[throughput] batch 16 reused"; else
+  mkdir -p outputs/artifacts/m && echo "[throughput] batch 16 computed"; fi
+"""
+
+
+def test_a_warm_machines_tree_a_keeps_its_artifacts_for_the_same_commit_only(tree, tmp_path):
+    """The second call with the same tree-a commit finds the first call's calibration artifacts
+    (its first a run skips calibrating); a call with another commit starts without them."""
+    import tarfile
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(FAKE_RUN)
+    (bin_dir / "python3").chmod(0o755)
+    src = tmp_path / "a_src"
+    src.mkdir()
+    (src / "run.py").write_text("")
+    with tarfile.open(tree / ".abba/a.tgz", "w:gz") as tf:
+        tf.add(src / "run.py", arcname="run.py")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "BASE_COMMIT": "7b82bb9",
+           "ABBA_TREE_A": str(tmp_path / "tree_a"), "ABBA_RUNS": str(tmp_path / "runs")}
+
+    def first_a_run(commit: str) -> str:
+        res = subprocess.run(["bash", str(tree / "experiments/gpu/commit_abba.sh")], capture_output=True, text=True,
+                             env={**env, "ABBA_A_COMMIT": commit}, timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+        return (tmp_path / "runs/1_a.log").read_text()
+
+    assert "computed" in first_a_run("34120f8")
+    assert "reused" in first_a_run("34120f8")
+    assert "computed" in first_a_run("29bc72f")

@@ -14,6 +14,7 @@
 #                      stopped before finishing a cell. Timed rounds are interleaved inside a run, so a
 #                      longer first limit changes no comparison
 #   ABBA_MODEL=name    the model shape (default qwen3_30b)
+#   ABBA_TREE_A=dir    where tree a is unpacked (default /tmp/abba_a); ABBA_RUNS=dir the runs (default /tmp/abba_runs)
 #   ABBA_EXTRA='...'   overrides added to every run (default: Qwen3-30B-A3B, batch 16, M=16, dense and base,
 #                      5 interleaved rounds)
 # -> $OUT/abba.tgz (four run folders 1_a, 2_b, 3_b, 4_a and their logs); read them with
@@ -32,9 +33,21 @@ for c in "$ABBA_A_COMMIT" "$b_commit"; do
 done
 [ "$ABBA_A_COMMIT" != "$b_commit" ] || { echo "commit_abba: both sides name commit $b_commit" >&2; exit 2; }
 [ -f "conf/model/${ABBA_MODEL:-qwen3_30b}.yaml" ] || { echo "commit_abba: no model '${ABBA_MODEL}' (conf/model/*.yaml)" >&2; exit 2; }
-tree_a=/tmp/abba_a; rm -rf "$tree_a"; mkdir -p "$tree_a"
+# tree a is unpacked afresh; on a warm machine its calibration and predictor fits (outputs/artifacts, keyed
+# by config) are kept from the last call when that call unpacked the same commit: its first run skips them
+tree_a=${ABBA_TREE_A:-/tmp/abba_a}; kept=$tree_a.artifacts
+rm -rf "$kept"
+if [ "$(cat "$tree_a/.abba_commit" 2>/dev/null)" = "$ABBA_A_COMMIT" ] && [ -d "$tree_a/outputs/artifacts" ]; then
+  mv "$tree_a/outputs/artifacts" "$kept"
+fi
+rm -rf "$tree_a"; mkdir -p "$tree_a"
 tar xzf .abba/a.tgz -C "$tree_a" || { echo "commit_abba: .abba/a.tgz does not unpack" >&2; exit 2; }
-tree_b=$PWD; runs=/tmp/abba_runs; rm -rf "$runs"; mkdir -p "$runs"
+if [ -d "$kept" ]; then
+  mkdir -p "$tree_a/outputs" && mv "$kept" "$tree_a/outputs/artifacts"
+  echo "[abba] tree a: the artifacts of the last call's tree a ($ABBA_A_COMMIT) kept"
+fi
+echo "$ABBA_A_COMMIT" > "$tree_a/.abba_commit"
+tree_b=$PWD; runs=${ABBA_RUNS:-/tmp/abba_runs}; rm -rf "$runs"; mkdir -p "$runs"
 t0=$(date +%s)
 i=0
 for side in a b b a; do

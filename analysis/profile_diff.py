@@ -1,0 +1,132 @@
+"""Where did a change move the decode step? Two eager per-kernel profiles, kernel by kernel.
+
+    python -m analysis.profile_diff A_kernels.csv B_kernels.csv --batch 16 --variant base --out <prefix>
+
+A and B are per-kernel tables as analysis.throughput writes them (<out>_kernels.csv: one row per
+(batch size, variant, kernel) with its class, ms a step, launches a step and a layer, µs a launch),
+for example those of an a b b a's runs (experiments/gpu/commit_abba.sh). For one cell (batch size,
+variant): per (class, kernel) both sides' launches a layer, µs a launch and ms a step, and b - a in
+ms a step; a kernel on one side only (a launch the change removed or added, or a generated kernel
+that Inductor named anew) shows `-` on the other. Rows by |b - a|, largest first, then each class's
+total and the step's. These are the profiler's eager launches, not the graph's replay: they say
+where the time moved; whether the step moved is the A/B's test (analysis.abba).
+
+Refuses (exit 2, naming the choices): a cell not in both tables, a table holding several cells
+when --batch or --variant is left out, tables of two models or two decode engines.
+Writes <prefix>.csv (the last column `engine`) and <prefix>.md.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.engines import one_engine, with_engine
+from analysis.load import fail
+
+KEY = ["class", "kernel"]
+COLUMNS = ["model", "batch_size", "variant", "class", "kernel", "ms_per_step", "kernels_per_step", "kernels_per_layer"]
+
+
+def read(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        fail(f"{path}: no such per-kernel table (analysis.throughput writes <out>_kernels.csv)")
+    df = pd.read_csv(path)
+    missing = [c for c in COLUMNS if c not in df]
+    if missing:
+        fail(f"{path}: not a per-kernel table (no {', '.join(missing)}; analysis.throughput writes <out>_kernels.csv)")
+    return df
+
+
+def cell(df: pd.DataFrame, path: Path, batch: int | None, variant: str | None) -> pd.DataFrame:
+    """The rows of one (batch size, variant), the only one when it is not named."""
+    cells = sorted(set(zip(df["batch_size"].astype(int), df["variant"].astype(str))))
+    want = [(b, v) for b, v in cells if (batch is None or b == batch) and (variant is None or v == variant)]
+    if len(want) != 1:
+        listed = ", ".join(f"--batch {b} --variant {v}" for b, v in cells)
+        fail(f"{path}: {'no' if not want else 'several'} cells match; it holds {listed}")
+    b, v = want[0]
+    return df[(df["batch_size"].astype(int) == b) & (df["variant"].astype(str) == v)]
+
+
+def diff(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """One row per (class, kernel) of either side, by |b - a| in ms a step, then the totals."""
+    side = {}
+    for name, df in (("a", a), ("b", b)):
+        g = df.groupby(KEY, sort=False)[["kernels_per_layer", "ms_per_step", "kernels_per_step"]].sum()
+        g["us_per_launch"] = 1000 * g["ms_per_step"] / g["kernels_per_step"]
+        side[name] = g.drop(columns="kernels_per_step").add_prefix(f"{name}_")
+    t = side["a"].join(side["b"], how="outer").reset_index()
+    t["b_minus_a_ms"] = t["b_ms_per_step"].fillna(0.0) - t["a_ms_per_step"].fillna(0.0)
+    t = t.iloc[np.argsort(-t["b_minus_a_ms"].abs().to_numpy(), kind="stable")].reset_index(drop=True)
+    totals = []
+    for cls, g in t.groupby("class", sort=True):
+        totals.append(total(g, cls, "(class total)"))
+    totals.append(total(t, "step", "(every kernel)"))
+    return pd.concat([t, pd.DataFrame(totals)], ignore_index=True)
+
+
+def total(g: pd.DataFrame, cls: str, label: str) -> dict:
+    row = {"class": cls, "kernel": label}
+    for s in ("a", "b"):
+        row[f"{s}_kernels_per_layer"] = g[f"{s}_kernels_per_layer"].sum()
+        row[f"{s}_ms_per_step"] = g[f"{s}_ms_per_step"].sum()
+        row[f"{s}_us_per_launch"] = np.nan
+    row["b_minus_a_ms"] = row["b_ms_per_step"] - row["a_ms_per_step"]
+    return row
+
+
+def markdown(t: pd.DataFrame, a_path: Path, b_path: Path, what: str, engine: str, rows: int) -> str:
+    def num(x, fmt):
+        return "-" if pd.isna(x) else format(x, fmt)
+
+    kernels = t[~t["kernel"].astype(str).str.startswith("(")]
+    shown = pd.concat([kernels.head(rows), t[t["kernel"].astype(str).str.startswith("(")]])
+    left = len(kernels) - min(rows, len(kernels))
+    lines = [f"{what}: a `{a_path}`, b `{b_path}` (eager profiles; ms a step, launches a layer, µs a launch; the "
+             f"{min(rows, len(kernels))} kernels that moved most, by |b - a|"
+             f"{f' ({left} more in the .csv)' if left else ''}, then the totals). Decode engine: `{engine}`. Made by "
+             f"`python -m analysis.profile_diff` (analysis/profile_diff.py).", "",
+             "| class | kernel | a launches/layer | b launches/layer | a µs/launch | b µs/launch | a ms | b ms | b - a ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for _, r in shown.iterrows():
+        lines.append(f"| {r['class']} | {str(r['kernel'])[:60]} | {num(r['a_kernels_per_layer'], '.2f')} | "
+                     f"{num(r['b_kernels_per_layer'], '.2f')} | {num(r['a_us_per_launch'], '.2f')} | "
+                     f"{num(r['b_us_per_launch'], '.2f')} | {num(r['a_ms_per_step'], '.4f')} | "
+                     f"{num(r['b_ms_per_step'], '.4f')} | {r['b_minus_a_ms']:+.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="the baseline's per-kernel table")
+    ap.add_argument("b", type=Path, help="the change's per-kernel table")
+    ap.add_argument("--batch", type=int, default=None, help="the batch size (needed where a table holds several)")
+    ap.add_argument("--variant", default=None, help="the variant, e.g. dense or base (needed where several)")
+    ap.add_argument("--rows", type=int, default=15, help="kernels in the .md, those that moved most (default 15)")
+    ap.add_argument("--out", type=Path, required=True, help="<out>.csv and <out>.md")
+    args = ap.parse_args(argv)
+    if args.rows < 1:
+        fail(f"--rows must be at least 1, got {args.rows}")
+    a_all, b_all = read(args.a), read(args.b)
+    a, b = cell(a_all, args.a, args.batch, args.variant), cell(b_all, args.b, args.batch, args.variant)
+    if (a["batch_size"].iloc[0], a["variant"].iloc[0]) != (b["batch_size"].iloc[0], b["variant"].iloc[0]):
+        fail(f"the tables' cells differ: a batch {a['batch_size'].iloc[0]} {a['variant'].iloc[0]}, "
+             f"b batch {b['batch_size'].iloc[0]} {b['variant'].iloc[0]}; name one with --batch and --variant")
+    models = sorted(set(a["model"].astype(str)) | set(b["model"].astype(str)))
+    if len(models) > 1:
+        fail(f"the tables profile different models: {models}")
+    engine = one_engine(pd.concat([a, b]), "this profile comparison")
+    t = with_engine(diff(a, b), engine)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(args.out.with_suffix(".csv"), index=False)
+    what = f"{models[0]}, batch {int(a['batch_size'].iloc[0])}, {a['variant'].iloc[0]}"
+    text = markdown(t, args.a, args.b, what, engine, args.rows)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
