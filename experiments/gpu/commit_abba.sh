@@ -8,11 +8,11 @@
 #   ABBA_A_COMMIT=<commit> bash experiments/gpu/commit_abba.sh
 #   ABBA_S=seconds     each run's limit (default 120; on a machine's first call each tree compiles its kernels
 #                      once: batch [16,64] runs took 60-80 s warm and passed 105 s cold, grid_2026-12-06d)
-#   ABBA_FIRST_S=s     the limit of each side's first run (default ABBA_S + 90): tree a is unpacked afresh
-#                      every call, so its first run also calibrates and fits the predictor (about 45 s for
-#                      Qwen3-30B-A3B's shape); at ABBA_S=60 both a runs of branches_2026-12-06g's call 7
-#                      stopped before finishing a cell. Timed rounds are interleaved inside a run, so a
-#                      longer first limit changes no comparison
+#   ABBA_FIRST_S=s     the limit of each side's first run (default ABBA_S + 90): a side's first run on a
+#                      machine (and tree a's after a change of its commit) also calibrates and fits the
+#                      predictor (about 45 s for Qwen3-30B-A3B's shape); at ABBA_S=60 both a runs of
+#                      branches_2026-12-06g's call 7 stopped before finishing a cell. Timed rounds are
+#                      interleaved inside a run, so a longer first limit changes no comparison
 #   ABBA_MODEL=name    the model shape (default qwen3_30b)
 #   ABBA_TREE_A=dir    where tree a is unpacked (default /tmp/abba_a); ABBA_RUNS=dir the runs (default /tmp/abba_runs)
 #   ABBA_EXTRA='...'   overrides added to every run (default: Qwen3-30B-A3B, batch 16, M=16, dense and base,
