@@ -301,7 +301,10 @@ def test_the_continuous_engines_kernel_path_serves_gpt_oss_as_generate(monkeypat
 def test_gpu_gpt_oss_decodes_like_generate_on_the_kernel(compile):
     """On a GPU, tiny GPT-OSS's one-token steps run kernels/attention.py with its attention sinks
     (replayed in a CUDA graph; `compile`: in the compiled attention half): generate's tokens."""
-    model = _model("tiny_gpt_oss").cuda()
+    # base_triton, as a CUDA run loads it: transformers' grouped_mm in fp32 copies from the host,
+    # which a CUDA graph cannot capture
+    raw = yaml.safe_load((ROOT / "conf/model/tiny_gpt_oss.yaml").read_text())
+    model = load_model(ModelConfig(**{**raw, "device": "cuda"}), ROOT, seed=0, experts_impl="base_triton").eval()
     ids = torch.randint(3, 100, (3, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0

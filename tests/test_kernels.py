@@ -415,7 +415,13 @@ def test_gpu_select_and_score(kind):
 def test_gpu_route_select():
     T, E, K, M = 64, 128, 8, 16
     b = make_batch(T, E, K, 8, device="cuda", seed=3)
-    logits_TE = torch.randn(T, E, device="cuda").to(torch.bfloat16)
+    # distinct logits in every row (multiples of 1/16, exact in bf16): the reassignment below takes
+    # each token's next-preferred kept expert, which a tie in probability would leave to tie order
+    # (the kernel takes the lower id; the reference does not say), and the global CUDA generator's
+    # draws tied there once (session 27)
+    g = torch.Generator().manual_seed(3)
+    logits_TE = ((torch.stack([torch.randperm(E, generator=g) for _ in range(T)]) - E // 2) / 16).to(torch.bfloat16)
+    logits_TE = logits_TE.cuda()
     routing, sel = route_select(logits_TE, K, b.active_T, M, norm_topk=True, kind="router_sum")
     probs_TE = logits_TE.float().softmax(-1)
     torch.testing.assert_close(routing.probs_TE, probs_TE, rtol=1e-4, atol=1e-6)
