@@ -27,7 +27,7 @@ from scipy.stats import mannwhitneyu
 
 from analysis.ab_throughput import timed
 from analysis.engines import one_engine, run_engine, with_engine
-from analysis.load import fail, read_report
+from analysis.load import fail, read_jsonl, read_report
 from analysis.serve_ab import labels_of, order_of, place_of, two_labels_one_model
 from analysis.stats import ALPHA, holm
 
@@ -55,7 +55,7 @@ def read_run(run: Path, finished: bool) -> pd.DataFrame:
         rep = read_report(run / "report.json")
         return timed(pd.read_csv(run / "throughput.csv")).assign(
             model=rep.get("model"), gpu=rep.get("gpu", rep.get("device")), engine=run_engine(run))
-    rows = pd.read_json(run / "throughput_rows.jsonl", lines=True)
+    rows = read_jsonl(run / "throughput_rows.jsonl")  # a damaged line: an error naming the file
     if rows.empty:
         fail(f"{run}: a stopped run with no finished cell")
     config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
