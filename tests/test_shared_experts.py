@@ -190,3 +190,20 @@ def test_gpu_deepseek_v2_lite_shared_experts_in_bf16(T):
                         idx_TC[:T], ones_TC[:T], keep_M=keep_C, residual_TH=residual_TH, up_offset=I_s)
     ref = mlp_reference(x_TH, gate_up[:I_s], gate_up[I_s:], down_HI, torch.ones(T, device="cuda"), residual_TH)
     assert ((out.double() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+def test_the_profile_counts_the_shared_kernel_as_shared_experts():
+    """base/runtime/profile.py's ranges: the owned block's shared call is `shared experts`, not the
+    routed experts' class or `other` (on a CPU, operators' host time)."""
+    from base.runtime.profile import profile_steps
+
+    cfg = ModelConfig(**yaml.safe_load((ROOT / "conf/model/tiny_deepseek.yaml").read_text()))
+    model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
+    moe = install_budget(model, cfg.family, None, BudgetOptions(budget=None))
+    ids_BS = torch.randint(3, 250, (2, 3), generator=torch.Generator().manual_seed(1))
+    try:
+        with torch.no_grad():
+            split = profile_steps(model, lambda: model(ids_BS), 1)
+    finally:
+        moe.remove()
+    assert split["shared experts"][1] > 0 and split["expert FFN"][1] > 0

@@ -121,8 +121,8 @@ class BudgetedMoE(nn.Module):
         shared = self._shared_chunks() if self.shared_C and applies(self.experts, x_TH.shape[0]) else None
         fold = residual_BSH is not None and (not self.family.shared or shared is not None)
         y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape) if fold else None)
-        if shared is not None:  # (residual +) routed, + shared in the kernel's last launch
-            y_TH = shared.forward(x_TH, y_TH, self.shared_idx_TC, self.shared_ones_TC, self.shared_keep_C)
+        if shared is not None:
+            y_TH = self.run_shared(shared, x_TH, y_TH)
         if fold or shared is not None:
             out_BSH = y_TH.view(hidden_BSH.shape)
         else:
@@ -141,6 +141,11 @@ class BudgetedMoE(nn.Module):
             return y_TH
         y_TH = self.experts(x_TH, idx_TK, w_TK)
         return y_TH if residual_TH is None else residual_TH + y_TH
+
+    def run_shared(self, shared: SharedChunks, x_TH: Tensor, routed_TH: Tensor) -> Tensor:
+        """routed_TH (the routed output, the residual added where it was) + the shared experts'
+        output, added in the shared kernel's last launch."""
+        return shared.forward(x_TH, routed_TH, self.shared_idx_TC, self.shared_ones_TC, self.shared_keep_C)
 
     def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(topk_idx_TK, topk_w_TK, keep_M) the experts run: the router's own, or the selection's;
