@@ -28,8 +28,10 @@ def mlp_reference(x_TH, gate_IH, up_IH, down_HI, w_T, residual_TH):
     return residual_TH.double() + w_T.double()[:, None] * (a @ down_HI.double().T)
 
 
-@pytest.mark.parametrize("kept", [False, True], ids=["four-launch", "kept"])
-@pytest.mark.parametrize("C", [1, 3])
+# fast tier: three chunks on the kept path (the step's); the rest under make test-all
+@pytest.mark.parametrize("kept,C", [(True, 3), pytest.param(True, 1, marks=pytest.mark.slow),
+                                    pytest.param(False, 1, marks=pytest.mark.slow),
+                                    pytest.param(False, 3, marks=pytest.mark.slow)])
 def test_a_dense_mlp_in_chunks_equals_the_mlp(kept, C):
     """C chunks of I rows of one (2 I_s, H) [gate; up] block (up_offset = I_s) and strided down
     columns, every token on every chunk with its weight, the residual added: the MLP's output."""
@@ -192,6 +194,7 @@ def test_gpu_deepseek_v2_lite_shared_experts_in_bf16(T):
     assert ((out.double() - ref).norm() / ref.norm()).item() <= 1e-2
 
 
+@pytest.mark.slow
 def test_the_profile_counts_the_shared_kernel_as_shared_experts():
     """base/runtime/profile.py's ranges: the owned block's shared call is `shared experts`, not the
     routed experts' class or `other` (on a CPU, operators' host time)."""
