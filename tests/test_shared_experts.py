@@ -210,3 +210,19 @@ def test_the_profile_counts_the_shared_kernel_as_shared_experts():
     finally:
         moe.remove()
     assert split["shared experts"][1] > 0 and split["expert FFN"][1] > 0
+
+
+@pytest.mark.slow
+def test_the_shared_benchmarks_three_forms_compute_the_same():
+    """tools/bench_shared.py times the eager MLP + add against the kernel's two paths: on the CPU
+    (fp32, interpreter) the three give the same output, so the benchmark compares like with like."""
+    from tools.bench_shared import FORMS, form_call
+
+    T, H, I, C = 3, 32, 16, 2
+    g = torch.Generator().manual_seed(5)
+    gate_up, down = torch.randn(2 * I * C, H, generator=g) / H**0.5, torch.randn(H, I * C, generator=g) / (I * C)**0.5
+    x_TH, y_TH = torch.randn(T, H, generator=g), torch.randn(T, H, generator=g)
+    routing = constant_routing(C, torch.device("cpu"), torch.float32)
+    outs = [form_call(f, x_TH, y_TH, gate_up, down, I, C, routing)() for f in FORMS]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
