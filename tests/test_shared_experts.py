@@ -85,6 +85,14 @@ def test_seating_keeps_the_weights_and_shares_one_block():
     with_bias.up_proj = torch.nn.Linear(16, 12, bias=True)
     assert not seat(with_bias) and SharedChunks.of(with_bias, 4) is None
 
+    class QuantisedLinear(torch.nn.Linear):  # a subclass computes something else: left alone
+        pass
+
+    quantised = _mlp()
+    quantised.gate_proj = QuantisedLinear(16, 12, bias=False)
+    weight = quantised.gate_proj.weight
+    assert not seat(quantised) and quantised.gate_proj.weight is weight
+
 
 def test_constant_routing_puts_chunk_c_at_slot_c():
     idx_TC, ones_TC, keep_C = constant_routing(3, torch.device("cpu"), torch.float32)

@@ -32,10 +32,12 @@ from kernels.experts import V3_MAX_TOKENS, fused_experts
 
 
 def _plain_swiglu(mlp: nn.Module) -> bool:
-    """gate_proj, up_proj, down_proj Linear without bias, SiLU: what the kernel computes."""
+    """gate_proj, up_proj, down_proj plain Linear layers (not a quantised subclass) with float
+    weights and no bias, SiLU: what the kernel computes."""
     parts = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     act = getattr(mlp, "act_fn", None)
-    return (all(isinstance(p, nn.Linear) and p.bias is None for p in parts)
+    return (all(type(p) is nn.Linear and p.bias is None and type(p.weight) is nn.Parameter
+                and p.weight.dtype.is_floating_point for p in parts)
             and type(act).__name__ in ("SiLUActivation", "SiLU"))  # fmt: skip
 
 
