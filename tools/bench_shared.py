@@ -63,9 +63,9 @@ def main() -> None:
     ap.add_argument("--csv", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench_shared: needs a CUDA GPU (the timings are graph replays)")
+        raise SystemExit("error: bench_shared: needs a CUDA GPU (the timings are graph replays)")
     if args.rounds < 1 or any(t < 1 or t > 64 for t in args.ts):
-        raise SystemExit("bench_shared: --rounds >= 1 and every --ts in [1, 64] (the decode kernel's sizes)")
+        raise SystemExit("error: bench_shared: --rounds >= 1 and every --ts in [1, 64] (the decode kernel's sizes)")
     dev = torch.device("cuda")
     rows = []
     for model in args.models:
@@ -81,7 +81,7 @@ def main() -> None:
             for f in FORMS[1:]:
                 err = ((calls[f][0]().double() - ref).norm() / ref.norm()).item()
                 if not err <= 1e-2:
-                    raise SystemExit(f"bench_shared: {model} T={T} {f} differs from eager (relative error {err:.3g})")
+                    raise SystemExit(f"error: bench_shared: {model} T={T} {f} differs from eager (relative error {err:.3g})")
             for r in range(args.rounds):
                 order = FORMS[r % len(FORMS):] + FORMS[:r % len(FORMS)]
                 for f in order:
