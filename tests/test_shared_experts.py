@@ -125,6 +125,27 @@ def _logits_with_and_without(name, monkeypatch, *, unseat=False):
     return cfg, expected, got, calls, n_blocks
 
 
+def test_the_shared_call_takes_the_kept_path_whatever_the_routed_entry_says(monkeypatch):
+    """A table whose routed entry keeps the four-launch path (kept bound 0, as DeepSeek-V2-Lite's
+    H100 entry at 16 tokens): the shared chunks still run the two-launch kept path."""
+    import kernels.experts as ke
+    from kernels.experts import ExpertsConfig
+
+    monkeypatch.setattr(shared_mod, "get_config", lambda H, I, T, device: ExpertsConfig(use_kept=False, kept_max=0))
+    kept = []
+    inner = ke._fused_experts_kept
+    monkeypatch.setattr(ke, "_fused_experts_kept", lambda *a, **kw: kept.append(1) or inner(*a, **kw))
+    mlp = _mlp(H=16, I_s=12)
+    assert seat(mlp)
+    chunks = SharedChunks.of(mlp, 4)
+    x_TH, y_TH = torch.randn(3, 16), torch.randn(3, 16)
+    out = chunks.forward(x_TH, y_TH, *constant_routing(chunks.C, torch.device("cpu"), torch.float32))
+    assert kept == [1]
+    with torch.no_grad():
+        torch.testing.assert_close(out, y_TH + mlp.down_proj(F.silu(mlp.gate_proj(x_TH)) * mlp.up_proj(x_TH)),
+                                   rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["tiny_deepseek", pytest.param("tiny_qwen2", marks=pytest.mark.slow)])
 def test_the_owned_block_runs_the_shared_experts_in_the_kernel(name, monkeypatch):
     """base_triton at a decode size (12 tokens): each MoE layer's shared MLP goes to the kernel

@@ -5,9 +5,13 @@ size: DeepSeek-V2-Lite 2 x 1408, Qwen1.5-MoE-A2.7B 4 x 1408, Qwen2-57B-A14B 8 x 
 row by row and `down` sums over rows, so the MLP equals the sum of C experts of the routed shape,
 chunk c taking rows [c*I, (c+1)*I) of gate, up and down's columns. Run as those C experts, every
 token routed to each with the shared weight (1, or Qwen2's sigmoid gate), they take the expert
-kernel's two launches and its tuned entry for the routed shape, with the routed output as the
-kernel's residual, in place of the MLP's six eager launches and the add (DeepSeek-V2-Lite on an H100:
-25.6 us a layer, results/roofline/grid_2026-12-06f).
+kernel's two launches (its kept-list path) with the tuned launches of the routed shape, the routed
+output as the kernel's residual, in place of the MLP's six eager launches and the add. Timed alone
+(tools/bench_shared.py, H100, 7 rounds, results/roofline/branches_2026-12-06h/): DeepSeek-V2-Lite's
+layer at 16 tokens 28.99 us eager -> 20.99 kept (0.723x; the four-launch path 0.822x), at 64 0.884x
+(four-launch 1.599x); Qwen1.5-MoE-A2.7B's 0.861x at 16 but 1.142x at 64. So the kept path always,
+whatever the routed entry's kept bound says (DeepSeek-V2-Lite's H100 entry at 16 tokens takes the
+four-launch path for routed experts).
 
     seat(mlp)                          # at install: gate and up re-seated as views of one (2 I_s, H)
     SharedChunks.of(mlp, I, gate)      # None where the kernel does not apply
@@ -22,13 +26,13 @@ Shapes: T tokens, H hidden, I routed intermediate size, C chunks (I_s = C * I).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.experts import V3_MAX_TOKENS, fused_experts
+from kernels.experts import V3_MAX_TOKENS, ExpertsConfig, fused_experts, get_config
 
 
 def _plain_swiglu(mlp: nn.Module) -> bool:
@@ -104,7 +108,12 @@ class SharedChunks:
         else:  # Qwen1.5/2: one weight a token, the same for every chunk
             w_TC = torch.sigmoid(F.linear(x_TH, self.gate_weight)).expand(T, self.C)
         return fused_experts(x_TH, self.gate_CIH, self.down_CHI, idx_TC[:T], w_TC, keep_M=keep_C,
-                             residual_TH=routed_TH, up_offset=self.I_s)
+                             residual_TH=routed_TH, up_offset=self.I_s, config=self.config(T, x_TH.device))
+
+    def config(self, T: int, device: torch.device) -> ExpertsConfig:
+        """The routed shape's tuned launches, on the kept-list path (see the module doc)."""
+        _, I, H = self.gate_CIH.shape
+        return replace(get_config(H, I, T, device), use_kept=True, kept_max=None)
 
 
 def applies(experts: nn.Module, T: int) -> bool:
