@@ -17,6 +17,9 @@ start of a generation. This is one launch reading only the slots up to the newes
                      unnormalised output, and the LAST of the S programs of (b, k) to finish (an
                      arrival counter per (b, k), incremented with release/acquire semantics, reset
                      by that program) rescales and sums the S shares into (B, Hq, E).
+                     With attention sinks (HAS_SINK, GPT-OSS's `s_aux`): share 0 adds each query
+                     head's sink, a logit that takes probability mass and adds no value, after its
+                     loop (online softmax does not care which share adds it).
 
 Why one launch: until 2026-12-02 the combine was a second kernel, one more launch per layer of a
 decode step (48 on Qwen3-30B-A3B), each a few microseconds of launch and ramp-up for a few
@@ -89,11 +92,11 @@ def attention_launch(G: int, D: int, device: torch.device, B: int | None = None)
 
 @dual_jit
 def _decode_attention(
-    q_ptr, k_ptr, v_ptr, allowed_ptr, last_ptr, m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, allowed_ptr, last_ptr, m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, sink_ptr,
     scaling, K, G, D, E, S,
     sq_b, sq_h, sk_b, sk_k, sk_l, sv_b, sv_k, sv_l, sa_b, so_b, so_h,
     G_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_SHARE: tl.constexpr,
+    ONE_SHARE: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
     bk = tl.program_id(0)
     s = tl.program_id(1)
@@ -130,6 +133,15 @@ def _decode_attention(
         acc_GE = acc_GE * alpha[:, None] + tl.dot(p_GN.to(v_NE.dtype), v_NE, input_precision="ieee").to(tl.float32)
         l_G = l_G * alpha + tl.sum(p_GN, axis=1)
         m_G = m_new
+    if HAS_SINK:  # noqa: SIM102 (a constexpr branch)
+        if s == 0:  # each head's sink: one more logit, no value, added by one share
+            sk_G = tl.load(sink_ptr + kh * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m_G, sk_G)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_G - m_safe)
+            acc_GE = acc_GE * alpha[:, None]
+            l_G = l_G * alpha + tl.exp(sk_G - m_safe)
+            m_G = m_new
     out_mask = g_ok[:, None] & (e[None, :] < E)
     out_at = out_ptr + b * so_b + (kh * G + g)[:, None] * so_h + e[None, :]
     if ONE_SHARE:  # the whole cache in this program: normalise and write
@@ -179,15 +191,20 @@ def splits_for(batch_kv_heads: int, slots: int, launch: AttentionLaunch = Attent
 
 
 def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_slot_1: Tensor,
-                     scaling: float, launch: AttentionLaunch | None = None) -> Tensor:
+                     scaling: float, launch: AttentionLaunch | None = None, sinks_H: Tensor | None = None) -> Tensor:
     """softmax(q k^T * scaling over allowed slots <= last_slot) v, per query head; returns
     (B, Hq, E) in q's dtype. `allowed_BL` is bool (unit last stride); `last_slot_1` an int tensor
     of one element on the device: the newest slot written (later slots are not read). `launch`:
-    the tuned one for (G, D) on this device when None."""
+    the tuned one for (G, D) on this device when None. `sinks_H` (Hq,): attention sinks (GPT-OSS's
+    `s_aux`), one logit per query head that takes probability mass and contributes no value: the
+    softmax is over [the allowed slots' scores, the sink]."""
     B, Hq, D = q_BHD.shape
     K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
     if Hq % K or k_BKLD.stride(-1) != 1 or v_BKLE.stride(-1) != 1 or q_BHD.stride(-1) != 1:
         raise ValueError("decode_attention needs Hq divisible by K and unit-stride head dimensions")
+    if sinks_H is not None and tuple(sinks_H.shape) != (Hq,):
+        raise ValueError(f"decode_attention: sinks of shape {tuple(sinks_H.shape)} do not match the {Hq} query heads")
+    sinks = sinks_H.contiguous() if sinks_H is not None else q_BHD  # not read without HAS_SINK
     G = Hq // K
     G_BLOCK, D_BLOCK, E_BLOCK = next_pow2(G, 16), next_pow2(D, 16), next_pow2(E, 16)
     dev = q_BHD.device
@@ -200,12 +217,12 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
         l_ = empty(B * K * S * G_BLOCK, dtype=torch.float32, device=dev)
         acc = empty(B * K * S * G_BLOCK, E_BLOCK, dtype=torch.float32, device=dev)
         _decode_attention.on(dev)[(B * K, S)](
-            q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc, arrival_counters(B * K, dev), out,
+            q_BHD, k_BKLD, v_BKLE, allowed, last_slot_1, m, l_, acc, arrival_counters(B * K, dev), out, sinks,
             float(scaling), K, G, D, E, S,
             q_BHD.stride(0), q_BHD.stride(1), k_BKLD.stride(0), k_BKLD.stride(1), k_BKLD.stride(2),
             v_BKLE.stride(0), v_BKLE.stride(1), v_BKLE.stride(2), allowed.stride(0), out.stride(0), out.stride(1),
             G_BLOCK=G_BLOCK, D_BLOCK=D_BLOCK, E_BLOCK=E_BLOCK, BLOCK_N=launch.block_n, ONE_SHARE=S == 1,
-            num_warps=launch.num_warps,
+            HAS_SINK=sinks_H is not None, num_warps=launch.num_warps,
         )  # fmt: skip
 
     launch = launch or attention_launch(G, D, dev, B)
@@ -215,14 +232,18 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
 
 
 def decode_attention_reference(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_slot: int,
-                               scaling: float) -> Tensor:
-    """Per query head over K/V repeated for its group, float32; rows with no allowed slot: 0."""
+                               scaling: float, sinks_H: Tensor | None = None) -> Tensor:
+    """Per query head over K/V repeated for its group, float32; rows with no allowed slot: 0.
+    With sinks, each head's sink is one more logit in the softmax, with no value."""
     n_slots = last_slot + 1
-    G = q_BHD.shape[1] // k_BKLD.shape[1]
+    B, Hq = q_BHD.shape[:2]
+    G = Hq // k_BKLD.shape[1]
     k_BHLD = k_BKLD[:, :, :n_slots].float().repeat_interleave(G, 1)
     v_BHLE = v_BKLE[:, :, :n_slots].float().repeat_interleave(G, 1)
     s_BHL = torch.einsum("bhd,bhld->bhl", q_BHD.float(), k_BHLD) * scaling
     s_BHL = s_BHL.masked_fill(~allowed_BL[:, None, :n_slots], float("-inf"))
-    p_BHL = torch.nan_to_num(s_BHL.softmax(-1), nan=0.0)
+    if sinks_H is not None:
+        s_BHL = torch.cat([s_BHL, sinks_H.float().view(1, Hq, 1).expand(B, Hq, 1)], -1)
+    p_BHL = torch.nan_to_num(s_BHL.softmax(-1), nan=0.0)[..., :n_slots]
     return torch.einsum("bhl,bhle->bhe", p_BHL, v_BHLE).to(q_BHD.dtype)
 

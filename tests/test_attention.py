@@ -37,9 +37,15 @@ def _reference(q_BHQD, k_BKLD, v_BKLE, allowed_BQL, scaling, sinks_H=None):
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
-def test_prefill_then_decode_equals_attention_over_repeated_kv(window, sinks, heads):
+@pytest.mark.parametrize("kernel", [False, True])
+def test_prefill_then_decode_equals_attention_over_repeated_kv(window, sinks, heads, kernel, monkeypatch):
     """A module's cache filled by a prefill of P tokens then decode steps: each step's output
-    equals attention over every key so far (left-padded rows masked, D=12 keys, E=8 values)."""
+    equals attention over every key so far (left-padded rows masked, D=12 keys, E=8 values), on
+    the PyTorch path and on a GPU's (`kernel`: kernels/attention.py, here through Triton's
+    interpreter), attention sinks included."""
+    from base.hf import attention
+
+    monkeypatch.setattr(attention, "kernel_decode", lambda query: kernel)
     torch.manual_seed(0)
     Hq, K = heads
     B, P, L, D, E, steps = 3, 6, 16, 12, 8, 5
@@ -242,6 +248,69 @@ def test_engine_decodes_every_family_like_generate(name):
     mask[2, :4] = 0
     assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=False), _generate_ref(model, ids, mask, 14))
     assert not any(hasattr(m, "base_k_cache") for m in model.modules())  # released
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt_oss", pytest.param("tiny_qwen3", marks=pytest.mark.slow)])
+def test_the_gpu_decode_path_decodes_like_generate(name, monkeypatch):
+    """The one-token step a GPU runs (kernels/attention.py's launch), here through Triton's
+    interpreter: same tokens as generate, left padding included; GPT-OSS has attention sinks and
+    sliding windows."""
+    from base.hf import attention
+
+    model = _model(name, layers=2)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 100, (3, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    want = _generate_ref(model, ids, mask, 12)
+    calls = []
+    monkeypatch.setattr(attention, "kernel_decode", lambda query: calls.append(1) or True)
+    assert torch.equal(_engine_tokens(model, ids, mask, 12, compile=False), want)
+    assert calls  # the decode steps took the kernel path
+
+
+def test_the_continuous_engines_kernel_path_serves_gpt_oss_as_generate(monkeypatch):
+    """Continuous batching's one-token steps (each row its own slot) on the GPU's attention path,
+    here through Triton's interpreter, with GPT-OSS's sinks and sliding window: every request gets
+    generate's tokens for it alone, with more requests than slots."""
+    from base.config import SchedulerConfig
+    from base.hf import attention
+    from base.runtime.continuous import ContinuousEngine
+    from base.runtime.scheduler import Request, serve
+
+    model = _model("tiny_gpt_oss", layers=2)
+    g = torch.Generator().manual_seed(4)
+    reqs = [Request(torch.randint(3, 100, (int(n),), generator=g).tolist(), 9) for n in (5, 8, 3, 6)]
+    want = [_generate_ref(model, torch.tensor([r.ids]), torch.ones(1, len(r.ids), dtype=torch.long), r.max_new)[0]
+            for r in reqs]
+    calls = []
+    monkeypatch.setattr(attention, "kernel_decode", lambda query: calls.append(1) or True)
+    policy = SchedulerConfig()
+    engine = ContinuousEngine(model, 2, 32, pad_id=0, buckets=policy.buckets)
+    try:
+        done, _ = serve(engine, reqs, pad_id=0, stop_at_eos=False, policy=policy)
+    finally:
+        engine.release()
+    assert calls
+    for d, w in zip(done, want, strict=True):
+        assert d.tokens == w.tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile", [False, True])
+def test_gpu_gpt_oss_decodes_like_generate_on_the_kernel(compile):
+    """On a GPU, tiny GPT-OSS's one-token steps run kernels/attention.py with its attention sinks
+    (replayed in a CUDA graph; `compile`: in the compiled attention half): generate's tokens."""
+    # base_triton, as a CUDA run loads it: transformers' grouped_mm in fp32 copies from the host,
+    # which a CUDA graph cannot capture
+    raw = yaml.safe_load((ROOT / "conf/model/tiny_gpt_oss.yaml").read_text())
+    model = load_model(ModelConfig(**{**raw, "device": "cuda"}), ROOT, seed=0, experts_impl="base_triton").eval()
+    ids = torch.randint(3, 100, (3, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids, mask = ids.cuda(), mask.cuda()
+    want = _generate_ref(model, ids, mask, 14).cpu()
+    assert torch.equal(_engine_tokens(model, ids, mask, 14, compile=compile).cpu(), want)
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3", pytest.param("tiny_gpt_oss", marks=pytest.mark.slow),

@@ -415,7 +415,13 @@ def test_gpu_select_and_score(kind):
 def test_gpu_route_select():
     T, E, K, M = 64, 128, 8, 16
     b = make_batch(T, E, K, 8, device="cuda", seed=3)
-    logits_TE = torch.randn(T, E, device="cuda").to(torch.bfloat16)
+    # distinct logits in every row (multiples of 1/16, exact in bf16): the reassignment below takes
+    # each token's next-preferred kept expert, which a tie in probability would leave to tie order
+    # (the kernel takes the lower id; the reference does not say), and the global CUDA generator's
+    # draws tied there once (session 27)
+    g = torch.Generator().manual_seed(3)
+    logits_TE = ((torch.stack([torch.randperm(E, generator=g) for _ in range(T)]) - E // 2) / 16).to(torch.bfloat16)
+    logits_TE = logits_TE.cuda()
     routing, sel = route_select(logits_TE, K, b.active_T, M, norm_topk=True, kind="router_sum")
     probs_TE = logits_TE.float().softmax(-1)
     torch.testing.assert_close(routing.probs_TE, probs_TE, rtol=1e-4, atol=1e-6)
@@ -548,6 +554,33 @@ def test_decode_attention_under_every_launch_matches_the_reference(block_n, targ
     torch.testing.assert_close(out, decode_attention_reference(q, k, v, allowed, last, 0.3), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("block_n,target", [(16, 1), (16, 40), (64, 8)])
+def test_decode_attention_with_sinks_matches_the_reference(block_n, target):
+    """Attention sinks (one logit per query head with no value, GPT-OSS): the reference's softmax
+    over [scores, sink], in one share or many (share 0 adds the sink); a row with nothing allowed
+    gives 0; sinks of another length are refused."""
+    from kernels.attention import (
+        AttentionLaunch,
+        decode_attention,
+        decode_attention_reference,
+        splits_for,
+    )
+
+    B, Hq, K, L, D, E, last = 3, 8, 2, 200, 16, 16, 170
+    q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E)
+    sinks_H = 2 * torch.randn(Hq, generator=torch.Generator().manual_seed(3))
+    launch = AttentionLaunch(block_n=block_n, num_warps=2, target_programs=target)
+    out = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=launch, sinks_H=sinks_H)
+    assert splits_for(B * K, L, launch) == {1: 1, 40: 7, 8: 2}[target]
+    torch.testing.assert_close(out, decode_attention_reference(q, k, v, allowed, last, 0.3, sinks_H),
+                               rtol=1e-5, atol=1e-5)
+    without = decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=launch)
+    assert (out[:-1] - without[:-1]).abs().max() > 1e-3  # the sinks took mass
+    assert out[-1].abs().max() == 0
+    with pytest.raises(ValueError, match="sinks"):
+        decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, sinks_H=sinks_H[:4])
+
+
 def test_a_launch_the_device_cannot_hold_is_halved_until_it_fits(monkeypatch):
     """A tuned entry whose tiles need more shared memory than the device has (Triton's
     OutOfResources, raised before anything is enqueued): the launch is halved in BLOCK_N until it
@@ -608,23 +641,26 @@ def test_bad_attention_launches_are_refused():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("B,Hq,K,L,D,E,last", ATTN_SHAPES + [(64, 32, 4, 640, 128, 128, 300),
-                                                       (16, 32, 4, 1024, 128, 128, 700)])
-def test_gpu_decode_attention(B, Hq, K, L, D, E, last, dtype):
-    """Compiled: as the reference, in one share or many (the last to finish combines), and the same
-    again when replayed in a CUDA graph (the arrival counters reset themselves)."""
+@pytest.mark.parametrize("B,Hq,K,L,D,E,last,sinks", [(*shape, False) for shape in ATTN_SHAPES] + [
+    (64, 32, 4, 640, 128, 128, 300, False), (16, 32, 4, 1024, 128, 128, 700, False),
+    (16, 64, 8, 640, 64, 64, 300, True)])  # the last: gpt-oss-20b's heads, with its attention sinks
+def test_gpu_decode_attention(B, Hq, K, L, D, E, last, sinks, dtype):
+    """Compiled: as the reference, in one share or many (the last to finish combines), attention
+    sinks included, and the same again when replayed in a CUDA graph (the arrival counters reset
+    themselves)."""
     from kernels.attention import decode_attention, decode_attention_reference
 
     q, k, v, allowed = _attention_inputs(B, Hq, K, L, D, E, dtype, "cuda")
     k[:, :, last + 1:], v[:, :, last + 1:] = float("nan"), float("nan")
     last_1 = torch.tensor([last], device="cuda")
-    out = decode_attention(q, k, v, allowed, last_1, 0.2)
-    ref = decode_attention_reference(q, k, v, allowed, last, 0.2)
+    sinks_H = torch.randn(Hq, generator=torch.Generator().manual_seed(5)).to("cuda", dtype) if sinks else None
+    out = decode_attention(q, k, v, allowed, last_1, 0.2, sinks_H=sinks_H)
+    ref = decode_attention_reference(q, k, v, allowed, last, 0.2, sinks_H)
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # (a relative norm: a row may be all zeros)
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        replayed = decode_attention(q, k, v, allowed, last_1, 0.2)
+        replayed = decode_attention(q, k, v, allowed, last_1, 0.2, sinks_H=sinks_H)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()

@@ -147,11 +147,15 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     # decode attention (Qwen3-30B-A3B: 8 query heads per KV head, head size 128): the cache in shares
     # combined by the last, and in one share
     at_ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "allowed_ptr": "*u8", "last_ptr": "*i64",
-               "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16"}
+               "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16",
+               "sink_ptr": "*bf16"}
     at = {"G_BLOCK": 16, "D_BLOCK": 128, "E_BLOCK": 128, "BLOCK_N": 64}
     for one in (False, True):
         out.append((f"decode_attention ONE_SHARE={one:d}", _decode_attention, at_ptrs, ("scaling",),
-                    {**at, "ONE_SHARE": one}, {"num_warps": 4}))
+                    {**at, "ONE_SHARE": one, "HAS_SINK": False}, {"num_warps": 4}))
+    # gpt-oss-20b's decode step (8 query heads a KV head, head size 64, attention sinks)
+    out.append(("decode_attention gpt-oss HAS_SINK=1", _decode_attention, at_ptrs, ("scaling",),
+                {**at, "D_BLOCK": 64, "E_BLOCK": 64, "ONE_SHARE": False, "HAS_SINK": True}, {"num_warps": 4}))
     return out
 
 

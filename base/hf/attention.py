@@ -17,8 +17,8 @@ Why not sdpa: with a mask (left padding, empty cache slots), transformers' sdpa 
 for each query head of a group (`repeat_kv`, older versions) or falls back to the math kernel;
 either reads and writes Hq/Hkv times the cache per layer, the part of a decode step that grew with
 batch size. For one query token on a GPU, kernels/attention.py reads each KV head's filled slots
-once for its G query heads (one launch, registered as a custom op so the compiled region calls
-it as is); elsewhere, and for attention sinks, the G query heads of a KV head are stacked as G
+once for its G query heads, attention sinks included (one launch, registered as a custom op so
+the compiled region calls it as is); elsewhere the G query heads of a KV head are stacked as G
 rows of one matmul against that head's cache (`grouped_decode_attention`).
 
 Supports grouped and multi-head attention, key and value head sizes that differ (DeepSeek's MLA),
@@ -51,15 +51,22 @@ NAME = "base_engine"
 
 @torch.library.custom_op("base_moe::decode_attention", mutates_args=())
 def _decode_attention_op(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_1: Tensor,
-                         scaling: float) -> Tensor:
+                         scaling: float, sinks_H: Tensor | None = None) -> Tensor:
+    """kernels/attention.py's decode attention; `sinks_H`: GPT-OSS's attention sinks (`s_aux`)."""
     from kernels.attention import decode_attention
 
-    return decode_attention(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling)
+    return decode_attention(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling, sinks_H=sinks_H)
 
 
 @_decode_attention_op.register_fake
-def _(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling):
+def _(q_BHD, k_BKLD, v_BKLE, allowed_BL, last_1, scaling, sinks_H=None):
     return q_BHD.new_empty(q_BHD.shape[0], q_BHD.shape[1], v_BKLE.shape[-1])
+
+
+def kernel_decode(query_BHQD: Tensor) -> bool:
+    """Whether a one-token step attends through kernels/attention.py: on a GPU (a CPU test
+    replaces this to run the kernel through Triton's interpreter)."""
+    return query_BHQD.is_cuda
 
 
 @torch.library.custom_op("base_moe::write_kv_rows", mutates_args=("k_cache_BKLD", "v_cache_BKLE"))
@@ -363,9 +370,9 @@ def engine_attention(module: nn.Module, query_BHQD: Tensor, key_BKQD: Tensor, va
         v_BKLE = _write(module.base_v_cache, value_BKQE, pos, rows_n)
     allowed_B1QL = _allowed(attention_mask, pos, sliding_window)
     Q = query_BHQD.shape[2]
-    if Q == 1 and s_aux is None and query_BHQD.is_cuda:
+    if Q == 1 and kernel_decode(query_BHQD):
         out_BHE = _decode_attention_op(query_BHQD[:, :, 0], k_BKLD, v_BKLE, allowed_B1QL[:, 0, 0], last_read(module),
-                                       scaling)
+                                       scaling, s_aux)
         return out_BHE[:, None], None
     if Q == 1 or s_aux is not None:
         return grouped_decode_attention(query_BHQD, k_BKLD, v_BKLE, allowed_B1QL, scaling, s_aux), None
