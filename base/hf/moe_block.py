@@ -115,7 +115,8 @@ class BudgetedMoE(nn.Module):
     def forward(self, hidden_BSH: Tensor, residual_BSH: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """The block's output; with `residual_BSH` (the decoder layer's residual stream, what
         base/runtime/regional.py passes), residual + output, in the expert kernel's last launch
-        where it can (no shared experts, the kernel's kept list), else as the layer would add it."""
+        where it can (the kernel's kept list; with shared experts, only when they run in the kernel
+        too, base/hf/shared_experts.py), else as the layer would add it."""
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
         idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
         shared = self._shared_chunks() if self.shared_C and applies(self.experts, x_TH.shape[0]) else None
