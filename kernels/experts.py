@@ -607,6 +607,7 @@ def fused_experts(
     config: ExpertsConfig | None = None,
     keep_M: Tensor | None = None,
     residual_TH: Tensor | None = None,
+    up_offset: int | None = None,
     _stages: int = 4,
 ) -> Tensor:
     """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped.
@@ -618,7 +619,13 @@ def fused_experts(
     `kept_max` against keep_M's length, a shape the host knows without a sync): two launches
     (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
     reduce). `_stages` < 4 runs only the first launches of
-    the four-launch path: for timing breakdowns."""
+    the four-launch path: for timing breakdowns.
+
+    up_offset: rows from an expert's gate row i to its up row i (default I: each expert's own
+    [gate; up]). A dense MLP's [gate; up] weights, (2 I_s, H), split into C chunks of I = I_s / C
+    rows, pass a (C, I, H) view of the gate rows and up_offset = I_s (base/hf/shared_experts.py)."""
+    if up_offset is not None and layout.interleaved:
+        raise ValueError("up_offset applies to the concatenated [gate; up] layout, not the interleaved one")
     T, H = x_TH.shape
     I = down.shape[1] if layout.transposed else down.shape[2]
     cfg = config or get_config(H, I, T, x_TH.device)
@@ -628,7 +635,7 @@ def fused_experts(
             and (cfg.kept_max is None or keep_M.shape[0] <= cfg.kept_max)):
         return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
                                    gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg,
-                                   residual_TH=residual_TH)
+                                   residual_TH=residual_TH, up_offset=up_offset)
     K = topk_idx_TK.shape[1]
     E = gate_up.shape[0]
     P = T * K
@@ -656,7 +663,7 @@ def fused_experts(
     n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))
     _gate_up_kernel.on(dev)[(n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)](
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
-        E, H, I, K, I if not layout.interleaved else 1, float(layout.alpha), float(layout.limit),
+        E, H, I, K, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
         E_BLOCK=next_pow2(E, 16), ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
@@ -687,13 +694,18 @@ def fused_experts(
     return out_TH
 
 
+def _up_offset(I: int, layout: ExpertsLayout, up_offset: int | None) -> int:
+    """The kernels' row step from gate_i to up_i (unused when interleaved)."""
+    return 1 if layout.interleaved else (I if up_offset is None else up_offset)
+
+
 V3_MAX_TOKENS = 64  # above: the four-launch path (its pair lists beat token tiles at many tokens)
 
 
 def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK: Tensor, topk_w_TK: Tensor,
                         keep_M: Tensor, *, layout: ExpertsLayout, gate_up_bias: Tensor | None,
                         down_bias: Tensor | None, config: ExpertsConfig | None,
-                        residual_TH: Tensor | None = None) -> Tensor:
+                        residual_TH: Tensor | None = None, up_offset: int | None = None) -> Tensor:
     """v3: gate_up over the kept experts, then down straight into the output (two launches)."""
     T, H = x_TH.shape
     K = topk_idx_TK.shape[1]
@@ -717,7 +729,7 @@ def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK
     n_items = M * triton.cdiv(I, gu["BI"])
     _gate_up_kept_kernel.on(dev)[(max(1, min(n_items, num_sms(dev) * gu.pop("PER_SM"))),)](
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, keep_M, idx_TK, w_TK, act_PI,
-        T, H, I, M, I if not layout.interleaved else 1, float(layout.alpha), float(layout.limit),
+        T, H, I, M, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, act_PI.stride(0),
         ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None, ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),

@@ -45,6 +45,8 @@ class Family:
     topk_key: str = "num_experts_per_tok"  # config attribute holding the experts per token
     router_attr: str = "gate"  # the block's router child
     shared: tuple[str, ...] = ()  # the block's shared-expert children
+    shared_mlp: str | None = None  # of those, the SwiGLU MLP (base/hf/shared_experts.py runs it in the kernel)
+    shared_gate: str | None = None  # and the Linear(H, 1) whose sigmoid weighs its output (Qwen1.5/2)
     # the block's output from (block, hidden_BSH, x_TH, routed y_TH): shared experts added, shape back
     combine: Callable[[nn.Module, Tensor, Tensor, Tensor], Tensor] = _no_shared
     returns_router_scores: bool = False  # the block returns (hidden, router scores) (GPT-OSS)
@@ -61,6 +63,7 @@ FAMILIES.register("qwen3_moe")(Family("qwen3_moe", "num_experts", lambda c: bool
                                       softmax_topk_routers=("Qwen3MoeTopKRouter",)))
 FAMILIES.register("qwen2_moe")(Family("qwen2_moe", "num_experts", lambda c: bool(c.norm_topk_prob),
                                       shared=("shared_expert", "shared_expert_gate"), combine=_qwen2_shared,
+                                      shared_mlp="shared_expert", shared_gate="shared_expert_gate",
                                       softmax_topk_routers=("Qwen2MoeTopKRouter",)))
 FAMILIES.register("olmoe")(Family("olmoe", "num_experts", lambda c: bool(c.norm_topk_prob),
                                   softmax_topk_routers=("OlmoeTopKRouter",)))
@@ -73,7 +76,7 @@ FAMILIES.register("gpt_oss")(Family("gpt_oss", "num_local_experts", lambda c: Tr
                                     returns_router_scores=True, softmax_topk_routers=("GptOssTopKRouter",)))
 # DeepSeek-V2 scales by routed_scaling_factor and never renormalises.
 FAMILIES.register("deepseek_v2")(Family("deepseek_v2", "n_routed_experts", lambda c: False,
-                                        shared=("shared_experts",), combine=_deepseek_shared,
+                                        shared=("shared_experts",), combine=_deepseek_shared, shared_mlp="shared_experts",
                                         softmax_topk_routers=("DeepseekV2TopkRouter",)))
 
 

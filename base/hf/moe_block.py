@@ -12,7 +12,9 @@ the block itself, as gpt-fast's MOEFeedForward and vLLM's FusedMoE layer do:
     record: the step's statistics into the forward's recorder, when it records
     y_TH = experts(x_TH, idx_TK, w_TK)                     # transformers' or base_triton; with the
            kernel's kept list and base_triton, the two-launch expert kernel directly
-    the family's shared experts, and the block's shape back
+    the family's shared experts, and the block's shape back: with base_triton at decode sizes, the
+           shared MLP as chunks of the routed shape in the same kernel, the routed output its
+           residual (base/hf/shared_experts.py); else the family's own combine
 
 What a forward needs comes in explicitly: whoever drives the forward (the decode engine, the
 generate loop, the fidelity pass) makes a `StepInputs` and hands it to every block for that
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 
 from base.hf.experts_impl import kept_experts_forward
 from base.hf.families import Family
+from base.hf.shared_experts import SharedChunks, applies, constant_routing, seat
 from base.method.backends import DenseRoute, TorchSelection
 from base.method.policy import Decision, dense_decision
 from base.method.recorder import StatsRecorder
@@ -88,16 +91,40 @@ class BudgetedMoE(nn.Module):
         self.index, self.family, self.selection = index, family, selection
         self.dense_route = dense_route  # dense on the kernels (selection None, backend triton)
         self.step: StepInputs | None = None  # this forward's inputs (MoeBudget.bound)
+        self._seat_shared()
+
+    def _seat_shared(self) -> None:
+        """The shared MLP's gate and up as one block (same values, keys and memory), and the
+        constant routing its kernel call reads (buffers outside the state dict)."""
+        chunks = None
+        if self.family.shared_mlp is not None and seat(getattr(self, self.family.shared_mlp)):
+            chunks = self._shared_chunks()
+        self.shared_C = 0 if chunks is None else chunks.C
+        if chunks is not None:
+            idx_TC, ones_TC, keep_C = constant_routing(chunks.C, chunks.gate_CIH.device, chunks.gate_CIH.dtype)
+            self.register_buffer("shared_idx_TC", idx_TC, persistent=False)
+            self.register_buffer("shared_ones_TC", ones_TC, persistent=False)
+            self.register_buffer("shared_keep_C", keep_C, persistent=False)
+
+    def _shared_chunks(self) -> SharedChunks | None:
+        experts = self.experts
+        I = experts.down_proj.shape[1 if getattr(experts, "is_transposed", False) else 2]
+        gate = getattr(self, self.family.shared_gate) if self.family.shared_gate else None
+        return SharedChunks.of(getattr(self, self.family.shared_mlp), I, gate)
 
     def forward(self, hidden_BSH: Tensor, residual_BSH: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """The block's output; with `residual_BSH` (the decoder layer's residual stream, what
         base/runtime/regional.py passes), residual + output, in the expert kernel's last launch
-        where it can (no shared experts, the kernel's kept list), else as the layer would add it."""
+        where it can (the kernel's kept list; with shared experts, only when they run in the kernel
+        too, base/hf/shared_experts.py), else as the layer would add it."""
         x_TH = hidden_BSH.reshape(-1, hidden_BSH.shape[-1])
         idx_TK, w_TK, keep_M = self.route(x_TH, self.step)
-        fold = residual_BSH is not None and not self.family.shared
+        shared = self._shared_chunks() if self.shared_C and applies(self.experts, x_TH.shape[0]) else None
+        fold = residual_BSH is not None and (not self.family.shared or shared is not None)
         y_TH = self.run_experts(x_TH, idx_TK, w_TK, keep_M, residual_BSH.reshape(x_TH.shape) if fold else None)
-        if fold:
+        if shared is not None:
+            y_TH = self.run_shared(shared, x_TH, y_TH)
+        if fold or shared is not None:
             out_BSH = y_TH.view(hidden_BSH.shape)
         else:
             out_BSH = self.family.combine(self, hidden_BSH, x_TH, y_TH)
@@ -115,6 +142,11 @@ class BudgetedMoE(nn.Module):
             return y_TH
         y_TH = self.experts(x_TH, idx_TK, w_TK)
         return y_TH if residual_TH is None else residual_TH + y_TH
+
+    def run_shared(self, shared: SharedChunks, x_TH: Tensor, routed_TH: Tensor) -> Tensor:
+        """routed_TH (the routed output, the residual added where it was) + the shared experts'
+        output, added in the shared kernel's last launch."""
+        return shared.forward(x_TH, routed_TH, self.shared_idx_TC, self.shared_ones_TC, self.shared_keep_C)
 
     def route(self, x_TH: Tensor, step: StepInputs | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(topk_idx_TK, topk_w_TK, keep_M) the experts run: the router's own, or the selection's;

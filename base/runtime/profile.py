@@ -61,9 +61,10 @@ class _Shadow:
         self.module.__dict__.pop(self.method, None)
 
 
-# The owned MoE block (base/hf/moe_block.py) runs the fused route and the two-launch experts itself,
-# outside its router and experts modules: its two methods get the classes' ranges.
-OWNED_METHODS = (("route", "router/selection"), ("run_experts", "expert FFN"))
+# The owned MoE block (base/hf/moe_block.py) runs the fused route, the two-launch experts and the
+# shared experts' kernel itself, outside its router, experts and shared modules: its three methods
+# get the classes' ranges.
+OWNED_METHODS = (("route", "router/selection"), ("run_experts", "expert FFN"), ("run_shared", "shared experts"))
 
 
 def _tag(model: nn.Module) -> list:
