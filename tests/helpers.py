@@ -145,6 +145,39 @@ def left_padded(lengths: list[int], vocab: int, pad_id: int, seed: int = 0, low:
     return ids, mask
 
 
+def base_step_on_the_kernels(name: str) -> tuple[nn.Module, MoeBudget, Tensor, object]:
+    """conf/model/<name>.yaml on `base_triton` experts with `base` at M=3 on the Triton backend, 4 x 5
+    token ids and a selecting step's inputs: (model, moe, ids_BS, step). `moe.remove()` after."""
+    from base.hf.loading import load_model
+    from base.hf.moe_block import StepInputs
+    from base.method.selectors import build_selector
+
+    cfg = ModelConfig(**yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text()))
+    model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
+    moe = install_budget(model, cfg.family, build_selector("base", model_artifacts(model)),
+                         BudgetOptions(budget=3, backend="triton"))
+    ids_BS = torch.randint(3, 250, (4, 5), generator=torch.Generator().manual_seed(4))
+    step = StepInputs(active_T=torch.ones(ids_BS.numel(), dtype=torch.bool), select=True, recorder=None)
+    return model, moe, ids_BS, step
+
+
+@contextmanager
+def layers_as_halves(model: nn.Module) -> Iterator[int]:
+    """Inside the block every pre-norm decoder layer of `model` runs base/runtime/regional.py's
+    half_layer_forward (attention half, then the MoE block with the residual stream), eagerly: the
+    compiled step's layer without the compile. Yields how many layers qualified."""
+    from base.runtime.regional import _half_layers, half_layer_forward
+
+    layers = _half_layers(model)
+    for layer in layers:
+        layer.forward = lambda hidden_states, _l=layer, **kw: half_layer_forward(_l, hidden_states, kw)
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Tiny models run fastest on one thread, and a busy 2-core box thrashes with more."""

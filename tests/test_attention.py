@@ -338,23 +338,17 @@ def test_every_family_layer_runs_as_one_attention_half_with_the_same_output(name
     """The compiled region is a decoder layer's attention half (base/runtime/regional.py): every
     supported family's layers qualify, and the layer run as half + MoE block + add gives the model's
     logits bit for bit (eagerly here; what Inductor makes of the half is the compiled test's)."""
-    from base.runtime.regional import _half_layers, half_layer_forward
+    from tests.helpers import layers_as_halves
 
     model = _model(name)
-    layers = _half_layers(model)
-    assert len(layers) == model.config.num_hidden_layers
     ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask).logits
-        for layer in layers:
-            layer.forward = lambda hidden_states, _l=layer, **kw: half_layer_forward(_l, hidden_states, kw)
-        try:
+        with layers_as_halves(model) as n_halves:
             got = model(input_ids=ids, attention_mask=mask).logits
-        finally:
-            for layer in layers:
-                del layer.forward
+    assert n_halves == model.config.num_hidden_layers
     assert torch.equal(got, expected)
 
 

@@ -202,31 +202,21 @@ def test_the_layers_residual_add_in_the_expert_kernel_leaves_the_logits_unchange
     Run eagerly here, a budgeted step gives the model's own layer forward's logits bit for bit, and
     every layer's add went to the kernel."""
     import base.hf.experts_impl as impl
-    from base.hf.moe_block import StepInputs
-    from base.runtime.regional import _half_layers, half_layer_forward
+    from tests.helpers import base_step_on_the_kernels, layers_as_halves
 
-    cfg = ModelConfig(**yaml.safe_load((ROOT / "conf/model/tiny_qwen3.yaml").read_text()))
-    model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
-    moe = install_budget(model, cfg.family, build_selector("base", model_artifacts(model)),
-                         BudgetOptions(budget=3, backend="triton"))
-    ids_BS = torch.randint(3, 250, (4, 5), generator=torch.Generator().manual_seed(4))
-    step = StepInputs(active_T=torch.ones(ids_BS.numel(), dtype=torch.bool), select=True, recorder=None)
+    model, moe, ids_BS, step = base_step_on_the_kernels("tiny_qwen3")
     folded = []
     fused = impl.fused_experts
     monkeypatch.setattr(impl, "fused_experts",
                         lambda *a, **kw: folded.append(kw.get("residual_TH") is not None) or fused(*a, **kw))
-    layers = _half_layers(model)
     try:
         with torch.no_grad(), moe.bound(step):
             expected = model(ids_BS).logits
             assert folded and not any(folded)
             folded.clear()
-            for layer in layers:
-                layer.forward = lambda hidden_states, _l=layer, **kw: half_layer_forward(_l, hidden_states, kw)
-            got = model(ids_BS).logits
+            with layers_as_halves(model):
+                got = model(ids_BS).logits
     finally:
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
         moe.remove()
-    assert folded == [True] * cfg.arch["num_hidden_layers"]
+    assert folded == [True] * model.config.num_hidden_layers
     assert torch.equal(got, expected)

@@ -170,35 +170,23 @@ def test_the_layers_residual_and_the_shared_experts_in_the_kernel_leave_the_logi
     """The decode step's layer (base/runtime/regional.py) hands the block its residual stream: the
     routed kernel adds it, the shared kernel adds the routed output; the logits as the model's own."""
     import base.hf.experts_impl as impl
-    from base.hf.moe_block import StepInputs
-    from base.method.selectors import build_selector
-    from base.runtime.regional import _half_layers, half_layer_forward
-    from tests.helpers import model_artifacts
+    from tests.helpers import base_step_on_the_kernels, layers_as_halves
 
-    cfg = ModelConfig(**yaml.safe_load((ROOT / "conf/model/tiny_deepseek.yaml").read_text()))
-    model = load_model(cfg, ROOT, seed=0, experts_impl="base_triton")
-    moe = install_budget(model, cfg.family, build_selector("base", model_artifacts(model)),
-                         BudgetOptions(budget=3, backend="triton"))
-    ids_BS = torch.randint(3, 250, (4, 5), generator=torch.Generator().manual_seed(4))
-    step = StepInputs(active_T=torch.ones(ids_BS.numel(), dtype=torch.bool), select=True, recorder=None)
+    model, moe, ids_BS, step = base_step_on_the_kernels("tiny_deepseek")
     routed, shared = [], []
     kernel = impl.fused_experts
     monkeypatch.setattr(impl, "fused_experts",
                         lambda *a, **kw: routed.append(kw.get("residual_TH") is not None) or kernel(*a, **kw))
     monkeypatch.setattr(shared_mod, "fused_experts", lambda *a, **kw: shared.append(1) or kernel(*a, **kw))
-    layers = _half_layers(model)
     try:
         with torch.no_grad(), moe.bound(step):
             expected = model(ids_BS).logits
             routed.clear(), shared.clear()
-            for layer in layers:
-                layer.forward = lambda hidden_states, _l=layer, **kw: half_layer_forward(_l, hidden_states, kw)
-            got = model(ids_BS).logits
+            with layers_as_halves(model):
+                got = model(ids_BS).logits
     finally:
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
         moe.remove()
-    n = cfg.arch["num_hidden_layers"]
+    n = model.config.num_hidden_layers
     assert routed == [True] * n and len(shared) == n
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
