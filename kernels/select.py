@@ -69,7 +69,7 @@ from kernels._triton import dual_jit, empty, next_pow2
 from kernels.terms import (
     TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
 )
-from kernels.tuned import tuned_entry
+from kernels.tuned import bucket_distance, nearest_bucket, tuned_entry
 
 REASSIGN_MODES = ("backfill", "drop", "similar")
 # Backfill over the kept list (pairwise places, (TB, M, M) in registers) up to this budget; above
@@ -537,10 +537,16 @@ def select_launch(E: int, T: int, device: torch.device, selects: bool = True) ->
     union fits) only routes: its best form can differ (at 16 tokens on an H100 the split form that
     won for `base` made dense's launch two, 0.391 -> 0.445 ms a step: results/roofline/
     branches_2026-12-06g/), so it reads "route:E=<E_BLOCK>,T=<T>" where tuned, else the
-    selecting launch's entry."""
+    selecting launch's entry. Of a table tuned at other token counts for one launch than the other,
+    the entry timed nearest T serves (the route entry where both are as near): a "select:" entry at
+    64 tokens, not a "route:" one at 16, serves dense at 64."""
     E_BLOCK = next_pow2(E, 16)
-    entry = {} if selects else tuned_entry(f"route:E={E_BLOCK}", device, T)
-    entry = entry or tuned_entry(f"select:E={E_BLOCK}", device, T)
+    prefix = f"select:E={E_BLOCK}"
+    if not selects:
+        route_at, select_at = (nearest_bucket(f"{kind}:E={E_BLOCK}", device, T) for kind in ("route", "select"))
+        if route_at is not None and (select_at is None or bucket_distance(route_at, T) <= bucket_distance(select_at, T)):
+            prefix = f"route:E={E_BLOCK}"
+    entry = tuned_entry(prefix, device, T)
     return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),
                         tokens_per_tile=entry.get("TB", 16), split=bool(entry.get("split", False)))
 

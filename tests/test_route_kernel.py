@@ -344,7 +344,7 @@ def test_a_launch_with_nothing_to_drop_asks_for_the_route_entry(monkeypatch):
     """route_select looks its launch up as selecting exactly where experts may be dropped: dense (no
     budget) and a budget the union fits ask for the route-only entry; base under a budget it can
     exceed, for the selecting one."""
-    import kernels.select as select
+    from kernels import select
 
     asked = []
     real = select.select_launch
@@ -374,6 +374,13 @@ def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(m
     table["route:E=128,T=16"] = {"num_warps": 4, "TB": 16, "split": False}
     assert select_launch(128, 16, dev, selects=False) == SelectLaunch(num_warps=4, tokens_per_tile=16)
     assert select_launch(128, 16, dev) == SelectLaunch(num_warps=2, tokens_per_tile=8)  # a selecting launch: select:
+    # the entry tuned nearest T serves a launch with nothing to drop: select: at 64 tokens, not route: at 16;
+    # where both are as near (1 token: 16 is the nearest of each), the route: one
+    assert select_launch(128, 64, dev, selects=False) == SelectLaunch(num_warps=4, tokens_per_tile=32)
+    assert select_launch(128, 1, dev, selects=False) == SelectLaunch(num_warps=4, tokens_per_tile=16)
+    table["route:E=128,T=64"] = {"num_warps": 8, "TB": 4, "split": True}
+    assert select_launch(128, 64, dev, selects=False) == SelectLaunch(num_warps=8, tokens_per_tile=4, split=True)
+    assert select_launch(128, 64, dev) == SelectLaunch(num_warps=4, tokens_per_tile=32)
     monkeypatch.setenv("BASE_KERNELS_NO_TUNED", "1")
     assert select_launch(128, 16, dev) == SelectLaunch()
     with pytest.raises(ValueError, match="num_warps must be one of"):
