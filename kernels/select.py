@@ -69,7 +69,7 @@ from kernels._triton import dual_jit, empty, next_pow2
 from kernels.terms import (
     TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
 )
-from kernels.tuned import tuned_entry
+from kernels.tuned import bucket_distance, nearest_bucket, tuned_entry
 
 REASSIGN_MODES = ("backfill", "drop", "similar")
 # Backfill over the kept list (pairwise places, (TB, M, M) in registers) up to this budget; above
@@ -511,7 +511,8 @@ class Rule:
 class SelectLaunch:
     """How the kernel's one program runs (the GEMV form's other programs excepted): its warps,
     and TB, the tokens per step of its loops. Tuned per GPU (kernels/configs/<gpu>.json,
-    "select:E=<E_BLOCK>,T=<T>", by tools/tune_step_kernels.py): the program is latency-bound, so
+    "select:E=<E_BLOCK>,T=<T>" and, for launches with nothing to drop, "route:E=<E_BLOCK>,T=<T>",
+    by tools/tune_step_kernels.py): the program is latency-bound, so
     fewer warps (reductions within a warp) can beat more. `split`: above one tile of tokens,
     two launches of one program per tile instead (PHASE 1: each tile's routing and partial
     scores; PHASE 2: every program sums the partials in tile order, ranks, and reassigns its own
@@ -529,11 +530,23 @@ class SelectLaunch:
             raise ValueError(f"tokens_per_tile must be a power of two in [1, 64], got {self.tokens_per_tile}")
 
 
-def select_launch(E: int, T: int, device: torch.device) -> SelectLaunch:
+def select_launch(E: int, T: int, device: torch.device, selects: bool = True) -> SelectLaunch:
     """The tuned launch for E experts and T tokens on this device, else the built-in default
-    (8 warps above 64 experts, 4 up to 64; 16 tokens per tile)."""
+    (8 warps above 64 experts, 4 up to 64; 16 tokens per tile). `selects`: whether the launch may
+    drop experts (not `union_fits`). A launch with nothing to drop (dense's route, a budget the
+    union fits) only routes: its best form can differ (at 16 tokens on an H100 the split form that
+    won for `base` made dense's launch two, 0.391 -> 0.445 ms a step: results/roofline/
+    branches_2026-12-06g/), so it reads "route:E=<E_BLOCK>,T=<T>" where tuned, else the
+    selecting launch's entry. Of a table tuned at other token counts for one launch than the other,
+    the entry timed nearest T serves (the route entry where both are as near): a "select:" entry at
+    64 tokens, not a "route:" one at 16, serves dense at 64."""
     E_BLOCK = next_pow2(E, 16)
-    entry = tuned_entry(f"select:E={E_BLOCK}", device, T)
+    prefix = f"select:E={E_BLOCK}"
+    if not selects:
+        route_at, select_at = (nearest_bucket(f"{kind}:E={E_BLOCK}", device, T) for kind in ("route", "select"))
+        if route_at is not None and (select_at is None or bucket_distance(route_at, T) <= bucket_distance(select_at, T)):
+            prefix = f"route:E={E_BLOCK}"
+    entry = tuned_entry(prefix, device, T)
     return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),
                         tokens_per_tile=entry.get("TB", 16), split=bool(entry.get("split", False)))
 
@@ -583,7 +596,8 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
             logit_bias_E: Tensor | None = None, gemv: tuple | None = None,
             launch: SelectLaunch | None = None) -> Selection:
     dev = probs_TE.device
-    launch = launch or select_launch(E, T, dev)
+    select = not union_fits(rule, budget, T, K, E)
+    launch = launch or select_launch(E, T, dev, select)
     in_kernel = score_E is None
     if in_kernel and kind == "base" and (g_TE is None or pred_b_E is None):
         raise ValueError("kind 'base' computed in the kernel needs g_TE and pred_b_E")
@@ -623,7 +637,6 @@ def _launch(*, T: int, K: int, E: int, budget: int | None, kind: str, rule: Rule
     n_tiles = triton.cdiv(T, TB)
     phases = (1, 2) if gemv is None and n_tiles > 1 and launch.split else (0,)  # else one program
     part = empty(n_tiles * 5 * E_BLOCK, device=dev, dtype=torch.float32) if phases != (0,) else dummy
-    select = not union_fits(rule, budget, T, K, E)
     # With nothing to drop a tier changes only the order of the kept list, not the kept set or the
     # routing: the launch then skips the tier's pass-1 work, as dense's launch does (a step of one
     # token under `top1_union` or an anchored rule timed 0.4-0.8 % slower than dense with it).

@@ -2,8 +2,10 @@
 
 One JSON object per GPU name (spaces as '_'); `default.json` holds fallbacks. Keys:
     "H=<H>,I=<I>,T=<T>"         the expert FFN (kernels/experts.py, tools/tune_kernels.py)
-    "select:E=<E_BLOCK>,T=<T>"  the selection kernel's num_warps and tokens per tile
+    "select:E=<E_BLOCK>,T=<T>"  the selection kernel's num_warps, tokens per tile and form
                                 (kernels/select.py, tools/tune_step_kernels.py)
+    "route:E=<E_BLOCK>,T=<T>"   the same kernel's launch when nothing can be dropped (dense's
+                                route); where a "select:" entry is tuned nearer T, that one serves
     "attention:G=<G>,D=<D>"     decode attention's slots per block, num_warps and programs
                                 targeted (kernels/attention.py, tools/tune_step_kernels.py)
 T is a token bucket: the next power of two, at most 128. A missing key falls back to the nearest
@@ -56,6 +58,23 @@ def token_bucket(T: int) -> int:
     return min(next_pow2(T), 128)
 
 
+def bucket_distance(bucket: int, T: int) -> int:
+    """How many doublings apart a table's token bucket is from T's."""
+    return abs(bucket.bit_length() - token_bucket(T).bit_length())
+
+
+def nearest_bucket(prefix: str, device: torch.device, T: int) -> int | None:
+    """The token bucket of `prefix`'s entry that serves T: T's own where tuned, else the nearest
+    tuned one; None when nothing is tuned for the prefix (or under BASE_KERNELS_NO_TUNED)."""
+    if os.environ.get("BASE_KERNELS_NO_TUNED"):
+        return None
+    head = f"{prefix},T="
+    tuned = [int(k[len(head):]) for k in load_configs(device_name(device)) if k.startswith(head)]
+    if not tuned:
+        return None
+    return token_bucket(T) if token_bucket(T) in tuned else min(tuned, key=lambda b: bucket_distance(b, T))
+
+
 def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:
     """The table's entry `prefix` (",T=<bucket>" appended when T is given; else the nearest
     bucket of that prefix), or {} when nothing is tuned for it."""
@@ -64,11 +83,5 @@ def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict
     table = load_configs(device_name(device))
     if T is None:
         return dict(table.get(prefix, {}))
-    head = f"{prefix},T="
-    key = f"{head}{token_bucket(T)}"
-    if key not in table:
-        near = [k for k in table if k.startswith(head)]
-        if not near:
-            return {}
-        key = min(near, key=lambda k: abs(int(k[len(head):]).bit_length() - token_bucket(T).bit_length()))
-    return dict(table[key])
+    bucket = nearest_bucket(prefix, device, T)
+    return {} if bucket is None else dict(table[f"{prefix},T={bucket}"])

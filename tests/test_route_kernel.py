@@ -340,6 +340,24 @@ def test_the_split_launch_gives_the_one_program_launch_bit_for_bit(kind, tier, c
                         launches=[SelectLaunch(tokens_per_tile=16, split=split) for split in (False, True)])
 
 
+def test_a_launch_with_nothing_to_drop_asks_for_the_route_entry(monkeypatch):
+    """route_select looks its launch up as selecting exactly where experts may be dropped: dense (no
+    budget) and a budget the union fits ask for the route-only entry; base under a budget it can
+    exceed, for the selecting one."""
+    from kernels import select
+
+    asked = []
+    real = select.select_launch
+    monkeypatch.setattr(select, "select_launch", lambda E, T, dev, selects=True: asked.append(selects) or real(E, T, dev, selects))
+    T, E, K, H = 6, 16, 2, 8
+    x_TH, w_EH, active_T = _inputs(T, E, H, seed=2)
+    logits_TE = x_TH @ w_EH.T
+    for budget, want in ((None, False), (E, False), (3, True)):
+        asked.clear()
+        route_select(logits_TE, K, active_T, budget, norm_topk=True)
+        assert asked == [want], budget
+
+
 def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(monkeypatch):
     from kernels import tuned
     from kernels.select import SelectLaunch, select_launch
@@ -352,6 +370,17 @@ def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(m
     assert select_launch(128, 1, dev) == SelectLaunch(num_warps=2, tokens_per_tile=8)  # nearest bucket: 16
     assert select_launch(128, 50, dev) == SelectLaunch(num_warps=4, tokens_per_tile=32)
     assert select_launch(64, 16, dev) == SelectLaunch(num_warps=4, tokens_per_tile=16)  # untuned: the default
+    assert select_launch(128, 16, dev, selects=False) == SelectLaunch(num_warps=2, tokens_per_tile=8)  # no route: entry
+    table["route:E=128,T=16"] = {"num_warps": 4, "TB": 16, "split": False}
+    assert select_launch(128, 16, dev, selects=False) == SelectLaunch(num_warps=4, tokens_per_tile=16)
+    assert select_launch(128, 16, dev) == SelectLaunch(num_warps=2, tokens_per_tile=8)  # a selecting launch: select:
+    # the entry tuned nearest T serves a launch with nothing to drop: select: at 64 tokens, not route: at 16;
+    # where both are as near (1 token: 16 is the nearest of each), the route: one
+    assert select_launch(128, 64, dev, selects=False) == SelectLaunch(num_warps=4, tokens_per_tile=32)
+    assert select_launch(128, 1, dev, selects=False) == SelectLaunch(num_warps=4, tokens_per_tile=16)
+    table["route:E=128,T=64"] = {"num_warps": 8, "TB": 4, "split": True}
+    assert select_launch(128, 64, dev, selects=False) == SelectLaunch(num_warps=8, tokens_per_tile=4, split=True)
+    assert select_launch(128, 64, dev) == SelectLaunch(num_warps=4, tokens_per_tile=32)
     monkeypatch.setenv("BASE_KERNELS_NO_TUNED", "1")
     assert select_launch(128, 16, dev) == SelectLaunch()
     with pytest.raises(ValueError, match="num_warps must be one of"):
@@ -512,24 +541,26 @@ def test_every_committed_selection_launch_routes_as_the_default_launch(monkeypat
 @cuda
 @pytest.mark.parametrize("tier", ["none", "anchor"])
 def test_gpu_every_tuned_selection_launch_of_this_gpu_routes_as_the_default_launch(tier):
-    """Each `select:` entry of this GPU's committed table (kernels/configs/<gpu>.json) is read as
-    written and, at its own E and T in bf16, routes, keeps and reassigns bit for bit as the
-    built-in launch (one program, 16-token tiles), eagerly and replayed in a CUDA graph; the score,
-    a sum over tokens, up to float rounding. So a tuned entry gets a GPU run of its own."""
+    """Each `select:` and `route:` entry of this GPU's committed table (kernels/configs/<gpu>.json)
+    is read as written and, at its own E and T in bf16, routes, keeps and reassigns bit for bit as
+    the built-in launch (one program, 16-token tiles), eagerly and replayed in a CUDA graph; the
+    score, a sum over tokens, up to float rounding. `route:` entries run as dense's launch does
+    (no budget). So a tuned entry gets a GPU run of its own."""
     from kernels.score import fused_router_logits
     from kernels.select import SelectLaunch, select_launch
     from kernels.tuned import device_name, load_configs
 
     dev = torch.device("cuda")
     table = load_configs(device_name(dev))
-    keys = sorted(k for k in table if k.startswith("select:"))
+    keys = sorted(k for k in table if k.startswith(("select:", "route:")))
     if not keys:
         pytest.skip(f"{device_name(dev)}'s table has no selection launches")
     K, H, M = 8, 2048, 16
     for key in keys:
         E, T = (int(part.split("=")[1]) for part in key.split(":")[1].split(","))
         entry = table[key]
-        launch = select_launch(E, T, dev)
+        selects = key.startswith("select:")
+        launch = select_launch(E, T, dev, selects)
         assert launch == SelectLaunch(num_warps=entry["num_warps"], tokens_per_tile=entry["TB"],
                                       split=bool(entry.get("split", False))), key
         x_TH, w_EH, active_T = (t.to(dev) for t in _inputs(T, E, H, seed=T))
@@ -538,8 +569,8 @@ def test_gpu_every_tuned_selection_launch_of_this_gpu_routes_as_the_default_laun
                                                                                      art.pred_w_LHE[0].to(dev)))
         kw = dict(norm_topk=True, kind="base", g_TE=g_TE, pred_b_E=art.pred_b_LE[0].to(dev), rule=Rule(tier=tier))  # noqa: C408
 
-        def run(launch=launch, logits_TE=logits_TE, active_T=active_T, kw=kw):
-            routing, sel = route_select(logits_TE, K, active_T, M, launch=launch, **kw)
+        def run(launch=launch, logits_TE=logits_TE, active_T=active_T, kw=kw, budget=M if selects else None):
+            routing, sel = route_select(logits_TE, K, active_T, budget, launch=launch, **kw)
             return [routing.topk_idx_TK, routing.topk_w_TK, sel.keep_M, sel.topk_idx_TK, sel.topk_w_TK, sel.score_E]
 
         ref = [t.clone() for t in run(SelectLaunch())]

@@ -19,12 +19,15 @@ from tools import tune_step_kernels as tsk
 def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeypatch):
     dev = torch.device("cpu")
     rows, table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (4,), (1, 2), (4,), reps=1)
-    assert len(rows) == 2 and {r["num_warps"] for r in rows} == {1, 2}
-    fastest = min(rows, key=lambda r: r["us"])
-    assert table == {"select:E=16,T=4": {"num_warps": fastest["num_warps"], "TB": 4, "split": False,
-                                        "us": fastest["us"]}}
+    # base's launch (it selects) and dense's (nothing to drop), each timed over every candidate, each its entry
+    assert sorted((r["kernel"], r["num_warps"]) for r in rows) == [("route", 1), ("route", 2), ("select", 1),
+                                                                   ("select", 2)]
+    fastest, fastest_route = (min((r for r in rows if r["kernel"] == k), key=lambda r: r["us"]) for k in ("select", "route"))
+    assert table == {f"{k}:E=16,T=4": {"num_warps": r["num_warps"], "TB": 4, "split": False, "us": r["us"]}
+                     for k, r in (("select", fastest), ("route", fastest_route))}
     # two tiles of 4 tokens: the split launch is a candidate too; the fastest form is the entry
     split_rows, split_table = tsk.tune_select(dev, {"H": 16, "E": 16, "K": 2, "budget": 3}, (8,), (1,), (4,), reps=1)
+    split_rows = [r for r in split_rows if r["kernel"] == "select"]
     assert sorted((r["split"], r["TB"]) for r in split_rows) == [(False, 4), (True, 4)]
     best = min(split_rows, key=lambda r: r["us"])
     assert {k: split_table["select:E=16,T=8"][k] for k in ("split", "TB")} == {"split": best["split"], "TB": best["TB"]}
@@ -47,6 +50,7 @@ def test_the_tuner_picks_the_fastest_candidate_and_installs_it(tmp_path, monkeyp
 
     monkeypatch.setattr(tuned, "load_configs", lambda name: written)
     assert select_launch(16, 3, dev) == SelectLaunch(num_warps=fastest["num_warps"], tokens_per_tile=4)
+    assert select_launch(16, 3, dev, selects=False) == SelectLaunch(num_warps=fastest_route["num_warps"], tokens_per_tile=4)
     assert select_launch(16, 8, dev) == SelectLaunch(num_warps=1, tokens_per_tile=best["TB"], split=best["split"])
     assert attention_launch(2, 16, dev) == AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=4, target_programs=2)
     one = att_table["attention:G=2,D=16,T=1"]

@@ -15,7 +15,9 @@ Selection: `route_select` as the budgeted model calls it (kind base, logits and 
 from one GEMM, M = 16), per token bucket T in 1, 16, 64: every (num_warps, TB, form) candidate, the forms the one-program
 launch and `split` (one program per tile in two launches), the latter where T spans more than one
 tile; the fastest of those whose selection is the built-in launch's (`same_selection`, checked on
-this GPU) is the bucket's entry "select:E=<E_BLOCK>,T=<T>".
+this GPU) is the bucket's entry "select:E=<E_BLOCK>,T=<T>"; the same for dense's launch (budget
+None: nothing to drop, so only the routing runs) gives "route:E=<E_BLOCK>,T=<T>" (kernels/select.py's
+`select_launch`: an entry tuned on base's launch had made dense's two launches a layer).
 Attention: every (BLOCK_N, num_warps, target_programs) candidate over the batch sizes 1, 16, 64
 and the first and last filled length of a 640-slot cache (the throughput grid's 256 + 384), for the Qwen3-30B-A3B
 and OLMoE heads; objective: the mean over those shapes of time / the shape's best time; the best is
@@ -90,34 +92,36 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
     layer = select_layer(H, E, dev, g)
     pred_b_E = layer.pred_b_E
     rows, table = [], {}
+    E_BLOCK = next_pow2(E, 16)
     for T in ts:
         logits_TE, g_TE, active_T = layer.inputs(T, g)
         cands = [(nw, tb, form) for nw, tb, form in itertools.product(warps, tbs, ("one", "split"))
                  if tb <= max(next_pow2(T), min(tbs))  # a tile larger than the tokens only pads
                  and not (form == "split" and tb >= T)]  # one tile: the split launch is the one-program launch
-        call = partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base", g_TE=g_TE,
-                       pred_b_E=pred_b_E)
-        ref = call(launch=SelectLaunch())
-        for nw, tb, form in cands:
-            launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=form == "split")
-            fn = partial(call, launch=launch)
-            try:
-                us, how = time_graph([fn] * 20, reps, dev)
-            except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
-                log(f"select T={T} {launch} failed: {type(e).__name__}: {str(e)[:120]}")
-                continue
-            rows.append({"kernel": "select", "E": E, "T": T, "num_warps": nw, "TB": tb, "split": form == "split",
-                         "us": round(us, 3), "timing": how, "matches_default": same_selection(fn(), ref)})
-        ok = [r for r in rows if r["kernel"] == "select" and r["T"] == T and r["matches_default"]]
-        if not ok:
-            raise RuntimeError(f"select T={T}: no candidate launch gives the built-in launch's selection")
-        best = min(ok, key=lambda r: r["us"])
-        table[f"select:E={next_pow2(E, 16)},T={T}"] = {"num_warps": best["num_warps"], "TB": best["TB"],
-                                                       "split": best["split"], "us": best["us"]}
-        forms = {f: min((r["us"] for r in rows if r["kernel"] == "select" and r["T"] == T
-                         and ("split" if r["split"] else "one") == f), default=None)
-                 for f in ("one", "split")}
-        log(f"select T={T}: best {table[f'select:E={next_pow2(E, 16)},T={T}']}; best us per form {forms}")
+        # the launch that selects (base, M) and the one with nothing to drop (dense: the union), each its entry
+        for entry, call in (("select", partial(route_select, logits_TE, K, active_T, M, norm_topk=True, kind="base",
+                                               g_TE=g_TE, pred_b_E=pred_b_E)),
+                            ("route", partial(route_select, logits_TE, K, active_T, None, norm_topk=True))):
+            ref = call(launch=SelectLaunch())
+            for nw, tb, form in cands:
+                launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=form == "split")
+                fn = partial(call, launch=launch)
+                try:
+                    us, how = time_graph([fn] * 20, reps, dev)
+                except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
+                    log(f"{entry} T={T} {launch} failed: {type(e).__name__}: {str(e)[:120]}")
+                    continue
+                rows.append({"kernel": entry, "E": E, "T": T, "num_warps": nw, "TB": tb, "split": form == "split",
+                             "us": round(us, 3), "timing": how, "matches_default": same_selection(fn(), ref)})
+            ok = [r for r in rows if r["kernel"] == entry and r["T"] == T and r["matches_default"]]
+            if not ok:
+                raise RuntimeError(f"{entry} T={T}: no candidate launch gives the built-in launch's selection")
+            best = min(ok, key=lambda r: r["us"])
+            key = f"{entry}:E={E_BLOCK},T={T}"
+            table[key] = {"num_warps": best["num_warps"], "TB": best["TB"], "split": best["split"], "us": best["us"]}
+            forms = {f: min((r["us"] for r in ok if ("split" if r["split"] else "one") == f), default=None)
+                     for f in ("one", "split")}
+            log(f"{entry} T={T}: best {table[key]}; best us per form {forms}")
     return rows, table
 
 
