@@ -147,3 +147,33 @@ def test_from_csv_takes_one_implementations_rows_of_an_ab_search(tmp_path, monke
     tsk.main()
     written = json.loads((tmp_path / "GPU_X.json").read_text())
     assert {e["BLOCK_N"] for e in written.values()} == {64}
+
+
+def test_a_tuning_stopped_in_a_later_bucket_keeps_the_buckets_it_finished(tmp_path, monkeypatch):
+    """The selection is tuned, written to --csv and installed one token bucket at a time: a run
+    interrupted in its second bucket (as `timeout --signal=INT` stops it) has kept the first's
+    timings and entries. (The tuning itself is the slow test above; here each bucket's is a stand-in.)"""
+    from tools import tune_kernels
+
+    monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
+    monkeypatch.setitem(tsk.SMOKE, "select_ts", (4, 8))
+    asked = []
+
+    def one_bucket(dev, model, ts, *args, **kw):
+        asked.append(ts)
+        (T,) = ts
+        if T == 8:
+            raise KeyboardInterrupt
+        entry = {"num_warps": 1, "TB": 4, "split": False, "us": 1.0}
+        return [{"kernel": k, "E": 16, "T": T, **entry} for k in ("select", "route")], \
+            {f"{k}:E=16,T={T}": entry for k in ("select", "route")}
+
+    monkeypatch.setattr(tsk, "tune_select", one_bucket)
+    csv = tmp_path / "tune_step.csv"
+    monkeypatch.setattr("sys.argv", ["tune_step_kernels", "--smoke", "--kernels", "select", "--csv", str(csv)])
+    with pytest.raises(KeyboardInterrupt):
+        tsk.main()
+    assert asked == [(4,), (8,)]
+    assert set(pd.read_csv(csv)["T"]) == {4}
+    written = json.loads((tmp_path / "cpu.json").read_text())
+    assert set(written) == {"select:E=16,T=4", "route:E=16,T=4"} and "us" not in written["select:E=16,T=4"]

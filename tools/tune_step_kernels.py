@@ -25,9 +25,11 @@ the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>", and the best over each model's sh
 size the entry "attention:G=<G>,D=<D_BLOCK>,T=<rows>"; a candidate whose output differs from
 `decode_attention_reference` at any shape (checked on this GPU) is in no entry.
 Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`.
-Every timing goes to --csv (the candidates' table, rewritten after each kernel); each kernel's
-chosen entries are merged into the GPU's config file as soon as it is tuned, unless --no-install
-(a run stopped early keeps what it finished). About 3 minutes on an H200, most of it compiling.
+Every timing goes to --csv (the candidates' table, rewritten after each selection token bucket and
+after attention); each bucket's and attention's entries are merged into the GPU's config file as soon
+as they are tuned, unless --no-install (a run stopped early keeps what it finished). Most of the time
+is compiling: the selection's three buckets with both launches took over 300 s on a fresh H100, one
+bucket 11 s with the compiled kernels cached (results/roofline/branches_2026-12-06j/).
 """
 from __future__ import annotations
 
@@ -247,9 +249,11 @@ def main() -> None:
             log(f"installed into {install(table, dev)}")
 
     if "select" in args.kernels:
-        ts = s.get("select_ts", tuple(args.select_ts or SELECT_TS))
-        keep(*tune_select(dev, s.get("select_model", SELECT_MODEL), ts, s.get("select_warps", SELECT_WARPS),
-                          s.get("select_tb", SELECT_TB), args.reps))
+        # one token bucket at a time, each kept when tuned: a run stopped at its time limit keeps the buckets
+        # it finished (cold, the three buckets with both launches ran past 300 s on an H100, branches_2026-12-06j)
+        for T in s.get("select_ts", tuple(args.select_ts or SELECT_TS)):
+            keep(*tune_select(dev, s.get("select_model", SELECT_MODEL), (T,), s.get("select_warps", SELECT_WARPS),
+                              s.get("select_tb", SELECT_TB), args.reps))
     if "attention" in args.kernels:
         keep(*tune_attention(dev, s.get("attn_models", ATTN_MODELS), s.get("attn_batches", ATTN_BATCHES),
                              s.get("attn_slots", ATTN_SLOTS), s.get("attn_filled", ATTN_FILLED),
