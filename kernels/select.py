@@ -542,9 +542,9 @@ def select_launch(E: int, T: int, device: torch.device, selects: bool = True) ->
     64 tokens, not a "route:" one at 16, serves dense at 64."""
     E_BLOCK = next_pow2(E, 16)
     prefix = f"select:E={E_BLOCK}"
-    if not selects:
-        route_at, select_at = (nearest_bucket(f"{kind}:E={E_BLOCK}", device, T) for kind in ("route", "select"))
-        if route_at is not None and (select_at is None or bucket_distance(route_at, T) <= bucket_distance(select_at, T)):
+    if not selects and (route_at := nearest_bucket(f"route:E={E_BLOCK}", device, T)) is not None:
+        select_at = nearest_bucket(prefix, device, T) if bucket_distance(route_at, T) else None
+        if select_at is None or bucket_distance(route_at, T) <= bucket_distance(select_at, T):
             prefix = f"route:E={E_BLOCK}"
     entry = tuned_entry(prefix, device, T)
     return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),

@@ -68,11 +68,11 @@ def nearest_bucket(prefix: str, device: torch.device, T: int) -> int | None:
     tuned one; None when nothing is tuned for the prefix (or under BASE_KERNELS_NO_TUNED)."""
     if os.environ.get("BASE_KERNELS_NO_TUNED"):
         return None
-    head = f"{prefix},T="
-    tuned = [int(k[len(head):]) for k in load_configs(device_name(device)) if k.startswith(head)]
-    if not tuned:
-        return None
-    return token_bucket(T) if token_bucket(T) in tuned else min(tuned, key=lambda b: bucket_distance(b, T))
+    table, head = load_configs(device_name(device)), f"{prefix},T="
+    if f"{head}{token_bucket(T)}" in table:  # asked per launch: no scan of the table where T's own is tuned
+        return token_bucket(T)
+    tuned = [int(k[len(head):]) for k in table if k.startswith(head)]
+    return min(tuned, key=lambda b: bucket_distance(b, T)) if tuned else None
 
 
 def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:
