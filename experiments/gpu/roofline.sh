@@ -4,8 +4,9 @@
 #   2. the kernel benchmark: v3 launch configs tuned, v3 against v2 expert FFN, the selection step
 #      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
 #   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py; STEPTUNE_ARGS
-#      e.g. "--kernels select --select-ts 64",
-#      installed into this GPU's kernels/configs/<gpu>.json before the grid) -> $OUT/tune_step.csv, installed_configs.json
+#      e.g. "--kernels select --select-ts 64"), installed into this GPU's kernels/configs/<gpu>.json before the grid
+#      -> $OUT/tune_step.csv, installed_configs.json. STEPTUNE_S: its limit (default 450 s: the selection's three
+#      buckets ran past 300 s on a fresh H100; each bucket is installed when tuned, so a cut run keeps those it finished)
 #   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
 #   bash experiments/gpu/roofline.sh                       # all three, Qwen3-30B-A3B uniform
@@ -48,7 +49,7 @@ if [[ " $PARTS " == *" kernels "* ]]; then
 fi
 if [[ " $PARTS " == *" steptune "* ]]; then
   stamp "step kernels tuned"
-  timeout "${STEPTUNE_S:-150}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" ${STEPTUNE_ARGS:-} > "$LOG/tune_step.log" 2>&1
+  timeout "${STEPTUNE_S:-450}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" ${STEPTUNE_ARGS:-} > "$LOG/tune_step.log" 2>&1
   echo "rc=$?" >> "$LOG/tune_step.log"; tail -30 "$LOG/tune_step.log"
   cp "$TABLE" "$LOG/installed_configs.json"
   cp "$LOG/tune_step.csv" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
