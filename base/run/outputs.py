@@ -5,7 +5,9 @@ report is written last, so an interrupted run leaves no report and is not taken 
 """
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,15 +125,26 @@ def as_recorded(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def load_config(resolved_config: str) -> dict[str, Any]:
+    """A resolved configuration (YAML) as a dict: libyaml's parser where PyYAML has it (the pure
+    Python one took ~5 ms per config, and a rerun check hashes a config up to 17 ways)."""
+    import yaml
+
+    return yaml.load(resolved_config, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
 def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEYS) -> str:
     """Hash of the resolved configuration (YAML) with renamed and moved keys where runs recorded
     them (as_recorded), without the `ignore` keys, LATER_OPTIONS at their defaults, and
     `scheduler.*` where nothing serves through the continuous engine."""
+    return _hash(load_config(resolved_config), ignore)
+
+
+def _hash(cfg: dict[str, Any], ignore: tuple[str, ...]) -> str:
+    """config_hash of a parsed configuration (changed in place: pass a copy)."""
     import hashlib
 
-    import yaml
-
-    cfg = {k: v for k, v in as_recorded(yaml.safe_load(resolved_config) or {}).items() if k not in ignore}
+    cfg = {k: v for k, v in as_recorded(cfg).items() if k not in ignore}
     if not _serves_continuously(cfg):  # scheduler.* cannot change what it computes
         cfg.pop("scheduler", None)
     for path, default in LATER_OPTIONS.items():
@@ -146,33 +159,35 @@ def config_hash(resolved_config: str, ignore: tuple[str, ...] = NON_SEMANTIC_KEY
 
 def same_config(resolved_config: str, recorded: str | None) -> bool:
     """Is a finished run's recorded hash this configuration's (also as hashed before issue 21, and
-    with the REMOVED_OPTIONS it was recorded with)?"""
-    return recorded in (config_hash(resolved_config), config_hash(resolved_config, LEGACY_NON_SEMANTIC_KEYS),
-                        *(config_hash(c) for c in _with_removed_options(resolved_config)))
+    with the REMOVED_OPTIONS it was recorded with)? No hash (an unfinished run: None; a report
+    without one: "") is never this configuration's. The ways are tried in turn, up to the first that
+    matches."""
+    if not recorded:
+        return False
+    cfg = load_config(resolved_config)
+    ways = ((cfg, NON_SEMANTIC_KEYS), (cfg, LEGACY_NON_SEMANTIC_KEYS),
+            *((c, NON_SEMANTIC_KEYS) for c in _with_removed_options(cfg)))
+    return any(_hash(copy.deepcopy(c), ignore) == recorded for c, ignore in ways)
 
 
-def _with_removed_options(resolved_config: str) -> list[str]:
+def _with_removed_options(cfg: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The configuration as a run may have recorded it while REMOVED_OPTIONS existed, each at its
     value: once per nonempty set of them (they existed at different times, so a run may have had
-    any of them)."""
+    any of them). Copies; `cfg` is left as it is."""
     from itertools import combinations
 
-    import yaml
-
     options = list(REMOVED_OPTIONS.items())
-    out = []
     for n in range(1, len(options) + 1):
         for subset in combinations(options, n):
-            cfg = yaml.safe_load(resolved_config) or {}
+            variant = copy.deepcopy(cfg)
             for path, value in subset:
                 *parents, key = path
-                node = cfg
+                node = variant
                 for p in parents:
                     node = node.get(p) if isinstance(node, dict) else None
                 if isinstance(node, dict):
                     node.setdefault(key, value)
-            out.append(yaml.safe_dump(cfg))
-    return out
+            yield variant
 
 
 def finished_hash(out_dir: Path) -> str | None:
