@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +166,8 @@ def same_config(resolved_config: str, recorded: str | None) -> bool:
     if not recorded:
         return False
     cfg = load_config(resolved_config)
-    ways = ((cfg, NON_SEMANTIC_KEYS), (cfg, LEGACY_NON_SEMANTIC_KEYS),
-            *((c, NON_SEMANTIC_KEYS) for c in _with_removed_options(cfg)))
+    ways = chain([(cfg, NON_SEMANTIC_KEYS), (cfg, LEGACY_NON_SEMANTIC_KEYS)],
+                 ((c, NON_SEMANTIC_KEYS) for c in _with_removed_options(cfg)))  # made as they are tried
     return any(_hash(copy.deepcopy(c), ignore) == recorded for c, ignore in ways)
 
 
