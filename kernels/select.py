@@ -69,7 +69,7 @@ from kernels._triton import dual_jit, empty, next_pow2
 from kernels.terms import (
     TERMS as KINDS,  # the per-pair score terms, by name (a selector's kernel_term)
 )
-from kernels.tuned import bucket_distance, nearest_bucket, tuned_entry
+from kernels.tuned import nearest_entry
 
 REASSIGN_MODES = ("backfill", "drop", "similar")
 # Backfill over the kept list (pairwise places, (TB, M, M) in registers) up to this budget; above
@@ -541,12 +541,11 @@ def select_launch(E: int, T: int, device: torch.device, selects: bool = True) ->
     the entry timed nearest T serves (the route entry where both are as near): a "select:" entry at
     64 tokens, not a "route:" one at 16, serves dense at 64."""
     E_BLOCK = next_pow2(E, 16)
-    prefix = f"select:E={E_BLOCK}"
-    if not selects and (route_at := nearest_bucket(f"route:E={E_BLOCK}", device, T)) is not None:
-        select_at = nearest_bucket(prefix, device, T) if bucket_distance(route_at, T) else None
-        if select_at is None or bucket_distance(route_at, T) <= bucket_distance(select_at, T):
-            prefix = f"route:E={E_BLOCK}"
-    entry = tuned_entry(prefix, device, T)
+    away, entry = nearest_entry(f"select:E={E_BLOCK}", device, T)
+    if not selects:
+        route_away, route = nearest_entry(f"route:E={E_BLOCK}", device, T)
+        if route and route_away <= away:
+            entry = route
     return SelectLaunch(num_warps=entry.get("num_warps", 4 if E_BLOCK <= 64 else 8),
                         tokens_per_tile=entry.get("TB", 16), split=bool(entry.get("split", False)))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from functools import cache
 from pathlib import Path
@@ -58,21 +59,20 @@ def token_bucket(T: int) -> int:
     return min(next_pow2(T), 128)
 
 
-def bucket_distance(bucket: int, T: int) -> int:
-    """How many doublings apart a table's token bucket is from T's."""
-    return abs(bucket.bit_length() - token_bucket(T).bit_length())
-
-
-def nearest_bucket(prefix: str, device: torch.device, T: int) -> int | None:
-    """The token bucket of `prefix`'s entry that serves T: T's own where tuned, else the nearest
-    tuned one; None when nothing is tuned for the prefix (or under BASE_KERNELS_NO_TUNED)."""
+def nearest_entry(prefix: str, device: torch.device, T: int) -> tuple[float, dict]:
+    """`prefix`'s entry that serves T tokens (T's bucket where tuned, else the nearest tuned one) and
+    how many doublings its bucket is from T's: (inf, {}) when nothing is tuned for the prefix (or
+    under BASE_KERNELS_NO_TUNED)."""
     if os.environ.get("BASE_KERNELS_NO_TUNED"):
-        return None
-    table, head = load_configs(device_name(device)), f"{prefix},T="
-    if f"{head}{token_bucket(T)}" in table:  # asked per launch: no scan of the table where T's own is tuned
-        return token_bucket(T)
+        return math.inf, {}
+    table, head, bucket = load_configs(device_name(device)), f"{prefix},T=", token_bucket(T)
+    if f"{head}{bucket}" in table:  # asked per launch: no scan of the table where T's own is tuned
+        return 0, dict(table[f"{head}{bucket}"])
     tuned = [int(k[len(head):]) for k in table if k.startswith(head)]
-    return min(tuned, key=lambda b: bucket_distance(b, T)) if tuned else None
+    if not tuned:
+        return math.inf, {}
+    near = min(tuned, key=lambda b: abs(b.bit_length() - bucket.bit_length()))
+    return abs(near.bit_length() - bucket.bit_length()), dict(table[f"{head}{near}"])
 
 
 def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:
@@ -83,5 +83,4 @@ def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict
     table = load_configs(device_name(device))
     if T is None:
         return dict(table.get(prefix, {}))
-    bucket = nearest_bucket(prefix, device, T)
-    return {} if bucket is None else dict(table[f"{prefix},T={bucket}"])
+    return nearest_entry(prefix, device, T)[1]
