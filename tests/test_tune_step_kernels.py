@@ -177,3 +177,33 @@ def test_a_tuning_stopped_in_a_later_bucket_keeps_the_buckets_it_finished(tmp_pa
     assert set(pd.read_csv(csv)["T"]) == {4}
     written = json.loads((tmp_path / "cpu.json").read_text())
     assert set(written) == {"select:E=16,T=4", "route:E=16,T=4"} and "us" not in written["select:E=16,T=4"]
+
+
+def test_candidates_compile_side_by_side_each_once_with_their_failures_reported_in_order():
+    """tools/timing.compile_side_by_side calls every candidate exactly once, `workers` at a time in
+    threads (a barrier that only as many threads as workers can pass together proves they overlap),
+    and returns each call's exception in the candidates' order (None where it returned), so a
+    candidate that cannot compile stops nothing; with one worker it runs them in turn, no thread."""
+    import threading
+
+    from tools.timing import compile_side_by_side
+
+    calls, together = [], threading.Barrier(4, timeout=10)
+
+    def candidate(i: int):
+        def call():
+            calls.append((i, threading.get_ident()))
+            together.wait()  # only returns once 4 calls run at the same time
+            if i % 3 == 0:
+                raise ValueError(f"candidate {i}")
+        return call
+
+    errors = compile_side_by_side([candidate(i) for i in range(8)], workers=4)
+    assert sorted(i for i, _ in calls) == list(range(8))
+    assert [str(e) if e else None for e in errors] == ["candidate 0", None, None, "candidate 3", None, None,
+                                                       "candidate 6", None]
+    assert len({t for _, t in calls}) == 4 and threading.get_ident() not in {t for _, t in calls}
+    calls.clear()
+    order = compile_side_by_side([lambda i=i: calls.append((i, threading.get_ident())) for i in range(3)], workers=1)
+    assert order == [None, None, None] and [i for i, _ in calls] == [0, 1, 2]
+    assert {t for _, t in calls} == {threading.get_ident()}

@@ -5,6 +5,7 @@ resources: registers per thread, spills, shared memory. Catches compile errors b
     python -m tools.aot_check --arch 90       # another target (compute capability)
     AOT_VERBOSE=1 python -m tools.aot_check   # a failed compile's whole message, not its first 400 characters
     python -m tools.aot_check --sass DIR      # also each case's SASS (addresses and line info dropped) in DIR
+    python -m tools.aot_check --threads 2     # the cases compiled side by side (the wall time is printed last)
 
 --sass is the check for a kernel change meant to compile to the same program (a refactor): write
 DIR on both trees and `diff -r` them; identical SASS runs as the GPU-tested code did.
@@ -20,6 +21,8 @@ import os
 import re
 import subprocess
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import triton
@@ -186,18 +189,37 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--sass", type=Path, metavar="DIR", help="write each case's SASS to DIR/<case>.sass")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="compile the cases in this many threads (Triton's compiler runs outside the GIL: "
+                         "tools/timing.compile_side_by_side relies on it)")
     args = ap.parse_args()
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
     if args.sass:
         args.sass.mkdir(parents=True, exist_ok=True)
     target = GPUTarget("cuda", args.arch, 32)
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     failed = 0
-    for label, kernel, ptrs, floats, consts, opts in cases():
+
+    def compile_case(case: tuple):
+        _, kernel, ptrs, floats, consts, opts = case
         fn = kernel.gpu
         sig, attrs = _types(fn.fn, ptrs, floats, consts, aligned=ALIGNED_IN.get(kernel, ()))
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
         try:
-            k = triton.compile(src, target=target, options=opts)
+            return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                                  options=opts)
+        except Exception as e:  # noqa: BLE001 - report every case
+            return e
+
+    start = time.perf_counter()
+    all_cases = cases()
+    with ThreadPoolExecutor(max_workers=args.threads) as pool:
+        compiled = list(pool.map(compile_case, all_cases))
+    wall = time.perf_counter() - start
+    for (label, *_), k in zip(all_cases, compiled):
+        try:
+            if isinstance(k, Exception):
+                raise k
             ptx = k.asm["ptx"]
             if args.sass:
                 (args.sass / (re.sub(r"\W+", "_", label).strip("_") + ".sass")).write_text(sass(k.asm["cubin"]))
@@ -208,6 +230,8 @@ def main() -> None:
             print(f"{label:40} FAILED: {type(e).__name__}: {str(e)[:400]}")
             if os.environ.get("AOT_VERBOSE"):
                 print(str(e))
+    print(f"{len(all_cases)} cases compiled in {wall:.1f} s ({args.threads} thread{'s' if args.threads > 1 else ''}; "
+          "Triton's cache answers a case compiled before: TRITON_ALWAYS_COMPILE=1 for a cold time)")
     raise SystemExit(1 if failed else 0)
 
 

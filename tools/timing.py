@@ -181,6 +181,38 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
     return us, "graph"
 
 
+def compile_side_by_side(calls: list[Callable], workers: int) -> list[Exception]:
+    """Call each of `calls` once, `workers` at a time in threads, and wait for all; the exceptions
+    they raised, in order (None for those that returned). For a tuner's candidates before they are
+    timed: each call's first launch compiles its Triton kernel (seconds each: 48 selection
+    candidates at 64 tokens took 99 s one after another on a fresh H100, branches_2026-12-06k), and
+    Triton's compiler (its C++ passes, ptxas in a subprocess) runs outside the GIL, so threads
+    compile candidates side by side; the launches themselves go to the device's one stream, and
+    their outputs are thrown away. A candidate that fails here fails again when it is timed, where
+    the tuner logs it. `workers` 1: one after another, no thread (the CPU's interpreter patches
+    Triton's call globally while it runs, so CPU callers pass 1)."""
+    def attempt(call: Callable) -> Exception | None:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - reported to the caller, who times and logs the candidate
+            return e
+        return None
+
+    if workers <= 1 or len(calls) <= 1:
+        return [attempt(c) for c in calls]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(calls))) as pool:
+        return list(pool.map(attempt, calls))
+
+
+def compile_workers(device) -> int:
+    """Threads for `compile_side_by_side` on this device: the host's cores on a GPU, 1 on the CPU."""
+    import os
+
+    return min(16, os.cpu_count() or 1) if torch.device(device).type == "cuda" else 1
+
+
 def copy_bandwidth(device, gib: float = 2.0, reps: int = 20) -> float:
     """Device-to-device copy, GB/s counting bytes read plus bytes written (what a throughput run
     records as report.json's copy_gbps: base/runtime/throughput.py)."""

@@ -24,7 +24,9 @@ and OLMoE heads; objective: the mean over those shapes of time / the shape's bes
 the entry "attention:G=<G_BLOCK>,D=<D_BLOCK>", and the best over each model's shapes at one batch
 size the entry "attention:G=<G>,D=<D_BLOCK>,T=<rows>"; a candidate whose output differs from
 `decode_attention_reference` at any shape (checked on this GPU) is in no entry.
-Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`.
+Timing as tools/bench_kernels.py: CUDA-graph replays of 20 calls, the median of `--reps`; before a
+bucket's (or an attention shape's) candidates are timed, they are called once each in threads
+(tools/timing.compile_side_by_side), so their Triton compiles run side by side.
 Every timing goes to --csv (the candidates' table, rewritten after each selection token bucket and
 after attention); each bucket's and attention's entries are merged into the GPU's config file as soon
 as they are tuned, unless --no-install (a run stopped early keeps what it finished). Most of the time
@@ -50,7 +52,7 @@ from kernels.attention import (
     decode_attention_reference,
 )
 from kernels.select import SelectLaunch, route_select
-from tools.timing import select_layer, time_graph
+from tools.timing import compile_side_by_side, compile_workers, select_layer, time_graph
 from tools.tune_kernels import install as install_table
 
 # the one-program launch got faster with every doubling of its warps on an H100 (T = 16: 31.3, 15.1,
@@ -105,8 +107,11 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
                                                g_TE=g_TE, pred_b_E=pred_b_E)),
                             ("route", partial(route_select, logits_TE, K, active_T, None, norm_topk=True))):
             ref = call(launch=SelectLaunch())
-            for nw, tb, form in cands:
-                launch = SelectLaunch(num_warps=nw, tokens_per_tile=tb, split=form == "split")
+            launches = {c: SelectLaunch(num_warps=c[0], tokens_per_tile=c[1], split=c[2] == "split") for c in cands}
+            t0 = time.perf_counter()
+            compile_side_by_side([partial(call, launch=launch) for launch in launches.values()], compile_workers(dev))
+            log(f"{entry} T={T}: {len(launches)} candidates called once (their compiles) in {time.perf_counter() - t0:.1f} s")
+            for (nw, tb, form), launch in launches.items():
                 fn = partial(call, launch=launch)
                 try:
                     us, how = time_graph([fn] * 20, reps, dev)
@@ -148,8 +153,11 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
         for B, n in itertools.product(batches, filled):
             q, k, v, allowed, last, _ = attention_inputs(B, Hq, K, D, slots, n, g, dev, dtype)
             ref = decode_attention_reference(q, k, v, allowed, n - 1, D**-0.5).float()
-            for bn, nw, tg in itertools.product(block_ns, warps, targets):
-                launch = AttentionLaunch(block_n=bn, num_warps=nw, target_programs=tg)
+            launches = {c: AttentionLaunch(block_n=c[0], num_warps=c[1], target_programs=c[2])
+                        for c in itertools.product(block_ns, warps, targets)}
+            compile_side_by_side([partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch)
+                                  for launch in launches.values()], compile_workers(dev))
+            for (bn, nw, tg), launch in launches.items():
                 fn = partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch)
                 us, how = time_graph([fn] * 20, reps, dev)
                 same = bool(torch.allclose(fn().float(), ref, rtol=2e-2, atol=2e-2))
