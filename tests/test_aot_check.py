@@ -30,8 +30,9 @@ def test_threaded_compiles_report_every_case_in_order_and_a_bad_thread_count_is_
     monkeypatch.setattr(aot, "ASTSource", lambda **kw: kw)
 
     class Compiled:
-        asm = {"ptx": "", "cubin": b""}
-        metadata = type("M", (), {"shared": 0})
+        def __init__(self) -> None:
+            self.asm = {"ptx": "", "cubin": b""}
+            self.metadata = type("M", (), {"shared": 0})
 
     calls = []
 
