@@ -184,8 +184,9 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
 def compile_side_by_side(calls: list[Callable], workers: int) -> list[Exception]:
     """Call each of `calls` once, `workers` at a time in threads, and wait for all; the exceptions
     they raised, in order (None for those that returned). For a tuner's candidates before they are
-    timed: each call's first launch compiles its Triton kernel (seconds each: 48 selection
-    candidates at 64 tokens took 99 s one after another on a fresh H100, branches_2026-12-06k), and
+    timed: each call's first launch compiles its Triton kernel (seconds each: tuning 48 selection
+    candidates at 64 tokens took 99 s, one after another, on an H100: results/roofline/
+    branches_2026-12-06k/tune_step_call1_tail.txt), and
     Triton's compiler (its C++ passes, ptxas in a subprocess) runs outside the GIL, so threads
     compile candidates side by side; the launches themselves go to the device's one stream, and
     their outputs are thrown away. A candidate that fails here fails again when it is timed, where

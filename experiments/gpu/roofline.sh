@@ -5,7 +5,7 @@
 #      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
 #   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py; STEPTUNE_ARGS
 #      e.g. "--kernels select --select-ts 64"), installed into this GPU's kernels/configs/<gpu>.json before the grid
-#      -> $OUT/tune_step.csv, installed_configs.json. STEPTUNE_S: its limit (default 450 s: the selection's three
+#      -> $OUT/tune_step.csv, tune_step.log (its timestamps), installed_configs.json. STEPTUNE_S: its limit (default 450 s: the selection's three
 #      buckets ran past 300 s on a fresh H100; each bucket is installed when tuned, so a cut run keeps those it finished)
 #   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
@@ -52,7 +52,7 @@ if [[ " $PARTS " == *" steptune "* ]]; then
   timeout "${STEPTUNE_S:-450}" python3 -m tools.tune_step_kernels --csv "$LOG/tune_step.csv" ${STEPTUNE_ARGS:-} > "$LOG/tune_step.log" 2>&1
   echo "rc=$?" >> "$LOG/tune_step.log"; tail -30 "$LOG/tune_step.log"
   cp "$TABLE" "$LOG/installed_configs.json"
-  cp "$LOG/tune_step.csv" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
+  cp "$LOG/tune_step.csv" "$LOG/tune_step.log" "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" exptune "* ]]; then
   # the expert kernels' table for this GPU: both paths (v2 with its reduce-in-down choice, v3) and the
