@@ -9,9 +9,11 @@ On CPU (smoke runs of the harness) host timers stand in for events.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -181,17 +183,18 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
     return us, "graph"
 
 
-def compile_side_by_side(calls: list[Callable], workers: int) -> list[Exception]:
+def compile_side_by_side(calls: list[Callable], workers: int) -> list[Exception | None]:
     """Call each of `calls` once, `workers` at a time in threads, and wait for all; the exceptions
-    they raised, in order (None for those that returned). For a tuner's candidates before they are
-    timed: each call's first launch compiles its Triton kernel (seconds each: tuning 48 selection
-    candidates at 64 tokens took 99 s, one after another, on an H100: results/roofline/
-    branches_2026-12-06k/tune_step_call1_tail.txt), and
-    Triton's compiler (its C++ passes, ptxas in a subprocess) runs outside the GIL, so threads
-    compile candidates side by side; the launches themselves go to the device's one stream, and
-    their outputs are thrown away. A candidate that fails here fails again when it is timed, where
-    the tuner logs it. `workers` 1: one after another, no thread (the CPU's interpreter patches
-    Triton's call globally while it runs, so CPU callers pass 1)."""
+    they raised, in order (None for those that returned).
+
+    For a tuner's candidates before they are timed: each call's first launch compiles its Triton
+    kernel, seconds each (tuning 48 selection candidates at 64 tokens took 99 s, one after another,
+    on an H100: results/roofline/branches_2026-12-06k/tune_step_call1_tail.txt). Triton's compiler
+    (its C++ passes, ptxas in a subprocess) runs outside the GIL, so threads compile candidates side
+    by side (`python -m tools.aot_check --threads 2`: 1.9x on 2 cores); the launches go to the
+    device's one stream and their outputs are thrown away. A candidate that fails here fails again
+    when it is timed, where the tuner logs it. `workers` 1: one after another, no thread (the CPU's
+    interpreter patches Triton's call globally while it runs, so CPU callers pass 1)."""
     def attempt(call: Callable) -> Exception | None:
         try:
             call()
@@ -201,16 +204,12 @@ def compile_side_by_side(calls: list[Callable], workers: int) -> list[Exception]
 
     if workers <= 1 or len(calls) <= 1:
         return [attempt(c) for c in calls]
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=min(workers, len(calls))) as pool:
         return list(pool.map(attempt, calls))
 
 
 def compile_workers(device) -> int:
     """Threads for `compile_side_by_side` on this device: the host's cores on a GPU, 1 on the CPU."""
-    import os
-
     return min(16, os.cpu_count() or 1) if torch.device(device).type == "cuda" else 1
 
 

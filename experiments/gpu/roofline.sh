@@ -5,8 +5,9 @@
 #      -> $OUT/kernels.tgz (benchmarks/kernels/NVIDIA_H200.json, configs, table)
 #   2b. (PARTS steptune) the selection and decode-attention launches tuned (tools/tune_step_kernels.py; STEPTUNE_ARGS
 #      e.g. "--kernels select --select-ts 64"), installed into this GPU's kernels/configs/<gpu>.json before the grid
-#      -> $OUT/tune_step.csv, tune_step.log (its timestamps), installed_configs.json. STEPTUNE_S: its limit (default 450 s: the selection's three
-#      buckets ran past 300 s on a fresh H100; each bucket is installed when tuned, so a cut run keeps those it finished)
+#      -> $OUT/tune_step.csv, tune_step.log (its timestamps), installed_configs.json. STEPTUNE_S: its limit
+#      (default 450 s: the selection's three buckets ran past 300 s on a fresh H100; each bucket is installed
+#      when tuned, so a cut run keeps those it finished)
 #   3. the end-to-end grid of one model and routing (conf/experiment/throughput.yaml, interleaved
 #      repeats, the per-class profile with kernels per layer) -> $OUT/grid.tgz, $OUT/throughput.md
 #   bash experiments/gpu/roofline.sh                       # all three, Qwen3-30B-A3B uniform
