@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from base.config import ConfigError, RunConfig
 from base.files import atomic_write_text
@@ -294,7 +293,7 @@ def _older_engine(cfg: RunConfig, folder: Path | None = None) -> int | None:
     version = ((report.get("provenance") or {}).get("engine") or {}).get("version")
     if version is None:
         recorded = folder / "config.yaml"
-        version = 2 if recorded.exists() and "scheduler" in (yaml.safe_load(recorded.read_text()) or {}) else 1
+        version = 2 if recorded.exists() and "scheduler" in outputs.load_config(recorded.read_text()) else 1
     return version if version < CONTINUOUS_VERSION else None
 
 
@@ -305,7 +304,7 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
     for name, text in extra_files.items():
         atomic_write_text(out / name, text)
     identity = run_identity(cfg.experiment, cfg.model.name, cfg.method.name, cfg.budget, cfg.stage, cfg.overrides)
-    logger = Logger(cfg.logger, identity, yaml.safe_load(resolved_config))
+    logger = Logger(cfg.logger, identity, outputs.load_config(resolved_config))
     log_file = _log_to(out / "run.log")
     ok = False
     try:
