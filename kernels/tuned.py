@@ -78,9 +78,8 @@ def nearest_entry(prefix: str, device: torch.device, T: int) -> tuple[float, dic
 def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:
     """The table's entry `prefix` (",T=<bucket>" appended when T is given; else the nearest
     bucket of that prefix), or {} when nothing is tuned for it."""
+    if T is not None:  # per launch: nearest_entry checks the switch and loads the table once
+        return nearest_entry(prefix, device, T)[1]
     if os.environ.get("BASE_KERNELS_NO_TUNED"):
         return {}
-    table = load_configs(device_name(device))
-    if T is None:
-        return dict(table.get(prefix, {}))
-    return nearest_entry(prefix, device, T)[1]
+    return dict(load_configs(device_name(device)).get(prefix, {}))
