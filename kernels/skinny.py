@@ -134,21 +134,11 @@ def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch 
     win moves a GEMM), above MAX_TOKENS, or off a GPU (on the CPU F.linear is the reference)."""
     if device.type != "cuda" or T > MAX_TOKENS:
         return None
-    params = _tuned_params(N, K, T, device)
-    return None if params is None else SkinnyLaunch(*params)
-
-
-# Asked inside the compiled layer halves (base/hf/skinny_proj.py). Traced, the table read (a file stat
-# in kernels/tuned.py) broke the region's graph at each projection; as a constant it is evaluated once
-# at trace time (the table is fixed for the process). Plain ints, which a compiled graph holds as
-# constants (a dict result it cannot: dynamo guards on its length).
-@torch.compiler.assume_constant_result
-def _tuned_params(N: int, K: int, T: int, device: torch.device) -> tuple[int, int, int, int, int] | None:
-    """(block_n, block_k, num_stages, num_warps, split) of the table's entry where it beat cuBLAS, else None."""
     entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
     if not entry or not entry.get("use", False):
         return None
-    return entry["block_n"], entry["block_k"], entry["num_stages"], entry.get("num_warps", 4), entry.get("split", 1)
+    return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
+                        num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))
 
 
 def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None) -> Tensor:

@@ -240,30 +240,3 @@ def test_the_benchmark_leaves_out_a_launch_whose_product_differs(monkeypatch, ca
     assert "left out: smoke T=16" in out and "split=2" in out.split("left out:")[1].splitlines()[0]
     assert "its product differs from F.linear's" in out
     assert "skinny BN=16 BK=32 st=2 split=1" in out and "skinny BN=16 BK=16 st=1 split=2" not in out
-
-
-def test_the_tuned_lookup_stays_inside_one_compiled_graph(monkeypatch, tmp_path):
-    """The layer half asks `skinny_launch` while dynamo traces it: the table's read (a file stat)
-    must not break the region's graph (fullgraph refuses a break), and the compiled region runs the
-    launch the table names, as eager code does."""
-    import kernels.tuned as tu
-    from kernels.skinny import skinny_launch
-
-    (tmp_path / "Fake_GPU.json").write_text('{"skinny:N=64,K=32,T=16": {"block_n": 32, "block_k": 64, '
-                                            '"num_stages": 2, "num_warps": 4, "split": 2, "use": true}}')
-    monkeypatch.setattr(tu, "CONFIG_DIR", tmp_path)
-    monkeypatch.setattr(tu, "device_name", lambda device: "Fake_GPU")
-    tu.load_configs.cache_clear()
-    gpu = torch.device("cuda", 0)
-
-    def region(x_TK):
-        launch = skinny_launch(64, 32, x_TK.shape[0], gpu)
-        return x_TK.sin() * launch.block_n + launch.split
-
-    try:
-        x_TK = torch.randn(16, 32)
-        compiled = torch.compile(region, backend="eager", fullgraph=True, dynamic=False)
-        assert torch.equal(compiled(x_TK), region(x_TK))
-        assert torch.equal(compiled(x_TK), x_TK.sin() * 32 + 2)
-    finally:
-        tu.load_configs.cache_clear()  # the next test reads the real tables
