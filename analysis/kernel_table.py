@@ -1,13 +1,22 @@
-"""README tables from a kernel benchmark JSON (written by `python -m tools.bench_kernels` on a GPU).
+"""The tables of a kernel benchmark JSON (written by `python -m tools.bench_kernels` on a GPU): the
+four-launch expert FFN's µs (and share of copy bandwidth) per (tokens, budget) beside grouped_mm's,
+and the selection's extra µs a layer over the plain router.
 
-    python -m analysis.kernel_table benchmarks/kernels/NVIDIA_H200.json
+    python -m analysis.kernel_table benchmarks/kernels/NVIDIA_H200.json [--out <prefix>]
+
+Prints them; with --out, also writes <prefix>.md. A file that is not such a JSON is refused (exit 2).
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from pathlib import Path
 
 import pandas as pd
+
+from analysis.load import fail
+
+KEYS = ("device", "copy_GBps", "experts", "select")
 
 
 def experts_table(bench: dict, model: str = "qwen3_30b_a3b", routing: str = "random") -> pd.DataFrame:
@@ -33,10 +42,37 @@ def select_table(bench: dict) -> pd.DataFrame:
     return df[["model", "T", "plain_router_us", *cols]].rename(columns=cols).round(1)
 
 
+def read(path: Path) -> dict:
+    if not path.is_file():
+        fail(f"{path}: no such file (a kernel benchmark JSON: `python -m tools.bench_kernels --out DIR` writes DIR/<gpu>.json)")
+    try:
+        bench = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        fail(f"{path}: not JSON ({e})")
+    missing = [k for k in KEYS if not isinstance(bench, dict) or k not in bench]
+    if missing:
+        fail(f"{path}: not a kernel benchmark JSON (no {', '.join(missing)})")
+    return bench
+
+
+def text(bench: dict) -> str:
+    return (f"copy bandwidth {bench['copy_GBps']:.0f} GB/s; {bench['device']}, torch {bench.get('torch')}, "
+            f"triton {bench.get('triton')}, transformers {bench.get('transformers')}\n\n"
+            f"{experts_table(bench).to_markdown(index=False)}\n\n{select_table(bench).to_markdown(index=False)}\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", type=Path, help="the benchmark's <gpu>.json")
+    ap.add_argument("--out", type=Path, default=None, help="also write <out>.md")
+    args = ap.parse_args(argv)
+    out = text(read(args.bench))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(f"Made by `python -m analysis.kernel_table {args.bench}` "
+                                               f"(analysis/kernel_table.py).\n\n{out}")
+    print(out)
+
+
 if __name__ == "__main__":
-    bench = json.load(open(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/kernels/NVIDIA_H200.json"))
-    print(f"copy bandwidth {bench['copy_GBps']:.0f} GB/s; {bench['device']}, torch {bench['torch']}, "
-          f"triton {bench['triton']}, transformers {bench['transformers']}\n")
-    print(experts_table(bench).to_markdown(index=False))
-    print()
-    print(select_table(bench).to_markdown(index=False))
+    main()

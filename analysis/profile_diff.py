@@ -3,16 +3,18 @@
     python -m analysis.profile_diff A_kernels.csv B_kernels.csv --batch 16 --variant base --out <prefix>
 
 A and B are per-kernel tables as analysis.throughput writes them (<out>_kernels.csv: one row per
-(batch size, variant, kernel) with its class, ms a step, launches a step and a layer, µs a launch),
-for example those of an a b b a's runs (experiments/gpu/commit_abba.sh). For one cell (batch size,
-variant): per (class, kernel) both sides' launches a layer, µs a launch and ms a step, and b - a in
-ms a step; a kernel on one side only (a launch the change removed or added, or a generated kernel
-that Inductor named anew) shows `-` on the other. Rows by |b - a|, largest first, then each class's
-total and the step's. These are the profiler's eager launches, not the graph's replay: they say
-where the time moved; whether the step moved is the A/B's test (analysis.abba).
+(routing, batch size, variant, budget, kernel) with its class, ms a step, launches a step and a layer,
+µs a launch), for example those of an a b b a's runs (experiments/gpu/commit_abba.sh). For one cell:
+per (class, kernel) both sides' launches a layer, µs a launch and ms a step, and b - a in ms a step;
+a kernel on one side only (a launch the change removed or added, or a generated kernel that Inductor
+named anew) shows `-` on the other. Rows by |b - a|, largest first, then each class's total and the
+step's. These are the profiler's eager launches, not the graph's replay: they say where the time
+moved; whether the step moved is the A/B's test (analysis.abba).
 
-Refuses (exit 2, naming the choices): a cell not in both tables, a table holding several cells
-when --batch or --variant is left out, tables of two models or two decode engines.
+A cell is (routing, batch size, variant, budget): rows of two routings or two budgets are never
+summed. Refuses (exit 2, naming the choices): a cell not in both tables, a table holding several
+cells when --routing, --batch, --variant or --budget is left out, tables of two models or two
+decode engines.
 Writes <prefix>.csv (the last column `engine`) and <prefix>.md.
 """
 from __future__ import annotations
@@ -40,15 +42,33 @@ def read(path: Path) -> pd.DataFrame:
     return df
 
 
-def cell(df: pd.DataFrame, path: Path, batch: int | None, variant: str | None) -> pd.DataFrame:
-    """The rows of one (batch size, variant), the only one when it is not named."""
-    cells = sorted(set(zip(df["batch_size"].astype(int), df["variant"].astype(str))))
-    want = [(b, v) for b, v in cells if (batch is None or b == batch) and (variant is None or v == variant)]
-    if len(want) != 1:
-        listed = ", ".join(f"--batch {b} --variant {v}" for b, v in cells)
-        fail(f"{path}: {'no' if not want else 'several'} cells match; it holds {listed}")
-    b, v = want[0]
-    return df[(df["batch_size"].astype(int) == b) & (df["variant"].astype(str) == v)]
+# what picks one cell of a table, and the option that names it (routing and budget: tables since those
+# columns exist; a table without them holds one of each)
+CELL = {"routing": "--routing", "batch_size": "--batch", "variant": "--variant", "budget": "--budget"}
+
+
+def labels(df: pd.DataFrame) -> pd.DataFrame:
+    """Each row's cell as the strings its options take (a budget of 16.0 is "16"; dense's none is "-")."""
+    out = pd.DataFrame(index=df.index)
+    for col in CELL:
+        if col == "budget" and col in df:
+            out[col] = [("-" if pd.isna(x) else format(float(x), "g")) for x in df[col]]
+        elif col == "batch_size":
+            out[col] = df[col].astype(int).astype(str)
+        else:
+            out[col] = df[col].astype(str) if col in df else "-"
+    return out
+
+
+def cell(df: pd.DataFrame, path: Path, want: dict[str, str | None]) -> pd.DataFrame:
+    """The rows of one (routing, batch size, variant, budget), the only one left by the options given."""
+    lab = labels(df)
+    cells = sorted(set(map(tuple, lab.to_numpy())), key=str)
+    keep = [c for c in cells if all(w is None or c[i] == w for i, w in enumerate(want.values()))]
+    if len(keep) != 1:
+        listed = ", ".join(" ".join(f"{CELL[k]} {v}" for k, v in zip(CELL, c) if v != "-") for c in cells)
+        fail(f"{path}: {'no' if not keep else 'several'} cells match; it holds {listed}")
+    return df[(lab.to_numpy() == keep[0]).all(axis=1)]
 
 
 def diff(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -85,10 +105,10 @@ def markdown(t: pd.DataFrame, a_path: Path, b_path: Path, what: str, engine: str
     kernels = t[~t["kernel"].astype(str).str.startswith("(")]
     shown = pd.concat([kernels.head(rows), t[t["kernel"].astype(str).str.startswith("(")]])
     left = len(kernels) - min(rows, len(kernels))
-    lines = [f"{what}: a `{a_path}`, b `{b_path}` (eager profiles; ms a step, launches a layer, µs a launch; the "
+    lines = [(f"{what}: a `{a_path}`, b `{b_path}` (eager profiles; ms a step, launches a layer, µs a launch; the "
              f"{min(rows, len(kernels))} kernels that moved most, by |b - a|"
              f"{f' ({left} more in the .csv)' if left else ''}, then the totals). Decode engine: `{engine}`. Made by "
-             f"`python -m analysis.profile_diff` (analysis/profile_diff.py).", "",
+             f"`python -m analysis.profile_diff` (analysis/profile_diff.py)."), "",
              "| class | kernel | a launches/layer | b launches/layer | a µs/launch | b µs/launch | a ms | b ms | b - a ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in shown.iterrows():
@@ -105,16 +125,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("b", type=Path, help="the change's per-kernel table")
     ap.add_argument("--batch", type=int, default=None, help="the batch size (needed where a table holds several)")
     ap.add_argument("--variant", default=None, help="the variant, e.g. dense or base (needed where several)")
+    ap.add_argument("--routing", default=None, help="the routing, e.g. uniform or skewed (needed where several)")
+    ap.add_argument("--budget", type=int, default=None, help="the budget M (needed where a variant has several)")
     ap.add_argument("--rows", type=int, default=15, help="kernels in the .md, those that moved most (default 15)")
     ap.add_argument("--out", type=Path, required=True, help="<out>.csv and <out>.md")
     args = ap.parse_args(argv)
     if args.rows < 1:
         fail(f"--rows must be at least 1, got {args.rows}")
     a_all, b_all = read(args.a), read(args.b)
-    a, b = cell(a_all, args.a, args.batch, args.variant), cell(b_all, args.b, args.batch, args.variant)
-    if (a["batch_size"].iloc[0], a["variant"].iloc[0]) != (b["batch_size"].iloc[0], b["variant"].iloc[0]):
-        fail(f"the tables' cells differ: a batch {a['batch_size'].iloc[0]} {a['variant'].iloc[0]}, "
-             f"b batch {b['batch_size'].iloc[0]} {b['variant'].iloc[0]}; name one with --batch and --variant")
+    want = {"routing": args.routing, "batch_size": None if args.batch is None else str(args.batch),
+            "variant": args.variant, "budget": None if args.budget is None else str(args.budget)}
+    a, b = cell(a_all, args.a, want), cell(b_all, args.b, want)
+    a_cell, b_cell = (tuple(labels(x).iloc[0]) for x in (a, b))
+    if a_cell != b_cell:
+        fail(f"the tables' cells differ: a {' '.join(a_cell)}, b {' '.join(b_cell)} (routing, batch, variant, "
+             f"budget); name one with --routing, --batch, --variant and --budget")
     models = sorted(set(a["model"].astype(str)) | set(b["model"].astype(str)))
     if len(models) > 1:
         fail(f"the tables profile different models: {models}")
@@ -122,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     t = with_engine(diff(a, b), engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     t.to_csv(args.out.with_suffix(".csv"), index=False)
-    what = f"{models[0]}, batch {int(a['batch_size'].iloc[0])}, {a['variant'].iloc[0]}"
+    routing, batch, variant, budget = a_cell
+    what = f"{models[0]}, {'' if routing == '-' else routing + ' routing, '}batch {batch}, {variant}" + \
+        ("" if budget == "-" else f" M={budget}")
     text = markdown(t, args.a, args.b, what, engine, args.rows)
     args.out.with_suffix(".md").write_text(text)
     print(text)

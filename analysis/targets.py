@@ -9,7 +9,8 @@ does, and optionally a `make gpu-test` JUnit XML. Every target is on the Qwen3-3
 (`qwen3_30b`); a target whose configuration the runs lack says "not measured". The issue set the
 millisecond targets for an H200: on another GPU they are shown and marked "other GPU". Ratios are
 same-run ratios (each run times dense and the selectors in one process, interleaved); where
-several runs timed one configuration, the median over them.
+several runs timed one configuration, the median over them, which must share a commit and a GPU
+(runs of two commits or GPUs for one configuration are refused, naming them).
 Reads outputs/ and results/ only.
 """
 from __future__ import annotations
@@ -138,6 +139,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: {runs} is not a folder of throughput runs")
     if args.gpu_tests is not None and not args.gpu_tests.is_file():
         raise SystemExit(f"error: {args.gpu_tests} is not a file (a JUnit XML from `make gpu-test`)")
+    mixed = mixed_cells(args.runs)
+    if mixed:
+        raise SystemExit(f"error: runs of different commits or GPUs time one configuration ({'; '.join(mixed)}): "
+                         "a target's median would pool them; pass runs of one commit and GPU per configuration")
     df = pd.concat([collect(runs, one_run_per_cell=False) for runs in args.runs], ignore_index=True)
     one_engine(df, "the targets table")
     prof = pd.concat([profile_rows(runs) for runs in args.runs], ignore_index=True)
@@ -148,6 +153,23 @@ def main(argv: list[str] | None = None) -> None:
           f"engine `{df['engine'].iloc[0]}`; commits {', '.join(commits)}. "
           "Made by `python -m analysis.targets` (analysis/targets.py).\n")
     print(table(df, prof, " ".join(gpus), args.gpu_tests).to_markdown(index=False))
+
+
+def mixed_cells(folders: list[Path]) -> list[str]:
+    """Each (routing, batch size) of the model that runs of more than one (commit, GPU) timed: their
+    median would mix two engines' code or two machines (several runs of one commit on one GPU are
+    the median the module doc describes)."""
+    seen: dict[tuple[str, int], set[tuple[str, str]]] = {}
+    for runs in folders:
+        for path in sorted(runs.glob("*/report.json")):
+            report = json.loads(path.read_text())
+            if report.get("model") != MODEL:
+                continue
+            who = (str((report.get("provenance") or {}).get("commit", "unknown")), str(report.get("gpu", "unknown")))
+            for batch in {int(r["batch_size"]) for r in report.get("throughput", [])}:
+                seen.setdefault((str(report.get("routing")), batch), set()).add(who)
+    return [f"{routing} batch {batch}: " + ", ".join(f"{c} on {g}" for c, g in sorted(who))
+            for (routing, batch), who in sorted(seen.items()) if len(who) > 1]
 
 
 def _commits(runs: Path) -> list[str]:

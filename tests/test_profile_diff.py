@@ -9,11 +9,13 @@ from analysis import profile_diff
 
 
 def table(path, kernels, batch=16, variant="base", model="qwen3_30b", engine="t1-cuda", more_cells=()):
-    """kernels: (class, name, launches a step, µs a launch); 48 layers."""
-    rows = [{"model": model, "routing": "uniform", "batch_size": b, "variant": v, "budget": 16, "class": c,
+    """kernels: (class, name, launches a step, µs a launch); 48 layers. more_cells: (batch, variant) or
+    (batch, variant, routing, budget), uniform routing and budget 16 where not named."""
+    cells = [(batch, variant, "uniform", 16), *((*c, "uniform", 16)[:4] for c in more_cells)]
+    rows = [{"model": model, "routing": r, "batch_size": b, "variant": v, "budget": m, "class": c,
              "kernel": k, "ms_per_step": n * us / 1000, "kernels_per_step": n, "kernels_per_layer": n / 48,
              "us_per_launch": us, "engine": engine}
-            for b, v in ((batch, variant), *more_cells) for c, k, n, us in kernels]
+            for b, v, r, m in cells for c, k, n, us in kernels]
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
@@ -47,7 +49,8 @@ def test_bad_inputs_are_refused_naming_the_choices(tmp_path, capsys):
     two = table(tmp_path / "two.csv", k, more_cells=((16, "dense"),))
     one = table(tmp_path / "one.csv", k)
     for argv, message in (
-            ([two, one], "several cells match; it holds --batch 16 --variant base, --batch 16 --variant dense"),
+            ([two, one], ("several cells match; it holds --routing uniform --batch 16 --variant base --budget 16, "
+                         "--routing uniform --batch 16 --variant dense --budget 16")),
             ([one, one, "--batch", "64"], "no cells match"),
             ([one, table(tmp_path / "m.csv", k, model="olmoe")], "different models"),
             ([one, table(tmp_path / "e.csv", k, engine="t1-cpu")], "mix rows of 2 decode engines"),
@@ -58,3 +61,22 @@ def test_bad_inputs_are_refused_naming_the_choices(tmp_path, capsys):
         assert e.value.code == 2 and message in capsys.readouterr().err, message
     assert not (tmp_path / "x.csv").exists()
     profile_diff.main([str(two), str(one), "--variant", "base", "--out", str(tmp_path / "ok")])  # named: fine
+
+
+def test_two_routings_or_two_budgets_of_a_cell_are_never_summed(tmp_path, capsys):
+    """A grid's table holds uniform and skewed runs (and several budgets) at the same batch and
+    variant: each is its own cell, named with --routing and --budget, never added together."""
+    k = [("attention", "attend", 48, 11.0)]
+    mixed = table(tmp_path / "mixed.csv", k, more_cells=((16, "base", "skewed", 16), (16, "base", "uniform", 8)))
+    one = table(tmp_path / "one.csv", [("attention", "attend", 48, 12.0)])
+    with pytest.raises(SystemExit) as e:
+        profile_diff.main([str(mixed), str(one), "--batch", "16", "--variant", "base", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--routing skewed" in err and "--budget 8" in err
+    profile_diff.main([str(mixed), str(one), "--routing", "uniform", "--budget", "16", "--out", str(tmp_path / "d")])
+    step = pd.read_csv(tmp_path / "d.csv").set_index("kernel").loc["(every kernel)"]
+    assert step["a_kernels_per_layer"] == 1 and step["a_ms_per_step"] == pytest.approx(48 * 11.0 / 1000)
+    assert "uniform routing, batch 16, base M=16" in (tmp_path / "d.md").read_text()
+    with pytest.raises(SystemExit) as e:  # a cell one side lacks
+        profile_diff.main([str(mixed), str(one), "--routing", "skewed", "--out", str(tmp_path / "y")])
+    assert e.value.code == 2 and "no cells match" in capsys.readouterr().err

@@ -103,3 +103,22 @@ def test_several_folders_make_one_table_and_runs_of_one_cell_give_their_median(t
     assert f"`{runs}`, `{more}`" in out
     assert "2.00×" in rows[targets.TARGETS["skewed_x"].name]  # from the second folder
     assert "2.50×" in rows[targets.TARGETS["base_x"].name]  # median of 12/4 = 3.00 and 12/6 = 2.00
+
+
+def test_runs_of_two_commits_or_gpus_for_one_configuration_are_refused(tmp_path, capsys):
+    """A second uniform batch-16 run from another commit (or another GPU) would be pooled into the
+    targets' median: refused, naming the configuration and each commit and GPU; a second folder
+    holding only another configuration is fine."""
+    runs = _runs(tmp_path, "NVIDIA H200", base_ms=4.0)
+    report = json.loads((runs / "u" / "report.json").read_text())
+    for name, change in (("commit", {"provenance": {"commit": "def5678", "fingerprint": "t1-cuda"}}),
+                         ("gpu", {"gpu": "NVIDIA H100 80GB HBM3"})):
+        other = tmp_path / f"other_{name}"
+        (other / "u").mkdir(parents=True)
+        (other / "u" / "report.json").write_text(json.dumps({**report, **change}))
+        with pytest.raises(SystemExit, match="uniform batch 16: ") as e:
+            targets.main([str(runs), str(other)])
+        assert "abc1234 on NVIDIA H200" in str(e.value)
+        assert ("def5678 on NVIDIA H200" if name == "commit" else "abc1234 on NVIDIA H100") in str(e.value)
+        assert "skewed" not in str(e.value)  # one run of the skewed cell: fine
+    assert "Issue 42" not in capsys.readouterr().out  # nothing printed before the refusal
