@@ -6,7 +6,8 @@ engine and a link to the folder whose README reads it.
     python -m analysis.headline --demo outputs/demo   # the Quick start line from `make demo`'s runs
 
 Sources (newest committed of each kind; change them here when a newer grid is committed):
-  STATIC     the H200 decode-step grid (Qwen3-30B-A3B shape, random bf16 weights, batch 16, CUDA graphs)
+  STATIC     the H200 decode-step grid (Qwen3-30B-A3B shape, random bf16 weights, uniform routing, batch 16
+             and 64, CUDA graphs; one run at one commit)
   SERVE      the serving burst (64 requests, 16 slots) and SUSTAINED the request-rate search at the SLOs
   QUALITY    the pre-registered replication's primary family (results/replication_paired.csv)
   SCALE      the largest model run: gpt-oss-120b over two H200s (results/multi_gpu/)
@@ -22,7 +23,7 @@ import pandas as pd
 from analysis import replication_files
 
 ROOT = Path(__file__).resolve().parents[1]
-STATIC = "results/roofline/grid_2026-12-02f/final/summary.csv"
+STATIC = "results/roofline/grid_2026-12-06l/throughput_qwen3.csv"
 SERVE = "results/serve/grid_2026-12-04b/summary.csv"
 SUSTAINED = "results/serve/grid_2026-12-02d/summary_sustained.csv"
 QUALITY = replication_files.PAIRED
@@ -32,26 +33,26 @@ SCALE = "results/multi_gpu/describe.json"
 
 def _static(root: Path) -> str:
     t = pd.read_csv(root / STATIC)
-    t = t[(t["mode"] == "graph") & (t["batch_size"] == 16)]
+    t = t[(t["mode"] == "graph") & (t["routing"] == "uniform")]
 
-    def row(routing: str, variant: str, budget: float | None = None) -> pd.Series:
-        g = t[(t["routing"] == routing) & (t["variant"] == variant)]
+    def row(batch: int, variant: str, budget: float | None = None) -> pd.Series:
+        g = t[(t["batch_size"] == batch) & (t["variant"] == variant)]
         g = g[g["budget"].isna()] if budget is None else g[g["budget"] == budget]
         (i,) = g.index
         return g.loc[i]
 
-    def rounds(routing: str) -> tuple[float, float, int]:
+    def rounds(batch: int) -> tuple[float, float, int]:
         """dense over base per interleaved round (ms_runs: one value per round, same order)."""
         d, b = (np.array([float(x) for x in str(r["ms_runs"]).split(";")])
-                for r in (row(routing, "dense"), row(routing, "base", 16.0)))
+                for r in (row(batch, "dense"), row(batch, "base", 16.0)))
         ratio = d / b
         return float(ratio.min()), float(ratio.max()), len(ratio)
 
-    dense, base = float(row("uniform", "dense")["ms_per_step"]), float(row("uniform", "base", 16.0)["ms_per_step"])
-    skew = float(row("skewed", "dense")["ms_per_step"]) / float(row("skewed", "base", 16.0)["ms_per_step"])
-    lo, hi, n = rounds("uniform")
+    dense, base = float(row(16, "dense")["ms_per_step"]), float(row(16, "base", 16.0)["ms_per_step"])
+    b64 = float(row(64, "dense")["ms_per_step"]) / float(row(64, "base", 16.0)["ms_per_step"])
+    lo, hi, n = rounds(16)
     return (f"base M=16 {base:.2f} ms per decode step against dense's {dense:.2f} ms: {dense / base:.2f}× "
-            f"(per round {lo:.3f}–{hi:.3f}× over {n} interleaved rounds; {skew:.2f}× with skewed routing)")
+            f"(per round {lo:.3f}–{hi:.3f}× over {n} interleaved rounds; {b64:.2f}× at batch 64)")
 
 
 def _serve(root: Path) -> str:
