@@ -212,3 +212,23 @@ def test_a_new_artifacts_dir_does_not_make_a_finished_run_stale(compose, tmp_pat
     report = (out / "report.json").read_bytes()
     assert _finish(compose, out, f"artifacts_dir={tmp_path}/elsewhere") is None
     assert "skipping" in capsys.readouterr().out and (out / "report.json").read_bytes() == report
+
+
+@pytest.mark.slow  # a run and two reruns; test_a_second_run_of_the_same_folder_waits_for_the_first is the fast one
+def test_a_skipped_run_made_at_another_commit_says_so(compose, tmp_path, capsys, monkeypatch):
+    """A finished run of the same config is skipped whatever code made it; where its report names
+    another commit than this checkout's, the skip says both, so a rerun after a code change is not
+    mistaken for a new measurement. The same commit adds nothing."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("BASE_COMMIT", "aaaaaaa")
+    _finish(compose, out, f"artifacts_dir={tmp_path}/a")
+    report = (out / "report.json").read_bytes()
+    capsys.readouterr()
+    assert _finish(compose, out, f"artifacts_dir={tmp_path}/a") is None
+    said = capsys.readouterr().out
+    assert "skipping" in said and "made at commit" not in said
+    monkeypatch.setenv("BASE_COMMIT", "bbbbbbb")
+    assert _finish(compose, out, f"artifacts_dir={tmp_path}/a") is None
+    said = capsys.readouterr().out
+    assert "made at commit aaaaaaa, not this checkout's bbbbbbb; skipping" in said
+    assert (out / "report.json").read_bytes() == report

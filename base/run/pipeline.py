@@ -210,13 +210,22 @@ def _finished_before(cfg: RunConfig, resolved_config: str, chash: str, say: bool
         if damage:
             note(f"[base] {out} is finished but damaged ({'; '.join(damage)}); replacing it")
             return False
-        note(f"[base] {out} is finished (report.json exists, same config); skipping. force=true reruns it; "
-             f"`python -m base.run.log_run {out}` logs it to wandb as it is.")
+        note(f"[base] {out} is finished (report.json exists, same config){_made_elsewhere(cfg)}; skipping. "
+             f"force=true reruns it; `python -m base.run.log_run {out}` logs it to wandb as it is.")
         return True
     if done is not None and not outputs.same_config(resolved_config, done):
         note(f"[base] {out} holds a finished run of another config (hash {done or 'none'} -> {chash}); running this "
              f"one (the earlier run is kept beside it)")
     return False
+
+
+def _made_elsewhere(cfg: RunConfig) -> str:
+    """", made at commit X, not this checkout's Y" where the finished run's report names another commit
+    than this checkout's (a code change no config shows: the skip keeps the earlier code's result);
+    else "". Said, not acted on: a finished run of the same config is skipped whatever made it."""
+    made = ((outputs.read_report(cfg.out_dir) or {}).get("provenance") or {}).get("commit")
+    now = commit(cfg.root).get("commit") if made else None
+    return f", made at commit {made}, not this checkout's {now}" if made and now and made != now else ""
 
 
 def _put_back_kept_run(cfg: RunConfig, resolved_config: str) -> bool:
