@@ -96,10 +96,13 @@ if [[ " $PARTS " == *" grid "* ]]; then
   for spec in ${SPECS:-$MODEL:$ROUTING}; do
     IFS=: read -r m r b <<< "$spec"
     stamp "grid $m $r ${b:-}"
+    # one log per spec (two specs of one model and routing at other batches keep both); a run found
+    # finished is skipped, and its line (with the commit that made it, where not this one) is printed
+    tag=$(tr -cd '0-9,' <<< "${b:-}" | tr ',' '_'); glog="$LOG/grid_${m}_${r}${tag:+_b$tag}.log"
     timeout "${GRID_S:-330}" python3 run.py experiment=throughput model="$m" model.routing="$r" \
-      ${b:+"throughput.batch_sizes=$b"} ${GRID_EXTRA:-} > "$LOG/grid_${m}_${r}.log" 2>&1
-    echo "rc=$?" >> "$LOG/grid_${m}_${r}.log"
-    grep -E "^\[throughput\] batch|Error|error" "$LOG/grid_${m}_${r}.log" | tail -40
+      ${b:+"throughput.batch_sizes=$b"} ${GRID_EXTRA:-} > "$glog" 2>&1
+    echo "rc=$?" >> "$glog"
+    grep -E "^\[throughput\] batch|skipping|Error|error" "$glog" | tail -40
     tar czf "$OUT/grid.tgz" outputs/throughput -C "$(dirname "$LOG")" "$(basename "$LOG")"
   done
   python3 -m analysis.throughput outputs/throughput "$LOG/throughput" > /dev/null 2>&1 && cp "$LOG/throughput.md" "$OUT/"
