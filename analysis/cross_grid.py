@@ -113,7 +113,7 @@ def regrid(name: str, t: pd.DataFrame) -> pd.DataFrame:
     before issue 27 get the crossed seed test (analysis.admission.from_table)."""
     t = t.drop(columns=[c for c in CROSS if c in t])
     if preregistered(name):  # its own pre-registered family: calls as committed
-        t["excluded"] = t["excluded"].fillna("") if "excluded" in t else ""
+        t["excluded"] = t["excluded"].astype(object).fillna("") if "excluded" in t else ""
         return t
     k = kind(name)
     if k == "admission":

@@ -65,7 +65,8 @@ STATIC = {"mini": ("results/quality_seeds_mini_paired.csv", "results/rules_mini_
           "mini_olmoe": ("results/quality_seeds_mini_olmoe_paired.csv", "results/rules_mini_olmoe_paired.csv")}
 # the recommended rules' speed: issue 25's H200 grids (every rule on the kernel), newest first; each
 # batch size is read from the newest grid that timed the rule, dense and base at it
-THROUGHPUT = ("results/roofline/grid_2026-12-02f/final/summary.csv", "results/roofline/grid_2026-12-02e/main/summary.csv",
+THROUGHPUT = ("results/roofline/grid_2026-12-06l/throughput_qwen3.csv", "results/roofline/grid_2026-12-02f/final/summary.csv",
+              "results/roofline/grid_2026-12-02e/main/summary.csv",
               "results/roofline/grid_2026-12-02d/tuned/summary.csv",
               "results/roofline/grid_2026-12-02/summary.csv", "results/roofline/summary.csv")
 # What was done differently from docs/preregistration.md, and why (results/replication.md prints it).
