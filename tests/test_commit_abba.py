@@ -1,6 +1,7 @@
 """experiments/gpu/commit_abba.sh refuses a bad A/B before its first run spends device time: a label
 that is not a commit (run.py would refuse it only at the b side's first run, after a's), both sides
-one commit, an unknown model, an archive that does not unpack."""
+one commit with the same tuned tables, an unknown model, an archive that does not unpack; one commit
+whose tree b holds a table tuned in the call is an A/B of the tables."""
 from __future__ import annotations
 
 import shutil
@@ -25,7 +26,6 @@ def tree(tmp_path):
 @pytest.mark.parametrize("env,message", [
     ({"ABBA_A_COMMIT": "34120f8", "BASE_COMMIT": "7b82bb9+select"}, "'7b82bb9+select' is not a commit"),
     ({"ABBA_A_COMMIT": "main", "BASE_COMMIT": "7b82bb9"}, "'main' is not a commit"),
-    ({"ABBA_A_COMMIT": "7b82bb9", "BASE_COMMIT": "7b82bb9"}, "both sides name commit 7b82bb9"),
     ({"ABBA_A_COMMIT": "34120f8", "BASE_COMMIT": "7b82bb9", "ABBA_MODEL": "qwen3"}, "no model 'qwen3'"),
     ({"ABBA_A_COMMIT": "34120f8", "BASE_COMMIT": "7b82bb9"}, "a.tgz does not unpack"),
 ])
@@ -71,3 +71,42 @@ def test_a_warm_machines_tree_a_keeps_its_artifacts_for_the_same_commit_only(tre
     assert "computed" in first_a_run("34120f8")
     assert "reused" in first_a_run("34120f8")
     assert "computed" in first_a_run("29bc72f")
+
+
+def _fake_tree_a(tree, tmp_path, table: str) -> dict:
+    """Tree a's archive (run.py and kernels/configs/GPU.json holding `table`), a stand-in python3, and
+    the environment of a call whose tree b is commit 7b82bb9."""
+    import tarfile
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(FAKE_RUN)
+    (bin_dir / "python3").chmod(0o755)
+    src = tmp_path / "a_src"
+    (src / "kernels/configs").mkdir(parents=True)
+    (src / "run.py").write_text("")
+    (src / "kernels/configs/GPU.json").write_text(table)
+    with tarfile.open(tree / ".abba/a.tgz", "w:gz") as tf:
+        tf.add(src / "run.py", arcname="run.py")
+        tf.add(src / "kernels", arcname="kernels")
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "BASE_COMMIT": "7b82bb9",
+            "ABBA_A_COMMIT": "7b82bb9", "ABBA_TREE_A": str(tmp_path / "tree_a"), "ABBA_RUNS": str(tmp_path / "runs")}
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_one_commit_on_both_sides_is_an_ab_of_the_tables_tuned_in_the_call(tree, tmp_path, tuned):
+    """Tree b's kernels/configs as the commit's (tree a's): nothing to compare, refused before any run.
+    A table this call's tuner changed in tree b: the four runs go ahead, the differing table named."""
+    env = _fake_tree_a(tree, tmp_path, '{"select:E=128,T=16": {"num_warps": 8}}')
+    (tree / "kernels/configs").mkdir(parents=True)
+    (tree / "kernels/configs/GPU.json").write_text('{"select:E=128,T=16": {"num_warps": 4}}' if tuned else
+                                                   '{"select:E=128,T=16": {"num_warps": 8}}')
+    res = subprocess.run(["bash", str(tree / "experiments/gpu/commit_abba.sh")], capture_output=True, text=True,
+                         env=env, timeout=60, check=False)
+    if not tuned:
+        assert res.returncode == 2 and "both sides are commit 7b82bb9 with the same kernels/configs" in res.stderr
+        assert "run 1" not in res.stdout and not (tmp_path / "out/abba.tgz").exists()
+        return
+    assert res.returncode == 0, res.stderr
+    assert "b's tuned tables differ from a's" in res.stdout and "GPU.json" in res.stdout
+    assert sorted(p.name for p in (tmp_path / "runs").glob("*.log")) == ["1_a.log", "2_b.log", "3_b.log", "4_a.log"]

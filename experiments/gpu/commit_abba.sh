@@ -6,6 +6,8 @@
 #     experiments kernels pyproject.toml run.py tasks tools
 #   echo '/.abba/' >> .git/info/exclude        # carried like .whl: carry [".whl", ".abba"]
 #   ABBA_A_COMMIT=<commit> bash experiments/gpu/commit_abba.sh
+#   (ABBA_A_COMMIT may be tree b's own commit when a tuner of this call changed tree b's kernels/configs:
+#   then the A/B is of the tables alone, below)
 #   ABBA_S=seconds     each run's limit (default 120; on a machine's first call each tree compiles its kernels
 #                      once: batch [16,64] runs took 60-80 s warm and passed 105 s cold, grid_2026-12-06d)
 #   ABBA_FIRST_S=s     the limit of each side's first run (default ABBA_S + 90): a side's first run on a
@@ -31,7 +33,6 @@ b_commit=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown
 for c in "$ABBA_A_COMMIT" "$b_commit"; do
   [[ $c =~ ^[0-9a-f]{7,40}$ ]] || { echo "commit_abba: '$c' is not a commit (7 to 40 hex digits): set ABBA_A_COMMIT and BASE_COMMIT to commits" >&2; exit 2; }
 done
-[ "$ABBA_A_COMMIT" != "$b_commit" ] || { echo "commit_abba: both sides name commit $b_commit" >&2; exit 2; }
 [ -f "conf/model/${ABBA_MODEL:-qwen3_30b}.yaml" ] || { echo "commit_abba: no model '${ABBA_MODEL}' (conf/model/*.yaml)" >&2; exit 2; }
 # tree a is unpacked afresh; on a warm machine its calibration and predictor fits (outputs/artifacts, keyed
 # by config) are kept from the last call when that call unpacked the same commit: its first run skips them
@@ -47,6 +48,17 @@ if [ -d "$kept" ]; then
   echo "[abba] tree a: the artifacts of the last call's tree a ($ABBA_A_COMMIT) kept"
 fi
 echo "$ABBA_A_COMMIT" > "$tree_a/.abba_commit"
+# one commit on both sides is an A/B of the tuned tables alone: a table this call's tuner installed into
+# tree b (roofline.sh's steptune, exptune or micro with --install) against the commit's own, with no
+# commit and no cold start between the tune and its A/B; each run's report.json names its table's hash
+# (provenance.kernel_table), and the table to commit is the tuner's installed_configs.json
+if [ "$ABBA_A_COMMIT" = "$b_commit" ]; then
+  if diff -rq "$tree_a/kernels/configs" kernels/configs > /dev/null; then
+    echo "commit_abba: both sides are commit $b_commit with the same kernels/configs: nothing to compare" >&2; exit 2
+  fi
+  echo "[abba] both sides commit $b_commit; b's tuned tables differ from a's:"
+  diff -rq "$tree_a/kernels/configs" kernels/configs | sed 's/^/[abba]   /'
+fi
 tree_b=$PWD; runs=${ABBA_RUNS:-/tmp/abba_runs}; rm -rf "$runs"; mkdir -p "$runs"
 t0=$(date +%s)
 i=0
