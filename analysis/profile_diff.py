@@ -11,10 +11,10 @@ named anew) shows `-` on the other. Rows by |b - a|, largest first, then each cl
 step's. These are the profiler's eager launches, not the graph's replay: they say where the time
 moved; whether the step moved is the A/B's test (analysis.abba).
 
-A cell is (routing, batch size, variant, budget): rows of two routings or two budgets are never
-summed. Refuses (exit 2, naming the choices): a cell not in both tables, a table holding several
-cells when --routing, --batch, --variant or --budget is left out, tables of two models or two
-decode engines.
+A cell is (model, routing, batch size, variant, budget): rows of two models, routings or budgets
+are never summed. Refuses (exit 2, naming the choices): a cell not in both tables, a table holding
+several cells when --model, --routing, --batch, --variant or --budget is left out, tables of two
+models or two decode engines.
 Writes <prefix>.csv (the last column `engine`) and <prefix>.md.
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ def read(path: Path) -> pd.DataFrame:
 
 
 # what picks one cell of a table, and the option that names it (routing and budget: tables since those
-# columns exist; a table without them holds one of each)
-CELL = {"routing": "--routing", "batch_size": "--batch", "variant": "--variant", "budget": "--budget"}
+# columns exist; a table without them holds one of each; a grid's shapes table holds several models)
+CELL = {"model": "--model", "routing": "--routing", "batch_size": "--batch", "variant": "--variant", "budget": "--budget"}
 
 
 def labels(df: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +61,7 @@ def labels(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell(df: pd.DataFrame, path: Path, want: dict[str, str | None]) -> pd.DataFrame:
-    """The rows of one (routing, batch size, variant, budget), the only one left by the options given."""
+    """The rows of one (model, routing, batch size, variant, budget), the only one left by the options given."""
     lab = labels(df)
     cells = sorted(set(map(tuple, lab.to_numpy())), key=str)
     keep = [c for c in cells if all(w is None or c[i] == w for i, w in enumerate(want.values()))]
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a", type=Path, help="the baseline's per-kernel table")
     ap.add_argument("b", type=Path, help="the change's per-kernel table")
+    ap.add_argument("--model", default=None, help="the model, e.g. olmoe (needed where a table holds several)")
     ap.add_argument("--batch", type=int, default=None, help="the batch size (needed where a table holds several)")
     ap.add_argument("--variant", default=None, help="the variant, e.g. dense or base (needed where several)")
     ap.add_argument("--routing", default=None, help="the routing, e.g. uniform or skewed (needed where several)")
@@ -133,21 +134,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.rows < 1:
         fail(f"--rows must be at least 1, got {args.rows}")
     a_all, b_all = read(args.a), read(args.b)
-    want = {"routing": args.routing, "batch_size": None if args.batch is None else str(args.batch),
+    want = {"model": args.model, "routing": args.routing, "batch_size": None if args.batch is None else str(args.batch),
             "variant": args.variant, "budget": None if args.budget is None else str(args.budget)}
     a, b = cell(a_all, args.a, want), cell(b_all, args.b, want)
     a_cell, b_cell = (tuple(labels(x).iloc[0]) for x in (a, b))
+    if a_cell[0] != b_cell[0]:
+        fail(f"the tables profile different models: {[a_cell[0], b_cell[0]]} (--model names one both hold)")
     if a_cell != b_cell:
-        fail(f"the tables' cells differ: a {' '.join(a_cell)}, b {' '.join(b_cell)} (routing, batch, variant, "
-             f"budget); name one with --routing, --batch, --variant and --budget")
-    models = sorted(set(a["model"].astype(str)) | set(b["model"].astype(str)))
-    if len(models) > 1:
-        fail(f"the tables profile different models: {models}")
+        fail(f"the tables' cells differ: a {' '.join(a_cell[1:])}, b {' '.join(b_cell[1:])} (routing, batch, "
+             f"variant, budget); name one with --routing, --batch, --variant and --budget")
+    models = [a_cell[0]]
     engine = one_engine(pd.concat([a, b]), "this profile comparison")
     t = with_engine(diff(a, b), engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     t.to_csv(args.out.with_suffix(".csv"), index=False)
-    routing, batch, variant, budget = a_cell
+    _, routing, batch, variant, budget = a_cell
     what = f"{models[0]}, {'' if routing == '-' else routing + ' routing, '}batch {batch}, {variant}" + \
         ("" if budget == "-" else f" M={budget}")
     text = markdown(t, args.a, args.b, what, engine, args.rows)

@@ -49,8 +49,8 @@ def test_bad_inputs_are_refused_naming_the_choices(tmp_path, capsys):
     two = table(tmp_path / "two.csv", k, more_cells=((16, "dense"),))
     one = table(tmp_path / "one.csv", k)
     for argv, message in (
-            ([two, one], ("several cells match; it holds --routing uniform --batch 16 --variant base --budget 16, "
-                         "--routing uniform --batch 16 --variant dense --budget 16")),
+            ([two, one], ("several cells match; it holds --model qwen3_30b --routing uniform --batch 16 --variant base "
+                          "--budget 16, --model qwen3_30b --routing uniform --batch 16 --variant dense --budget 16")),
             ([one, one, "--batch", "64"], "no cells match"),
             ([one, table(tmp_path / "m.csv", k, model="olmoe")], "different models"),
             ([one, table(tmp_path / "e.csv", k, engine="t1-cpu")], "mix rows of 2 decode engines"),
@@ -80,3 +80,19 @@ def test_two_routings_or_two_budgets_of_a_cell_are_never_summed(tmp_path, capsys
     with pytest.raises(SystemExit) as e:  # a cell one side lacks
         profile_diff.main([str(mixed), str(one), "--routing", "skewed", "--out", str(tmp_path / "y")])
     assert e.value.code == 2 and "no cells match" in capsys.readouterr().err
+
+
+def test_a_shapes_table_of_several_models_gives_the_one_named(tmp_path, capsys):
+    """A grid's shapes table holds several models at one (batch, variant): refused unless --model
+    names one, then only its rows are compared."""
+    shapes = tmp_path / "shapes.csv"
+    pd.concat([pd.read_csv(table(tmp_path / f"{m}.csv", [("experts", "gate_up", 48, us)], model=m))
+               for m, us in (("olmoe", 10.0), ("deepseek_v2_lite", 30.0))]).to_csv(shapes, index=False)
+    other = table(tmp_path / "o2.csv", [("experts", "gate_up", 48, 12.0)], model="olmoe")
+    with pytest.raises(SystemExit) as e:
+        profile_diff.main([str(shapes), str(other), "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "--model deepseek_v2_lite" in capsys.readouterr().err
+    profile_diff.main([str(shapes), str(other), "--model", "olmoe", "--out", str(tmp_path / "d")])
+    step = pd.read_csv(tmp_path / "d.csv").set_index("kernel").loc["(every kernel)"]
+    assert step["b_minus_a_ms"] == pytest.approx(48 * 2.0 / 1000)
+    assert (tmp_path / "d.md").read_text().startswith("olmoe, uniform routing, batch 16, base M=16")
