@@ -29,6 +29,10 @@ with the half (results/roofline/grid_2026-12-02e), with the half but no combo ke
 1.013x (grid_2026-12-02f).
 The half is compiled with `emulate_precision_casts`, so the norm reads the residual rounded to
 the model's dtype, as the eager layer does (tests/test_attention.py compares the two).
+On a GPU the region runs as three graphs, not one: dynamo stops at the tuned-table read of each
+projection's `skinny_launch` (kernels/tuned.py). A constant lookup that made it one graph kept the
+launches and lost its A/B (H200, batch 16: base M=16 +1.3 %, dense +0.5 %; Inductor fused the q/k
+norm more slowly; kernels/NOTES.md), so the breaks stay.
 
 Compiled once: transformers' decoder layers share one class, so every layer's attention runs the
 same code object; dynamo guards on its inputs' shapes, not on the module. What would make a layer
