@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The working tree a device call sends must stay under 64 MiB of disk (tracked and untracked files
 # that git does not ignore, with the carried wheels), and the committed results have grown past
-# that. The GPU scripts read none of the per-prompt records, the archive, the figures or the
-# mini128 model (the GPU tests use models/mini), so a device call goes without them:
+# that. The GPU scripts and GPU tests read none of the per-prompt records, the archive, the figures,
+# the GPU areas' committed grids (roofline, serve, refactor_guard: what the calls produce, read back on
+# the host) or the mini128 model (the GPU tests use models/mini), so a device call goes without them:
 #   bash experiments/gpu/device_tree.sh slim      # those out of the working tree,
 #                                                 # and HEAD into experiments/gpu/base_commit.txt (env.sh: BASE_COMMIT)
 #   ... the device call(s) ...
@@ -11,7 +12,7 @@
 # `slim` refuses when either folder holds changes not yet committed (restore would lose them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-PATHS=(results/records results/archive results/figures models/mini128)
+PATHS=(results/records results/archive results/figures results/roofline results/serve results/refactor_guard models/mini128)
 # "<bytes> <path>" of every file a call sends (files slim removed are still listed by git: stat skips
 # them, and its failure is not the script's); size sums them (a `du -c` total was xargs's last batch's)
 files() { (git ls-files; git ls-files -o --exclude-standard) | { xargs -d '\n' stat -c '%s %n' 2>/dev/null || true; }; }
