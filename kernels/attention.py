@@ -191,13 +191,16 @@ def splits_for(batch_kv_heads: int, slots: int, launch: AttentionLaunch = Attent
 
 
 def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: Tensor, last_slot_1: Tensor,
-                     scaling: float, launch: AttentionLaunch | None = None, sinks_H: Tensor | None = None) -> Tensor:
+                     scaling: float, launch: AttentionLaunch | None = None, sinks_H: Tensor | None = None,
+                     fit: bool = True) -> Tensor:
     """softmax(q k^T * scaling over allowed slots <= last_slot) v, per query head; returns
     (B, Hq, E) in q's dtype. `allowed_BL` is bool (unit last stride); `last_slot_1` an int tensor
     of one element on the device: the newest slot written (later slots are not read). `launch`:
     the tuned one for (G, D) on this device when None. `sinks_H` (Hq,): attention sinks (GPT-OSS's
     `s_aux`), one logit per query head that takes probability mass and contributes no value: the
-    softmax is over [the allowed slots' scores, the sink]."""
+    softmax is over [the allowed slots' scores, the sink]. `fit` False: `launch` exactly, or Triton's
+    OutOfResources where the device cannot hold it (a tuner times the launch it names, never a
+    halved one)."""
     B, Hq, D = q_BHD.shape
     K, L, E = k_BKLD.shape[1], k_BKLD.shape[2], v_BKLE.shape[-1]
     if Hq % K or k_BKLD.stride(-1) != 1 or v_BKLE.stride(-1) != 1 or q_BHD.stride(-1) != 1:
@@ -226,6 +229,9 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
         )  # fmt: skip
 
     launch = launch or attention_launch(G, D, dev, B)
+    if not fit:
+        run(launch)
+        return out
     key = (dev, launch, G_BLOCK, D_BLOCK, E_BLOCK, q_BHD.dtype, k_BKLD.dtype)
     fit_shared_memory(run, launch, smaller_launch, _FITTED, key)
     return out

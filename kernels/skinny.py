@@ -28,6 +28,10 @@ Shapes: T tokens, K input features, N output features. x_TK and w_NK have a cont
 y_TN is new and contiguous. fp32 inputs are multiplied in full fp32 (no silent tf32), bf16/fp16
 accumulate in fp32 and round once, as cuBLAS does (a split launch adds its shares in fp32, in a
 fixed order: deterministic).
+Shared memory: a launch the device cannot hold (a bf16-tuned entry run in float32) is refused by
+Triton on the host before anything is enqueued; the launch then drops a pipeline stage at a time,
+then halves BK, until it fits, and the fitted launch is remembered per shape and dtype
+(`fit_shared_memory`, kernels/_triton.py).
 Graph safety: grid fixed by (N, launch); no host sync. The partials come from the caching allocator
 (the graph's pool); the arrival counters (kernels/_triton.py, kept for the process) return to 0
 after every launch, so a captured launch replays. Launches run one at a time on one stream.
@@ -35,14 +39,20 @@ Reference: F.linear (tests/test_skinny.py, interpreter on the CPU, fp32; bf16 on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import arrival_counters, dual_jit, empty, next_pow2
+from kernels._triton import (
+    arrival_counters,
+    dual_jit,
+    empty,
+    fit_shared_memory,
+    next_pow2,
+)
 from kernels.tuned import tuned_entry
 
 MAX_TOKENS = 64  # one token tile of at most 64 rows (larger batches, and prefill, are cuBLAS's)
@@ -141,8 +151,10 @@ def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch 
                         num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))
 
 
-def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None) -> Tensor:
-    """x_TK @ w_NK^T in x's dtype (F.linear without bias), one launch; see the module doc."""
+def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None, fit: bool = True) -> Tensor:
+    """x_TK @ w_NK^T in x's dtype (F.linear without bias), one launch; see the module doc. `fit`
+    False: `launch` exactly, or Triton's OutOfResources where the device cannot hold it (a benchmark
+    times the launch it names, never a shrunk one)."""
     if x_TK.dim() != 2 or w_NK.dim() != 2 or x_TK.shape[1] != w_NK.shape[1]:
         raise ValueError(f"x_TK {tuple(x_TK.shape)} and w_NK {tuple(w_NK.shape)} do not multiply")
     if x_TK.dtype != w_NK.dtype:
@@ -158,15 +170,34 @@ def skinny_linear(x_TK: Tensor, w_NK: Tensor, launch: SkinnyLaunch | None = None
     y_TN = empty(T, N, device=dev, dtype=x_TK.dtype)
     TB = max(16, min(next_pow2(T), MAX_TOKENS))
     n_blocks = triton.cdiv(N, launch.block_n)
-    if launch.split > 1:
-        part = empty(n_blocks * launch.split * TB * launch.block_n, device=dev, dtype=torch.float32)
-        counts = arrival_counters(n_blocks, dev, "skinny")
-    else:
-        part = counts = y_TN  # unused pointers
-    _skinny_kernel.on(dev)[(n_blocks, launch.split)](
-        x_TK, w_NK, y_TN, part, counts, T, N, K, x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
-        TB=TB, BN=launch.block_n, BK=launch.block_k, SPLIT=launch.split,
-        DOT_PRECISION="ieee" if x_TK.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
-        num_stages=launch.num_stages,
-    )  # fmt: skip
+
+    def run(launch: SkinnyLaunch) -> None:
+        if launch.split > 1:
+            part = empty(n_blocks * launch.split * TB * launch.block_n, device=dev, dtype=torch.float32)
+            counts = arrival_counters(n_blocks, dev, "skinny")
+        else:
+            part = counts = y_TN  # unused pointers
+        _skinny_kernel.on(dev)[(n_blocks, launch.split)](
+            x_TK, w_NK, y_TN, part, counts, T, N, K, x_TK.stride(0), w_NK.stride(0), y_TN.stride(0),
+            TB=TB, BN=launch.block_n, BK=launch.block_k, SPLIT=launch.split,
+            DOT_PRECISION="ieee" if x_TK.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )  # fmt: skip
+
+    if not fit:
+        run(launch)
+        return y_TN
+    # a table entry is timed in bf16: in float32 its pipelined tiles need twice the shared memory
+    fit_shared_memory(run, launch, smaller_launch, _FITTED, (dev, launch, TB, x_TK.dtype))
     return y_TN
+
+
+_FITTED: dict[tuple, SkinnyLaunch] = {}  # (device, asked launch, token tile, dtype) -> the launch that fits
+
+
+def smaller_launch(launch: SkinnyLaunch) -> SkinnyLaunch | None:
+    """The next launch needing less shared memory (each pipeline stage holds an x and a W tile): one
+    stage fewer, then at one stage half the reduction step; None at one stage of 16."""
+    if launch.num_stages > 1:
+        return replace(launch, num_stages=launch.num_stages - 1)
+    return None if launch.block_k <= 16 else replace(launch, block_k=launch.block_k // 2)

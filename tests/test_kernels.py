@@ -618,6 +618,10 @@ def test_a_launch_the_device_cannot_hold_is_halved_until_it_fits(monkeypatch):
     seen.clear()
     decode_attention(q.double(), k.double(), v.double(), allowed, torch.tensor([last]), 0.3, launch=tuned)
     assert seen == [128, 64, 32]  # another dtype is fitted on its own
+    seen.clear()
+    with pytest.raises(OutOfResources, match="shared memory"):  # a tuner's candidate: as named or not at all
+        decode_attention(q, k, v, allowed, torch.tensor([last]), 0.3, launch=tuned, fit=False)
+    assert seen == [128]
 
     class Broken:
         def __getitem__(self, grid):

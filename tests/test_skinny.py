@@ -87,8 +87,9 @@ def test_gpu_skinny_linear_in_bf16_eagerly_and_replayed(T, split):
 def test_gpu_every_tuned_skinny_launch_of_this_gpu_matches_fp32_eagerly_and_replayed():
     """Each `skinny:` entry of this GPU's committed table that the engine would use (`use`: it beat
     cuBLAS), at its own N, K and T in bf16: the launch `skinny_launch` reads matches F.linear in
-    fp32 and a CUDA-graph replay gives the eager result bit for bit. So a tuned entry gets a GPU
-    run of its own before it reaches the default path."""
+    fp32 and a CUDA-graph replay gives the eager result bit for bit; in float32 the same entry runs
+    (shrunk to what the device holds) and matches F.linear. So a tuned entry gets a GPU run of its
+    own before it reaches the default path."""
     from kernels.skinny import skinny_launch
     from kernels.tuned import device_name, load_configs
 
@@ -110,6 +111,9 @@ def test_gpu_every_tuned_skinny_launch_of_this_gpu_matches_fp32_eagerly_and_repl
         replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, y, rtol=0, atol=0, msg=key)
+        # the same entry run in float32 (twice bf16's shared memory a tile): fitted to the device, F.linear's product
+        y32 = skinny_linear(x.float(), w.float(), la)
+        torch.testing.assert_close(y32, F.linear(x.float(), w.float()), rtol=1e-4, atol=1e-4, msg=f"{key} float32")
 
 
 def _table(monkeypatch, entries: dict) -> None:
@@ -228,8 +232,11 @@ def test_the_benchmark_leaves_out_a_launch_whose_product_differs(monkeypatch, ca
 
     real = bs.skinny_linear
 
-    def wrong_when_split(x, w, launch):
-        y = real(x, w, launch)
+    fits = []
+
+    def wrong_when_split(x, w, launch, fit=True):
+        fits.append(fit)
+        y = real(x, w, launch, fit=fit)
         return y * 1.5 if launch.split > 1 else y
 
     monkeypatch.setattr(bs, "skinny_linear", wrong_when_split)
@@ -240,3 +247,57 @@ def test_the_benchmark_leaves_out_a_launch_whose_product_differs(monkeypatch, ca
     assert "left out: smoke T=16" in out and "split=2" in out.split("left out:")[1].splitlines()[0]
     assert "its product differs from F.linear's" in out
     assert "skinny BN=16 BK=32 st=2 split=1" in out and "skinny BN=16 BK=16 st=1 split=2" not in out
+    assert fits and not any(fits)  # each launch timed as named: one over the shared memory fails, never shrunk
+
+
+def test_a_launch_the_device_cannot_hold_sheds_stages_then_halves_bk_until_it_fits(monkeypatch):
+    """A tuned entry whose pipelined tiles need more shared memory than the device has (Triton's
+    OutOfResources, raised before anything is enqueued; a bf16 entry run in float32): one stage
+    fewer at a time, then half the reduction step, until it fits; the product is F.linear's, the
+    fitted launch is remembered per shape and dtype, and another error is not swallowed."""
+    from triton.runtime.errors import OutOfResources
+
+    import kernels.skinny as ks
+
+    launcher = ks._skinny_kernel.on(torch.device("cpu"))
+    seen = []
+
+    class Limited:  # a device that holds num_stages x BK <= 64 of these tiles
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((kwargs["num_stages"], kwargs["BK"]))
+                if kwargs["num_stages"] * kwargs["BK"] > 64:
+                    raise OutOfResources(kwargs["num_stages"] * kwargs["BK"] * 1024, 65536, "shared memory")
+                return launcher[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(ks._skinny_kernel, "on", lambda dev: Limited())
+    monkeypatch.setattr(ks, "_FITTED", {})
+    x, w = torch.randn(5, 96), torch.randn(40, 96)
+    tuned = SkinnyLaunch(block_n=16, block_k=64, num_stages=3, split=2)
+    torch.testing.assert_close(skinny_linear(x, w, tuned), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert seen == [(3, 64), (2, 64), (1, 64)]
+    assert list(ks._FITTED.values()) == [SkinnyLaunch(block_n=16, block_k=64, num_stages=1, split=2)]
+    seen.clear()
+    skinny_linear(x, w, SkinnyLaunch(block_n=16, block_k=128, num_stages=1))  # one stage: BK halves
+    assert seen == [(1, 128), (1, 64)]
+    seen.clear()
+    skinny_linear(x, w, tuned)
+    assert seen == [(1, 64)]  # straight to the launch that fitted
+    seen.clear()
+    skinny_linear(x.double(), w.double(), tuned)
+    assert seen == [(3, 64), (2, 64), (1, 64)]  # another dtype is fitted on its own
+    seen.clear()
+    with pytest.raises(OutOfResources, match="shared memory"):  # a benchmark's launch: as named or not at all
+        skinny_linear(x, w, tuned, fit=False)
+    assert seen == [(3, 64)]
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(300, 255, "registers")
+            return launch
+
+    monkeypatch.setattr(ks._skinny_kernel, "on", lambda dev: Broken())
+    with pytest.raises(OutOfResources, match="registers"):
+        skinny_linear(x, w, tuned)

@@ -207,3 +207,26 @@ def test_candidates_compile_side_by_side_each_once_with_their_failures_reported_
     order = compile_side_by_side([lambda i=i: calls.append((i, threading.get_ident())) for i in range(3)], workers=1)
     assert order == [None, None, None] and [i for i, _ in calls] == [0, 1, 2]
     assert {t for _, t in calls} == {threading.get_ident()}
+
+
+def test_an_attention_candidate_the_device_cannot_hold_is_left_out_not_timed_halved(monkeypatch):
+    """A candidate over the device's shared memory (Triton's OutOfResources) fails as named in the
+    tuner (fit=False): it is logged and left out of every row and entry, where the kernel's own
+    fitting would have timed a halved launch under the candidate's name."""
+    from triton.runtime.errors import OutOfResources
+
+    real = tsk.decode_attention
+    asked = []
+
+    def limited(*args, launch=None, fit=True, **kwargs):
+        asked.append(fit)
+        if launch.block_n > 32:
+            raise OutOfResources(launch.block_n * 4096, 196608, "shared memory")
+        return real(*args, launch=launch, fit=fit, **kwargs)
+
+    monkeypatch.setattr(tsk, "decode_attention", limited)
+    rows, table = tsk.tune_attention(torch.device("cpu"), (("m", 2, 1, 16),), (1,), 64, (20,), (32, 64), (4,), (2,),
+                                     reps=1)
+    assert not any(asked)  # every call of the tuner names its launch exactly
+    assert [r["BLOCK_N"] for r in rows] == [32]
+    assert {e["BLOCK_N"] for e in table.values()} == {32}
