@@ -395,6 +395,45 @@ def test_gpu_gptoss_20b_experts_in_bf16(kept):
 
 @pytest.mark.gpu
 @cuda
+def test_gpu_every_tuned_expert_entry_of_this_gpu_runs_in_float32():
+    """Each expert entry of this GPU's table (tuned and timed in bf16) at its own H, I and T, in
+    float32, whose tiles need twice the shared memory: both paths (four launches, and the kept
+    path with a budget) launch on this device and match the float64 reference. A table must never
+    select a launch the device cannot hold (issue 42); decode attention and the skinny GEMM fit
+    theirs, and this is where an expert entry that does not fit would show."""
+    from dataclasses import replace
+
+    from kernels.experts import get_config
+    from kernels.select import route_select
+    from kernels.tuned import device_name, load_configs
+
+    dev = torch.device("cuda")
+    keys = sorted(k for k in load_configs(device_name(dev)) if k.startswith("H="))
+    if not keys:
+        pytest.skip(f"{device_name(dev)}'s table has no expert entry")
+    E, K = 32, 8
+    weights = {}  # (H, I) -> the experts on the GPU and in float64 on the host, made once per shape
+    for key in keys:
+        H, I, T = (int(part.split("=")[1]) for part in key.split(","))
+        if (H, I) not in weights:
+            weights.clear()
+            gu, dn = make_experts(E, H, I, torch.float32, seed=1, device=dev)
+            weights[H, I] = gu, dn, gu.cpu().double(), dn.cpu().double()
+        gu, dn, gu64, dn64 = weights[H, I]
+        b = make_batch(T, E, K, H, torch.float32, device=dev, seed=T)
+        _, sel = route_select(torch.randn(T, E, generator=torch.Generator().manual_seed(T)).to(dev), K, b.active_T, 16,
+                              norm_topk=True)
+        n = min(T, 8)
+        ref = experts_reference(b.z_TH[:n].cpu().double(), gu64, dn64, sel.topk_idx_TK[:n].cpu(),
+                                sel.topk_w_TK[:n].cpu().double())
+        for kept in (False, True):
+            out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M,
+                                config=replace(get_config(H, I, T, dev), use_kept=kept, kept_max=None))
+            assert rel_err(out[:n].cpu(), ref) <= 1e-4, f"{key} {'kept' if kept else 'four launches'}"
+
+
+@pytest.mark.gpu
+@cuda
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_select_and_score(kind):
     T, E, K, H = 64, 128, 8, 256
