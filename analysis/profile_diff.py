@@ -143,13 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     if a_cell != b_cell:
         fail(f"the tables' cells differ: a {' '.join(a_cell[1:])}, b {' '.join(b_cell[1:])} (routing, batch, "
              f"variant, budget); name one with --routing, --batch, --variant and --budget")
-    models = [a_cell[0]]
     engine = one_engine(pd.concat([a, b]), "this profile comparison")
     t = with_engine(diff(a, b), engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     t.to_csv(args.out.with_suffix(".csv"), index=False)
-    _, routing, batch, variant, budget = a_cell
-    what = f"{models[0]}, {'' if routing == '-' else routing + ' routing, '}batch {batch}, {variant}" + \
+    model, routing, batch, variant, budget = a_cell
+    what = f"{model}, {'' if routing == '-' else routing + ' routing, '}batch {batch}, {variant}" + \
         ("" if budget == "-" else f" M={budget}")
     text = markdown(t, args.a, args.b, what, engine, args.rows)
     args.out.with_suffix(".md").write_text(text)

@@ -126,16 +126,19 @@ def arrival_counters(n: int, device: torch.device, owner: str) -> torch.Tensor:
 
 
 def fit_shared_memory(run: Callable[[Any], Any], launch: Any, shrink: Callable[[Any], Any | None],
-                      fitted: dict, key: Hashable) -> Any:
+                      fitted: dict, key: Hashable, fit: bool = True) -> Any:
     """run(launch) with a launch the device can hold. Triton refuses a compiled program that needs
     more shared memory than the device has (OutOfResources, raised on the host before anything is
     enqueued, so retrying is safe, also before a graph capture); then `shrink(launch)` gives the
     next smaller launch (None: nothing smaller) and the one that ran is remembered under `key` in
-    `fitted`, so later launches go straight to it.
+    `fitted`, so later launches go straight to it. `fit` False: run(launch) exactly as named, or
+    OutOfResources (a benchmark or tuner times the launch it names, never a shrunk one).
 
     Why: a tuned table entry is timed in the model's dtype; the same tile in float32 needs twice
     the shared memory (decode attention's BLOCK_N=128 entry of the H200 table: 278 KB in float32
     against the H200's 227 KB), and a table must never select a launch the device cannot hold."""
+    if not fit:
+        return run(launch)
     launch = fitted.get(key, launch)
     while True:
         try:

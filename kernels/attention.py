@@ -229,11 +229,8 @@ def decode_attention(q_BHD: Tensor, k_BKLD: Tensor, v_BKLE: Tensor, allowed_BL: 
         )  # fmt: skip
 
     launch = launch or attention_launch(G, D, dev, B)
-    if not fit:
-        run(launch)
-        return out
     key = (dev, launch, G_BLOCK, D_BLOCK, E_BLOCK, q_BHD.dtype, k_BKLD.dtype)
-    fit_shared_memory(run, launch, smaller_launch, _FITTED, key)
+    fit_shared_memory(run, launch, smaller_launch, _FITTED, key, fit=fit)
     return out
 
 

@@ -108,11 +108,12 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
                             ("route", partial(route_select, logits_TE, K, active_T, None, norm_topk=True))):
             ref = call(launch=SelectLaunch())
             launches = {c: SelectLaunch(num_warps=c[0], tokens_per_tile=c[1], split=c[2] == "split") for c in cands}
+            fns = {c: partial(call, launch=launch) for c, launch in launches.items()}
             t0 = time.perf_counter()
-            compile_side_by_side([partial(call, launch=launch) for launch in launches.values()], compile_workers(dev))
+            compile_side_by_side(list(fns.values()), compile_workers(dev))
             log(f"{entry} T={T}: {len(launches)} candidates called once (their compiles) in {time.perf_counter() - t0:.1f} s")
             for (nw, tb, form), launch in launches.items():
-                fn = partial(call, launch=launch)
+                fn = fns[nw, tb, form]
                 try:
                     us, how = time_graph([fn] * 20, reps, dev)
                 except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
@@ -156,10 +157,11 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
             launches = {c: AttentionLaunch(block_n=c[0], num_warps=c[1], target_programs=c[2])
                         for c in itertools.product(block_ns, warps, targets)}
             # fit=False: each candidate as named (one the GPU cannot hold fails and is left out, never timed halved)
-            compile_side_by_side([partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch, fit=False)
-                                  for launch in launches.values()], compile_workers(dev))
+            fns = {c: partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch, fit=False)
+                   for c, launch in launches.items()}
+            compile_side_by_side(list(fns.values()), compile_workers(dev))
             for (bn, nw, tg), launch in launches.items():
-                fn = partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch, fit=False)
+                fn = fns[bn, nw, tg]
                 try:
                     us, how = time_graph([fn] * 20, reps, dev)
                 except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
