@@ -90,6 +90,22 @@ def same_selection(out, ref) -> bool:
     return all(same) and torch.allclose(sel.score_E, ref_sel.score_E, rtol=1e-6, atol=0)
 
 
+def time_candidates(fns: dict, reps: int, dev: torch.device, what: str) -> dict:
+    """Each candidate launch's (µs, how) in order: every call made once side by side first (their
+    Triton compiles, tools/timing.compile_side_by_side), then each timed alone (CUDA-graph replays
+    of 20 calls, the median of `reps`); one this GPU cannot compile or launch is logged and left out."""
+    t0 = time.perf_counter()
+    compile_side_by_side(list(fns.values()), compile_workers(dev))
+    log(f"{what}: {len(fns)} candidates called once (their compiles) in {time.perf_counter() - t0:.1f} s")
+    timed = {}
+    for launch, fn in fns.items():
+        try:
+            timed[launch] = time_graph([fn] * 20, reps, dev)
+        except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
+            log(f"{what} {launch} failed: {type(e).__name__}: {str(e)[:120]}")
+    return timed
+
+
 def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tuple[list[dict], dict]:
     H, E, K, M = model["H"], model["E"], model["K"], model["budget"]
     g = torch.Generator(device="cpu").manual_seed(7)
@@ -107,20 +123,12 @@ def tune_select(dev: torch.device, model: dict, ts, warps, tbs, reps: int) -> tu
                                                g_TE=g_TE, pred_b_E=pred_b_E)),
                             ("route", partial(route_select, logits_TE, K, active_T, None, norm_topk=True))):
             ref = call(launch=SelectLaunch())
-            launches = {c: SelectLaunch(num_warps=c[0], tokens_per_tile=c[1], split=c[2] == "split") for c in cands}
-            fns = {c: partial(call, launch=launch) for c, launch in launches.items()}
-            t0 = time.perf_counter()
-            compile_side_by_side(list(fns.values()), compile_workers(dev))
-            log(f"{entry} T={T}: {len(launches)} candidates called once (their compiles) in {time.perf_counter() - t0:.1f} s")
-            for (nw, tb, form), launch in launches.items():
-                fn = fns[nw, tb, form]
-                try:
-                    us, how = time_graph([fn] * 20, reps, dev)
-                except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
-                    log(f"{entry} T={T} {launch} failed: {type(e).__name__}: {str(e)[:120]}")
-                    continue
-                rows.append({"kernel": entry, "E": E, "T": T, "num_warps": nw, "TB": tb, "split": form == "split",
-                             "us": round(us, 3), "timing": how, "matches_default": same_selection(fn(), ref)})
+            fns = {la: partial(call, launch=la) for la in (SelectLaunch(num_warps=nw, tokens_per_tile=tb,
+                                                                         split=form == "split") for nw, tb, form in cands)}
+            for la, (us, how) in time_candidates(fns, reps, dev, f"{entry} T={T}").items():
+                rows.append({"kernel": entry, "E": E, "T": T, "num_warps": la.num_warps, "TB": la.tokens_per_tile,
+                             "split": la.split, "us": round(us, 3), "timing": how,
+                             "matches_default": same_selection(fns[la](), ref)})
             ok = [r for r in rows if r["kernel"] == entry and r["T"] == T and r["matches_default"]]
             if not ok:
                 raise RuntimeError(f"{entry} T={T}: no candidate launch gives the built-in launch's selection")
@@ -154,23 +162,15 @@ def tune_attention(dev: torch.device, models, batches, slots: int, filled, block
         for B, n in itertools.product(batches, filled):
             q, k, v, allowed, last, _ = attention_inputs(B, Hq, K, D, slots, n, g, dev, dtype)
             ref = decode_attention_reference(q, k, v, allowed, n - 1, D**-0.5).float()
-            launches = {c: AttentionLaunch(block_n=c[0], num_warps=c[1], target_programs=c[2])
-                        for c in itertools.product(block_ns, warps, targets)}
             # fit=False: each candidate as named (one the GPU cannot hold fails and is left out, never timed halved)
-            fns = {c: partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=launch, fit=False)
-                   for c, launch in launches.items()}
-            compile_side_by_side(list(fns.values()), compile_workers(dev))
-            for (bn, nw, tg), launch in launches.items():
-                fn = fns[bn, nw, tg]
-                try:
-                    us, how = time_graph([fn] * 20, reps, dev)
-                except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot compile or launch
-                    log(f"attention {name} B={B} {launch} failed: {type(e).__name__}: {str(e)[:120]}")
-                    continue
-                same = bool(torch.allclose(fn().float(), ref, rtol=2e-2, atol=2e-2))
+            fns = {la: partial(decode_attention, q, k, v, allowed, last, D**-0.5, launch=la, fit=False)
+                   for la in (AttentionLaunch(block_n=bn, num_warps=nw, target_programs=tg)
+                              for bn, nw, tg in itertools.product(block_ns, warps, targets))}
+            for la, (us, how) in time_candidates(fns, reps, dev, f"attention {name} B={B}").items():
+                same = bool(torch.allclose(fns[la]().float(), ref, rtol=2e-2, atol=2e-2))
                 rows.append({"kernel": "attention", "model": name, "G": Hq // K, "D": D, "B": B, "filled": n,
-                             "BLOCK_N": bn, "num_warps": nw, "target_programs": tg, "us": round(us, 3), "timing": how,
-                             "matches_reference": same})
+                             "BLOCK_N": la.block_n, "num_warps": la.num_warps, "target_programs": la.target_programs,
+                             "us": round(us, 3), "timing": how, "matches_reference": same})
         log(f"attention {name}: {len(rows)} timings so far")
     return rows, attention_table(pd.DataFrame(rows))
 
