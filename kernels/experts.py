@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import arrival_counters, dual_jit, empty, next_pow2
+from kernels._triton import arrival_counters, dual_jit, empty, fit_shared_memory, next_pow2
 from kernels.tuned import CONFIG_DIR, device_name  # noqa: F401 - CONFIG_DIR: tools/tune_kernels.py
 from kernels.tuned import load_configs as _load_configs
 
@@ -608,6 +608,7 @@ def fused_experts(
     keep_M: Tensor | None = None,
     residual_TH: Tensor | None = None,
     up_offset: int | None = None,
+    fit: bool = True,
     _stages: int = 4,
 ) -> Tensor:
     """out_TH (dtype of x): the routed experts' weighted sum; pairs with w == 0 are skipped.
@@ -620,6 +621,10 @@ def fused_experts(
     (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
     reduce). `_stages` < 4 runs only the first launches of
     the four-launch path: for timing breakdowns.
+
+    `fit` False: each launch exactly as its config names it, or Triton's OutOfResources where the
+    device cannot hold it (a tuner or benchmark times the launch it names); True (the default) sheds
+    pipeline stages, then halves the reduction tile, until it fits (`_launch_fitted`).
 
     up_offset: rows from an expert's gate row i to its up row i (default I: each expert's own
     [gate; up]). A dense MLP's [gate; up] weights, (2 I_s, H), split into C chunks of I = I_s / C
@@ -635,7 +640,7 @@ def fused_experts(
             and (cfg.kept_max is None or keep_M.shape[0] <= cfg.kept_max)):
         return _fused_experts_kept(x_TH, gate_up, down, topk_idx_TK, topk_w_TK, keep_M, layout=layout,
                                    gate_up_bias=gate_up_bias, down_bias=down_bias, config=cfg,
-                                   residual_TH=residual_TH, up_offset=up_offset)
+                                   residual_TH=residual_TH, up_offset=up_offset, fit=fit)
     K = topk_idx_TK.shape[1]
     E = gate_up.shape[0]
     P = T * K
@@ -661,20 +666,20 @@ def fused_experts(
         return out_TH
     gu, dn = dict(cfg.gate_up), dict(cfg.down)
     n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))
-    _gate_up_kernel.on(dev)[(n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)](
+    _launch_fitted(_gate_up_kernel, dev, (n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),), gu, "BH", fit)(
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
         E, H, I, K, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
         E_BLOCK=next_pow2(E, 16), ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
-        ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH), **gu,
+        ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),
     )  # fmt: skip
     if _stages < 3:
         return out_TH
     res = residual_TH if residual_TH is not None else out_TH
     fold = cfg.reduce_in_down and _stages == 4
     n_hb = triton.cdiv(H, dn["BHO"])
-    _down_kernel.on(dev)[(n_prog(E * n_hb, dn.pop("PER_SM")),)](
+    _launch_fitted(_down_kernel, dev, (n_prog(E * n_hb, dn.pop("PER_SM")),), dn, "BI", fit)(
         act_PI, down, down_bias if down_bias is not None else x_TH, w_P, pairs_EP, cnt_E, y_PH,
         res, out_TH, arrival_counters(n_hb, dev, "experts_down") if fold else cnt_E,
         E, H, I, T,
@@ -682,7 +687,7 @@ def fused_experts(
         down_bias.stride(0) if down_bias is not None else 0, pairs_EP.stride(0), y_PH.stride(0),
         res.stride(0), out_TH.stride(0),
         E_BLOCK=next_pow2(E, 16), HAS_BIAS=down_bias is not None, DOT_PRECISION=_precision(x_TH),
-        REDUCE=fold, K=K, HAS_RES=residual_TH is not None, **dn,
+        REDUCE=fold, K=K, HAS_RES=residual_TH is not None,
     )  # fmt: skip
     if _stages < 4 or fold:
         return out_TH
@@ -699,13 +704,39 @@ def _up_offset(I: int, layout: ExpertsLayout, up_offset: int | None) -> int:
     return 1 if layout.interleaved else (I if up_offset is None else up_offset)
 
 
+_FITTED: dict[tuple, dict] = {}  # (device, kernel, asked launch, constexprs, dtypes) -> the launch that fits
+
+
+def _launch_fitted(kernel, dev: torch.device, grid: tuple, launch: dict, reduce_key: str, fit: bool):
+    """A launcher: kernel[grid](*args, **kwargs, **launch) with a launch the device can hold. A
+    table entry is timed in bf16, and in float32 its pipelined tiles need twice the shared memory
+    (by tile sizes some H100 and H200 entries reach about 240 KB against 227 KB): one pipeline stage
+    fewer at a time, then half the reduction tile (`reduce_key`: BH for gate_up, BI for down; the
+    grid depends on neither), remembered per launch, constexprs and dtypes (fit_shared_memory)."""
+
+    def launcher(*args, **kwargs):
+        def run(fitted: dict) -> None:
+            kernel.on(dev)[grid](*args, **kwargs, **fitted)
+
+        def smaller(fitted: dict) -> dict | None:
+            if fitted.get("num_stages", 1) > 1:
+                return {**fitted, "num_stages": fitted["num_stages"] - 1}
+            return None if fitted[reduce_key] <= 16 else {**fitted, reduce_key: fitted[reduce_key] // 2}
+
+        key = (dev, kernel.__name__, tuple(sorted(launch.items())), tuple(sorted(kwargs.items())),
+               tuple(a.dtype for a in args if isinstance(a, Tensor)))
+        fit_shared_memory(run, launch, smaller, _FITTED, key, fit=fit)
+
+    return launcher
+
+
 V3_MAX_TOKENS = 64  # above: the four-launch path (its pair lists beat token tiles at many tokens)
 
 
 def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK: Tensor, topk_w_TK: Tensor,
                         keep_M: Tensor, *, layout: ExpertsLayout, gate_up_bias: Tensor | None,
                         down_bias: Tensor | None, config: ExpertsConfig | None,
-                        residual_TH: Tensor | None = None, up_offset: int | None = None) -> Tensor:
+                        residual_TH: Tensor | None = None, up_offset: int | None = None, fit: bool = True) -> Tensor:
     """v3: gate_up over the kept experts, then down straight into the output (two launches)."""
     T, H = x_TH.shape
     K = topk_idx_TK.shape[1]
@@ -727,22 +758,22 @@ def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK
     gu, dn = dict(cfg.gate_up_kept), dict(cfg.down_kept)
     common = dict(K=K, K_BLOCK=next_pow2(K), T_BLOCK=next_pow2(T, 16), M_BLOCK=next_pow2(M))  # noqa: C408
     n_items = M * triton.cdiv(I, gu["BI"])
-    _gate_up_kept_kernel.on(dev)[(max(1, min(n_items, num_sms(dev) * gu.pop("PER_SM"))),)](
+    _launch_fitted(_gate_up_kept_kernel, dev, (max(1, min(n_items, num_sms(dev) * gu.pop("PER_SM"))),), gu, "BH", fit)(
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, keep_M, idx_TK, w_TK, act_PI,
         T, H, I, M, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, act_PI.stride(0),
         ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None, ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),
-        **common, **gu,
+        **common,
     )  # fmt: skip
     res = out_TH if residual_TH is None else residual_TH  # contiguous rows: fused_experts
-    _down_kept_kernel.on(dev)[(triton.cdiv(H, dn["BHO"]),)](
+    _launch_fitted(_down_kept_kernel, dev, (triton.cdiv(H, dn["BHO"]),), dn, "BI", fit)(
         act_PI, down, down_bias if down_bias is not None else x_TH, keep_M, idx_TK, w_TK, res, out_TH,
         T, H, I, M,
         act_PI.stride(0), down.stride(0), s_dh, s_di, down_bias.stride(0) if down_bias is not None else 0,
         res.stride(0), out_TH.stride(0),
         HAS_BIAS=down_bias is not None, HAS_RES=residual_TH is not None, DOT_PRECISION=_precision(x_TH),
-        **common, **dn,
+        **common,
     )  # fmt: skip
     return out_TH
 

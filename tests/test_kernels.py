@@ -287,6 +287,68 @@ def test_fused_experts_gptoss_layout():
     assert_near_reference(out, experts_reference(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, **kw))
 
 
+def test_an_expert_launch_the_device_cannot_hold_sheds_stages_then_halves_its_reduction_tile(monkeypatch):
+    """An expert entry whose pipelined tiles need more shared memory than the device has (Triton's
+    OutOfResources, raised before anything is enqueued; a bf16 entry run in float32), on each of
+    the four kernels that stream weights: one stage fewer at a time, then half the reduction tile
+    (BH for gate_up, BI for down), until it fits; the sum is the reference's, the fitted launch is
+    remembered, and fit=False runs each launch as named."""
+    from triton.runtime.errors import OutOfResources
+
+    from dataclasses import replace
+
+    import kernels.experts as ke
+    from kernels.experts import ExpertsConfig
+
+    seen = []
+    reduce_key = {"_gate_up_kernel": "BH", "_gate_up_kept_kernel": "BH", "_down_kernel": "BI", "_down_kept_kernel": "BI"}
+    for name, red in reduce_key.items():
+        kernel = getattr(ke, name)
+        launcher = kernel.on(torch.device("cpu"))
+
+        class Limited:  # a device that holds num_stages x reduction tile <= 64
+            def __init__(self, name=name, red=red, launcher=launcher):
+                self.name, self.red, self.launcher = name, red, launcher
+
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    need = kwargs["num_stages"] * kwargs[self.red]
+                    seen.append((self.name, kwargs["num_stages"], kwargs[self.red]))
+                    if need > 64:
+                        raise OutOfResources(need * 1024, 65536, "shared memory")
+                    return self.launcher[grid](*args, **kwargs)
+                return launch
+
+        monkeypatch.setattr(kernel, "on", lambda dev, limited=Limited(): limited)
+    monkeypatch.setattr(ke, "_FITTED", {})
+    T, E, K, H, I = 5, 8, 2, 64, 64
+    b = make_batch(T, E, K, H, seed=4)
+    gu, dn = make_experts(E, H, I, torch.float32, seed=4)
+    sel = select_reassign(b.probs_TE, b.topk_idx_TK, b.topk_w_TK, b.active_T, 3, kind="router_sum")
+    ref = experts_reference(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK)
+    cfg = ExpertsConfig(gate_up=dict(TB=16, BI=16, BH=32, num_warps=4, num_stages=3, PER_SM=1),  # noqa: C408
+                        down=dict(TB=16, BHO=16, BI=64, num_warps=4, num_stages=2, PER_SM=1),  # noqa: C408
+                        gate_up_kept=dict(BI=16, BH=128, num_warps=4, num_stages=1, PER_SM=1),  # noqa: C408
+                        down_kept=dict(BHO=16, BI=32, num_warps=4, num_stages=4))  # noqa: C408
+    four = replace(cfg, use_kept=False)
+    for config, want in ((four, [("_gate_up_kernel", 3, 32), ("_gate_up_kernel", 2, 32),
+                                 ("_down_kernel", 2, 64), ("_down_kernel", 1, 64)]),
+                         (cfg, [("_gate_up_kept_kernel", 1, 128), ("_gate_up_kept_kernel", 1, 64),
+                                ("_down_kept_kernel", 4, 32), ("_down_kept_kernel", 3, 32), ("_down_kept_kernel", 2, 32)])):
+        seen.clear()
+        out = fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, config=config)
+        assert_near_reference(out, ref)
+        assert seen == want
+        seen.clear()
+        fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, config=config)
+        fitted = {name: (name, stages, tile) for name, stages, tile in want}  # each kernel's last try
+        assert seen == list(fitted.values())  # straight to the launches that fitted
+        seen.clear()
+        with pytest.raises(OutOfResources, match="shared memory"):  # a tuner's launch: as named or not at all
+            fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, config=config, fit=False)
+        assert seen == [want[0]]
+
+
 def tiny_qwen3_moe(dtype, device, seed=0):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 

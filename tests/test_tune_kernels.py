@@ -21,6 +21,7 @@ def _small_search(monkeypatch, broken_bi: int | None):
 
     def fused(*args, config, **kw):
         seen["BI"] = config.gate_up["BI"]
+        fits.append(kw["fit"])
         out = real(*args, config=config, **kw)
         return out * 2 if config.gate_up["BI"] == broken_bi else out
 
@@ -32,18 +33,20 @@ def _small_search(monkeypatch, broken_bi: int | None):
         return (1.0 if seen["BI"] == broken_bi else 2.0), "stub"
 
     seen: dict = {}
+    fits: list = []  # each call's `fit`: a candidate is timed as named, never shrunk to fit the device
     monkeypatch.setattr(tk, "time_graph", timed)
-    return seen
+    return fits
 
 
 @pytest.mark.slow
 def test_a_wrong_candidate_is_logged_and_never_chosen(monkeypatch):
-    _small_search(monkeypatch, broken_bi=8)
+    fits = _small_search(monkeypatch, broken_bi=8)
     sets = make_weight_sets(SMOKE["E"], SMOKE["H"], SMOKE["I"], 1, "cpu", dtype=torch.float32)
     logs = []
     entry = tk.tune_shape(SMOKE, 4, sets, copy_gbps=1.0, reps=1, log=logs.append)
     assert entry["gate_up"]["BI"] == 16  # the slower candidate whose output is right
     assert any("gate_up (16, 8" in line and "differs from experts_reference" in line for line in logs)
+    assert fits and not any(fits)
 
 
 @pytest.mark.slow
@@ -78,8 +81,8 @@ def test_the_kept_bound_is_where_v3_won_every_alternation_at_every_smaller_bound
                 else 2.0), "stub"
 
     seen: dict = {}
-    monkeypatch.setattr(tk, "fused_experts", lambda *a, config, keep_M, **kw: seen.update(cfg=config,
-                                                                                          bound=keep_M.shape[0]))
+    monkeypatch.setattr(tk, "fused_experts", lambda *a, config, keep_M, fit: seen.update(cfg=config,
+                                                                                         bound=keep_M.shape[0]))
     monkeypatch.setattr(tk, "time_graph", timed)
     sets = make_weight_sets(model["E"], model["H"], model["I"], 1, "cpu", dtype=torch.float32)
     cfg = {"gate_up": {}, "down": {}, "gate_up_kept": {}, "down_kept": {}}

@@ -122,8 +122,8 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
     def objective(cfg: ExpertsConfig) -> float:  # the four-launch path (no kept list)
         total = 0.0
         for idx, w, floor_us, ref in cases:  # checked on this GPU before it is timed
-            check_output(lambda idx=idx, w=w: fused_experts(r.x_TH, gu0, dn0, idx, w, config=cfg), ref, "four-launch")
-            calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, config=cfg)
+            check_output(lambda idx=idx, w=w: fused_experts(r.x_TH, gu0, dn0, idx, w, config=cfg, fit=False), ref, "four-launch")
+            calls = [lambda gu=gu, dn=dn, x=r.x_TH, idx=idx, w=w: fused_experts(x, gu, dn, idx, w, config=cfg, fit=False)
                      for gu, dn in sets]  # fmt: skip
             us, _ = time_graph(calls, reps, dev)
             total += us / floor_us
@@ -195,9 +195,9 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
         total = 0.0
         for sel, floor_us, ref in cases:  # checked on this GPU before it is timed
             check_output(lambda s=sel: fused_experts(r.x_TH, gu0, dn0, s.topk_idx_TK, s.topk_w_TK, config=cfg,
-                                                     keep_M=s.keep_M), ref, "kept-list")
+                                                     keep_M=s.keep_M, fit=False), ref, "kept-list")
             calls = [lambda gu=gu, dn=dn, s=sel: fused_experts(r.x_TH, gu, dn, s.topk_idx_TK, s.topk_w_TK, config=cfg,
-                                                               keep_M=s.keep_M) for gu, dn in sets]  # fmt: skip
+                                                               keep_M=s.keep_M, fit=False) for gu, dn in sets]  # fmt: skip
             us, _ = time_graph(calls, reps, dev)
             total += us / floor_us
         return total
@@ -231,7 +231,7 @@ def kept_bound(model: dict, T: int, sets: list, entry: dict, reps: int = 10, log
 
         def timed(cfg: ExpertsConfig, sel=sel) -> float:
             calls = [lambda gu=gu, dn=dn: fused_experts(r.x_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, config=cfg,
-                                                        keep_M=sel.keep_M) for gu, dn in sets]  # fmt: skip
+                                                        keep_M=sel.keep_M, fit=False) for gu, dn in sets]  # fmt: skip
             return time_graph(calls, reps, dev)[0]
 
         bound = int(sel.keep_M.shape[0])
