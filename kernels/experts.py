@@ -666,7 +666,8 @@ def fused_experts(
         return out_TH
     gu, dn = dict(cfg.gate_up), dict(cfg.down)
     n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))
-    _launch_fitted(_gate_up_kernel, dev, (n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),), gu, "BH", fit)(
+    grid = (n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)
+    _launch_fitted(_gate_up_kernel, dev, grid, gu, "gate_up", fit)(
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
         E, H, I, K, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
@@ -679,7 +680,7 @@ def fused_experts(
     res = residual_TH if residual_TH is not None else out_TH
     fold = cfg.reduce_in_down and _stages == 4
     n_hb = triton.cdiv(H, dn["BHO"])
-    _launch_fitted(_down_kernel, dev, (n_prog(E * n_hb, dn.pop("PER_SM")),), dn, "BI", fit)(
+    _launch_fitted(_down_kernel, dev, (n_prog(E * n_hb, dn.pop("PER_SM")),), dn, "down", fit)(
         act_PI, down, down_bias if down_bias is not None else x_TH, w_P, pairs_EP, cnt_E, y_PH,
         res, out_TH, arrival_counters(n_hb, dev, "experts_down") if fold else cnt_E,
         E, H, I, T,
@@ -707,27 +708,36 @@ def _up_offset(I: int, layout: ExpertsLayout, up_offset: int | None) -> int:
 _FITTED: dict[tuple, dict] = {}  # (device, kernel, asked launch, constexprs, dtypes) -> the launch that fits
 
 
-def _launch_fitted(kernel, dev: torch.device, grid: tuple, launch: dict, reduce_key: str, fit: bool):
+def _launch_fitted(kernel, dev: torch.device, grid: tuple, launch: dict, part: str, fit: bool):
     """A launcher: kernel[grid](*args, **kwargs, **launch) with a launch the device can hold. A
     table entry is timed in bf16, and in float32 its pipelined tiles need twice the shared memory
-    (by tile sizes some H100 and H200 entries reach about 240 KB against 227 KB): one pipeline stage
-    fewer at a time, then half the reduction tile (`reduce_key`: BH for gate_up, BI for down; the
-    grid depends on neither), remembered per launch, constexprs and dtypes (fit_shared_memory)."""
+    (compiled for sm_90, the H100 table's H=2048,I=1408,T=64 kept-path launches need 256 and 240 KB
+    against 227: `python -m tools.aot_check --tables`): one pipeline stage fewer at a time, then half
+    the reduction tile (smaller_launch; the grid depends on neither), remembered per launch,
+    constexprs and dtypes (fit_shared_memory)."""
 
     def launcher(*args, **kwargs):
         def run(fitted: dict) -> None:
             kernel.on(dev)[grid](*args, **kwargs, **fitted)
 
-        def smaller(fitted: dict) -> dict | None:
-            if fitted.get("num_stages", 1) > 1:
-                return {**fitted, "num_stages": fitted["num_stages"] - 1}
-            return None if fitted[reduce_key] <= 16 else {**fitted, reduce_key: fitted[reduce_key] // 2}
-
         key = (dev, kernel.__name__, tuple(sorted(launch.items())), tuple(sorted(kwargs.items())),
                tuple(a.dtype for a in args if isinstance(a, Tensor)))
-        fit_shared_memory(run, launch, smaller, _FITTED, key, fit=fit)
+        fit_shared_memory(run, launch, lambda fitted: smaller_launch(fitted, part), _FITTED, key, fit=fit)
 
     return launcher
+
+
+REDUCE_TILE = {"gate_up": "BH", "gate_up_kept": "BH", "down": "BI", "down_kept": "BI"}  # each kernel's reduction tile
+
+
+def smaller_launch(launch: dict, part: str) -> dict | None:
+    """The next launch of `part` (an ExpertsConfig field) needing less shared memory (each pipeline
+    stage holds an x and a weight tile): one stage fewer, then at one stage half the reduction tile
+    (REDUCE_TILE); None at one stage of 16."""
+    tile = REDUCE_TILE[part]
+    if launch.get("num_stages", 1) > 1:
+        return {**launch, "num_stages": launch["num_stages"] - 1}
+    return None if launch[tile] <= 16 else {**launch, tile: launch[tile] // 2}
 
 
 V3_MAX_TOKENS = 64  # above: the four-launch path (its pair lists beat token tiles at many tokens)
@@ -758,7 +768,8 @@ def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK
     gu, dn = dict(cfg.gate_up_kept), dict(cfg.down_kept)
     common = dict(K=K, K_BLOCK=next_pow2(K), T_BLOCK=next_pow2(T, 16), M_BLOCK=next_pow2(M))  # noqa: C408
     n_items = M * triton.cdiv(I, gu["BI"])
-    _launch_fitted(_gate_up_kept_kernel, dev, (max(1, min(n_items, num_sms(dev) * gu.pop("PER_SM"))),), gu, "BH", fit)(
+    grid = (max(1, min(n_items, num_sms(dev) * gu.pop("PER_SM"))),)
+    _launch_fitted(_gate_up_kept_kernel, dev, grid, gu, "gate_up_kept", fit)(
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, keep_M, idx_TK, w_TK, act_PI,
         T, H, I, M, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
@@ -767,7 +778,7 @@ def _fused_experts_kept(x_TH: Tensor, gate_up: Tensor, down: Tensor, topk_idx_TK
         **common,
     )  # fmt: skip
     res = out_TH if residual_TH is None else residual_TH  # contiguous rows: fused_experts
-    _launch_fitted(_down_kept_kernel, dev, (triton.cdiv(H, dn["BHO"]),), dn, "BI", fit)(
+    _launch_fitted(_down_kept_kernel, dev, (triton.cdiv(H, dn["BHO"]),), dn, "down_kept", fit)(
         act_PI, down, down_bias if down_bias is not None else x_TH, keep_M, idx_TK, w_TK, res, out_TH,
         T, H, I, M,
         act_PI.stride(0), down.stride(0), s_dh, s_di, down_bias.stride(0) if down_bias is not None else 0,

@@ -6,9 +6,18 @@ resources: registers per thread, spills, shared memory. Catches compile errors b
     AOT_VERBOSE=1 python -m tools.aot_check   # a failed compile's whole message, not its first 400 characters
     python -m tools.aot_check --sass DIR      # also each case's SASS (addresses and line info dropped) in DIR
     python -m tools.aot_check --threads 2     # the cases compiled side by side (the wall time is printed last)
+    python -m tools.aot_check --tables        # every tuned entry of every GPU table, in bf16 and float32:
+                                              # its shared memory, and the launch the kernel's fitting runs
 
 --sass is the check for a kernel change meant to compile to the same program (a refactor): write
 DIR on both trees and `diff -r` them; identical SASS runs as the GPU-tested code did.
+
+--tables is the check for a table before a GPU run: a tuned entry is timed in bf16, and in float32
+its pipelined tiles need twice the shared memory. Triton refuses a program over the block's limit
+(OutOfResources) and each kernel then runs a smaller launch (its `smaller_launch`, through
+kernels/_triton.fit_shared_memory): this lists, per entry and dtype, the shared memory of the
+launch as tuned and of the launch the fitting ends at, and fails where no launch fits or a
+compile fails.
 
 Triton compiles to PTX and runs the bundled ptxas, so this works on a CPU-only machine; the
 numbers are what the GPU's JIT would get for the same constexprs (same Triton version).
@@ -16,12 +25,14 @@ numbers are what the GPU's JIT would get for the same constexprs (same Triton ve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import os
 import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +40,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels import attention, experts, skinny
+from kernels._triton import next_pow2
 from kernels.attention import _decode_attention
 from kernels.experts import (
     _down_kept_kernel,
@@ -38,6 +51,7 @@ from kernels.experts import (
 )
 from kernels.select import _route_select_kernel
 from kernels.skinny import _skinny_kernel
+from kernels.tuned import CONFIG_DIR, load_configs
 
 
 def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: dict,
@@ -162,6 +176,137 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
     return out
 
 
+# The shared memory one block may opt into, per compute capability: what Triton's OutOfResources
+# compares a program against (H100 and H200: 227 KB).
+SHARED_LIMIT = {90: 232448}
+
+
+@dataclasses.dataclass
+class TableLaunch:
+    """One tuned entry's launch in one dtype: `case(launch)` is the (kernel, pointer types, floats,
+    constexprs, options) to compile, `smaller(launch)` the kernel's next smaller launch (None: none)."""
+
+    label: str
+    launch: object
+    case: Callable
+    smaller: Callable
+
+
+def table_launches(gpu: str, dtype: str) -> list[TableLaunch]:
+    """Every entry of configs/<gpu>.json that streams tiles through shared memory (the expert
+    kernels, the skinny GEMM, decode attention), at its own shape, with `dtype` ("bf16", "fp32")
+    tensors, as the wrappers in kernels/ launch them."""
+    prec = "ieee" if dtype == "fp32" else "tf32"
+    t = f"*{dtype}"
+    gu_ptrs = {"x_ptr": t, "gu_ptr": t, "gub_ptr": t, "keep_ptr": "*i64", "idx_ptr": "*i64", "w_ptr": t, "act_ptr": t}
+    dn_ptrs = {"act_ptr": t, "dw_ptr": t, "db_ptr": t, "keep_ptr": "*i64", "idx_ptr": "*i64", "w_ptr": t,
+               "res_ptr": t, "out_ptr": t}
+    pair_ptrs = {"pairs_ptr": "*i32", "cnt_ptr": "*i32", "y_ptr": "*fp32", "count_ptr": "*i32"}
+    kernels = {"gate_up": (_gate_up_kernel, {**gu_ptrs, **pair_ptrs}, ("alpha", "limit")),
+               "down": (_down_kernel, {**dn_ptrs, **pair_ptrs}, ()),
+               "gate_up_kept": (_gate_up_kept_kernel, gu_ptrs, ("alpha", "limit")),
+               "down_kept": (_down_kept_kernel, dn_ptrs, ())}
+    out = []
+    for key, entry in load_configs(gpu).items():
+        if key.startswith("H="):  # H=..,I=..,T=..: the experts (Qwen3's layout, top-8, 128 experts)
+            T = int(key.rsplit("T=", 1)[1])  # H and I are runtime sizes: the tiles are the entry's
+            base = experts.ExpertsConfig()
+            shape = {"gate_up": {"ROW_MUL": 1, "ACT": 0, "stride_gk": 1, "E_BLOCK": 128},
+                     "down": {"E_BLOCK": 128, "stride_di": 1, "REDUCE": bool(entry.get("reduce_in_down")), "K": 8,
+                              "HAS_RES": False},
+                     "gate_up_kept": {"ROW_MUL": 1, "ACT": 0, "stride_gk": 1},
+                     "down_kept": {"stride_di": 1, "HAS_RES": True}}
+            kept = dict(K=8, K_BLOCK=8, T_BLOCK=next_pow2(T, 16), M_BLOCK=16)  # noqa: C408
+            for part, (kernel, ptrs, floats) in kernels.items():
+                if part not in entry:
+                    continue
+                consts = {**shape[part], **(kept if part.endswith("_kept") else {}), "HAS_BIAS": False,
+                          "DOT_PRECISION": prec}
+
+                def case(launch, kernel=kernel, ptrs=ptrs, floats=floats, consts=consts):
+                    launch = {k: v for k, v in launch.items() if k != "PER_SM"}
+                    opts = {"num_warps": launch.pop("num_warps"), "num_stages": launch.pop("num_stages")}
+                    return kernel, ptrs, floats, {**consts, **launch}, opts
+
+                out.append(TableLaunch(f"{key} {part}", {**getattr(base, part), **entry[part]}, case,
+                                       lambda launch, part=part: experts.smaller_launch(launch, part)))
+        elif key.startswith("skinny:"):  # skinny:N=..,K=..,T=..
+            T = int(key.rsplit("T=", 1)[1])
+
+            def case(launch, T=T):
+                consts = {"TB": max(16, min(next_pow2(T), skinny.MAX_TOKENS)), "BN": launch.block_n,
+                          "BK": launch.block_k, "SPLIT": launch.split, "DOT_PRECISION": prec}
+                return (_skinny_kernel, {"x_ptr": t, "w_ptr": t, "y_ptr": t, "part_ptr": "*fp32", "count_ptr": "*i32"},
+                        (), consts, {"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+
+            launch = skinny.SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"],
+                                         num_stages=entry["num_stages"], num_warps=entry.get("num_warps", 4),
+                                         split=entry.get("split", 1))
+            out.append(TableLaunch(key, launch, case, skinny.smaller_launch))
+        elif key.startswith("attention:"):  # attention:G=..,D=..[,T=..]
+            fields = dict(part.split("=") for part in key.split(":", 1)[1].split(","))
+            G, D = int(fields["G"]), int(fields["D"])
+
+            def case(launch, G=G, D=D):
+                consts = {"G_BLOCK": next_pow2(G, 16), "D_BLOCK": next_pow2(D, 16), "E_BLOCK": next_pow2(D, 16),
+                          "BLOCK_N": launch.block_n, "ONE_SHARE": False, "HAS_SINK": False}
+                ptrs = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "allowed_ptr": "*u8", "last_ptr": "*i64", "m_ptr": "*fp32",
+                        "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": t, "sink_ptr": t}
+                return _decode_attention, ptrs, ("scaling",), consts, {"num_warps": launch.num_warps}
+
+            launch = attention.AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=entry["num_warps"],
+                                               target_programs=entry["target_programs"])
+            out.append(TableLaunch(key, launch, case, attention.smaller_launch))
+    return out
+
+
+def check_tables(target: GPUTarget, threads: int) -> int:
+    """--tables: per GPU table, entry and dtype, the launch as tuned and the one the fitting ends at,
+    with their shared memory; the number of entries where no launch fits or a compile failed."""
+    limit = SHARED_LIMIT.get(target.arch)
+    if limit is None:
+        raise SystemExit(f"aot_check: no shared-memory limit known for sm_{target.arch}; known: {sorted(SHARED_LIMIT)}")
+    gpus = sorted(p.stem for p in CONFIG_DIR.glob("*.json") if p.stem != "default")
+    work = [(gpu, dtype, tl_) for gpu in gpus for dtype in ("bf16", "fp32") for tl_ in table_launches(gpu, dtype)]
+
+    def fit(item: tuple) -> str:
+        tl_ = item[2]
+        launch, tried = tl_.launch, []
+        while True:
+            try:
+                shared = compile_case(tl_.case(launch), target).metadata.shared
+            except Exception as e:  # noqa: BLE001 - report every entry
+                return f"FAILED to compile {launch}: {type(e).__name__}: {str(e)[:300]}"
+            tried.append(shared)
+            if shared <= limit:
+                break
+            launch = tl_.smaller(launch)
+            if launch is None:
+                return f"FAILED: no launch fits ({' > '.join(f'{b // 1024} KB' for b in tried)} against {limit // 1024} KB)"
+        if len(tried) == 1:
+            return f"{tried[0] // 1024:4d} KB, fits"
+        return f"{tried[0] // 1024:4d} KB, over {limit // 1024} KB: fitted to {launch} ({tried[-1] // 1024} KB)"
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        results = list(pool.map(fit, work))
+    failed = 0
+    for (gpu, dtype, tl_), result in zip(work, results):
+        failed += result.startswith("FAILED")
+        print(f"{gpu:24} {dtype:5} {tl_.label:36} {result}")
+    print(f"{len(work)} launches of {len(gpus)} tables ({', '.join(gpus)}); {failed} failed; "
+          f"limit {limit} B a block (sm_{target.arch})")
+    return failed
+
+
+def compile_case(case: tuple, target: GPUTarget):
+    """Compile (kernel, pointer types, floats, constexprs, options) for `target`."""
+    kernel, ptrs, floats, consts, opts = case
+    consts = dict(consts)  # _types adds the constexprs a launch leaves at their defaults
+    sig, attrs = _types(kernel.gpu.fn, ptrs, floats, consts, aligned=ALIGNED_IN.get(kernel, ()))
+    return triton.compile(ASTSource(fn=kernel.gpu, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                          options=opts)
+
+
 def cuobjdump(cubin: bytes, flag: str) -> str:
     """`cuobjdump <flag>` of the cubin, by the cuobjdump Triton bundles."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -192,6 +337,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="compile the cases in this many threads (Triton's compiler runs outside the GIL: "
                          "tools/timing.compile_side_by_side relies on it)")
+    ap.add_argument("--tables", action="store_true",
+                    help="every tuned entry of kernels/configs/<gpu>.json in bf16 and float32: its shared memory "
+                         "and the launch the kernel's fitting runs (see above)")
     args = ap.parse_args()
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
@@ -201,20 +349,19 @@ def main() -> None:
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     failed = 0
 
-    def compile_case(case: tuple):
-        _, kernel, ptrs, floats, consts, opts = case
-        fn = kernel.gpu
-        sig, attrs = _types(fn.fn, ptrs, floats, consts, aligned=ALIGNED_IN.get(kernel, ()))
+    if args.tables:
+        raise SystemExit(1 if check_tables(target, args.threads) else 0)
+
+    def compile_one(case: tuple):
         try:
-            return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
-                                  options=opts)
+            return compile_case(case[1:], target)
         except Exception as e:  # noqa: BLE001 - report every case
             return e
 
     start = time.perf_counter()
     all_cases = cases()
     with ThreadPoolExecutor(max_workers=args.threads) as pool:
-        compiled = list(pool.map(compile_case, all_cases))
+        compiled = list(pool.map(compile_one, all_cases))
     wall = time.perf_counter() - start
     for (label, *_), k in zip(all_cases, compiled):
         try:
