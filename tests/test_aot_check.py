@@ -97,6 +97,10 @@ def test_the_table_check_follows_each_kernels_fitting_and_fails_where_no_launch_
     monkeypatch.setattr(aot.attention, "smaller_launch", lambda launch: None)  # nothing smaller to try
     assert aot.check_tables(target, threads=1) == 2
     assert "FAILED: no launch fits (256 KB against 227 KB)" in capsys.readouterr().out
-    monkeypatch.setattr(aot, "SHARED_LIMIT", {})
-    with pytest.raises(SystemExit, match="no shared-memory limit known for sm_90"):
-        aot.check_tables(target, threads=1)
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["aot_check", "--tables", "--arch", "80"])
+    monkeypatch.setattr(aot, "check_tables", lambda *a: pytest.fail("an unknown --arch must be refused first"))
+    with pytest.raises(SystemExit) as exit_:
+        aot.main()
+    assert exit_.value.code == 2 and "--tables knows the shared memory of sm_90 only, got --arch 80" in capsys.readouterr().err
