@@ -552,6 +552,13 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
     if os.environ.get("BASE_KERNELS_NO_TUNED"):
         return ExpertsConfig(use_kept=device.type == "cpu")
     table = _load_configs(device_name(device))
+    entry = table.get(entry_key(table, H, I, T)) or _load_configs("default").get("*")
+    return config_from_entry(entry, on_cpu=device.type == "cpu")
+
+
+def entry_key(table: dict, H: int, I: int, T: int) -> str:
+    """The key of `table` that T tokens of shape (H, I) read: their own bucket's, else the nearest
+    tuned bucket of the same (H, I) (also what tools/aot_check.py --tables compiles at each T)."""
     key = config_key(H, I, T)
     if key not in table:
         prefix = f"H={H},I={I},T="
@@ -559,9 +566,15 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
         if near:
             Tb = min(next_pow2(T), 128)
             key = min(near, key=lambda k: abs(int(k[len(prefix):]).bit_length() - Tb.bit_length()))
-    entry = table.get(key) or _load_configs("default").get("*")
+    return key
+
+
+def config_from_entry(entry: dict | None, on_cpu: bool) -> ExpertsConfig:
+    """A table entry's launches over the built-in ones, and which path it takes: v3 where the entry
+    measured it faster (its objectives, or its kept bound); without a measurement, v3 on the CPU
+    (tests) and the four-launch path on a GPU."""
     measured = entry is not None and "objective" in entry and "objective_kept" in entry
-    use_kept = entry["objective_kept"] < entry["objective"] if measured else device.type == "cpu"
+    use_kept = entry["objective_kept"] < entry["objective"] if measured else on_cpu
     kept_max = None
     if entry and "kept_max" in entry:  # measured per kept bound (tools/tune_kernels.py): it decides
         kept_max = int(entry["kept_max"])
@@ -735,7 +748,7 @@ def smaller_launch(launch: dict, part: str) -> dict | None:
     stage holds an x and a weight tile): one stage fewer, then at one stage half the reduction tile
     (REDUCE_TILE); None at one stage of 16."""
     tile = REDUCE_TILE[part]
-    if launch.get("num_stages", 1) > 1:
+    if launch["num_stages"] > 1:  # ExpertsConfig's launches all name theirs
         return {**launch, "num_stages": launch["num_stages"] - 1}
     return None if launch[tile] <= 16 else {**launch, tile: launch[tile] // 2}
 

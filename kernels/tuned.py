@@ -65,14 +65,23 @@ def nearest_entry(prefix: str, device: torch.device, T: int) -> tuple[float, dic
     under BASE_KERNELS_NO_TUNED)."""
     if os.environ.get("BASE_KERNELS_NO_TUNED"):
         return math.inf, {}
-    table, head, bucket = load_configs(device_name(device)), f"{prefix},T=", token_bucket(T)
+    table = load_configs(device_name(device))
+    key = nearest_key(table, prefix, T)
+    if key is None:
+        return math.inf, {}
+    return abs(int(key.rsplit("T=", 1)[1]).bit_length() - token_bucket(T).bit_length()), dict(table[key])
+
+
+def nearest_key(table: dict, prefix: str, T: int) -> str | None:
+    """The key of `table` that serves T tokens for `prefix`: T's bucket where tuned, else the nearest
+    tuned bucket (None: none); also what tools/aot_check.py --tables compiles at each T."""
+    head, bucket = f"{prefix},T=", token_bucket(T)
     if f"{head}{bucket}" in table:  # asked per launch: no scan of the table where T's own is tuned
-        return 0, dict(table[f"{head}{bucket}"])
+        return f"{head}{bucket}"
     tuned = [int(k[len(head):]) for k in table if k.startswith(head)]
     if not tuned:
-        return math.inf, {}
-    near = min(tuned, key=lambda b: abs(b.bit_length() - bucket.bit_length()))
-    return abs(near.bit_length() - bucket.bit_length()), dict(table[f"{head}{near}"])
+        return None
+    return f"{head}{min(tuned, key=lambda b: abs(b.bit_length() - bucket.bit_length()))}"
 
 
 def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:

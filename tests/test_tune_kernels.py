@@ -58,6 +58,30 @@ def test_a_shape_where_no_candidate_is_right_is_refused(monkeypatch):
         tk.tune_shape(SMOKE, 4, sets, copy_gbps=1.0, reps=1, log=lambda msg: None)
 
 
+@pytest.mark.slow
+def test_the_kept_path_search_times_each_candidate_as_named(monkeypatch):
+    """tune_kept_shape checks and times every candidate with fit=False: one the device cannot hold
+    fails and is left out instead of being timed as a smaller launch under its own name."""
+    monkeypatch.setattr(tk, "GATE_UP_KEPT", [(16, 16, 4, 1, 1), (8, 16, 4, 1, 1)])
+    monkeypatch.setattr(tk, "DOWN_KEPT", [(16, 16, 4, 1), (8, 16, 4, 1)])
+    real, fits = tk.fused_experts, []
+
+    def fused(*args, **kw):
+        fits.append(kw["fit"])
+        return real(*args, **kw)
+
+    def timed(calls, reps, dev):  # each candidate's timed call made once, its time a stub
+        calls[0]()
+        return 1.0, "stub"
+
+    monkeypatch.setattr(tk, "fused_experts", fused)
+    monkeypatch.setattr(tk, "time_graph", timed)
+    sets = make_weight_sets(SMOKE["E"], SMOKE["H"], SMOKE["I"], 1, "cpu", dtype=torch.float32)
+    entry = tk.tune_kept_shape(SMOKE, 4, sets, copy_gbps=1.0, reps=1, log=lambda msg: None)
+    assert set(entry) == {"gate_up_kept", "down_kept", "objective_kept"}
+    assert fits and not any(fits)
+
+
 def test_the_check_tells_a_right_output_from_a_wrong_one():
     ref = torch.randn(4, 8, dtype=torch.float64)
     assert tk.matches_reference(ref.bfloat16(), ref)  # bf16 rounding passes
@@ -76,12 +100,13 @@ def test_the_kept_bound_is_where_v3_won_every_alternation_at_every_smaller_bound
     def timed(calls, reps, dev):
         seen.clear()
         calls[0]()
+        assert seen["fit"] is False  # each side timed as its entry names it, never shrunk
         v3 = seen["cfg"].use_kept
         return (1.0 if (v3 and seen["bound"] in v3_wins_at) or (not v3 and seen["bound"] not in v3_wins_at)
                 else 2.0), "stub"
 
     seen: dict = {}
-    monkeypatch.setattr(tk, "fused_experts", lambda *a, config, keep_M, fit: seen.update(cfg=config,
+    monkeypatch.setattr(tk, "fused_experts", lambda *a, config, keep_M, fit: seen.update(cfg=config, fit=fit,
                                                                                          bound=keep_M.shape[0]))
     monkeypatch.setattr(tk, "time_graph", timed)
     sets = make_weight_sets(model["E"], model["H"], model["I"], 1, "cpu", dtype=torch.float32)
