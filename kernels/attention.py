@@ -85,6 +85,12 @@ def attention_launch(G: int, D: int, device: torch.device, B: int | None = None)
     and 64 rows (tools/tune_step_kernels.py)."""
     entry = tuned_entry(f"attention:G={G},D={next_pow2(D, 16)}", device, T=B) if B is not None else {}
     entry = entry or tuned_entry(f"attention:G={next_pow2(G, 16)},D={next_pow2(D, 16)}", device)
+    return launch_from_entry(entry)
+
+
+def launch_from_entry(entry: dict) -> AttentionLaunch:
+    """An `attention:` table entry's launch, the default's fields where it names none ({}: the
+    default; tools/aot_check.py --tables compiles it too)."""
     default = AttentionLaunch()
     return AttentionLaunch(block_n=entry.get("BLOCK_N", default.block_n), num_warps=entry.get("num_warps", default.num_warps),
                            target_programs=entry.get("target_programs", default.target_programs))

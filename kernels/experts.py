@@ -46,8 +46,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._triton import arrival_counters, dual_jit, empty, fit_shared_memory, next_pow2
-from kernels.tuned import CONFIG_DIR, device_name  # noqa: F401 - CONFIG_DIR: tools/tune_kernels.py
+from kernels._triton import (
+    arrival_counters,
+    dual_jit,
+    empty,
+    fit_shared_memory,
+    next_pow2,
+)
+from kernels.tuned import CONFIG_DIR, device_name, nearest_key  # noqa: F401 - CONFIG_DIR: tools/tune_kernels.py
 from kernels.tuned import load_configs as _load_configs
 
 ACTS = {"silu": 0, "gptoss": 1}
@@ -558,15 +564,9 @@ def get_config(H: int, I: int, T: int, device: torch.device) -> ExpertsConfig:
 
 def entry_key(table: dict, H: int, I: int, T: int) -> str:
     """The key of `table` that T tokens of shape (H, I) read: their own bucket's, else the nearest
-    tuned bucket of the same (H, I) (also what tools/aot_check.py --tables compiles at each T)."""
-    key = config_key(H, I, T)
-    if key not in table:
-        prefix = f"H={H},I={I},T="
-        near = [k for k in table if k.startswith(prefix)]
-        if near:
-            Tb = min(next_pow2(T), 128)
-            key = min(near, key=lambda k: abs(int(k[len(prefix):]).bit_length() - Tb.bit_length()))
-    return key
+    tuned bucket of the same (H, I) (kernels/tuned.nearest_key; also what tools/aot_check.py
+    --tables compiles at each T); their own bucket's key where none of (H, I) is tuned."""
+    return nearest_key(table, f"H={H},I={I}", T) or config_key(H, I, T)
 
 
 def config_from_entry(entry: dict | None, on_cpu: bool) -> ExpertsConfig:
@@ -733,7 +733,7 @@ def _launch_fitted(kernel, dev: torch.device, grid: tuple, launch: dict, part: s
         def run(fitted: dict) -> None:
             kernel.on(dev)[grid](*args, **kwargs, **fitted)
 
-        key = (dev, kernel.__name__, tuple(sorted(launch.items())), tuple(sorted(kwargs.items())),
+        key = (dev, kernel.__name__, tuple(launch.items()), tuple(kwargs.items()),
                tuple(a.dtype for a in args if isinstance(a, Tensor)))
         fit_shared_memory(run, launch, lambda fitted: smaller_launch(fitted, part), _FITTED, key, fit=fit)
 

@@ -147,6 +147,11 @@ def skinny_launch(N: int, K: int, T: int, device: torch.device) -> SkinnyLaunch 
     entry = tuned_entry(f"skinny:N={N},K={K}", device, T)
     if not entry or not entry.get("use", False):
         return None
+    return launch_from_entry(entry)
+
+
+def launch_from_entry(entry: dict) -> SkinnyLaunch:
+    """A `skinny:` table entry's launch (tools/aot_check.py --tables compiles it too)."""
     return SkinnyLaunch(block_n=entry["block_n"], block_k=entry["block_k"], num_stages=entry["num_stages"],
                         num_warps=entry.get("num_warps", 4), split=entry.get("split", 1))
 

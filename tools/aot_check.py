@@ -197,87 +197,90 @@ def table_launches(gpu: str, dtype: str) -> list[TableLaunch]:
     kernels, the skinny GEMM, decode attention), with `dtype` ("bf16", "fp32") tensors, as the
     wrappers in kernels/ launch them: at each token tile that reads the entry (a bucket serves the
     token counts nearest it, whose tiles can be larger than its own)."""
+    table = load_configs(gpu)
     prec = "ieee" if dtype == "fp32" else "tf32"
-    t = f"*{dtype}"
+    shapes = {tuple(key.split(",")[:2]) for key in table if key.startswith("H=")}
+    skinny_shapes = {key.rsplit(",T=", 1)[0] for key in table if key.startswith("skinny:")}
+    return ([tl_ for H, I in sorted(shapes) for tl_ in _expert_launches(table, H, I, f"*{dtype}", prec)]
+            + [tl_ for shape in sorted(skinny_shapes) for tl_ in _skinny_launches(table, shape, f"*{dtype}", prec)]
+            + [_attention_launch(key, entry, f"*{dtype}") for key, entry in table.items() if key.startswith("attention:")])
+
+
+def _expert_launches(table: dict, H_: str, I_: str, t: str, prec: str) -> list[TableLaunch]:
+    """The expert kernels of one (H, I) ("H=..", "I=.."; Qwen3's layout, top-8 of 128: no tile depends
+    on them) at every token count, the entry it reads resolved as the runtime does (the nearest
+    tuned bucket), with the v3 path at its token tile where the entry takes it or names its
+    launches (a test or benchmark may force it: replace(cfg, use_kept=True))."""
     gu_ptrs = {"x_ptr": t, "gu_ptr": t, "gub_ptr": t, "keep_ptr": "*i64", "idx_ptr": "*i64", "w_ptr": t, "act_ptr": t}
     dn_ptrs = {"act_ptr": t, "dw_ptr": t, "db_ptr": t, "keep_ptr": "*i64", "idx_ptr": "*i64", "w_ptr": t,
                "res_ptr": t, "out_ptr": t}
     pair_ptrs = {"pairs_ptr": "*i32", "cnt_ptr": "*i32", "y_ptr": "*fp32", "count_ptr": "*i32"}
-    shape = {"gate_up": {"ROW_MUL": 1, "ACT": 0, "stride_gk": 1, "E_BLOCK": 128},
-             "down": {"E_BLOCK": 128, "stride_di": 1, "K": 8, "HAS_RES": False},
-             "gate_up_kept": {"ROW_MUL": 1, "ACT": 0, "stride_gk": 1},
-             "down_kept": {"stride_di": 1, "HAS_RES": True}}
-    kernels = {"gate_up": (_gate_up_kernel, {**gu_ptrs, **pair_ptrs}, ("alpha", "limit")),
-               "down": (_down_kernel, {**dn_ptrs, **pair_ptrs}, ()),
-               "gate_up_kept": (_gate_up_kept_kernel, gu_ptrs, ("alpha", "limit")),
-               "down_kept": (_down_kept_kernel, dn_ptrs, ())}
-    out = []
-    table = load_configs(gpu)
-    seen = set()
-    for key, entry in table.items():
-        if key.startswith("H="):  # H=..,I=..,T=..: the experts (Qwen3's layout; top-8 of 128: no tile depends on it)
-            H, I = (int(part.split("=")[1]) for part in key.split(",")[:2])
-            # every token count that reads an entry of this (H, I), resolved as the runtime does (the
-            # nearest tuned bucket), with the v3 path at its token tile where the entry takes it or
-            # names its launches (a test or benchmark may force it: replace(cfg, use_kept=True))
-            for T in (2 ** i for i in range(8)):
-                read = experts.entry_key(table, H, I, T)
-                cfg = experts.config_from_entry(table[read], on_cpu=False)
-                for part in ("gate_up", "down", "gate_up_kept", "down_kept"):
-                    kept = part.endswith("_kept")
-                    if kept and (T > experts.V3_MAX_TOKENS or not (cfg.use_kept or part in table[read])):
-                        continue
-                    T_BLOCK = next_pow2(T, 16) if kept else None
-                    if (read, part, T_BLOCK) in seen:
-                        continue
-                    seen.add((read, part, T_BLOCK))
-                    kernel, ptrs, floats = kernels[part]
-                    consts = {**shape[part], "HAS_BIAS": False, "DOT_PRECISION": prec,
-                              **(dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16) if kept else {})}  # noqa: C408
-                    if part == "down":
-                        consts["REDUCE"] = cfg.reduce_in_down
+    kernels = {  # part -> kernel, pointer types, float args, constexprs of the shape
+        "gate_up": (_gate_up_kernel, {**gu_ptrs, **pair_ptrs}, ("alpha", "limit"),
+                    {"ROW_MUL": 1, "ACT": 0, "stride_gk": 1, "E_BLOCK": 128}),
+        "down": (_down_kernel, {**dn_ptrs, **pair_ptrs}, (), {"E_BLOCK": 128, "stride_di": 1, "K": 8, "HAS_RES": False}),
+        "gate_up_kept": (_gate_up_kept_kernel, gu_ptrs, ("alpha", "limit"), {"ROW_MUL": 1, "ACT": 0, "stride_gk": 1}),
+        "down_kept": (_down_kept_kernel, dn_ptrs, (), {"stride_di": 1, "HAS_RES": True})}
+    H, I = int(H_[2:]), int(I_[2:])
+    out, seen = [], set()
+    for T in (2**i for i in range(8)):
+        read = experts.entry_key(table, H, I, T)
+        cfg = experts.config_from_entry(table[read], on_cpu=False)
+        for part, (kernel, ptrs, floats, shape) in kernels.items():
+            kept = part.endswith("_kept")
+            if kept and (T > experts.V3_MAX_TOKENS or not (cfg.use_kept or part in table[read])):
+                continue
+            T_BLOCK = next_pow2(T, 16) if kept else None
+            if (read, part, T_BLOCK) in seen:
+                continue
+            seen.add((read, part, T_BLOCK))
+            consts = {**shape, "HAS_BIAS": False, "DOT_PRECISION": prec,
+                      **(dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16) if kept else {})}  # noqa: C408
+            if part == "down":
+                consts["REDUCE"] = cfg.reduce_in_down
 
-                    def case(launch, kernel=kernel, ptrs=ptrs, floats=floats, consts=consts):
-                        launch = {k: v for k, v in launch.items() if k != "PER_SM"}
-                        opts = {"num_warps": launch.pop("num_warps"), "num_stages": launch.pop("num_stages")}
-                        return kernel, ptrs, floats, {**consts, **launch}, opts
+            def case(launch, kernel=kernel, ptrs=ptrs, floats=floats, consts=consts):
+                launch = {k: v for k, v in launch.items() if k != "PER_SM"}
+                opts = {"num_warps": launch.pop("num_warps"), "num_stages": launch.pop("num_stages")}
+                return kernel, ptrs, floats, {**consts, **launch}, opts
 
-                    label = f"{read} {part}" + (f" T_BLOCK={T_BLOCK}" if kept else "")
-                    out.append(TableLaunch(label, getattr(cfg, part), case,
-                                           lambda launch, part=part: experts.smaller_launch(launch, part)))
-        elif key.startswith("skinny:"):  # skinny:N=..,K=..,T=..: each token tile that reads the entry
-            for T in (2 ** i for i in range(skinny.MAX_TOKENS.bit_length())):
-                read = nearest_key(table, key.rsplit(",T=", 1)[0], T)
-                TB = max(16, min(next_pow2(T), skinny.MAX_TOKENS))
-                if (read, TB) in seen:
-                    continue
-                seen.add((read, TB))
-                e = table[read]
-
-                def case(launch, TB=TB):
-                    consts = {"TB": TB, "BN": launch.block_n, "BK": launch.block_k, "SPLIT": launch.split,
-                              "DOT_PRECISION": prec}
-                    return (_skinny_kernel, {"x_ptr": t, "w_ptr": t, "y_ptr": t, "part_ptr": "*fp32", "count_ptr": "*i32"},
-                            (), consts, {"num_warps": launch.num_warps, "num_stages": launch.num_stages})
-
-                launch = skinny.SkinnyLaunch(block_n=e["block_n"], block_k=e["block_k"], num_stages=e["num_stages"],
-                                             num_warps=e.get("num_warps", 4), split=e.get("split", 1))
-                out.append(TableLaunch(f"{read} TB={TB}", launch, case, skinny.smaller_launch))
-        elif key.startswith("attention:"):  # attention:G=..,D=..[,T=..]
-            fields = dict(part.split("=") for part in key.split(":", 1)[1].split(","))
-            G, D = int(fields["G"]), int(fields["D"])
-
-            def case(launch, G=G, D=D):
-                consts = {"G_BLOCK": next_pow2(G, 16), "D_BLOCK": next_pow2(D, 16), "E_BLOCK": next_pow2(D, 16),
-                          "BLOCK_N": launch.block_n, "ONE_SHARE": False, "HAS_SINK": False}
-                ptrs = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "allowed_ptr": "*u8", "last_ptr": "*i64", "m_ptr": "*fp32",
-                        "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": t, "sink_ptr": t}
-                return _decode_attention, ptrs, ("scaling",), consts, {"num_warps": launch.num_warps}
-
-            launch = attention.AttentionLaunch(block_n=entry["BLOCK_N"], num_warps=entry["num_warps"],
-                                               target_programs=entry["target_programs"])
-            out.append(TableLaunch(key, launch, case, attention.smaller_launch))
+            out.append(TableLaunch(f"{read} {part}" + (f" T_BLOCK={T_BLOCK}" if kept else ""), getattr(cfg, part),
+                                   case, lambda launch, part=part: experts.smaller_launch(launch, part)))
     return out
+
+
+def _skinny_launches(table: dict, shape: str, t: str, prec: str) -> list[TableLaunch]:
+    """The skinny GEMM of one shape ("skinny:N=..,K=..") at each token tile, the entry it reads
+    resolved as the runtime does."""
+    out, seen = [], set()
+    for T in (2**i for i in range(skinny.MAX_TOKENS.bit_length())):
+        read, TB = nearest_key(table, shape, T), max(16, min(next_pow2(T), skinny.MAX_TOKENS))
+        if (read, TB) in seen:
+            continue
+        seen.add((read, TB))
+
+        def case(launch, TB=TB):
+            consts = {"TB": TB, "BN": launch.block_n, "BK": launch.block_k, "SPLIT": launch.split, "DOT_PRECISION": prec}
+            return (_skinny_kernel, {"x_ptr": t, "w_ptr": t, "y_ptr": t, "part_ptr": "*fp32", "count_ptr": "*i32"},
+                    (), consts, {"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+
+        out.append(TableLaunch(f"{read} TB={TB}", skinny.launch_from_entry(table[read]), case, skinny.smaller_launch))
+    return out
+
+
+def _attention_launch(key: str, entry: dict, t: str) -> TableLaunch:
+    """One `attention:G=..,D=..[,T=..]` entry (no tile depends on the rows)."""
+    fields = dict(part.split("=") for part in key.split(":", 1)[1].split(","))
+    G, D = int(fields["G"]), int(fields["D"])
+
+    def case(launch):
+        consts = {"G_BLOCK": next_pow2(G, 16), "D_BLOCK": next_pow2(D, 16), "E_BLOCK": next_pow2(D, 16),
+                  "BLOCK_N": launch.block_n, "ONE_SHARE": False, "HAS_SINK": False}
+        ptrs = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "allowed_ptr": "*u8", "last_ptr": "*i64", "m_ptr": "*fp32",
+                "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": t, "sink_ptr": t}
+        return _decode_attention, ptrs, ("scaling",), consts, {"num_warps": launch.num_warps}
+
+    return TableLaunch(key, attention.launch_from_entry(entry), case, attention.smaller_launch)
 
 
 def check_tables(target: GPUTarget, threads: int) -> int:
