@@ -55,8 +55,11 @@ def table_record(name: str) -> dict:
             "entries": len(json.loads(data))}
 
 
+MAX_BUCKET = 128  # the largest token bucket a table is keyed by: more tokens read its entry
+
+
 def token_bucket(T: int) -> int:
-    return min(next_pow2(T), 128)
+    return min(next_pow2(T), MAX_BUCKET)
 
 
 def nearest_entry(prefix: str, device: torch.device, T: int) -> tuple[float, dict]:

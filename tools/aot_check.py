@@ -51,7 +51,7 @@ from kernels.experts import (
 )
 from kernels.select import _route_select_kernel
 from kernels.skinny import _skinny_kernel
-from kernels.tuned import CONFIG_DIR, load_configs, nearest_key
+from kernels.tuned import CONFIG_DIR, MAX_BUCKET, load_configs, nearest_key
 
 
 def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], constexprs: dict,
@@ -223,7 +223,7 @@ def _expert_launches(table: dict, H_: str, I_: str, t: str, prec: str) -> list[T
         "down_kept": (_down_kept_kernel, dn_ptrs, (), {"stride_di": 1, "HAS_RES": True})}
     H, I = int(H_[2:]), int(I_[2:])
     out, seen = [], set()
-    for T in (2**i for i in range(8)):
+    for T in (2**i for i in range(MAX_BUCKET.bit_length())):  # 1 .. the largest bucket
         read = experts.entry_key(table, H, I, T)
         cfg = experts.config_from_entry(table[read], on_cpu=False)
         for part, (kernel, ptrs, floats, shape) in kernels.items():
