@@ -9,8 +9,9 @@ One JSON object per GPU name (spaces as '_'); `default.json` holds fallbacks. Ke
     "attention:G=<G>,D=<D>"     decode attention's slots per block, num_warps and programs
                                 targeted (kernels/attention.py, tools/tune_step_kernels.py)
 T is a token bucket: the next power of two, at most 128. A missing key falls back to the nearest
-bucket of the same prefix, then to the kernel's built-in default. BASE_KERNELS_NO_TUNED=1 ignores
-every table (the built-in defaults everywhere: for A/B timing).
+bucket of the same prefix (in doublings; of two as near, the smaller), then to the kernel's
+built-in default. BASE_KERNELS_NO_TUNED=1 ignores every table (the built-in defaults everywhere:
+for A/B timing).
 """
 from __future__ import annotations
 
@@ -77,14 +78,16 @@ def nearest_entry(prefix: str, device: torch.device, T: int) -> tuple[float, dic
 
 def nearest_key(table: dict, prefix: str, T: int) -> str | None:
     """The key of `table` that serves T tokens for `prefix`: T's bucket where tuned, else the nearest
-    tuned bucket (None: none); also what tools/aot_check.py --tables compiles at each T."""
+    tuned bucket in doublings, the smaller of two as near (None: none); also what tools/aot_check.py
+    --tables compiles at each T."""
     head, bucket = f"{prefix},T=", token_bucket(T)
     if f"{head}{bucket}" in table:  # asked per launch: no scan of the table where T's own is tuned
         return f"{head}{bucket}"
     tuned = [int(k[len(head):]) for k in table if k.startswith(head)]
     if not tuned:
         return None
-    return f"{head}{min(tuned, key=lambda b: abs(b.bit_length() - bucket.bit_length()))}"
+    # the tie rule is the bucket's own, not the file's key order: a hand-edited table reads as a sorted one
+    return f"{head}{min(tuned, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))}"
 
 
 def tuned_entry(prefix: str, device: torch.device, T: int | None = None) -> dict:

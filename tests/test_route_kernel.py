@@ -389,6 +389,25 @@ def test_the_tuned_launch_is_read_by_token_bucket_and_bad_launches_are_refused(m
         SelectLaunch(tokens_per_tile=12)
 
 
+def test_the_nearest_bucket_does_not_depend_on_the_tables_key_order():
+    from kernels.tuned import nearest_key
+
+    # 4 tokens are two doublings from both 1 and 16, 32 one from both 16 and 64, 8 one from 4 and 16;
+    # a sorted file lists "16" before "4", so key order alone would give 4-or-16 differently by file
+    for keys in (["1", "16", "64"], ["64", "16", "1"], ["16", "1", "64"]):
+        table = {f"select:E=128,T={k}": {} for k in keys}
+        assert nearest_key(table, "select:E=128", 3) == "select:E=128,T=1"
+        assert nearest_key(table, "select:E=128", 4) == "select:E=128,T=1"
+        assert nearest_key(table, "select:E=128", 17) == "select:E=128,T=16"
+        assert nearest_key(table, "select:E=128", 5) == "select:E=128,T=16"  # bucket 8: one doubling from 16
+        assert nearest_key(table, "select:E=128", 500) == "select:E=128,T=64"  # past the largest bucket
+    for keys in (["4", "16"], ["16", "4"]):
+        table = {f"H=8,I=4,T={k}": {} for k in keys}
+        assert nearest_key(table, "H=8,I=4", 8) == "H=8,I=4,T=4"
+        assert nearest_key(table, "H=8,I=4", 16) == "H=8,I=4,T=16"  # its own bucket
+    assert nearest_key({"select:E=64,T=16": {}}, "select:E=128", 16) is None  # another prefix is not read
+
+
 def test_bad_rules_are_refused():
     x_TH, w_EH, active_T = _inputs(4, 16, 8, seed=0)
     with pytest.raises(ValueError, match="top1_union"):
