@@ -8,22 +8,40 @@
 #   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit); at the limit
 #                          pytest is interrupted (SIGINT), so a cut run still writes the XML of the tests it finished
 #   GPU_TEST_FILES=...     a subset (default: every test file)
+#   GPU_TEST_JOBS=N        pytest processes sharing the one GPU (default 1; pytest-xdist, --dist worksteal).
+#                          Expected, not yet measured: the suite's time is mostly Triton's and Inductor's
+#                          compiling on the host's CPUs, which processes can do side by side (no GPU test
+#                          times anything). Not yet run with N > 1 on a GPU: results/roofline/README.md
 #   BASE_COMMIT=sha        the commit the log names (default: git's HEAD where it runs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+jobs=${GPU_TEST_JOBS:-1}
+if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu-test: GPU_TEST_JOBS='$jobs': the number of pytest processes, a whole number >= 1" >&2; exit 2
+fi
 source experiments/gpu/env.sh
 PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
-out=${GPU_TEST_OUT:-${OUT:-outputs/gpu_tests}}; mkdir -p "$out"
+parallel=()
+if [ "$jobs" -gt 1 ]; then
+  # env.sh's thread cap is for one process; N of them share the host's cores
+  export OMP_NUM_THREADS=$(( $(nproc) / jobs > 0 ? $(nproc) / jobs : 1 ))
+  if ! "$PY" -c "import xdist" 2>/dev/null; then
+    echo "gpu-test: GPU_TEST_JOBS=$jobs needs pytest-xdist, which $PY cannot import; install it or use GPU_TEST_JOBS=1" >&2; exit 2
+  fi
+  parallel=(-n "$jobs" --dist worksteal)
+fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu-test: no CUDA device here (the GPU tests would all skip); run it on a CUDA machine" >&2; exit 2
 fi
+out=${GPU_TEST_OUT:-${OUT:-outputs/gpu_tests}}; mkdir -p "$out"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   # a device call's copy of .git can be older than its working tree: BASE_COMMIT=<host's HEAD> names the tree
   echo "commit ${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')}"
 } > "$out/gpu_tests.log" 2>&1
+echo "pytest processes $jobs" >> "$out/gpu_tests.log"
 timeout --signal=INT --kill-after=30 "${GPU_TEST_S:-480}" "$PY" -m pytest -m gpu -v -p no:cacheprovider --durations=25 --junitxml="$out/gpu_tests.xml" \
-  ${GPU_TEST_FILES:-tests} >> "$out/gpu_tests.log" 2>&1
+  "${parallel[@]}" ${GPU_TEST_FILES:-tests} >> "$out/gpu_tests.log" 2>&1
 rc=$?
 echo "rc=$rc" >> "$out/gpu_tests.log"
 tail -4 "$out/gpu_tests.log"
