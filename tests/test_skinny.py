@@ -292,3 +292,22 @@ def test_a_launch_the_device_cannot_hold_sheds_stages_then_halves_bk_until_it_fi
     with pytest.raises(OutOfResources, match="shared memory"):  # a benchmark's launch: as named or not at all
         skinny_linear(x, w, tuned, fit=False)
     assert seen == [(3, 64)]
+
+
+@pytest.mark.parametrize("argv,cuda", [(["--install"], False), (["--install", "--smoke"], True)])
+def test_the_benchmark_installs_only_a_gpus_real_shapes(monkeypatch, tmp_path, argv, cuda):
+    """`--install` writes the GPU's `skinny:` entries: from the smoke shapes, or from a CPU's
+    (interpreter's) timings into kernels/configs/cpu.json, it would write launches no GPU timed.
+    Refused before anything is timed or written."""
+    import sys
+
+    import tools.bench_skinny as bs
+    import tools.tune_kernels as tk
+
+    monkeypatch.setattr(tk, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(bs.torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(bs, "skinny_linear", lambda *a, **kw: pytest.fail("a launch ran"))
+    monkeypatch.setattr(sys, "argv", ["bench_skinny", *argv])
+    with pytest.raises(SystemExit) as e:
+        bs.main()
+    assert e.value.code == 2 and list(tmp_path.iterdir()) == []

@@ -137,3 +137,29 @@ def test_an_unknown_model_is_refused_at_start_with_the_valid_names(module, monke
         importlib.import_module(module).main()
     err = capsys.readouterr().err
     assert e.value.code == 2 and "no_such_model" in err and all(name in err for name in MODELS)
+
+
+def test_tuning_the_experts_without_a_cuda_device_is_refused_at_start(monkeypatch, tmp_path):
+    """tools.tune_kernels times a GPU's launches: on a machine without one it says so (it was a
+    traceback from the copy-bandwidth timing), and writes no table."""
+    import tools.tune_kernels as tk
+
+    monkeypatch.setattr(tk, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(tk.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["tune_kernels", "--models", "qwen3_30b_a3b"])
+    with pytest.raises(SystemExit, match="no CUDA device here"):
+        tk.main()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_kernel_benchmark_without_a_cuda_device_is_refused_before_its_folder_is_made(monkeypatch, tmp_path, capsys):
+    """Without --smoke, every section of tools.bench_kernels needs a GPU: on a CPU each failed in
+    turn and left a folder of failures; now it stops at start with what to run instead."""
+    import tools.bench_kernels as bk
+
+    monkeypatch.setattr(bk.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["bench_kernels", "--out", str(tmp_path / "bench")])
+    with pytest.raises(SystemExit) as e:
+        bk.main()
+    assert e.value.code == 2 and "--smoke" in capsys.readouterr().err
+    assert not (tmp_path / "bench").exists()

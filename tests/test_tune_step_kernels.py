@@ -156,13 +156,14 @@ def test_a_tuning_stopped_in_a_later_bucket_keeps_the_buckets_it_finished(tmp_pa
     from tools import tune_kernels
 
     monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
-    monkeypatch.setitem(tsk.SMOKE, "select_ts", (4, 8))
+    monkeypatch.setattr(tune_kernels, "device_name", lambda device: "gpu")
+    monkeypatch.setattr(tsk.torch.cuda, "is_available", lambda: True)  # a GPU's run: only a GPU's is installed
     asked = []
 
     def one_bucket(dev, model, ts, *args, **kw):
         asked.append(ts)
         (T,) = ts
-        if T == 8:
+        if T == 16:
             raise KeyboardInterrupt
         entry = {"num_warps": 1, "TB": 4, "split": False, "us": 1.0}
         return [{"kernel": k, "E": 16, "T": T, **entry} for k in ("select", "route")], \
@@ -170,13 +171,43 @@ def test_a_tuning_stopped_in_a_later_bucket_keeps_the_buckets_it_finished(tmp_pa
 
     monkeypatch.setattr(tsk, "tune_select", one_bucket)
     csv = tmp_path / "tune_step.csv"
-    monkeypatch.setattr("sys.argv", ["tune_step_kernels", "--smoke", "--kernels", "select", "--csv", str(csv)])
+    monkeypatch.setattr("sys.argv", ["tune_step_kernels", "--kernels", "select", "--select-ts", "1", "16",
+                                     "--csv", str(csv)])
     with pytest.raises(KeyboardInterrupt):
         tsk.main()
-    assert asked == [(4,), (8,)]
-    assert set(pd.read_csv(csv)["T"]) == {4}
-    written = json.loads((tmp_path / "cpu.json").read_text())
-    assert set(written) == {"select:E=16,T=4", "route:E=16,T=4"} and "us" not in written["select:E=16,T=4"]
+    assert asked == [(1,), (16,)]
+    assert set(pd.read_csv(csv)["T"]) == {1}
+    written = json.loads((tmp_path / "gpu.json").read_text())
+    assert set(written) == {"select:E=16,T=1", "route:E=16,T=1"} and "us" not in written["select:E=16,T=1"]
+
+
+@pytest.mark.parametrize("argv,cuda", [(["--kernels", "select"], False), (["--smoke"], True), (["--smoke"], False)])
+def test_a_cpus_timings_install_nothing_and_are_refused_before_any_timing(tmp_path, monkeypatch, capsys, argv, cuda):
+    """Without a CUDA device (or with --smoke, which runs on the CPU) the timings are the
+    interpreter's: installing them would write kernels/configs/cpu.json, which every CPU run's
+    launches would then read. Refused at start unless --no-install; with it the harness runs."""
+    from tools import tune_kernels
+
+    monkeypatch.setattr(tune_kernels, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(tsk.torch.cuda, "is_available", lambda: cuda)
+    asked = []
+
+    def one_bucket(dev, model, ts, *args, **kw):
+        asked.append(dev.type)
+        return [], {}
+
+    monkeypatch.setattr(tsk, "tune_select", one_bucket)
+    monkeypatch.setattr(tsk, "tune_attention", lambda dev, *a, **kw: ([], {}))
+    monkeypatch.setattr("sys.argv", ["tune_step_kernels", *argv])
+    with pytest.raises(SystemExit, match="pass --no-install"):
+        tsk.main()
+    assert asked == [] and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr("sys.argv", ["tune_step_kernels", *argv, "--no-install"])
+    tsk.main()
+    assert asked and set(asked) == {"cpu"} and list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="GPUs' tables"):  # the writer itself refuses a CPU's table
+        tune_kernels.install_named({"select:E=16,T=1": {"num_warps": 1}}, "cpu")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_candidates_compile_side_by_side_each_once_with_their_failures_reported_in_order():

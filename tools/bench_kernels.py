@@ -339,6 +339,8 @@ def main() -> None:
                     help="expert paths to tune: v2, v3; reduce (alone): the reduce inside v2's down launch, checked "
                          "with the installed configs")
     args = ap.parse_args()
+    if not args.smoke and not torch.cuda.is_available():  # before --out is made: each section would fail in turn
+        ap.error("no CUDA device here: the benchmark times a GPU (--smoke checks the harness on a CPU)")
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = T0 + args.budget_s
     dev = torch.device("cpu" if args.smoke else "cuda")

@@ -68,6 +68,8 @@ def main() -> None:
         ap.error(f"--sets must be >= 1, got {args.sets}")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = args.smoke or dev.type != "cuda"
+    if args.install and smoke:  # before any timing: smoke shapes, or a CPU's timings, tune no GPU's launches
+        ap.error("--install writes this GPU's table from the real shapes: not with --smoke or without a CUDA device")
     shapes = SMOKE_SHAPES if smoke else SHAPES
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     launches = ([SkinnyLaunch(block_n=16, block_k=32, num_stages=2),

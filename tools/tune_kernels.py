@@ -295,6 +295,8 @@ def install(table: dict, device: torch.device, out: Path | None = None) -> Path:
 
 def install_named(table: dict, name: str, out: Path | None = None) -> Path:
     """`install` into configs/<name>.json (a table made from another machine's timings)."""
+    if name == "cpu":  # the CPU's launches are the interpreter's: a table there would change CPU runs for nothing
+        raise ValueError("kernels/configs/ holds GPUs' tables: a CPU's timings install nothing")
     path = CONFIG_DIR / f"{name}.json"
     merged = json.loads(path.read_text()) if path.exists() else {}
     for key, entry in table.items():  # per path: tuning v3 alone keeps an entry's v2 configs
@@ -320,6 +322,8 @@ def main() -> None:
                     help="expert paths to tune: v2 (four launches), v3; reduce (alone): whether the reduce inside "
                          "v2's down launch beats it with the installed configs")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device here: tools.tune_kernels times a GPU's expert launches")
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s")

@@ -235,8 +235,8 @@ def main() -> None:
     if args.from_csv is not None:
         if not args.from_csv.exists():
             raise SystemExit(f"error: --from-csv {args.from_csv}: no such file")
-        if not args.device_name:
-            raise SystemExit("error: --from-csv needs --device-name (the GPU the timings were made on, e.g. NVIDIA_H200)")
+        if not args.device_name or args.device_name == "cpu":
+            raise SystemExit("error: --from-csv needs --device-name, the GPU the timings were made on (e.g. NVIDIA_H200)")
         t = pd.read_csv(args.from_csv)
         if args.impl is not None:
             impls = sorted(set(t["impl"])) if "impl" in t else []
@@ -252,6 +252,9 @@ def main() -> None:
         log(f"installed into {install_named({k: {kk: vv for kk, vv in v.items() if kk != 'us'} for k, v in table.items()}, args.device_name)}")
         return
     dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if dev.type != "cuda" and not args.no_install:  # before any timing: a CPU's table is never written
+        raise SystemExit("error: " + ("--smoke runs on the CPU" if args.smoke else "no CUDA device here") + ": its "
+                         "timings are Triton's interpreter's, which tune no GPU's launches; pass --no-install")
     s = SMOKE if args.smoke else {}
     rows: list[dict] = []
 
