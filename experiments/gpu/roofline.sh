@@ -22,11 +22,30 @@
 #   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.compile AB_VALUES="false true" (both needed)
 #      -> $OUT/ab.tgz
 # Device call: carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh).
+# ROOFLINE_LOG: the folder the logs are written to before they are packed under $OUT (default /tmp/roofline).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; LOG=/tmp/roofline; mkdir -p "$OUT" "$LOG"
-source "$(dirname "$0")/env.sh"
+cd "$(dirname "$0")/../.."
 PARTS=${PARTS:-"tests kernels grid"}
 MODEL=${MODEL:-qwen3_30b}; ROUTING=${ROUTING:-uniform}
+# a misspelt part, micro-benchmark or grid spec would run nothing, or fail only after the parts before
+# it spent the call: refused here, before anything is written
+refuse() { echo "roofline: $*" >&2; exit 2; }
+for p in $PARTS; do
+  [[ " tests kernels steptune exptune micro grid ab " == *" $p "* ]] || refuse "PARTS has '$p': the parts are tests kernels steptune exptune micro grid ab"
+done
+for p in ${MICRO:-select skinny}; do
+  [[ " select skinny attention " == *" $p "* ]] || refuse "MICRO has '$p': the micro-benchmarks are select skinny attention"
+done
+if [[ " $PARTS " == *" grid "* ]]; then
+  for spec in ${SPECS:-$MODEL:$ROUTING}; do
+    IFS=: read -r m r b <<< "$spec"
+    [ -f "conf/model/$m.yaml" ] || refuse "SPECS '$spec': no model '$m' (conf/model/*.yaml: $(cd conf/model && ls *.yaml | sed 's/.yaml$//' | tr '\n' ' '))"
+    [[ "$r" == uniform || "$r" == skewed ]] || refuse "SPECS '$spec': routing '$r' is not one of uniform skewed"
+    [[ -z "$b" || "$b" =~ ^\[[1-9][0-9]*(,[1-9][0-9]*)*\]$ ]] || refuse "SPECS '$spec': batch sizes '$b' are not a list like [16,64]"
+  done
+fi
+OUT=${OUT:-/tmp/out}; LOG=${ROOFLINE_LOG:-/tmp/roofline}; mkdir -p "$OUT" "$LOG"
+source experiments/gpu/env.sh
 t0=$(date +%s); stamp() { echo "[roofline $(( $(date +%s) - t0 ))s] $*"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$LOG/gpu_state.csv" 2>&1
 # the tuned table of this GPU (kernels/tuned.py: kernels/configs/<name with _ for spaces>.json), which the tuners install into
