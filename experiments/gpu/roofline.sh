@@ -40,6 +40,7 @@ if [[ " $PARTS " == *" grid "* ]]; then
   for spec in ${SPECS:-$MODEL:$ROUTING}; do
     IFS=: read -r m r b <<< "$spec"
     [ -f "conf/model/$m.yaml" ] || refuse "SPECS '$spec': no model '$m' (conf/model/*.yaml: $(cd conf/model && ls *.yaml | sed 's/.yaml$//' | tr '\n' ' '))"
+    # base/config.py's ROUTINGS, spelt out: the check runs before env.sh sets up python3's wheels
     [[ "$r" == uniform || "$r" == skewed ]] || refuse "SPECS '$spec': routing '$r' is not one of uniform skewed"
     [[ -z "$b" || "$b" =~ ^\[[1-9][0-9]*(,[1-9][0-9]*)*\]$ ]] || refuse "SPECS '$spec': batch sizes '$b' are not a list like [16,64]"
   done
