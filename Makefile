@@ -38,7 +38,7 @@ test: $(STAMP)  ## the fast tier: one representative of every group (CPU; slow a
 test-all: $(STAMP)  ## every CPU test, the slow ones included (GPU tests skip without a GPU)
 	OMP_NUM_THREADS=1 $(OFFLINE) $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "slow or not slow"
 
-gpu-test:  ## every GPU test on a CUDA machine (< 8 min on an H200), JUnit XML + log -> outputs/gpu_tests/ (commit the log under results/gpu_tests/; GPU_TEST_JOBS=N: N pytest processes)
+gpu-test:  ## every GPU test on a CUDA machine (< 8 min on an H200), JUnit XML + log -> outputs/gpu_tests/ (commit the log under results/gpu_tests/; GPU_TEST_JOBS=N: N pytest processes, default 4)
 	$(OFFLINE) bash experiments/gpu/gpu_test.sh
 
 demo: $(STAMP)  ## calibrate, fit, evaluate and time dense vs base on the default model; print a table

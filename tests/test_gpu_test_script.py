@@ -53,3 +53,11 @@ def test_a_machine_without_cuda_is_refused_before_the_log_is_written(tree, jobs)
     res, out = _run(tree, **({} if jobs is None else {"GPU_TEST_JOBS": jobs}))
     assert res.returncode == 2 and "no CUDA device here" in res.stderr, res.stderr
     assert not out.exists()
+
+
+def test_the_default_process_count_falls_back_to_one_without_xdist(tree):
+    # the default (4) asked for no count in particular: without xdist it says so and goes on in one process
+    # (here it then stops at the missing CUDA device); an explicit GPU_TEST_JOBS=4 is refused instead
+    res, _ = _run(tree)
+    assert "pytest-xdist is missing, so one pytest process" in res.stderr, res.stderr
+    assert "needs pytest-xdist" not in res.stderr

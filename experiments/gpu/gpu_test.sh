@@ -8,14 +8,15 @@
 #   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit); at the limit
 #                          pytest is interrupted (SIGINT), so a cut run still writes the XML of the tests it finished
 #   GPU_TEST_FILES=...     a subset (default: every test file)
-#   GPU_TEST_JOBS=N        pytest processes sharing the one GPU (default 1; pytest-xdist, --dist worksteal).
-#                          Expected, not yet measured: the suite's time is mostly Triton's and Inductor's
-#                          compiling on the host's CPUs, which processes can do side by side (no GPU test
-#                          times anything). Not yet run with N > 1 on a GPU: results/roofline/README.md
+#   GPU_TEST_JOBS=N        pytest processes sharing the one GPU (pytest-xdist, --dist worksteal; default 4, or 1
+#                          where xdist is missing). The suite's time is mostly Triton's and Inductor's compiling
+#                          on the host's CPUs, which processes do side by side (no GPU test times anything): on
+#                          one H100, 4 processes ran the same 96 outcomes in 178 s against one process's 432 s
+#                          (results/gpu_tests/, 2026-12-07b and 2026-12-07c)
 #   BASE_COMMIT=sha        the commit the log names (default: git's HEAD where it runs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-jobs=${GPU_TEST_JOBS:-1}
+jobs=${GPU_TEST_JOBS:-4}
 if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu-test: GPU_TEST_JOBS='$jobs': the number of pytest processes, a whole number >= 1" >&2; exit 2
 fi
@@ -23,12 +24,18 @@ source experiments/gpu/env.sh
 PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
 parallel=()
 if [ "$jobs" -gt 1 ]; then
+  if ! "$PY" -c "import xdist" 2>/dev/null; then
+    if [ -n "${GPU_TEST_JOBS:-}" ]; then
+      echo "gpu-test: GPU_TEST_JOBS=$jobs needs pytest-xdist, which $PY cannot import; install it or use GPU_TEST_JOBS=1" >&2; exit 2
+    fi
+    # the default asked for no particular count: the same tests in one process, only slower
+    echo "gpu-test: pytest-xdist is missing, so one pytest process (GPU_TEST_JOBS=1)" >&2; jobs=1
+  fi
+fi
+if [ "$jobs" -gt 1 ]; then
+  parallel=(-n "$jobs" --dist worksteal)
   # env.sh's thread cap is for one process; N of them share the host's cores
   export OMP_NUM_THREADS=$(( $(nproc) / jobs > 0 ? $(nproc) / jobs : 1 ))
-  if ! "$PY" -c "import xdist" 2>/dev/null; then
-    echo "gpu-test: GPU_TEST_JOBS=$jobs needs pytest-xdist, which $PY cannot import; install it or use GPU_TEST_JOBS=1" >&2; exit 2
-  fi
-  parallel=(-n "$jobs" --dist worksteal)
 fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu-test: no CUDA device here (the GPU tests would all skip); run it on a CUDA machine" >&2; exit 2
