@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test (pytest -m gpu) on a CUDA machine, with a JUnit XML and the log: `make gpu-test`.
 # Run it after every change to kernels/ or the decode path, before that change is called done, and
-# commit the log under results/gpu_tests/ (a kernel config that reaches kernels/configs/ without a
-# GPU run of its tests is a defect). On a device call (no .venv there): carry .whl (hydra-core,
+# commit the log under results/gpu_tests/ with its index, `python -m analysis.gpu_tests` (a kernel config
+# that reaches kernels/configs/ without a GPU run of its tests is a defect). On a device call (no .venv there): carry .whl (hydra-core,
 # omegaconf: ../shared/device/wheels.sh) and run `bash experiments/gpu/gpu_test.sh`.
 #   GPU_TEST_OUT=dir       where gpu_tests.xml and gpu_tests.log go (default $OUT, else outputs/gpu_tests)
 #   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit); at the limit
