@@ -47,7 +47,8 @@ def test_an_unknown_reference_is_refused_with_the_choices(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("cols", [["impl", "us"], ["round", "us"]])
+# fast tier: the table without `round`; the one without `impl` (the same refusal, another subprocess) under make test-all
+@pytest.mark.parametrize("cols", [["impl", "us"], pytest.param(["round", "us"], marks=pytest.mark.slow)])
 def test_a_table_without_the_timing_columns_is_refused(tmp_path, cols):
     path = tmp_path / "t.csv"
     pd.DataFrame([{c: 1 for c in cols}]).to_csv(path, index=False)
