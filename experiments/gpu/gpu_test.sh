@@ -11,8 +11,8 @@
 #   GPU_TEST_JOBS=N        pytest processes sharing the one GPU (pytest-xdist, --dist worksteal; default 4, or 1
 #                          where xdist is missing). The suite's time is mostly Triton's and Inductor's compiling
 #                          on the host's CPUs, which processes do side by side (no GPU test times anything): on
-#                          one H100, 4 processes ran the same 96 outcomes in 178 s against one process's 432 s
-#                          (results/gpu_tests/, 2026-12-07b and 2026-12-07c)
+#                          one H100, 4 processes ran the same 96 outcomes in 178 and 147 s against one process's 419-453 s
+#                          (results/gpu_tests/README.md: 2026-12-07c and d against 2026-12-06m, 07 and 07b)
 #   BASE_COMMIT=sha        the commit the log names (default: git's HEAD where it runs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
