@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Every GPU test (pytest -m gpu) on a CUDA machine, with a JUnit XML and the log: `make gpu-test`.
 # Run it after every change to kernels/ or the decode path, before that change is called done, and
-# commit the log under results/gpu_tests/ with its index, `python -m analysis.gpu_tests` (a kernel config
-# that reaches kernels/configs/ without a GPU run of its tests is a defect). On a device call (no .venv there): carry .whl (hydra-core,
-# omegaconf: ../shared/device/wheels.sh) and run `bash experiments/gpu/gpu_test.sh`.
+# commit the log under results/gpu_tests/ with its index, `python -m analysis.gpu_tests` (a kernel
+# config that reaches kernels/configs/ without a GPU run of its tests is a defect). On a device call
+# (no .venv there): carry .whl (hydra-core, omegaconf: ../shared/device/wheels.sh) and run
+# `bash experiments/gpu/gpu_test.sh`.
 #   GPU_TEST_OUT=dir       where gpu_tests.xml and gpu_tests.log go (default $OUT, else outputs/gpu_tests)
 #   GPU_TEST_S=seconds     the whole run's limit (default 480: the 8 minutes the suite must fit); at the limit
 #                          pytest is interrupted (SIGINT), so a cut run still writes the XML of the tests it finished
 #   GPU_TEST_FILES=...     a subset (default: every test file)
 #   GPU_TEST_JOBS=N        pytest processes sharing the one GPU (pytest-xdist, --dist worksteal; default 4, or 1
 #                          where xdist is missing). The suite's time is mostly Triton's and Inductor's compiling
-#                          on the host's CPUs, which processes do side by side (no GPU test times anything): on
-#                          one H100, 4 processes ran the same 96 outcomes in 178 and 147 s against one process's 419-453 s
-#                          (results/gpu_tests/README.md: 2026-12-07c and d against 2026-12-06m, 07 and 07b)
+#                          on the host's CPUs, which processes do side by side (no GPU test times anything):
+#                          on an H100, 4 processes ran the same 96 outcomes in 178 and 147 s against one
+#                          process's 419-453 s (results/gpu_tests/README.md: 2026-12-07c and d against
+#                          2026-12-06m, 07 and 07b; one run each, not interleaved)
 #   BASE_COMMIT=sha        the commit the log names (default: git's HEAD where it runs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
