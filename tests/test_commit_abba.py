@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tree(tmp_path):
-    for rel in ("experiments/gpu/commit_abba.sh", "experiments/gpu/env.sh", "conf/model/qwen3_30b.yaml"):
+    for rel in ("experiments/gpu/commit_abba.sh", "experiments/gpu/env.sh", "experiments/gpu/checks.sh",
+                "conf/model/qwen3_30b.yaml"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     (tmp_path / ".abba").mkdir()

@@ -24,16 +24,18 @@
 #    python -m analysis.throughput <folder> <out> per run (its profile).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source experiments/gpu/checks.sh  # a misspelt model or limit: refused before anything is written
+[ -n "${ABBA_A_COMMIT:-}" ] || refuse commit_abba "ABBA_A_COMMIT is not set: the commit .abba/a.tgz holds (its report.json names it)"
+[ -f .abba/a.tgz ] || refuse commit_abba ".abba/a.tgz missing (see this script's header)"
+check_model commit_abba ABBA_MODEL "${ABBA_MODEL:-qwen3_30b}"
+check_seconds commit_abba ABBA_S "${ABBA_S:-}"; check_seconds commit_abba ABBA_FIRST_S "${ABBA_FIRST_S:-}"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-: "${ABBA_A_COMMIT:?the commit .abba/a.tgz holds (its report.json names it)}"
-[ -f .abba/a.tgz ] || { echo "commit_abba: .abba/a.tgz missing (see this script's header)" >&2; exit 2; }
 source experiments/gpu/env.sh
 b_commit=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # run.py refuses a BASE_COMMIT that is not a commit: refuse here, before any run spends device time
 for c in "$ABBA_A_COMMIT" "$b_commit"; do
   [[ $c =~ ^[0-9a-f]{7,40}$ ]] || { echo "commit_abba: '$c' is not a commit (7 to 40 hex digits): set ABBA_A_COMMIT and BASE_COMMIT to commits" >&2; exit 2; }
 done
-[ -f "conf/model/${ABBA_MODEL:-qwen3_30b}.yaml" ] || { echo "commit_abba: no model '${ABBA_MODEL}' (conf/model/*.yaml)" >&2; exit 2; }
 # tree a is unpacked afresh; on a warm machine its calibration and predictor fits (outputs/artifacts, keyed
 # by config) are kept from the last call when that call unpacked the same commit: its first run skips them
 tree_a=${ABBA_TREE_A:-/tmp/abba_a}; kept=$tree_a.artifacts

@@ -12,10 +12,13 @@
 # Writes at most 8 files to $OUT: summary.txt, tests.log, describe.log, describe.json,
 # throughput.log, throughput.csv, throughput_report.json.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-source "$(dirname "$0")/env.sh"
 MODEL=${MODEL:-gpt_oss_120b}
 BATCHES=${BATCHES:-[1,16,64]}
+source "$(dirname "$0")/checks.sh"  # a misspelt model, batch list or limit: refused before anything is written
+check_model multi-gpu MODEL "$MODEL"; check_batches multi-gpu BATCHES "$BATCHES"
+check_seconds multi-gpu RUN_LIMIT "${RUN_LIMIT:-}"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv > "$S"
 ngpu=$(nvidia-smi -L | wc -l)

@@ -27,24 +27,26 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 PARTS=${PARTS:-"tests kernels grid"}
 MODEL=${MODEL:-qwen3_30b}; ROUTING=${ROUTING:-uniform}
-# a misspelt part, micro-benchmark or grid spec would run nothing, or fail only after the parts before
-# it spent the call: refused here, before anything is written
-refuse() { echo "roofline: $*" >&2; exit 2; }
+# a misspelt part, micro-benchmark, grid spec or limit would run nothing, or fail only after the parts
+# before it spent the call: refused here, before anything is written (experiments/gpu/checks.sh)
+source experiments/gpu/checks.sh
 for p in $PARTS; do
-  [[ " tests kernels steptune exptune micro grid ab " == *" $p "* ]] || refuse "PARTS has '$p': the parts are tests kernels steptune exptune micro grid ab"
+  [[ " tests kernels steptune exptune micro grid ab " == *" $p "* ]] || refuse roofline "PARTS has '$p': the parts are tests kernels steptune exptune micro grid ab"
 done
 for p in ${MICRO:-select skinny}; do
-  [[ " select skinny attention " == *" $p "* ]] || refuse "MICRO has '$p': the micro-benchmarks are select skinny attention"
+  [[ " select skinny attention " == *" $p "* ]] || refuse roofline "MICRO has '$p': the micro-benchmarks are select skinny attention"
 done
 if [[ " $PARTS " == *" grid "* ]]; then
   for spec in ${SPECS:-$MODEL:$ROUTING}; do
     IFS=: read -r m r b <<< "$spec"
-    [ -f "conf/model/$m.yaml" ] || refuse "SPECS '$spec': no model '$m' (conf/model/*.yaml: $(cd conf/model && ls *.yaml | sed 's/.yaml$//' | tr '\n' ' '))"
-    # base/config.py's ROUTINGS, spelt out: the check runs before env.sh sets up python3's wheels
-    [[ "$r" == uniform || "$r" == skewed ]] || refuse "SPECS '$spec': routing '$r' is not one of uniform skewed"
-    [[ -z "$b" || "$b" =~ ^\[[1-9][0-9]*(,[1-9][0-9]*)*\]$ ]] || refuse "SPECS '$spec': batch sizes '$b' are not a list like [16,64]"
+    check_model roofline "SPECS '$spec'" "$m"
+    check_routing roofline "SPECS '$spec'" "$r"
+    check_batches roofline "SPECS '$spec'" "$b"
   done
 fi
+for knob in TESTS_S KERNELS_S BENCH_S TUNE_S STEPTUNE_S EXPTUNE_S EXPTUNE_BUDGET_S SELECT_S SKINNY_S ATTN_S GRID_S AB_S; do
+  check_seconds roofline "$knob" "${!knob:-}"
+done
 OUT=${OUT:-/tmp/out}; LOG=${ROOFLINE_LOG:-/tmp/roofline}; mkdir -p "$OUT" "$LOG"
 source experiments/gpu/env.sh
 t0=$(date +%s); stamp() { echo "[roofline $(( $(date +%s) - t0 ))s] $*"; }

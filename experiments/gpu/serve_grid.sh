@@ -29,6 +29,9 @@
 # EXTRA='serve.rates=[null,8.0]' (fewer rates) or ROUTINGS=uniform; EXTRA='scheduler.chunked=true' serves
 # with chunked prefill (mixed steps).
 set -uo pipefail
+source "$(dirname "$0")/checks.sh"  # a misspelt routing or limit: refused before anything is written
+for r in ${ROUTINGS:-uniform skewed}; do check_routing serve-grid "ROUTINGS" "$r"; done
+check_seconds serve-grid UNIFORM_LIMIT "${UNIFORM_LIMIT:-}"; check_seconds serve-grid DEADLINE "${DEADLINE:-}"
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/serve_runs}; mkdir -p "$OUT" "$W"  # W: the run folders (one per routing)
 T0=$(date +%s)
 source "$(dirname "$0")/env.sh"

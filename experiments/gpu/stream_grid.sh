@@ -5,6 +5,9 @@
 #   TESTS=1 TAG=uniform bash experiments/gpu/stream_grid.sh uniform
 #   python -m analysis.stream <unpacked run folders...> results/stream/summary
 set -uo pipefail
+source "$(dirname "$0")/checks.sh"  # a misspelt routing or limit: refused before anything is written
+for r in ${@:-uniform skewed}; do check_routing stream-grid "the routings" "$r"; done
+check_seconds stream-grid RUN_LIMIT "${RUN_LIMIT:-}"
 OUT=${OUT:-/tmp/out}; W=/tmp/stream_${TAG:-1}; mkdir -p "$OUT" "$W"
 source "$(dirname "$0")/env.sh"
 if [ "${TESTS:-0}" = 1 ]; then

@@ -12,6 +12,14 @@
 # The device tool returns at most 8 files: logs go to $LOG and everything is packed into
 # $OUT/grid.tgz (outputs/throughput and the logs), with the summary tables in $OUT/throughput.md.
 set -uo pipefail
+source "$(dirname "$0")/checks.sh"  # a misspelt model, routing or limit: refused before anything is written
+for m in "$@"; do check_model throughput-grid "the models" "$m"; done
+for spec in ${GPU0:-} ${GPU1:-}; do
+  check_model throughput-grid "GPU0/GPU1 '$spec'" "${spec%%:*}"
+  [[ "$spec" == *:* ]] || refuse throughput-grid "GPU0/GPU1 '$spec': a run is model:routing"
+  check_routing throughput-grid "GPU0/GPU1 '$spec'" "${spec##*:}"
+done
+check_seconds throughput-grid RUN_LIMIT "${RUN_LIMIT:-}"
 OUT=${OUT:-/tmp/out}; LOG=${LOG:-/tmp/gridlogs}; mkdir -p "$OUT" "$LOG"
 source "$(dirname "$0")/env.sh"
 ngpu=$(nvidia-smi -L | wc -l)
