@@ -4,8 +4,10 @@
     python -m analysis.gpu_tests --check       # exit 1, naming the difference, if README.md is not what the logs give
 
 A log is `make gpu-test`'s (experiments/gpu/gpu_test.sh: the GPU's nvidia-smi line, the versions,
-`commit <sha>`, `pytest processes <N>`, pytest's output, `rc=<exit status>`), or an older partial
-run's, which may lack the header. Each row: the GPU, the commit the log names, pytest's processes
+`commit <sha>`, `table <kernels/configs file> <sha256, 16 hex digits>` per tuned table (since
+session 36), `pytest processes <N>`, pytest's output, `rc=<exit status>`), or an older partial
+run's, which may lack the header. tests/test_tuned_tables_tested.py reads the table lines: every
+GPU's tuned table must have a run here that tested it. Each row: the GPU, the commit the log names, pytest's processes
 (1 where the log predates the line), pytest's own counts and seconds from its last summary line,
 the exit status, and what that adds up to:
   no failures   a summary with nothing failed or in error, and rc 0 (or no rc line);
@@ -41,6 +43,7 @@ class LogRow:
     counts: dict[str, int] | None  # None: no summary line
     seconds: float | None
     rc: int | None
+    tables: dict[str, str]  # kernels/configs/<name> -> the first 16 hex digits of its sha256 (logs since session 36)
 
     @property
     def outcome(self) -> str:
@@ -55,13 +58,17 @@ class LogRow:
 def read_log(path: Path) -> LogRow:
     lines = path.read_text(errors="replace").splitlines()
     gpu, commit, processes, counts, seconds, rc = "not recorded", "not recorded", 1, None, None, None
-    if lines and lines[0].startswith("NVIDIA"):
+    tables: dict[str, str] = {}
+    if lines and " MHz," in lines[0]:  # nvidia-smi's csv: name, driver, SM clock, memory clock, temperature
         gpu = lines[0].split(",")[0].strip()
     for line in lines:
         if line.startswith("commit ") and commit == "not recorded":
             commit = line[len("commit "):].strip()
         elif line.startswith("pytest processes "):
             processes = int(line.split()[-1])
+        elif line.startswith("table ") and len(line.split()) == 3:
+            _, name, digest = line.split()
+            tables[name] = digest
         elif line.startswith("rc="):
             rc = int(line[3:])
         elif m := SUMMARY.match(line.strip()):
@@ -71,7 +78,7 @@ def read_log(path: Path) -> LogRow:
                 found["errors" if word == "error" else word] = int(n)
             counts = {k: found.get(k, 0) for k in COUNTS}
             seconds = float(m.group(2))
-    return LogRow(path.name, gpu, commit, processes, counts, seconds, rc)
+    return LogRow(path.name, gpu, commit, processes, counts, seconds, rc, tables)
 
 
 def render(folder: Path) -> str:
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     text, readme = render(args.folder), args.folder / "README.md"
     if args.check:
         if readme.exists() and readme.read_text() == text:
-            print(f"{readme}: current ({text.count(chr(10)) - 11} logs)")
+            print(f"{readme}: current ({len(list(args.folder.glob('*.log')))} logs)")
             return 0
         print(f"{readme}: out of date with the logs; run python -m analysis.gpu_tests", file=sys.stderr)
         return 1

@@ -47,6 +47,9 @@ out=${GPU_TEST_OUT:-${OUT:-outputs/gpu_tests}}; mkdir -p "$out"
   "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   # a device call's copy of .git can be older than its working tree: BASE_COMMIT=<host's HEAD> names the tree
   echo "commit ${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')}"
+  # the tuned tables under test, by content: a table a tuner installed in this call has no commit yet, and
+  # tests/test_tuned_tables_tested.py finds the committed table's run by this hash
+  for f in kernels/configs/*.json; do echo "table $(basename "$f") $(sha256sum < "$f" | cut -c1-16)"; done
 } > "$out/gpu_tests.log" 2>&1
 echo "pytest processes $jobs" >> "$out/gpu_tests.log"
 timeout --signal=INT --kill-after=30 "${GPU_TEST_S:-480}" "$PY" -m pytest -m gpu -v -p no:cacheprovider --durations=25 --junitxml="$out/gpu_tests.xml" \
