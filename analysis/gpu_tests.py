@@ -7,9 +7,11 @@ A log is `make gpu-test`'s (experiments/gpu/gpu_test.sh: the GPU's nvidia-smi li
 `commit <sha>`, `table <kernels/configs file> <sha256, 16 hex digits>` per tuned table (since
 session 36), `pytest processes <N>`, pytest's output, `rc=<exit status>`), or an older partial
 run's, which may lack the header. tests/test_tuned_tables_tested.py reads the table lines: every
-GPU's tuned table must have a run here that tested it. Each row: the GPU, the commit the log names, pytest's processes
-(1 where the log predates the line), pytest's own counts and seconds from its last summary line,
-the exit status, and what that adds up to:
+GPU's tuned table must have a run here that tested it.
+
+Each row: the GPU, the commit the log names, pytest's processes (1 where the log predates the
+line), pytest's own counts and seconds from its last summary line, the exit status, and what that
+adds up to:
   no failures   a summary with nothing failed or in error, and rc 0 (or no rc line);
   N failed      tests failed or errored;
   cut           no summary line (the run was stopped before pytest reported), or a non-zero rc
