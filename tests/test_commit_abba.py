@@ -111,3 +111,46 @@ def test_one_commit_on_both_sides_is_an_ab_of_the_tables_tuned_in_the_call(tree,
     assert res.returncode == 0, res.stderr
     assert "b's tuned tables differ from a's" in res.stdout and "GPU.json" in res.stdout
     assert sorted(p.name for p in (tmp_path / "runs").glob("*.log")) == ["1_a.log", "2_b.log", "3_b.log", "4_a.log"]
+
+
+def test_a_missing_tree_b_archive_is_refused_before_any_run(tree):
+    out = tree / "out"
+    res = subprocess.run(["bash", str(tree / "experiments/gpu/commit_abba.sh")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "OUT": str(out), "ABBA_A_COMMIT": "34120f8",
+                              "ABBA_B_COMMIT": "afb361a"}, timeout=60, check=False)
+    assert res.returncode == 2 and "ABBA_B_COMMIT=afb361a names tree b's archive, and .abba/b.tgz is missing" in res.stderr
+    assert not out.exists()
+
+
+WHERE_RUN = """#!/bin/bash
+# stands in for `python3 run.py ...`: says which tree and commit it ran
+echo "[throughput] batch 16 in $(cat TREE) as $BASE_COMMIT"
+"""
+
+
+def test_tree_b_from_an_archive_runs_that_commit_not_the_working_tree(tree, tmp_path):
+    """ABBA_B_COMMIT with .abba/b.tgz: runs 2 and 3 in the unpacked tree b as that commit, 1 and 4 in
+    tree a; the working tree (the call's own, which ran its GPU suite) runs nothing."""
+    import tarfile
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(WHERE_RUN)
+    (bin_dir / "python3").chmod(0o755)
+    (tree / "TREE").write_text("the working tree")
+    for side in ("a", "b"):
+        src = tmp_path / f"{side}_src"
+        src.mkdir()
+        (src / "TREE").write_text(f"tree {side}")
+        with tarfile.open(tree / f".abba/{side}.tgz", "w:gz") as tf:
+            tf.add(src / "TREE", arcname="TREE")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "BASE_COMMIT": "2d3b790",
+           "ABBA_A_COMMIT": "2d3b790", "ABBA_B_COMMIT": "afb361a", "ABBA_TREE_A": str(tmp_path / "tree_a"),
+           "ABBA_TREE_B": str(tmp_path / "tree_b"), "ABBA_RUNS": str(tmp_path / "runs")}
+    res = subprocess.run(["bash", str(tree / "experiments/gpu/commit_abba.sh")], capture_output=True, text=True,
+                         env=env, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    ran = {i: (tmp_path / f"runs/{i}.log").read_text() for i in ("1_a", "2_b", "3_b", "4_a")}
+    assert "in tree a as 2d3b790" in ran["1_a"] and "in tree a as 2d3b790" in ran["4_a"]
+    assert "in tree b as afb361a" in ran["2_b"] and "in tree b as afb361a" in ran["3_b"]
+    assert not any("working tree" in log for log in ran.values())
