@@ -28,9 +28,9 @@ def untested_tables(repo: Path, logs: Path) -> list[str]:
     for table in sorted((repo / "kernels/configs").glob("*.json")):
         if table.name == "default.json":
             continue
-        gpu = table.stem.replace("_", " ")  # kernels/tuned.py names the file after the GPU, spaces as _
         digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
-        runs = [r for r in rows if r.gpu == gpu and r.outcome == "no failures"]
+        # kernels/tuned.py names a GPU's table after the device's name, spaces as _
+        runs = [r for r in rows if r.gpu.replace(" ", "_") == table.stem and r.outcome == "no failures"]
         if any(r.tables.get(table.name) == digest for r in runs):
             continue
         rel = f"kernels/configs/{table.name}"
@@ -40,7 +40,7 @@ def untested_tables(repo: Path, logs: Path) -> list[str]:
                 not r.tables and _git(repo, "merge-base", "--is-ancestor", last, r.commit.split()[0]).returncode == 0
                 for r in runs):
             continue
-        missing.append(f"{rel} ({digest}): no GPU test log on {gpu} with no failures ran it")
+        missing.append(f"{rel} ({digest}): no GPU test log on {table.stem} with no failures ran it")
     return missing
 
 
