@@ -136,6 +136,7 @@ STAMP_RULES: tuple[tuple[str, str], ...] = (
     ("results/*tune_step.csv", KERNEL_BENCH),                   # tools/tune_step_kernels.py
     ("results/*bench_select.csv", KERNEL_BENCH),                # tools/bench_select.py
     ("results/*bench_skinny.csv", KERNEL_BENCH),                # tools/bench_skinny.py
+    ("results/*bench_experts.csv", KERNEL_BENCH),               # tools/bench_experts.py
     # timing runs on a CUDA GPU (stage=throughput: static steps, streams, serving; timing only)
     ("results/refactor_guard/h200/*", "t1-cuda"),
     ("results/roofline/*", "t1-cuda"),
