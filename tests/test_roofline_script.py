@@ -36,7 +36,7 @@ def _run(tree, **env):
 
 @pytest.mark.parametrize("env,message", [
     ({"PARTS": "grdi"}, "PARTS has 'grdi': the parts are tests kernels steptune exptune micro grid ab"),
-    ({"PARTS": "micro", "MICRO": "skiny"}, "MICRO has 'skiny': the micro-benchmarks are select skinny attention"),
+    ({"PARTS": "micro", "MICRO": "skiny"}, "MICRO has 'skiny': the micro-benchmarks are select skinny attention experts"),
     ({"PARTS": "grid", "SPECS": "qwen3_30b:uniform qwen3:skewed"}, "no model 'qwen3' (conf/model/*.yaml: olmoe qwen3_30b"),
     ({"PARTS": "grid", "SPECS": "olmoe:skew"}, "routing 'skew' is not one of uniform skewed"),
     ({"PARTS": "grid", "SPECS": "olmoe:uniform:16"}, "batch sizes '16' are not a list like [16,64]"),
@@ -50,6 +50,6 @@ def test_a_misspelt_request_is_refused_before_anything_is_written(tree, env, mes
 
 def test_a_valid_request_gets_past_the_checks(tree):
     """Valid parts and specs pass: here the `ab` part then stops at its own missing AB_KEY."""
-    res, out = _run(tree, PARTS="grid ab", SPECS="qwen3_30b:skewed:[16,64] olmoe:uniform", MICRO="attention")
+    res, out = _run(tree, PARTS="grid ab", SPECS="qwen3_30b:skewed:[16,64] olmoe:uniform", MICRO="attention experts")
     assert "roofline:" not in res.stderr and "PARTS=ab needs AB_KEY" in res.stderr, res.stderr
     assert out.exists()

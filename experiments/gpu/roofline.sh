@@ -16,7 +16,8 @@
 #   GRID_EXTRA='throughput.budgets=[16,8,32] throughput.repeats=3' ...   # a leaner grid
 #   3b. (PARTS micro) kernel A/Bs: tools/bench_select.py (SELECT_BASELINE=<an older kernels/select.py>),
 #      tools/bench_skinny.py and, with MICRO=attention, tools/bench_attention.py (ATTN_BASELINE=<an older
-#      kernels/attention.py>) -> $OUT/bench_select.*, bench_skinny.*, bench_attention*
+#      kernels/attention.py>), with MICRO=experts, tools/bench_experts.py (EXPERTS_BASELINE=<an older
+#      kernels/experts.py>) -> $OUT/bench_select.*, bench_skinny.*, bench_attention*, bench_experts.*
 #   2c. (PARTS exptune) the expert kernels' table, both paths, the kept bound, the reduce in down (tools/tune_kernels.py;
 #      EXPTUNE_MODELS, EXPTUNE_TS), installed before the grid -> $OUT/tune_experts.log, installed_configs.json
 #   4. (PARTS ab) an A/B of one key, order a b b a: AB_KEY=throughput.compile AB_VALUES="false true" (both needed)
@@ -34,7 +35,7 @@ for p in $PARTS; do
   [[ " tests kernels steptune exptune micro grid ab " == *" $p "* ]] || refuse roofline "PARTS has '$p': the parts are tests kernels steptune exptune micro grid ab"
 done
 for p in ${MICRO:-select skinny}; do
-  [[ " select skinny attention " == *" $p "* ]] || refuse roofline "MICRO has '$p': the micro-benchmarks are select skinny attention"
+  [[ " select skinny attention experts " == *" $p "* ]] || refuse roofline "MICRO has '$p': the micro-benchmarks are select skinny attention experts"
 done
 if [[ " $PARTS " == *" grid "* ]]; then
   for spec in ${SPECS:-$MODEL:$ROUTING}; do
@@ -44,7 +45,7 @@ if [[ " $PARTS " == *" grid "* ]]; then
     check_batches roofline "SPECS '$spec'" "$b"
   done
 fi
-for knob in TESTS_S KERNELS_S BENCH_S TUNE_S STEPTUNE_S EXPTUNE_S EXPTUNE_BUDGET_S SELECT_S SKINNY_S ATTN_S GRID_S AB_S; do
+for knob in TESTS_S KERNELS_S BENCH_S TUNE_S STEPTUNE_S EXPTUNE_S EXPTUNE_BUDGET_S SELECT_S SKINNY_S ATTN_S EXPERTS_S GRID_S AB_S; do
   check_seconds roofline "$knob" "${!knob:-}"
 done
 OUT=${OUT:-/tmp/out}; LOG=${ROOFLINE_LOG:-/tmp/roofline}; mkdir -p "$OUT" "$LOG"
@@ -111,7 +112,14 @@ if [[ " $PARTS " == *" micro "* ]]; then
       ${ATTN_BASELINE:+--baseline "$ATTN_BASELINE"} > "$LOG/bench_attention.log" 2>&1
     echo "rc=$?" >> "$LOG/bench_attention.log"; tail -32 "$LOG/bench_attention.log"
   fi
-  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$LOG"/bench_attention* "$LOG/installed_configs.json" "$OUT/" 2>/dev/null
+  if [[ " ${MICRO:-select skinny} " == *" experts "* ]]; then
+    stamp "expert FFN A/B"
+    timeout "${EXPERTS_S:-240}" python3 -m tools.bench_experts --csv "$LOG/bench_experts.csv" \
+      ${EXPERTS_BASELINE:+--baseline "$EXPERTS_BASELINE"} > "$LOG/bench_experts.log" 2>&1
+    echo "rc=$?" >> "$LOG/bench_experts.log"; tail -32 "$LOG/bench_experts.log"
+  fi
+  cp "$LOG"/bench_select.* "$LOG"/bench_skinny.* "$LOG"/bench_attention* "$LOG"/bench_experts.* "$LOG/installed_configs.json" \
+    "$OUT/" 2>/dev/null
 fi
 if [[ " $PARTS " == *" grid "* ]]; then
   # SPECS: runs of one process each, "model:routing" or "model:routing:[batch,...]" (default MODEL:ROUTING)
