@@ -151,14 +151,17 @@ def _gate_up_kernel(
     x_ptr,  # (T, H)
     gu_ptr,  # gate_up weights, any strides
     gub_ptr,  # (E, 2I) bias (HAS_BIAS)
-    pairs_ptr,  # (E, P) int32
-    cnt_ptr,  # (E,) int32
+    idx_ptr,  # (P,) expert ids (the (T, K) tensor, contiguous) (ROUTE_IN)
+    w_ptr,  # (P,) routing weights (ROUTE_IN)
+    pairs_ptr,  # (E, P) int32: read, or with ROUTE_IN written for the down launch
+    cnt_ptr,  # (E,) int32: likewise
     act_ptr,  # (P, I) out
     # Dimensions
     E,
     H,
     I,
     K,  # top-k (runtime: one compiled variant serves every model)
+    P,  # pairs, T * K (ROUTE_IN)
     up_offset,  # concatenated: row of up_i = i + up_offset (= I); unused when interleaved
     alpha,
     limit,
@@ -179,13 +182,31 @@ def _gate_up_kernel(
     BI: tl.constexpr,
     BH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no silent tf32), else unused
+    ROUTE_IN: tl.constexpr = False,  # the route launch's lists made here (P <= PB), not read
+    PB: tl.constexpr = 16,  # ROUTE_IN: every pair in one block
 ):
     """Persistent grid: work item (slot, i) = rows [i, i + BI) of the gate and up projections
     of the slot-th expert that has pairs; streamed once per TB of its pairs (one tile in decode).
     A fixed number of programs walks the items, so unrouted experts cost no program at all.
-    Interleaved (ROW_MUL=2): the item's rows are the 2*BI adjacent rows from 2i, read as one tile."""
+    Interleaved (ROW_MUL=2): the item's rows are the 2*BI adjacent rows from 2i, read as one tile.
+    ROUTE_IN: the route launch folded in. Every program counts the pairs per expert from (idx, w)
+    (a histogram of the P pairs in registers) and finds its item's pairs in pair order; program q
+    also writes expert q's list and count (q + programs, ...), as _route_kernel does, for the down
+    launch, which starts after this one ends."""
     offs_e = tl.arange(0, E_BLOCK)
-    cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
+    if ROUTE_IN:
+        offs_p = tl.arange(0, PB)
+        p_ok = offs_p < P
+        i_P = tl.load(idx_ptr + offs_p, mask=p_ok, other=0).to(tl.int32)
+        w_P = tl.load(w_ptr + offs_p, mask=p_ok, other=0.0)
+        hit_P = p_ok & (w_P != 0)
+        cnt_E = tl.histogram(i_P, E_BLOCK, mask=hit_P)
+        for q in range(tl.program_id(0), E, tl.num_programs(0)):
+            hit_q = hit_P & (i_P == q)
+            tl.store(pairs_ptr + q * stride_pe + tl.cumsum(hit_q.to(tl.int32), axis=0) - 1, offs_p, mask=hit_q)
+            tl.store(cnt_ptr + q, tl.sum(hit_q.to(tl.int32), axis=0))
+    else:
+        cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
     slot_E = tl.cumsum(run_E.to(tl.int32), axis=0) - 1
     n_ib = tl.cdiv(I, BI)
@@ -193,14 +214,22 @@ def _gate_up_kernel(
     for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
         slot = item // n_ib
         u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
-        cnt = tl.load(cnt_ptr + u)
+        if ROUTE_IN:
+            cnt = tl.sum(tl.where(offs_e == u, cnt_E, 0), axis=0)
+            hit_u = hit_P & (i_P == u)
+            rank_P = tl.where(hit_u, tl.cumsum(hit_u.to(tl.int32), axis=0) - 1, -1)
+        else:
+            cnt = tl.load(cnt_ptr + u)
         ib = item - slot * n_ib
         offs_i = ib * BI + tl.arange(0, BI)
         w_base = gu_ptr + u.to(tl.int64) * stride_ge
         for j0 in range(0, cnt, TB):
             offs_j = j0 + tl.arange(0, TB)
             j_ok = offs_j < cnt
-            p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
+            if ROUTE_IN:  # the j-th of u's pairs in pair order: the one pair of that rank
+                p_J = tl.sum(tl.where(rank_P[None, :] == offs_j[:, None], offs_p[None, :], 0), axis=1)
+            else:
+                p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
             a_JI = _gate_up_tile(x_ptr, p_J // K, j_ok, stride_xt, w_base, gub_ptr + u * stride_be, ib, H, I,
                                  up_offset, alpha, limit, stride_gn, stride_gk, TB, ROW_MUL, HAS_BIAS, ACT, BI, BH,
                                  DOT_PRECISION)
@@ -667,7 +696,10 @@ def fused_experts(
     y_PH = empty(P, H, device=dev, dtype=torch.float32)
     out_TH = empty(T, H, device=dev, dtype=x_TH.dtype)
 
-    _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
+    # at most ROUTE_IN_MAX pairs the gate_up launch makes the pair lists itself (no route launch)
+    route_in = P <= ROUTE_IN_MAX and _stages >= 2
+    if not route_in:
+        _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
 
     if layout.transposed:  # (E, H, 2I): rows of the product along dim 2
         s_gn, s_gk = gate_up.stride(2), gate_up.stride(1)
@@ -681,12 +713,12 @@ def fused_experts(
     n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))
     grid = (n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)
     _launch_fitted(_gate_up_kernel, dev, grid, gu, "gate_up", fit)(
-        x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, pairs_EP, cnt_E, act_PI,
-        E, H, I, K, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
+        x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, idx_P, w_P, pairs_EP, cnt_E, act_PI,
+        E, H, I, K, P, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
         x_TH.stride(0), gate_up.stride(0), s_gn, s_gk,
         gate_up_bias.stride(0) if gate_up_bias is not None else 0, pairs_EP.stride(0), act_PI.stride(0),
         E_BLOCK=next_pow2(E, 16), ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
-        ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH),
+        ACT=ACTS[layout.act], DOT_PRECISION=_precision(x_TH), ROUTE_IN=route_in, PB=next_pow2(P) if route_in else 16,
     )  # fmt: skip
     if _stages < 3:
         return out_TH
@@ -753,6 +785,10 @@ def smaller_launch(launch: dict, part: str) -> dict | None:
     return None if launch[tile] <= 16 else {**launch, tile: launch[tile] // 2}
 
 
+# pairs (T * K) up to which the gate_up launch routes them itself; above, a route launch. Its item's
+# pairs come from a (TB, P) selection in registers: compiled for sm_90 at 256 pairs (T=32, TB=32)
+# it spills (255 registers and a 248 B stack, `python -m tools.aot_check`), at 128 it does not
+ROUTE_IN_MAX = 128
 V3_MAX_TOKENS = 64  # above: the four-launch path (its pair lists beat token tiles at many tokens)
 
 

@@ -279,6 +279,33 @@ def test_fused_experts_matches_reference(T, E, K, H, I, dtype, budget):
     assert_near_reference(out, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK), dtype)
 
 
+@pytest.mark.parametrize("fold", [False, True])
+def test_the_gate_up_launch_routes_the_pairs_as_the_route_launch_does(monkeypatch, fold):
+    """Up to ROUTE_IN_MAX pairs the gate_up launch counts and lists the pairs itself (no route
+    launch) and writes the lists the down launch reads: the output is the route launch's bit for
+    bit, with empty slots, a token routed twice to one expert (`similar`'s re-routing can) and
+    more pairs for one expert than a tile holds, with and without the reduce in the down launch."""
+    import kernels.experts as ke
+
+    T, E, K, H, I = 12, 8, 4, 40, 24
+    b = make_batch(T, E, K, H, seed=51)
+    gu, dn = make_experts(E, H, I, torch.float32, seed=52)
+    idx_TK = b.topk_idx_TK.clone()
+    idx_TK[:, 0] = 3  # expert 3: every token, 12 pairs and more, past a tile of 8
+    idx_TK[2, 1] = 3  # token 2 twice on expert 3
+    w_TK = b.topk_w_TK.clone()
+    w_TK[::3, 2] = 0  # empty slots
+    assert T * K <= ke.ROUTE_IN_MAX
+    small = dict(TB=8, num_warps=4, num_stages=2, PER_SM=1)  # noqa: C408
+    cfg = ke.ExpertsConfig(gate_up=dict(BI=8, BH=16, **small), down=dict(BHO=16, BI=8, **small),
+                           use_kept=False, reduce_in_down=fold)
+    res = torch.randn(T, H, generator=torch.Generator().manual_seed(53))
+    routed_here = fused_experts(b.z_TH, gu, dn, idx_TK, w_TK, config=cfg, residual_TH=res)
+    monkeypatch.setattr(ke, "ROUTE_IN_MAX", 0)  # every launch size takes the route launch
+    assert torch.equal(routed_here, fused_experts(b.z_TH, gu, dn, idx_TK, w_TK, config=cfg, residual_TH=res))
+    assert_near_reference(routed_here - res, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK))
+
+
 def test_fused_experts_gptoss_layout():
     T, E, K, H, I = 5, 8, 2, 40, 24
     b = make_batch(T, E, K, H, seed=3)

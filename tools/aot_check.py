@@ -156,6 +156,11 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"gate_up T=16 BI={bi} BH=128 st={st}", _gate_up_kernel, v2_gu_ptrs, ("alpha", "limit"),
                     {"ROW_MUL": 1, "ACT": 0, "HAS_BIAS": False, "BI": bi, "BH": 128, "DOT_PRECISION": "tf32",
                      "stride_gk": 1, "E_BLOCK": 128, "TB": 16}, {"num_warps": 4, "num_stages": st}))
+    for T in (1, 16):  # the same with the route launch folded in: pairs T * 8 in one block (ROUTE_IN_MAX)
+        out.append((f"gate_up T={T} BI=32 BH=128 st=4 ROUTE_IN", _gate_up_kernel, v2_gu_ptrs, ("alpha", "limit"),
+                    {"ROW_MUL": 1, "ACT": 0, "HAS_BIAS": False, "BI": 32, "BH": 128, "DOT_PRECISION": "tf32",
+                     "stride_gk": 1, "E_BLOCK": 128, "TB": max(16, T), "ROUTE_IN": True, "PB": next_pow2(8 * T)},
+                    {"num_warps": 4, "num_stages": 4}))
     out.append(("gate_up gpt-oss T=16 BI=32 BH=128 st=4", _gate_up_kernel,
                 v2_gu_ptrs, ("alpha", "limit"),
                 {**oss, "E_BLOCK": 32, "TB": 16}, {"num_warps": 4, "num_stages": 4}))
