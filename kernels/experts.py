@@ -20,10 +20,10 @@ walk the work items (routed expert, column block), so unrouted experts cost no p
 (sum over K in slot order: deterministic, no atomics on the data). Up to ROUTE_IN_MAX pairs (16
 tokens at top-8) the gate_up launch makes the route launch's lists itself, so three launches: on
 an H100 the expert FFN took 0.977x its time at 16 tokens and M=16, 0.951x at 1 token, and the
-step 0.988x (base M=16) and 0.996x (dense) at batch 16 (results/roofline/route_in_2026-12-07). With the tuned table's
-`reduce_in_down` the reduce is the down launch's last act for each column block instead (an
-arrival counter per block, reset by its last item, which sums the block in the same order: three
-launches, the same sums).
+step 0.988x (base M=16) and 0.997x (dense) at batch 16 (results/roofline/route_in_2026-12-07).
+With the tuned table's `reduce_in_down` the reduce is the down launch's last act for each column
+block instead (an arrival counter per block, reset by its last item, which sums the block in the
+same order: one launch fewer, the same sums).
 Decode is memory-bound (a few tokens per expert): a work item streams a tile of one expert's
 weights once and applies it to all of that expert's pairs, so each weight byte is read once per step.
 With `residual_TH`, the last launch (reduce, or v3's down) also adds the decoder layer's residual
