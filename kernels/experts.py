@@ -665,7 +665,8 @@ def fused_experts(
     `kept_max` against keep_M's length, a shape the host knows without a sync): two launches
     (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
     reduce). `_stages` < 4 runs only the first launches of
-    the four-launch path: for timing breakdowns.
+    the four-launch path: for timing breakdowns (route, gate_up, down, reduce: up to ROUTE_IN_MAX
+    pairs `_stages=1` runs nothing, as the gate_up launch does the route launch's work).
 
     `fit` False: each launch exactly as its config names it, or Triton's OutOfResources where the
     device cannot hold it (a tuner or benchmark times the launch it names); True (the default) sheds
@@ -700,7 +701,7 @@ def fused_experts(
     out_TH = empty(T, H, device=dev, dtype=x_TH.dtype)
 
     # at most ROUTE_IN_MAX pairs the gate_up launch makes the pair lists itself (no route launch)
-    route_in = P <= ROUTE_IN_MAX and _stages >= 2
+    route_in = P <= ROUTE_IN_MAX
     if not route_in:
         _route_kernel.on(dev)[(E,)](idx_P, w_P, pairs_EP, cnt_E, P, pairs_EP.stride(0), PB=min(next_pow2(P), 1024))
 

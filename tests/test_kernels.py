@@ -306,6 +306,34 @@ def test_the_gate_up_launch_routes_the_pairs_as_the_route_launch_does(monkeypatc
     assert_near_reference(routed_here - res, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK))
 
 
+def test_the_timing_breakdowns_first_stage_is_the_route_launch_only_where_there_is_one(monkeypatch):
+    """`_stages=1` (tools/bench_kernels.py's breakdown: route, +gate_up, ...) runs the route launch
+    above ROUTE_IN_MAX pairs and nothing at or below it, where gate_up does the routing."""
+    import kernels.experts as ke
+
+    launched = []
+
+    class Recorder:  # stands in for a kernel: kernel.on(dev)[grid](*args) records the launch
+        def __init__(self, name):
+            self.name = name
+
+        def on(self, dev):
+            return self
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(self.name)
+
+    monkeypatch.setattr(ke, "_route_kernel", Recorder("route"))
+    monkeypatch.setattr(ke, "_gate_up_kernel", Recorder("gate_up"))
+    monkeypatch.setattr(ke, "ROUTE_IN_MAX", 64)
+    for T, want in ((4, []), (40, ["route"])):  # 16 and 160 pairs at top-4
+        b = make_batch(T, 8, 4, 16, seed=T)
+        gu, dn = make_experts(8, 16, 16, torch.float32, seed=T)
+        launched.clear()
+        ke.fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, _stages=1)
+        assert launched == want, (T, launched)
+
+
 def test_fused_experts_gptoss_layout():
     T, E, K, H, I = 5, 8, 2, 40, 24
     b = make_batch(T, E, K, H, seed=3)
