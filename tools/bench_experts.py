@@ -104,7 +104,7 @@ def main() -> None:
         for name in names[1:]:
             if not torch.allclose(outs[name].float(), outs[names[0]].float(), rtol=2e-2, atol=2e-2):
                 err = (outs[name].float() - outs[names[0]].float()).abs().max().item()
-                raise SystemExit(f"bench_experts: {name} and {names[0]} disagree at {labels} (max |diff| {err:.3g})")
+                raise SystemExit(f"error: bench_experts: {name} and {names[0]} disagree at {labels} (max |diff| {err:.3g})")
     copy = copy_bandwidth(dev, gib=0.25 if dev.type != "cuda" else 2.0)
     rows = []
     for r in range(args.rounds):
