@@ -114,10 +114,12 @@ def test_the_table_check_follows_each_kernels_fitting_and_fails_where_no_launch_
     # the same bucket at 32 tokens: twice the tile, two stages at most
     assert "fitted to SkinnyLaunch(block_n=16, block_k=64, num_stages=2" in lines["bf16 skinny:N=64,K=256,T=16 TB=32"]
     assert lines["fp32 attention:G=8,D=128,T=16"].startswith("256 KB, over 64 KB: fitted to AttentionLaunch(block_n=32")
-    # the experts: the four-launch path once, v3 (its kept bound takes it) at each token tile up to 64,
-    # all from the one bucket; v3's down: two stages of 256 rows, then one, then 128, then 64 rows
+    # the experts: the four-launch path once, its gate_up also at each block of pairs it routes itself
+    # (up to 16 tokens at top-8), v3 (its kept bound takes it) at each token tile up to 64, all from
+    # the one bucket; v3's down: two stages of 256 rows, then one, then 128, then 64 rows
     assert sorted(key for key in lines if key.startswith("bf16 H=")) == sorted(
         ["bf16 H=64,I=32,T=64 gate_up", "bf16 H=64,I=32,T=64 down"]
+        + [f"bf16 H=64,I=32,T=64 gate_up ROUTE_IN PB={pb}" for pb in (8, 16, 32, 64, 128)]
         + [f"bf16 H=64,I=32,T=64 {part} T_BLOCK={tb}" for part in ("gate_up_kept", "down_kept") for tb in (16, 32, 64)])
     down_kept = lines["bf16 H=64,I=32,T=64 down_kept T_BLOCK=16"]
     assert down_kept.startswith("512 KB, over 64 KB: fitted to {") and "'BI': 64, 'num_warps': 4, 'num_stages': 1}" in down_kept

@@ -236,20 +236,25 @@ def _expert_launches(table: dict, H_: str, I_: str, t: str, prec: str) -> list[T
             if kept and (T > experts.V3_MAX_TOKENS or not (cfg.use_kept or part in table[read])):
                 continue
             T_BLOCK = next_pow2(T, 16) if kept else None
-            if (read, part, T_BLOCK) in seen:
+            # gate_up routes its pairs itself up to ROUTE_IN_MAX pairs, with all of them in one block
+            PB = next_pow2(8 * T) if part == "gate_up" and 8 * T <= experts.ROUTE_IN_MAX else None
+            if (read, part, T_BLOCK, PB) in seen:
                 continue
-            seen.add((read, part, T_BLOCK))
+            seen.add((read, part, T_BLOCK, PB))
             consts = {**shape, "HAS_BIAS": False, "DOT_PRECISION": prec,
                       **(dict(K=8, K_BLOCK=8, T_BLOCK=T_BLOCK, M_BLOCK=16) if kept else {})}  # noqa: C408
             if part == "down":
                 consts["REDUCE"] = cfg.reduce_in_down
+            if PB is not None:
+                consts.update(ROUTE_IN=True, PB=PB)
 
             def case(launch, kernel=kernel, ptrs=ptrs, floats=floats, consts=consts):
                 launch = {k: v for k, v in launch.items() if k != "PER_SM"}
                 opts = {"num_warps": launch.pop("num_warps"), "num_stages": launch.pop("num_stages")}
                 return kernel, ptrs, floats, {**consts, **launch}, opts
 
-            out.append(TableLaunch(f"{read} {part}" + (f" T_BLOCK={T_BLOCK}" if kept else ""), getattr(cfg, part),
+            out.append(TableLaunch(f"{read} {part}" + (f" T_BLOCK={T_BLOCK}" if kept else "")
+                                   + (f" ROUTE_IN PB={PB}" if PB is not None else ""), getattr(cfg, part),
                                    case, lambda launch, part=part: experts.smaller_launch(launch, part)))
     return out
 
