@@ -35,7 +35,7 @@ def test_an_implementation_that_disagrees_is_refused_before_any_timing(monkeypat
     monkeypatch.setattr(bench, "load_module", lambda path, name: wrong)
     monkeypatch.setattr(sys, "argv", ["bench_experts", "--smoke", "--rounds", "2", "--ts", "2", "--budgets", "dense",
                                       "--baseline", kernels.experts.__file__])
-    monkeypatch.setattr(bench, "time_graph", lambda *a, **k: pytest.fail("timed a wrong implementation"))
+    monkeypatch.setattr(bench, "interleaved_rounds", lambda *a, **k: pytest.fail("timed a wrong implementation"))
     with pytest.raises(SystemExit, match="baseline and current disagree"):
         bench.main()
 
@@ -54,3 +54,17 @@ def test_bad_arguments_are_refused_before_anything_runs(monkeypatch, capsys, arg
     with pytest.raises(SystemExit):
         bench.main()
     assert message in capsys.readouterr().err
+
+
+def test_the_rounds_rotate_which_implementation_runs_first(monkeypatch):
+    """tools/timing.interleaved_rounds: every case and implementation once a round, the
+    implementations' order rotated each round, one row each with the case's labels."""
+    import tools.timing as timing
+
+    timed = []
+    monkeypatch.setattr(timing, "time_graph", lambda calls, reps, dev: (timed.append(calls[0]) or 1.5, "graph"))
+    work = [({"T": 1}, {"a": "a1", "b": "b1"}), ({"T": 16}, {"a": "a16", "b": "b16"})]
+    rows = timing.interleaved_rounds(work, ["a", "b"], 3, 1, None)
+    assert timed == ["a1", "b1", "a16", "b16", "b1", "a1", "b16", "a16", "a1", "b1", "a16", "b16"]
+    assert [(r["T"], r["impl"], r["round"]) for r in rows[:4]] == [(1, "a", 0), (1, "b", 0), (16, "a", 0), (16, "b", 0)]
+    assert {r["us"] for r in rows} == {1.5} and len(rows) == 12

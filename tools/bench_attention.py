@@ -31,7 +31,7 @@ import torch
 
 from analysis.kernel_ab import medians, ratios
 from tools.bench_select import load_module
-from tools.timing import time_graph
+from tools.timing import check_ab_arguments, interleaved_rounds, time_graph
 from tools.tune_step_kernels import (
     ATTN_BATCHES,
     ATTN_BLOCK_N,
@@ -84,12 +84,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30, help="graph replays per timing (tools/timing.time_graph)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and candidates on this machine's device")
     args = ap.parse_args()
-    if args.rounds < 5 and not args.smoke:
-        ap.error(f"--rounds must be >= 5 (median and range over interleaved rounds), got {args.rounds}")
-    if args.reps < 1:
-        ap.error(f"--reps must be >= 1, got {args.reps}")
-    if args.baseline and not Path(args.baseline).is_file():
-        ap.error(f"--baseline {args.baseline}: no such file")
+    check_ab_arguments(ap, args)
     dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     models = (SMOKE,) if dev.type != "cuda" else MODELS
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -112,17 +107,10 @@ def main() -> None:
                          partial(mod.decode_attention, *inputs, launch=mod.AttentionLaunch())))
             chosen = {k: getattr(launch, k) for k in ("block_n", "num_warps", "target_programs")}
             print(f"{labels} {name}: best {chosen}", flush=True)
-    cases = list(dict.fromkeys(tuple(sorted(lab.items())) for lab, _, _ in work))
-    rows = []
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotated, so neither always runs first
-        for case in cases:
-            for name in order:
-                labels, _, fn = next(w for w in work if tuple(sorted(w[0].items())) == case and w[1] == name)
-                us, how = time_graph([fn] * 20, args.reps, dev)
-                rows.append({**labels, "impl": name, "round": r, "us": round(us, 3), "timing": how})
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    t = pd.DataFrame(rows)
+    cases: dict[tuple, tuple[dict, dict]] = {}  # per case, its labels and each implementation's call
+    for labels, name, fn in work:
+        cases.setdefault(tuple(sorted(labels.items())), (labels, {}))[1][name] = fn
+    t = pd.DataFrame(interleaved_rounds(list(cases.values()), names, args.rounds, args.reps, dev))
     if args.csv:
         out = Path(args.csv)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,11 +31,12 @@ from tools.bench_select import load_module
 from tools.timing import (
     MODELS,
     SMOKE_MODELS,
+    check_ab_arguments,
     copy_bandwidth,
     expert_bytes,
+    interleaved_rounds,
     make_routing,
     make_weight_sets,
-    time_graph,
 )
 
 
@@ -76,10 +77,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (tools/timing.time_graph)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on this machine's device")
     args = ap.parse_args()
-    if args.rounds < 5 and not args.smoke:
-        ap.error(f"--rounds must be >= 5 (median and range over interleaved rounds), got {args.rounds}")
-    if args.baseline and not Path(args.baseline).is_file():
-        ap.error(f"--baseline {args.baseline}: no such file")
+    check_ab_arguments(ap, args)
     models = args.models.split(",")
     if not args.smoke and not set(models) <= set(MODELS):
         ap.error(f"--models takes {', '.join(MODELS)}, got {args.models!r}")
@@ -106,15 +104,7 @@ def main() -> None:
                 err = (outs[name].float() - outs[names[0]].float()).abs().max().item()
                 raise SystemExit(f"error: bench_experts: {name} and {names[0]} disagree at {labels} (max |diff| {err:.3g})")
     copy = copy_bandwidth(dev, gib=0.25 if dev.type != "cuda" else 2.0)
-    rows = []
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotated, so neither always runs first
-        for labels, calls in work:
-            for name in order:
-                us, how = time_graph(calls[name], args.reps, dev)
-                rows.append({**labels, "impl": name, "round": r, "us": round(us, 3), "timing": how})
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    t = pd.DataFrame(rows)
+    t = pd.DataFrame(interleaved_rounds(work, names, args.rounds, args.reps, dev, calls_of=lambda calls: calls))
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         t.to_csv(args.csv, index=False)

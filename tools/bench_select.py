@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from analysis.kernel_ab import medians, ratios, stages
-from tools.timing import select_layer, time_graph
+from tools.timing import check_ab_arguments, interleaved_rounds, select_layer
 
 MODEL = {"H": 2048, "E": 128, "K": 8}
 SMOKE = {"H": 32, "E": 16, "K": 4}
@@ -150,10 +150,7 @@ def main() -> None:
                     help="route (route_select), after (select_reassign), empty; or gemv alone (the router's GEMM too)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on this machine's device")
     args = ap.parse_args()
-    if args.rounds < 5 and not args.smoke:
-        ap.error(f"--rounds must be >= 5 (median and range over interleaved rounds), got {args.rounds}")
-    if args.baseline and not Path(args.baseline).is_file():
-        ap.error(f"--baseline {args.baseline}: no such file")
+    check_ab_arguments(ap, args)
     try:
         ts = [int(t) for t in args.ts.split(",")]
         warps = [int(w) for w in args.warps.split(",")] if args.warps else [None]
@@ -181,16 +178,7 @@ def main() -> None:
         names = list(impls)
         work = [(per_impl[names[0]][i][0], {name: per_impl[name][i][1] for name in names})
                 for i in range(len(per_impl[names[0]]))]
-    rows = []
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotated, so neither always runs first
-        for labels, calls in work:
-            for name in order:
-                fn = calls[name]
-                us, how = time_graph([fn] * 20, args.reps, dev)
-                rows.append({**labels, "impl": name, "round": r, "us": round(us, 3), "timing": how})
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    t = pd.DataFrame(rows)
+    t = pd.DataFrame(interleaved_rounds(work, names, args.rounds, args.reps, dev))
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         t.to_csv(args.csv, index=False)

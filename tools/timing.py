@@ -183,6 +183,38 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
     return us, "graph"
 
 
+def check_ab_arguments(ap, args) -> None:
+    """An A/B tool's shared refusals (tools/bench_select.py, bench_attention.py, bench_experts.py),
+    through its parser's error: fewer than 5 rounds outside a smoke run, fewer than 1 replay, a
+    --baseline file that is not there."""
+    from pathlib import Path
+
+    if args.rounds < 5 and not args.smoke:
+        ap.error(f"--rounds must be >= 5 (median and range over interleaved rounds), got {args.rounds}")
+    if args.reps < 1:
+        ap.error(f"--reps must be >= 1, got {args.reps}")
+    if args.baseline and not Path(args.baseline).is_file():
+        ap.error(f"--baseline {args.baseline}: no such file")
+
+
+def interleaved_rounds(work: list[tuple[dict, dict[str, Callable]]], names: list[str], rounds: int, reps: int,
+                       device, calls_of: Callable[[object], list[Callable]] = lambda fn: [fn] * 20) -> list[dict]:
+    """An A/B's timings: each case of `work`, (labels, {implementation: what to time}), timed for every
+    implementation in `names` by `time_graph(calls_of(what), reps)` (default: a graph of 20 calls of
+    one callable), in `rounds` rounds with the implementations' order rotated each round, so none
+    always runs first. One row per case, implementation and round: the labels, impl, round, us, timing
+    (what analysis/kernel_ab.py reads)."""
+    rows = []
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for labels, calls in work:
+            for name in order:
+                us, how = time_graph(calls_of(calls[name]), reps, device)
+                rows.append({**labels, "impl": name, "round": r, "us": round(us, 3), "timing": how})
+        print(f"round {r + 1}/{rounds} done", flush=True)
+    return rows
+
+
 def compile_side_by_side(calls: list[Callable], workers: int) -> list[Exception | None]:
     """Call each of `calls` once, `workers` at a time in threads, and wait for all; the exceptions
     they raised, in order (None for those that returned).
