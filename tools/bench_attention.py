@@ -30,8 +30,7 @@ import pandas as pd
 import torch
 
 from analysis.kernel_ab import medians, ratios
-from tools.bench_select import load_module
-from tools.timing import check_ab_arguments, interleaved_rounds, time_graph
+from tools.timing import check_ab_arguments, interleaved_rounds, load_module, time_graph
 from tools.tune_step_kernels import (
     ATTN_BATCHES,
     ATTN_BLOCK_N,

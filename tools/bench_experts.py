@@ -27,7 +27,6 @@ import pandas as pd
 import torch
 
 from analysis.kernel_ab import medians, tested
-from tools.bench_select import load_module
 from tools.timing import (
     MODELS,
     SMOKE_MODELS,
@@ -35,6 +34,7 @@ from tools.timing import (
     copy_bandwidth,
     expert_bytes,
     interleaved_rounds,
+    load_module,
     make_routing,
     make_weight_sets,
 )
@@ -46,11 +46,11 @@ def cases(mods: dict, dev: torch.device, name: str, m: dict, ts, budgets) -> lis
     from kernels.select import select_reassign
 
     H, I, E, K = m["H"], m["I"], m["E"], m["K"]
-    sets = make_weight_sets(E, H, I, 3, dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the interpreter runs fp32
+    sets = make_weight_sets(E, H, I, 3, dev, dtype=dtype)
     out = []
     for T in ts:
-        r = make_routing(H, E, K, T, m["norm"], False, dev, seed=T,
-                         dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        r = make_routing(H, E, K, T, m["norm"], False, dev, seed=T, dtype=dtype)
         for M in budgets:
             if M is None:
                 idx, w = r.idx_TK, r.w_TK

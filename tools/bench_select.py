@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -38,7 +36,12 @@ import triton
 import triton.language as tl
 
 from analysis.kernel_ab import medians, ratios, stages
-from tools.timing import check_ab_arguments, interleaved_rounds, select_layer
+from tools.timing import (
+    check_ab_arguments,
+    interleaved_rounds,
+    load_module,
+    select_layer,
+)
 
 MODEL = {"H": 2048, "E": 128, "K": 8}
 SMOKE = {"H": 32, "E": 16, "K": 4}
@@ -51,15 +54,6 @@ RULES = (
     ("top1_union", "router_sum", "top1_union", 1, False, 16),
     ("oea", "router_sum", "oea", 1, False, None),
 )
-
-
-def load_module(path: str, name: str):
-    """A kernels/select.py from elsewhere (an older commit's) as a module of its own name."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @triton.jit

@@ -183,6 +183,19 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
     return us, "graph"
 
 
+def load_module(path: str, name: str):
+    """A kernel file from elsewhere (an older commit's kernels/select.py, experts.py, ...) as a module
+    of its own name: the A/B tools' baseline."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def check_ab_arguments(ap, args) -> None:
     """An A/B tool's shared refusals (tools/bench_select.py, bench_attention.py, bench_experts.py),
     through its parser's error: fewer than 5 rounds outside a smoke run, fewer than 1 replay, a
