@@ -20,7 +20,10 @@ launch as tuned and of the launch the fitting ends at, and fails where no launch
 compile fails.
 
 Triton compiles to PTX and runs the bundled ptxas, so this works on a CPU-only machine; the
-numbers are what the GPU's JIT would get for the same constexprs (same Triton version).
+numbers are what the GPU's JIT would get for the same constexprs (same Triton version). The first
+line printed is this Triton's version: compare it with the GPU host's (its GPU test log's header).
+A clean compile under another version is no evidence for a new construct: a gate_up whose scan
+compiled here under triton 3.9 failed the device's 3.6 at K = 2 (results/roofline/branches_2026-12-07b).
 """
 from __future__ import annotations
 
