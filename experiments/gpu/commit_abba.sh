@@ -41,7 +41,7 @@ source experiments/gpu/env.sh
 b_commit=${ABBA_B_COMMIT:-${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}}
 # run.py refuses a BASE_COMMIT that is not a commit: refuse here, before any run spends device time
 for c in "$ABBA_A_COMMIT" "$b_commit"; do
-  [[ $c =~ ^[0-9a-f]{7,40}$ ]] || { echo "commit_abba: '$c' is not a commit (7 to 40 hex digits): set ABBA_A_COMMIT and BASE_COMMIT (or ABBA_B_COMMIT) to commits" >&2; exit 2; }
+  [[ $c =~ ^[0-9a-f]{7,40}$ ]] || refuse commit_abba "'$c' is not a commit (7 to 40 hex digits): set ABBA_A_COMMIT and BASE_COMMIT (or ABBA_B_COMMIT) to commits"
 done
 # tree a is unpacked afresh; on a warm machine its calibration and predictor fits (outputs/artifacts, keyed
 # by config) are kept from the last call when that call unpacked the same commit: its first run skips them
@@ -51,7 +51,7 @@ if [ "$(cat "$tree_a/.abba_commit" 2>/dev/null)" = "$ABBA_A_COMMIT" ] && [ -d "$
   mv "$tree_a/outputs/artifacts" "$kept"
 fi
 rm -rf "$tree_a"; mkdir -p "$tree_a"
-tar xzf .abba/a.tgz -C "$tree_a" || { echo "commit_abba: .abba/a.tgz does not unpack" >&2; exit 2; }
+tar xzf .abba/a.tgz -C "$tree_a" || refuse commit_abba ".abba/a.tgz does not unpack"
 if [ -d "$kept" ]; then
   mkdir -p "$tree_a/outputs" && mv "$kept" "$tree_a/outputs/artifacts"
   echo "[abba] tree a: the artifacts of the last call's tree a ($ABBA_A_COMMIT) kept"
@@ -60,7 +60,7 @@ echo "$ABBA_A_COMMIT" > "$tree_a/.abba_commit"
 tree_b=$PWD
 if [ -n "${ABBA_B_COMMIT:-}" ]; then  # unpacked afresh: its first run calibrates (ABBA_FIRST_S)
   tree_b=${ABBA_TREE_B:-/tmp/abba_b}; rm -rf "$tree_b"; mkdir -p "$tree_b"
-  tar xzf .abba/b.tgz -C "$tree_b" || { echo "commit_abba: .abba/b.tgz does not unpack" >&2; exit 2; }
+  tar xzf .abba/b.tgz -C "$tree_b" || refuse commit_abba ".abba/b.tgz does not unpack"
   echo "[abba] tree b: .abba/b.tgz ($ABBA_B_COMMIT)"
 fi
 # one commit on both sides is an A/B of the tuned tables alone: a table this call's tuner installed into
@@ -69,7 +69,7 @@ fi
 # (provenance.kernel_table), and the table to commit is the tuner's installed_configs.json
 if [ "$ABBA_A_COMMIT" = "$b_commit" ]; then
   if diff -rq "$tree_a/kernels/configs" "$tree_b/kernels/configs" > /dev/null; then
-    echo "commit_abba: both sides are commit $b_commit with the same kernels/configs: nothing to compare" >&2; exit 2
+    refuse commit_abba "both sides are commit $b_commit with the same kernels/configs: nothing to compare"
   fi
   echo "[abba] both sides commit $b_commit; b's tuned tables differ from a's:"
   diff -rq "$tree_a/kernels/configs" "$tree_b/kernels/configs" | sed 's/^/[abba]   /'
