@@ -51,6 +51,7 @@ from kernels.experts import (
     _down_kernel,
     _gate_up_kept_kernel,
     _gate_up_kernel,
+    _route_kernel,
 )
 from kernels.select import _route_select_kernel
 from kernels.skinny import _skinny_kernel
@@ -159,6 +160,9 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
         out.append((f"gate_up T=16 BI={bi} BH=128 st={st}", _gate_up_kernel, v2_gu_ptrs, ("alpha", "limit"),
                     {"ROW_MUL": 1, "ACT": 0, "HAS_BIAS": False, "BI": bi, "BH": 128, "DOT_PRECISION": "tf32",
                      "stride_gk": 1, "E_BLOCK": 128, "TB": 16}, {"num_warps": 4, "num_stages": st}))
+    # the route launch the four-launch path runs above ROUTE_IN_MAX pairs (64 tokens: 512 pairs)
+    out.append(("route PB=512", _route_kernel, {"idx_ptr": "*i64", "w_ptr": "*bf16", "pairs_ptr": "*i32", "cnt_ptr": "*i32"},
+                (), {"PB": 512}, {"num_warps": 4}))
     for T in (1, 16):  # the same with the route launch folded in: pairs T * 8 in one block (ROUTE_IN_MAX)
         out.append((f"gate_up T={T} BI=32 BH=128 st=4 ROUTE_IN", _gate_up_kernel, v2_gu_ptrs, ("alpha", "limit"),
                     {"ROW_MUL": 1, "ACT": 0, "HAS_BIAS": False, "BI": 32, "BH": 128, "DOT_PRECISION": "tf32",
