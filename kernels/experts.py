@@ -62,14 +62,6 @@ from kernels.tuned import load_configs as _load_configs
 ACTS = {"silu": 0, "gptoss": 1}
 
 
-@triton.jit
-def _append_pairs(list_ptr, base, hit_P, offs_p):
-    """Append the hit pairs (in pair order) to an expert's list at list_ptr, which holds `base`
-    of them; return the new length. _route_kernel's step, and _gate_up_kernel's with ROUTE_IN."""
-    tl.store(list_ptr + (base + tl.cumsum(hit_P.to(tl.int32), axis=0) - 1), offs_p, mask=hit_P)
-    return base + tl.sum(hit_P.to(tl.int32), axis=0)
-
-
 @dual_jit
 def _route_kernel(
     # Pointers
@@ -92,7 +84,10 @@ def _route_kernel(
         p_ok = offs_p < P
         i_P = tl.load(idx_ptr + offs_p, mask=p_ok, other=-1)
         w_P = tl.load(w_ptr + offs_p, mask=p_ok, other=0.0)
-        base = _append_pairs(pairs_ptr + u * stride_pe, base, (i_P == u) & (w_P != 0), offs_p)
+        hit = (i_P == u) & (w_P != 0)
+        pos = base + tl.cumsum(hit.to(tl.int32), axis=0) - 1
+        tl.store(pairs_ptr + u * stride_pe + pos, offs_p, mask=hit)
+        base += tl.sum(hit.to(tl.int32), axis=0)
     tl.store(cnt_ptr + u, base)
 
 
@@ -210,7 +205,9 @@ def _gate_up_kernel(
         hit_P = p_ok & (w_P != 0)
         cnt_E = tl.histogram(i_P, E_BLOCK, mask=hit_P)
         for q in range(tl.program_id(0), E, tl.num_programs(0)):
-            tl.store(cnt_ptr + q, _append_pairs(pairs_ptr + q * stride_pe, 0, hit_P & (i_P == q), offs_p))
+            hit_q = hit_P & (i_P == q)
+            tl.store(pairs_ptr + q * stride_pe + tl.cumsum(hit_q.to(tl.int32), axis=0) - 1, offs_p, mask=hit_q)
+            tl.store(cnt_ptr + q, tl.sum(hit_q.to(tl.int32), axis=0))
     else:
         cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
