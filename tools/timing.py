@@ -9,12 +9,15 @@ On CPU (smoke runs of the harness) host timers stand in for events.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -186,9 +189,6 @@ def time_graph(calls: list[Callable], reps: int, device) -> tuple[float, str]:
 def load_module(path: str, name: str):
     """A kernel file from elsewhere (an older commit's kernels/select.py, experts.py, ...) as a module
     of its own name: the A/B tools' baseline."""
-    import importlib.util
-    import sys
-
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
@@ -200,8 +200,6 @@ def check_ab_arguments(ap, args) -> None:
     """An A/B tool's shared refusals (tools/bench_select.py, bench_attention.py, bench_experts.py),
     through its parser's error: fewer than 5 rounds outside a smoke run, fewer than 1 replay, a
     --baseline file that is not there."""
-    from pathlib import Path
-
     if args.rounds < 5 and not args.smoke:
         ap.error(f"--rounds must be >= 5 (median and range over interleaved rounds), got {args.rounds}")
     if args.reps < 1:
