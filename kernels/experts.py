@@ -21,6 +21,11 @@ walk the work items (routed expert, column block), so unrouted experts cost no p
 tokens at top-8) the gate_up launch makes the route launch's lists itself, so three launches: on
 an H100 the expert FFN took 0.977x its time at 16 tokens and M=16, 0.951x at 1 token, and the
 step 0.988x (base M=16) and 0.997x (dense) at batch 16 (results/roofline/route_in_2026-12-07).
+Up to ROUTE_IN_MAX pairs gate_up and down are one launch too (`_ffn_kernel`: down's items wait on
+their expert's gate_up items, so no launch boundary between the two): on an H100 the expert FFN
+took 0.960x the two launches' time at 16 tokens and M=16, the step 0.970x (base M=16) and 0.999x
+(dense) at batch 16 and 0.971x dense at batch 1 (results/roofline/fused_ffn_2026-12-07). Above it,
+with the route launch's lists, the one launch took 1.147x at 64 tokens, so there the two run.
 With the tuned table's `reduce_in_down` the reduce is the down launch's last act for each column
 block instead (an arrival counter per block, reset by its last item, which sums the block in the
 same order: one launch fewer, the same sums).
@@ -48,6 +53,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 from kernels._triton import (
     arrival_counters,
@@ -60,6 +66,14 @@ from kernels.tuned import CONFIG_DIR, device_name, nearest_key  # noqa: F401 - C
 from kernels.tuned import load_configs as _load_configs
 
 ACTS = {"silu": 0, "gptoss": 1}
+
+
+@triton.jit
+def _append_pairs(list_ptr, base, hit_P, offs_p):
+    """Append the hit pairs (in pair order) to an expert's list at list_ptr, which holds `base`
+    of them; return the new length. _route_kernel's step, and _gate_up_kernel's with ROUTE_IN."""
+    tl.store(list_ptr + (base + tl.cumsum(hit_P.to(tl.int32), axis=0) - 1), offs_p, mask=hit_P)
+    return base + tl.sum(hit_P.to(tl.int32), axis=0)
 
 
 @dual_jit
@@ -84,11 +98,33 @@ def _route_kernel(
         p_ok = offs_p < P
         i_P = tl.load(idx_ptr + offs_p, mask=p_ok, other=-1)
         w_P = tl.load(w_ptr + offs_p, mask=p_ok, other=0.0)
-        hit = (i_P == u) & (w_P != 0)
-        pos = base + tl.cumsum(hit.to(tl.int32), axis=0) - 1
-        tl.store(pairs_ptr + u * stride_pe + pos, offs_p, mask=hit)
-        base += tl.sum(hit.to(tl.int32), axis=0)
+        base = _append_pairs(pairs_ptr + u * stride_pe, base, (i_P == u) & (w_P != 0), offs_p)
     tl.store(cnt_ptr + u, base)
+
+
+@triton.jit
+def _routed_pairs(idx_ptr, w_ptr, P, E_BLOCK: tl.constexpr, PB: tl.constexpr):
+    """ROUTE_IN: all P pairs in one block of PB: their positions, expert ids, which are routed
+    (nonzero weight), and the routed pairs per expert (E_BLOCK,), in registers."""
+    offs_p = tl.arange(0, PB)
+    p_ok = offs_p < P
+    i_P = tl.load(idx_ptr + offs_p, mask=p_ok, other=0).to(tl.int32)
+    w_P = tl.load(w_ptr + offs_p, mask=p_ok, other=0.0)
+    hit_P = p_ok & (w_P != 0)
+    return offs_p, i_P, hit_P, tl.histogram(i_P, E_BLOCK, mask=hit_P)
+
+
+@triton.jit
+def _pair_ranks(i_P, hit_P, u):
+    """ROUTE_IN: each pair's rank among expert u's routed pairs in pair order (-1: not u's)."""
+    hit_u = hit_P & (i_P == u)
+    return tl.where(hit_u, tl.cumsum(hit_u.to(tl.int32), axis=0) - 1, -1)
+
+
+@triton.jit
+def _pairs_of_rank(rank_P, offs_j, offs_p):
+    """ROUTE_IN: the pair of each rank in offs_j (0 where none): a tile's pairs without a list."""
+    return tl.sum(tl.where(rank_P[None, :] == offs_j[:, None], offs_p[None, :], 0), axis=1)
 
 
 @triton.jit
@@ -148,6 +184,63 @@ def _gate_up_tile(
     return a_JI
 
 
+@triton.jit
+def _down_tile(
+    act_ptr, p_J, j_ok, stride_ap,  # the tile's pairs: act rows, and which of them are real
+    w_base, db_base, offs_h, h_ok, w_ptr, y_ptr, I, stride_dh, stride_di, stride_yp,
+    TB: tl.constexpr, BHO: tl.constexpr, BI: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    STAGES: tl.constexpr, ACT_CACHE: tl.constexpr,
+):
+    """y_p = w_p * (down_u act_p + b_u) for columns offs_h of one expert and a tile of its pairs: the
+    work item both down kernels share (inlined into each). STAGES: the I loop's pipeline depth (None:
+    the launch's num_stages); ACT_CACHE: act's load cache modifier ("" or ".cg": rows another
+    program of the same launch wrote, read from L2)."""
+    acc = tl.zeros((TB, BHO), dtype=tl.float32)
+    for i0 in tl.range(0, I, BI, num_stages=STAGES):
+        offs_i = i0 + tl.arange(0, BI)
+        i_ok = offs_i < I
+        a_JI = tl.load(act_ptr + p_J[:, None] * stride_ap + offs_i[None, :], mask=j_ok[:, None] & i_ok[None, :],
+                       other=0.0, cache_modifier=ACT_CACHE)
+        d_IH = tl.load(w_base + offs_h[None, :] * stride_dh + offs_i[:, None] * stride_di,
+                       mask=i_ok[:, None] & h_ok[None, :], other=0.0)
+        acc = tl.dot(a_JI, d_IH, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(db_base + offs_h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
+    w_J = tl.load(w_ptr + p_J, mask=j_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + p_J[:, None] * stride_yp + offs_h[None, :], acc * w_J[:, None],
+             mask=j_ok[:, None] & h_ok[None, :])
+
+
+@triton.jit
+def _reduce_if_last(
+    count_ptr, hb, n_work, w_ptr, y_ptr, res_ptr, out_ptr, offs_h, h_ok, T, stride_yp, stride_rt, stride_ot,
+    K: tl.constexpr, HAS_RES: tl.constexpr, TR: tl.constexpr, BHO: tl.constexpr,
+):
+    """The folded reduce both down kernels share: after its item a program counts its arrival at
+    column block hb; the block's last item (of n_work) writes out_TH[:, offs_h], the sum over each
+    token's K slots of y in slot order (bit for bit _reduce_kernel's), plus the residual."""
+    tl.debug_barrier()  # every thread's stores precede the release below
+    arrived = tl.atomic_add(count_ptr + hb, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_work - 1:  # the block's last item: every expert's rows of it are written
+        tl.store(count_ptr + hb, 0)  # back to 0 for the next launch (a graph replays it)
+        for t0 in range(0, T, TR):
+            offs_t = t0 + tl.arange(0, TR)
+            t_ok = offs_t < T
+            sum_TH = tl.zeros((TR, BHO), dtype=tl.float32)
+            for k in tl.static_range(K):
+                w_T = tl.load(w_ptr + offs_t * K + k, mask=t_ok, other=0.0)
+                # slots with weight 0 were never computed: their rows hold garbage
+                ok = (t_ok & (w_T != 0))[:, None] & h_ok[None, :]
+                sum_TH += tl.load(y_ptr + (offs_t * K + k)[:, None] * stride_yp + offs_h[None, :], mask=ok,
+                                  other=0.0, cache_modifier=".cg")
+            o_ok = t_ok[:, None] & h_ok[None, :]
+            if HAS_RES:  # as _reduce_kernel: the sum rounded to the dtype, then the add
+                r_TH = tl.load(res_ptr + offs_t[:, None] * stride_rt + offs_h[None, :], mask=o_ok, other=0.0)
+                sum_TH = sum_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)
+            tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :],
+                     sum_TH.to(out_ptr.dtype.element_ty), mask=o_ok)
+
+
 @dual_jit
 def _gate_up_kernel(
     # Pointers
@@ -198,16 +291,9 @@ def _gate_up_kernel(
     launch, which starts after this one ends."""
     offs_e = tl.arange(0, E_BLOCK)
     if ROUTE_IN:
-        offs_p = tl.arange(0, PB)
-        p_ok = offs_p < P
-        i_P = tl.load(idx_ptr + offs_p, mask=p_ok, other=0).to(tl.int32)
-        w_P = tl.load(w_ptr + offs_p, mask=p_ok, other=0.0)
-        hit_P = p_ok & (w_P != 0)
-        cnt_E = tl.histogram(i_P, E_BLOCK, mask=hit_P)
+        offs_p, i_P, hit_P, cnt_E = _routed_pairs(idx_ptr, w_ptr, P, E_BLOCK, PB)
         for q in range(tl.program_id(0), E, tl.num_programs(0)):
-            hit_q = hit_P & (i_P == q)
-            tl.store(pairs_ptr + q * stride_pe + tl.cumsum(hit_q.to(tl.int32), axis=0) - 1, offs_p, mask=hit_q)
-            tl.store(cnt_ptr + q, tl.sum(hit_q.to(tl.int32), axis=0))
+            tl.store(cnt_ptr + q, _append_pairs(pairs_ptr + q * stride_pe, 0, hit_P & (i_P == q), offs_p))
     else:
         cnt_E = tl.load(cnt_ptr + offs_e, mask=offs_e < E, other=0)
     run_E = cnt_E > 0
@@ -219,8 +305,7 @@ def _gate_up_kernel(
         u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
         if ROUTE_IN:
             cnt = tl.sum(tl.where(offs_e == u, cnt_E, 0), axis=0)
-            hit_u = hit_P & (i_P == u)
-            rank_P = tl.where(hit_u, tl.cumsum(hit_u.to(tl.int32), axis=0) - 1, -1)
+            rank_P = _pair_ranks(i_P, hit_P, u)
         else:
             cnt = tl.load(cnt_ptr + u)
         ib = item - slot * n_ib
@@ -230,7 +315,7 @@ def _gate_up_kernel(
             offs_j = j0 + tl.arange(0, TB)
             j_ok = offs_j < cnt
             if ROUTE_IN:  # the j-th of u's pairs in pair order: the one pair of that rank
-                p_J = tl.sum(tl.where(rank_P[None, :] == offs_j[:, None], offs_p[None, :], 0), axis=1)
+                p_J = _pairs_of_rank(rank_P, offs_j, offs_p)
             else:
                 p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
             a_JI = _gate_up_tile(x_ptr, p_J // K, j_ok, stride_xt, w_base, gub_ptr + u * stride_be, ib, H, I,
@@ -308,50 +393,143 @@ def _down_kernel(
             offs_j = j0 + tl.arange(0, TB)
             j_ok = offs_j < cnt
             p_J = tl.load(pairs_ptr + u * stride_pe + offs_j, mask=j_ok, other=0)
-            acc = tl.zeros((TB, BHO), dtype=tl.float32)
-            for i0 in range(0, I, BI):
-                offs_i = i0 + tl.arange(0, BI)
-                i_ok = offs_i < I
-                a_JI = tl.load(
-                    act_ptr + p_J[:, None] * stride_ap + offs_i[None, :],
-                    mask=j_ok[:, None] & i_ok[None, :],
-                    other=0.0,
-                )
-                d_IH = tl.load(
-                    w_base + offs_h[None, :] * stride_dh + offs_i[:, None] * stride_di,
-                    mask=i_ok[:, None] & h_ok[None, :],
-                    other=0.0,
-                )
-                acc = tl.dot(a_JI, d_IH, acc, input_precision=DOT_PRECISION)
-            if HAS_BIAS:
-                acc += tl.load(db_ptr + u * stride_be + offs_h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
-            w_J = tl.load(w_ptr + p_J, mask=j_ok, other=0.0).to(tl.float32)
-            tl.store(
-                y_ptr + p_J[:, None] * stride_yp + offs_h[None, :],
-                acc * w_J[:, None],
-                mask=j_ok[:, None] & h_ok[None, :],
-            )
+            _down_tile(act_ptr, p_J, j_ok, stride_ap, w_base, db_ptr + u * stride_be, offs_h, h_ok, w_ptr, y_ptr, I,
+                       stride_dh, stride_di, stride_yp, TB, BHO, BI, HAS_BIAS, DOT_PRECISION, None, "")
         if REDUCE:
-            tl.debug_barrier()  # every thread's stores precede the release below
-            arrived = tl.atomic_add(count_ptr + hb, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_work - 1:  # the block's last item: every expert's rows of it are written
-                tl.store(count_ptr + hb, 0)  # back to 0 for the next launch (a graph replays it)
-                for t0 in range(0, T, TR):
-                    offs_t = t0 + tl.arange(0, TR)
-                    t_ok = offs_t < T
-                    sum_TH = tl.zeros((TR, BHO), dtype=tl.float32)
-                    for k in tl.static_range(K):
-                        w_T = tl.load(w_ptr + offs_t * K + k, mask=t_ok, other=0.0)
-                        # slots with weight 0 were never computed: their rows hold garbage
-                        ok = (t_ok & (w_T != 0))[:, None] & h_ok[None, :]
-                        sum_TH += tl.load(y_ptr + (offs_t * K + k)[:, None] * stride_yp + offs_h[None, :], mask=ok,
-                                          other=0.0, cache_modifier=".cg")
-                    o_ok = t_ok[:, None] & h_ok[None, :]
-                    if HAS_RES:  # as _reduce_kernel: the sum rounded to the dtype, then the add
-                        r_TH = tl.load(res_ptr + offs_t[:, None] * stride_rt + offs_h[None, :], mask=o_ok, other=0.0)
-                        sum_TH = sum_TH.to(out_ptr.dtype.element_ty).to(tl.float32) + r_TH.to(tl.float32)
-                    tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_h[None, :],
-                             sum_TH.to(out_ptr.dtype.element_ty), mask=o_ok)
+            _reduce_if_last(count_ptr, hb, n_work, w_ptr, y_ptr, res_ptr, out_ptr, offs_h, h_ok, T, stride_yp, stride_rt,
+                            stride_ot, K, HAS_RES, TR, BHO)
+
+
+@dual_jit
+def _ffn_kernel(
+    # Pointers: gate_up
+    x_ptr,  # (T, H)
+    gu_ptr,  # gate_up weights, any strides
+    gub_ptr,  # (E, 2I) bias (HAS_BIAS)
+    idx_ptr,  # (P,) expert ids (the (T, K) tensor, contiguous)
+    w_ptr,  # (P,) routing weights
+    act_ptr,  # (P, I) written by phase 1, read by phase 2
+    # Pointers: down
+    dw_ptr,  # down weights, any strides
+    db_ptr,  # (E, H) bias (HAS_BIAS)
+    y_ptr,  # (P, H) fp32 out
+    res_ptr,  # (T, H) residual (REDUCE and HAS_RES)
+    out_ptr,  # (T, H) out (REDUCE)
+    count_ptr,  # (cdiv(H, BHO),) int32 arrival counters, 0 between launches (REDUCE)
+    flag_ptr,  # (2 * E_BLOCK + 1,) int32, 0 between launches: per slot, its gate_up items done; then its down items past
+    # the wait; last, the waits that gave up (never reset: fused_experts_timeouts reads it)
+    # Dimensions
+    E,
+    H,
+    I,
+    T,
+    P,
+    up_offset,
+    alpha,
+    limit,
+    # Strides
+    stride_xt,
+    stride_ge,
+    stride_gn,
+    stride_gk,
+    stride_gbe,
+    stride_ap,
+    stride_de,
+    stride_dh,
+    stride_di,
+    stride_dbe,
+    stride_yp,
+    stride_rt,
+    stride_ot,
+    # Meta-parameters
+    E_BLOCK: tl.constexpr,
+    K: tl.constexpr,
+    ROW_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    TB: tl.constexpr,  # gate_up's pairs per tile
+    BI: tl.constexpr,
+    BH: tl.constexpr,
+    TB_D: tl.constexpr,  # down's pairs per tile
+    BHO: tl.constexpr,
+    BI_D: tl.constexpr,
+    STAGES_D: tl.constexpr,  # down's pipeline stages (the launch's num_stages are gate_up's)
+    DOT_PRECISION: tl.constexpr,
+    PB: tl.constexpr,  # every pair in one block (P <= ROUTE_IN_MAX)
+    REDUCE: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    MAX_SPINS: tl.constexpr,  # polls of a slot's count before giving up (FFN_MAX_SPINS)
+    TR: tl.constexpr = 16,
+):
+    """gate_up and down in one persistent launch. Phase 1: every program walks
+    gate_up's items as _gate_up_kernel does; after each it counts the item done at its expert's
+    slot (release). Phase 2: down's items as _down_kernel does, each first waiting (acquire) until
+    its expert's n_ib gate_up items are done, so an expert's down starts while later experts'
+    gate_up still streams: no launch boundary between the two. Every program must be resident at
+    once (the host sizes the grid by the compiled kernel's occupancy): a waiting program never
+    yields its SM. The last of a slot's down items to pass its wait resets the slot's two flags.
+    Up to ROUTE_IN_MAX pairs only: both phases find an item's pairs by rank (as _gate_up_kernel's
+    ROUTE_IN), so no lists and no route launch. (With the route launch's lists at 64 tokens it took
+    1.147x the two launches' time on an H100, results/roofline/fused_ffn_2026-12-07/.)
+    In the interpreter (programs one after another) the grid is one program."""
+    offs_e = tl.arange(0, E_BLOCK)
+    offs_p, i_P, hit_P, cnt_E = _routed_pairs(idx_ptr, w_ptr, P, E_BLOCK, PB)
+    run_E = cnt_E > 0
+    slot_E = tl.cumsum(run_E.to(tl.int32), axis=0) - 1
+    n_run = tl.sum(run_E.to(tl.int32), axis=0)
+    n_ib = tl.cdiv(I, BI)
+    for item in range(tl.program_id(0), n_run * n_ib, tl.num_programs(0)):
+        slot = item // n_ib
+        u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
+        cnt = tl.sum(tl.where(offs_e == u, cnt_E, 0), axis=0)
+        rank_P = _pair_ranks(i_P, hit_P, u)
+        ib = item - slot * n_ib
+        offs_i = ib * BI + tl.arange(0, BI)
+        w_base = gu_ptr + u.to(tl.int64) * stride_ge
+        for j0 in range(0, cnt, TB):
+            offs_j = j0 + tl.arange(0, TB)
+            j_ok = offs_j < cnt
+            p_J = _pairs_of_rank(rank_P, offs_j, offs_p)
+            a_JI = _gate_up_tile(x_ptr, p_J // K, j_ok, stride_xt, w_base, gub_ptr + u * stride_gbe, ib, H, I,
+                                 up_offset, alpha, limit, stride_gn, stride_gk, TB, ROW_MUL, HAS_BIAS, ACT, BI, BH,
+                                 DOT_PRECISION)
+            tl.store(act_ptr + p_J[:, None] * stride_ap + offs_i[None, :], a_JI.to(act_ptr.dtype.element_ty),
+                     mask=j_ok[:, None] & (offs_i < I)[None, :])
+        tl.debug_barrier()  # every thread's stores precede the release below
+        tl.atomic_add(flag_ptr + slot, 1, sem="release", scope="gpu")
+
+    n_hb = tl.cdiv(H, BHO)
+    n_work = tl.maximum(n_run, 1) if REDUCE else n_run
+    for item in range(tl.program_id(0), n_work * n_hb, tl.num_programs(0)):
+        slot = item // n_hb
+        u = tl.sum(tl.where(run_E & (slot_E == slot), offs_e, 0), axis=0)
+        cnt = tl.sum(tl.where(offs_e == u, cnt_E, 0), axis=0)  # 0: the empty item (nothing routed)
+        if n_run > 0:  # wait for the slot's gate_up items
+            done = tl.atomic_add(flag_ptr + slot, 0, sem="acquire", scope="gpu")
+            spins = 0
+            while (done < n_ib) & (spins < MAX_SPINS):
+                done = tl.atomic_add(flag_ptr + slot, 0, sem="acquire", scope="gpu")
+                spins += 1
+            if done < n_ib:  # a producer never ran (not resident): say so, and do not hang the GPU
+                tl.atomic_add(flag_ptr + 2 * E_BLOCK, 1, sem="relaxed", scope="gpu")
+            seen = tl.atomic_add(flag_ptr + E_BLOCK + slot, 1, sem="relaxed", scope="gpu")
+            if seen == n_hb - 1:  # every down item of the slot is past its wait: back to 0
+                tl.store(flag_ptr + slot, 0)
+                tl.store(flag_ptr + E_BLOCK + slot, 0)
+        rank_P = _pair_ranks(i_P, hit_P, u)
+        hb = item - slot * n_hb
+        offs_h = hb * BHO + tl.arange(0, BHO)
+        h_ok = offs_h < H
+        w_base = dw_ptr + u.to(tl.int64) * stride_de
+        for j0 in range(0, cnt, TB_D):
+            offs_j = j0 + tl.arange(0, TB_D)
+            j_ok = offs_j < cnt
+            p_J = _pairs_of_rank(rank_P, offs_j, offs_p)
+            _down_tile(act_ptr, p_J, j_ok, stride_ap, w_base, db_ptr + u * stride_dbe, offs_h, h_ok, w_ptr, y_ptr, I,
+                       stride_dh, stride_di, stride_yp, TB_D, BHO, BI_D, HAS_BIAS, DOT_PRECISION, STAGES_D, ".cg")
+        if REDUCE:
+            _reduce_if_last(count_ptr, hb, n_work, w_ptr, y_ptr, res_ptr, out_ptr, offs_h, h_ok, T, stride_yp, stride_rt,
+                            stride_ot, K, HAS_RES, TR, BHO)
 
 
 @dual_jit
@@ -664,7 +842,8 @@ def fused_experts(
     of them), T <= V3_MAX_TOKENS and the config's `use_kept` (the tuned table's choice, and its
     `kept_max` against keep_M's length, a shape the host knows without a sync): two launches
     (`_gate_up_kept_kernel`, `_down_kept_kernel`). Otherwise four (route, gate_up, down,
-    reduce). `_stages` < 4 runs only the first launches of
+    reduce); up to ROUTE_IN_MAX pairs gate_up and down (and the route launch's work) are one
+    launch, `_ffn_kernel`, then the reduce unless folded in. `_stages` < 4 runs only the first launches of
     the four-launch path: for timing breakdowns (route, gate_up, down, reduce: up to ROUTE_IN_MAX
     pairs `_stages=1` runs nothing, as the gate_up launch does the route launch's work).
 
@@ -715,6 +894,44 @@ def fused_experts(
         return out_TH
     gu, dn = dict(cfg.gate_up), dict(cfg.down)
     n_prog = lambda n_items, per_sm: max(1, min(n_items, num_sms(dev) * per_sm))
+    if FUSED_FFN and _stages == 4 and route_in:
+        res = residual_TH if residual_TH is not None else out_TH
+        fold = cfg.reduce_in_down
+        n_hb = triton.cdiv(H, dn["BHO"])
+        kwargs = dict(  # noqa: C408
+            E_BLOCK=next_pow2(E, 16), K=K, ROW_MUL=2 if layout.interleaved else 1, HAS_BIAS=gate_up_bias is not None,
+            ACT=ACTS[layout.act], TB=gu["TB"], BI=gu["BI"], BH=gu["BH"], TB_D=dn["TB"], BHO=dn["BHO"], BI_D=dn["BI"],
+            STAGES_D=dn["num_stages"], DOT_PRECISION=_precision(x_TH), PB=next_pow2(P), REDUCE=fold,
+            HAS_RES=residual_TH is not None, MAX_SPINS=FFN_MAX_SPINS, num_warps=gu["num_warps"],
+            num_stages=gu["num_stages"])
+        args = (
+            x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, idx_P, w_P, act_PI,
+            down, down_bias if down_bias is not None else x_TH, y_PH, res, out_TH,
+            arrival_counters(n_hb, dev, "experts_down") if fold else cnt_E,
+            arrival_counters(2 * next_pow2(E, 16) + 1, dev, "experts_ffn"),
+            E, H, I, T, P, _up_offset(I, layout, up_offset), float(layout.alpha), float(layout.limit),
+            x_TH.stride(0), gate_up.stride(0), s_gn, s_gk, gate_up_bias.stride(0) if gate_up_bias is not None else 0,
+            act_PI.stride(0), down.stride(0), s_dh, s_di,
+            down_bias.stride(0) if down_bias is not None else 0, y_PH.stride(0), res.stride(0), out_TH.stride(0))
+        key = (dev, tuple(sorted(kwargs.items())), tuple(a.dtype for a in args if isinstance(a, Tensor)))
+        if not fit or _FFN_HELD.get(key, True):  # fit False: as named, never the two instead
+            try:
+                n_items = E * max(triton.cdiv(I, gu["BI"]), n_hb)
+                grid = (1,) if dev.type == "cpu" else (n_prog(n_items, min(gu["PER_SM"], _resident(dev, args, kwargs))),)
+                _ffn_kernel.on(dev)[grid](*args, **kwargs)
+            except OutOfResources as err:  # raised on the host before anything is enqueued
+                if not fit or err.name != "shared memory":
+                    raise
+                _FFN_HELD[key] = False  # the two launches below instead, each fitted as the table's entries are
+            else:
+                if fold:
+                    return out_TH
+                BR = min(next_pow2(H), 1024)
+                _reduce_kernel.on(dev)[(T, triton.cdiv(H, BR))](
+                    y_PH, w_P, res, out_TH, H, y_PH.stride(0), res.stride(0), out_TH.stride(0), K=K, BR=BR,
+                    HAS_RES=residual_TH is not None,
+                )
+                return out_TH
     grid = (n_prog(E * triton.cdiv(I, gu["BI"]), gu.pop("PER_SM")),)
     _launch_fitted(_gate_up_kernel, dev, grid, gu, "gate_up", fit)(
         x_TH, gate_up, gate_up_bias if gate_up_bias is not None else x_TH, idx_P, w_P, pairs_EP, cnt_E, act_PI,
@@ -787,6 +1004,47 @@ def smaller_launch(launch: dict, part: str) -> dict | None:
     if launch["num_stages"] > 1:  # ExpertsConfig's launches all name theirs
         return {**launch, "num_stages": launch["num_stages"] - 1}
     return None if launch[tile] <= 16 else {**launch, tile: launch[tile] // 2}
+
+
+# gate_up and down as one launch (_ffn_kernel) up to ROUTE_IN_MAX pairs; False only in tests (its reference, the two)
+FUSED_FFN = True
+FFN_MAX_SPINS = 1 << 22  # polls of a slot's count before a wait gives up (seconds; a wait takes microseconds)
+
+
+# per launch (device, constexprs, dtypes): False where the device cannot hold _ffn_kernel's program (its gate_up and
+# down tiles, pipelined, in shared memory at once: a bf16 entry run in float32); such a launch runs as the two
+_FFN_HELD: dict[tuple, bool] = {}
+
+
+def ffn_timeouts(E: int, device: torch.device) -> int:
+    """How many of _ffn_kernel's waits gave up since the process started (0 unless a program that
+    a wait needed was never resident: a wrong occupancy count). A host sync: for tests."""
+    return int(arrival_counters(2 * next_pow2(E, 16) + 1, device, "experts_ffn")[2 * next_pow2(E, 16)])
+_RESIDENT: dict[tuple, int] = {}
+
+
+def _resident(dev: torch.device, args: tuple, kwargs: dict) -> int:
+    """How many programs of _ffn_kernel one SM holds at once, from the compiled kernel's registers,
+    shared memory and warps (its phase 2 waits on phase 1's programs, so every program must be
+    resident: the grid is at most SMs x this)."""
+    key = (dev, tuple(sorted(kwargs.items())), tuple(a.dtype for a in args if isinstance(a, Tensor)))
+    if key not in _RESIDENT:
+        k = _ffn_kernel.gpu.warmup(*args, grid=(1,), **kwargs)
+        k._init_handles()  # loads the binary: its register count is known from then on
+        if not getattr(k, "n_regs", None):  # unknown: one program an SM always fits
+            _RESIDENT[key] = 1
+            return 1
+        props = torch.cuda.get_device_properties(dev)
+        warps = kwargs["num_warps"]
+        regs_per_warp = -(-k.n_regs * 32 // 256) * 256
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps)
+        smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+        # above 48 KB Triton asks for the largest shared-memory carveout (CU_FUNC_CACHE_PREFER_SHARED);
+        # below, the driver picks one we cannot know, so count on one program an SM
+        by_smem = smem_sm // (k.metadata.shared + 1024) if k.metadata.shared > 49152 else 1
+        by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+        _RESIDENT[key] = max(1, min(by_regs, by_smem, by_threads, 32))
+    return _RESIDENT[key]
 
 
 # pairs (T * K) up to which the gate_up launch routes them itself; above, a route launch. Its item's

@@ -66,7 +66,8 @@ def test_the_table_check_follows_each_kernels_fitting_and_fails_where_no_launch_
     followed down its kernel's smaller_launch (the launches the kernel's fitting tries) to the first
     that fits; an entry where none fits, or a compile that fails, is a failure. A stand-in compiler
     charges 16 KB a stage per 16 tokens of tile (skinny), 2 KB a cache slot (attention), 1 KB a stage
-    per reduction row (experts)."""
+    per reduction row (experts; the one-launch FFN both its tiles'). The one-launch FFN has nothing
+    smaller: where it does not fit, the two launches run instead, which is no failure."""
     import json
     import re
     import sys
@@ -95,6 +96,8 @@ def test_the_table_check_follows_each_kernels_fitting_and_fails_where_no_launch_
             need = opts["num_stages"] * consts["TB"] * 1024
         elif kernel is aot._decode_attention:
             need = consts["BLOCK_N"] * 2048
+        elif kernel is aot._ffn_kernel:
+            need = (opts["num_stages"] * consts["BH"] + consts["STAGES_D"] * consts["BI_D"]) * 1024
         else:
             need = opts["num_stages"] * consts[reduce_rows[kernel]] * 1024
         return type("K", (), {"metadata": type("M", (), {"shared": need})})
@@ -114,17 +117,19 @@ def test_the_table_check_follows_each_kernels_fitting_and_fails_where_no_launch_
     # the same bucket at 32 tokens: twice the tile, two stages at most
     assert "fitted to SkinnyLaunch(block_n=16, block_k=64, num_stages=2" in lines["bf16 skinny:N=64,K=256,T=16 TB=32"]
     assert lines["fp32 attention:G=8,D=128,T=16"].startswith("256 KB, over 64 KB: fitted to AttentionLaunch(block_n=32")
-    # the experts: the four-launch path once, its gate_up also at each block of pairs it routes itself
+    # the experts: the four-launch path once, its gate_up and the one-launch FFN also at each block of pairs it routes
     # (up to 16 tokens at top-8), v3 (its kept bound takes it) at each token tile up to 64, all from
     # the one bucket; v3's down: two stages of 256 rows, then one, then 128, then 64 rows
     assert sorted(key for key in lines if key.startswith("bf16 H=")) == sorted(
         ["bf16 H=64,I=32,T=64 gate_up", "bf16 H=64,I=32,T=64 down"]
         + [f"bf16 H=64,I=32,T=64 gate_up ROUTE_IN PB={pb}" for pb in (8, 16, 32, 64, 128)]
+        + [f"bf16 H=64,I=32,T=64 ffn PB={pb}" for pb in (8, 16, 32, 64, 128)]
         + [f"bf16 H=64,I=32,T=64 {part} T_BLOCK={tb}" for part in ("gate_up_kept", "down_kept") for tb in (16, 32, 64)])
     down_kept = lines["bf16 H=64,I=32,T=64 down_kept T_BLOCK=16"]
     assert down_kept.startswith("512 KB, over 64 KB: fitted to {") and "'BI': 64, 'num_warps': 4, 'num_stages': 1}" in down_kept
     assert lines["bf16 H=64,I=32,T=64 gate_up_kept T_BLOCK=16"] == "128 KB, over 64 KB: fitted to " \
         "{'BI': 32, 'BH': 64, 'num_warps': 4, 'num_stages': 1, 'PER_SM': 3} (64 KB)"
+    assert lines["bf16 H=64,I=32,T=64 ffn PB=128"] == "192 KB, over 64 KB: the two launches run instead"
     assert "route:" not in out and "0 failed" in out
 
     monkeypatch.setattr(aot.attention, "smaller_launch", lambda launch: None)  # nothing smaller to try

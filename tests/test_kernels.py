@@ -306,6 +306,65 @@ def test_the_gate_up_launch_routes_the_pairs_as_the_route_launch_does(monkeypatc
     assert_near_reference(routed_here - res, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK))
 
 
+@pytest.mark.parametrize("fold", [False, True])
+def test_gate_up_and_down_in_one_launch_equal_the_two_launches(monkeypatch, fold):
+    """The one-launch FFN (`_ffn_kernel`: gate_up's items, then down's, each waiting for its
+    expert's gate_up items) gives the two launches' output bit for bit, with and without the
+    reduce folded in, with empty slots, a token twice on one expert and more pairs than a tile.
+    Its flags are back at 0 after the launch (a captured graph replays it). Above ROUTE_IN_MAX
+    pairs (the route launch's lists) the two launches run, never the one."""
+    import kernels.experts as ke
+    from kernels._triton import arrival_counters
+
+    T, E, K, H, I = 12, 8, 4, 40, 24
+    b = make_batch(T, E, K, H, seed=61)
+    gu, dn = make_experts(E, H, I, torch.float32, seed=62)
+    idx_TK = b.topk_idx_TK.clone()
+    idx_TK[:, 0] = 3
+    idx_TK[2, 1] = 3
+    w_TK = b.topk_w_TK.clone()
+    w_TK[::3, 2] = 0
+    small = dict(TB=8, num_warps=4, num_stages=2, PER_SM=1)  # noqa: C408
+    cfg = ke.ExpertsConfig(gate_up=dict(BI=8, BH=16, **small), down=dict(BHO=16, BI=8, **small),
+                           use_kept=False, reduce_in_down=fold)
+    res = torch.randn(T, H, generator=torch.Generator().manual_seed(63))
+    one = fused_experts(b.z_TH, gu, dn, idx_TK, w_TK, config=cfg, residual_TH=res)
+    assert not arrival_counters(2 * 16 + 1, torch.device("cpu"), "experts_ffn").any()  # flags and give-ups
+    monkeypatch.setattr(ke, "FUSED_FFN", False)
+    assert torch.equal(one, fused_experts(b.z_TH, gu, dn, idx_TK, w_TK, config=cfg, residual_TH=res))
+    assert_near_reference(one - res, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK))
+    monkeypatch.setattr(ke, "FUSED_FFN", True)
+    monkeypatch.setattr(ke, "ROUTE_IN_MAX", T * K - 1)  # one pair too many: the route launch and the two
+
+    class Never:
+        def __getitem__(self, grid):
+            raise AssertionError("the one launch ran with the route launch's lists")
+
+    monkeypatch.setattr(ke._ffn_kernel, "on", lambda dev: Never())
+    assert torch.equal(one, fused_experts(b.z_TH, gu, dn, idx_TK, w_TK, config=cfg, residual_TH=res))
+
+
+def test_a_wait_of_the_one_launch_ffn_that_cannot_end_gives_up_and_is_counted(monkeypatch):
+    """A down item whose expert's gate_up items never all arrive (on a GPU: a producer that was
+    not resident) stops waiting after FFN_MAX_SPINS polls and counts itself in `ffn_timeouts`,
+    instead of hanging the device; here a slot's count starts one short."""
+    import kernels.experts as ke
+    from kernels._triton import arrival_counters
+
+    T, E, K, H, I = 4, 8, 2, 32, 16
+    b = make_batch(T, E, K, H, seed=71)
+    gu, dn = make_experts(E, H, I, torch.float32, seed=72)
+    monkeypatch.setattr(ke, "FFN_MAX_SPINS", 3)
+    flags = arrival_counters(2 * 16 + 1, torch.device("cpu"), "experts_ffn")
+    before = ke.ffn_timeouts(E, torch.device("cpu"))
+    flags[0] = -1  # slot 0 will count one gate_up item short
+    try:
+        fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, config=ke.ExpertsConfig(use_kept=False))
+        assert ke.ffn_timeouts(E, torch.device("cpu")) > before
+    finally:
+        flags.zero_()
+
+
 def test_the_timing_breakdowns_first_stage_is_the_route_launch_only_where_there_is_one(monkeypatch):
     """`_stages=1` (tools/bench_kernels.py's breakdown: route, +gate_up, ...) runs the route launch
     above ROUTE_IN_MAX pairs and nothing at or below it, where gate_up does the routing."""
@@ -347,7 +406,8 @@ def test_an_expert_launch_the_device_cannot_hold_sheds_stages_then_halves_its_re
     OutOfResources, raised before anything is enqueued; a bf16 entry run in float32), on each of
     the four kernels that stream weights: one stage fewer at a time, then half the reduction tile
     (BH for gate_up, BI for down), until it fits; the sum is the reference's, the fitted launch is
-    remembered, and fit=False runs each launch as named."""
+    remembered, and fit=False runs each launch as named. The one-launch FFN (`_ffn_kernel`) the device
+    cannot hold runs as the two launches, each fitted, and is not tried again."""
     from triton.runtime.errors import OutOfResources
 
     from dataclasses import replace
@@ -356,7 +416,7 @@ def test_an_expert_launch_the_device_cannot_hold_sheds_stages_then_halves_its_re
     from kernels.experts import ExpertsConfig
 
     seen = []
-    reduce_key = {"_gate_up_kernel": "BH", "_gate_up_kept_kernel": "BH", "_down_kernel": "BI", "_down_kept_kernel": "BI"}
+    reduce_key = {"_ffn_kernel": "BH", "_gate_up_kernel": "BH", "_gate_up_kept_kernel": "BH", "_down_kernel": "BI", "_down_kept_kernel": "BI"}
     for name, red in reduce_key.items():
         kernel = getattr(ke, name)
         launcher = kernel.on(torch.device("cpu"))
@@ -376,6 +436,7 @@ def test_an_expert_launch_the_device_cannot_hold_sheds_stages_then_halves_its_re
 
         monkeypatch.setattr(kernel, "on", lambda dev, limited=Limited(): limited)
     monkeypatch.setattr(ke, "_FITTED", {})
+    monkeypatch.setattr(ke, "_FFN_HELD", {})
     T, E, K, H, I = 5, 8, 2, 64, 64
     b = make_batch(T, E, K, H, seed=4)
     gu, dn = make_experts(E, H, I, torch.float32, seed=4)
@@ -386,7 +447,7 @@ def test_an_expert_launch_the_device_cannot_hold_sheds_stages_then_halves_its_re
                         gate_up_kept=dict(BI=16, BH=128, num_warps=4, num_stages=1, PER_SM=1),  # noqa: C408
                         down_kept=dict(BHO=16, BI=32, num_warps=4, num_stages=4))  # noqa: C408
     four = replace(cfg, use_kept=False)
-    for config, want in ((four, [("_gate_up_kernel", 3, 32), ("_gate_up_kernel", 2, 32),
+    for config, want in ((four, [("_ffn_kernel", 3, 32), ("_gate_up_kernel", 3, 32), ("_gate_up_kernel", 2, 32),
                                  ("_down_kernel", 2, 64), ("_down_kernel", 1, 64)]),
                          (cfg, [("_gate_up_kept_kernel", 1, 128), ("_gate_up_kept_kernel", 1, 64),
                                 ("_down_kept_kernel", 4, 32), ("_down_kept_kernel", 3, 32), ("_down_kept_kernel", 2, 32)])):
@@ -396,8 +457,8 @@ def test_an_expert_launch_the_device_cannot_hold_sheds_stages_then_halves_its_re
         assert seen == want
         seen.clear()
         fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, config=config)
-        fitted = {name: (name, stages, tile) for name, stages, tile in want}  # each kernel's last try
-        assert seen == list(fitted.values())  # straight to the launches that fitted
+        fitted = {name: (name, stages, tile) for name, stages, tile in want if name != "_ffn_kernel"}  # last tries
+        assert seen == list(fitted.values())  # straight to the launches that fitted (the two, not the one)
         seen.clear()
         with pytest.raises(OutOfResources, match="shared memory"):  # a tuner's launch: as named or not at all
             fused_experts(b.z_TH, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, keep_M=sel.keep_M, config=config, fit=False)
@@ -1029,6 +1090,38 @@ def test_gpu_the_reduce_inside_the_down_launch_is_the_reduce_launchs_sum(T):
         replay()
         torch.cuda.synchronize()
         assert torch.equal(out, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("T", [1, 16])  # up to ROUTE_IN_MAX pairs: the one launch's only sizes
+def test_gpu_gate_up_and_down_in_one_launch_are_the_two_launches_bit_for_bit(monkeypatch, T, fold):
+    """Compiled, Qwen3-30B-A3B's experts in bf16 with the residual and the tuned launches: the
+    one-launch FFN (every program resident, down's items waiting on their expert's gate_up items
+    across programs, which the interpreter's one program never does) gives the two launches' output
+    bit for bit, and the same again replayed in a CUDA graph (the per-slot flags reset themselves)."""
+    from dataclasses import replace
+
+    import kernels.experts as ke
+    from base.runtime.graphs import capture_outputs
+
+    x, gu, dn, sel, res = _qwen3_bf16_case(T, seed=43)
+    cfg = replace(ke.get_config(2048, 768, T, x.device), use_kept=False, reduce_in_down=fold)
+
+    def run():  # fit=False: the one launch as the table names it (not the two, where it would not fit)
+        return fused_experts(x, gu, dn, sel.topk_idx_TK, sel.topk_w_TK, config=cfg, residual_TH=res, fit=False)
+
+    monkeypatch.setattr(ke, "FUSED_FFN", False)
+    expected = run()
+    monkeypatch.setattr(ke, "FUSED_FFN", True)
+    before = ke.ffn_timeouts(128, x.device)
+    assert torch.equal(run(), expected)
+    replay, out = capture_outputs(run)
+    for _ in range(3):
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+    assert ke.ffn_timeouts(128, x.device) == before, "a wait gave up: a program it needed was not resident"
 
 
 @pytest.mark.gpu

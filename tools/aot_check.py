@@ -49,6 +49,7 @@ from kernels.attention import _decode_attention
 from kernels.experts import (
     _down_kept_kernel,
     _down_kernel,
+    _ffn_kernel,
     _gate_up_kept_kernel,
     _gate_up_kernel,
     _route_kernel,
@@ -168,6 +169,17 @@ def cases() -> list[tuple[str, object, dict, tuple, dict, dict]]:
                     {"ROW_MUL": 1, "ACT": 0, "HAS_BIAS": False, "BI": 32, "BH": 128, "DOT_PRECISION": "tf32",
                      "stride_gk": 1, "E_BLOCK": 128, "TB": max(16, T), "ROUTE_IN": True, "PB": next_pow2(8 * T)},
                     {"num_warps": 4, "num_stages": 4}))
+    # gate_up and down in one launch (_ffn_kernel): the 1- and 16-token launches of the tables (up to ROUTE_IN_MAX
+    # pairs, ranked in the launch; above, the route launch and the two)
+    ffn_ptrs = {**v2_gu_ptrs, **v2_ptrs, "flag_ptr": "*i32"}
+    for T, reduce in ((1, False), (16, True)):
+        out.append((f"ffn T={T}{' REDUCE' if reduce else ''}", _ffn_kernel, ffn_ptrs,
+                    ("alpha", "limit"),
+                    {"E_BLOCK": 128, "K": 8, "ROW_MUL": 1, "HAS_BIAS": False, "ACT": 0, "TB": max(16, T), "BI": 32,
+                     "BH": 128, "TB_D": max(16, T), "BHO": 64, "BI_D": 256, "STAGES_D": 3, "DOT_PRECISION": "tf32",
+                     "PB": next_pow2(8 * T), "REDUCE": reduce,
+                     "HAS_RES": reduce, "MAX_SPINS": experts.FFN_MAX_SPINS, "stride_gk": 1, "stride_di": 1},
+                    {"num_warps": 4, "num_stages": 4}))
     out.append(("gate_up gpt-oss T=16 BI=32 BH=128 st=4", _gate_up_kernel,
                 v2_gu_ptrs, ("alpha", "limit"),
                 {**oss, "E_BLOCK": 32, "TB": 16}, {"num_warps": 4, "num_stages": 4}))
@@ -202,6 +214,7 @@ class TableLaunch:
     launch: object
     case: Callable
     smaller: Callable
+    instead: str | None = None  # where no launch of it fits, what runs instead (None: nothing, a failure)
 
 
 def table_launches(gpu: str, dtype: str) -> list[TableLaunch]:
@@ -263,6 +276,26 @@ def _expert_launches(table: dict, H_: str, I_: str, t: str, prec: str) -> list[T
             out.append(TableLaunch(f"{read} {part}" + (f" T_BLOCK={T_BLOCK}" if kept else "")
                                    + (f" ROUTE_IN PB={PB}" if PB is not None else ""), getattr(cfg, part),
                                    case, lambda launch, part=part: experts.smaller_launch(launch, part)))
+        # gate_up and down in one launch (the four-launch path's up to ROUTE_IN_MAX pairs, FUSED_FFN): gate_up's tile
+        # and launch, down's tile and stages; where the device cannot hold it, the two launches run (each listed above)
+        PB = next_pow2(8 * T) if 8 * T <= experts.ROUTE_IN_MAX else None
+        if PB is None or (read, "ffn", PB) in seen:
+            continue
+        seen.add((read, "ffn", PB))
+
+        def ffn_case(launch, PB=PB, reduce=cfg.reduce_in_down):
+            gu, dn = launch["gate_up"], launch["down"]
+            consts = {"E_BLOCK": 128, "K": 8, "ROW_MUL": 1, "HAS_BIAS": False, "ACT": 0, "TB": gu["TB"], "BI": gu["BI"],
+                      "BH": gu["BH"], "TB_D": dn["TB"], "BHO": dn["BHO"], "BI_D": dn["BI"], "STAGES_D": dn["num_stages"],
+                      "DOT_PRECISION": prec, "PB": PB, "REDUCE": reduce,
+                      "HAS_RES": False, "MAX_SPINS": experts.FFN_MAX_SPINS, "stride_gk": 1, "stride_di": 1}
+            ptrs = {**gu_ptrs, **dn_ptrs, **pair_ptrs, "flag_ptr": "*i32"}
+            return (_ffn_kernel, ptrs, ("alpha", "limit"), consts,
+                    {"num_warps": gu["num_warps"], "num_stages": gu["num_stages"]})
+
+        out.append(TableLaunch(f"{read} ffn PB={PB}",
+                               {"gate_up": cfg.gate_up, "down": cfg.down}, ffn_case, lambda launch: None,
+                               instead="the two launches"))
     return out
 
 
@@ -320,6 +353,8 @@ def check_tables(target: GPUTarget, threads: int) -> int:
                 break
             launch = tl_.smaller(launch)
             if launch is None:
+                if tl_.instead:
+                    return f"{tried[0] // 1024:4d} KB, over {limit // 1024} KB: {tl_.instead} run instead"
                 return f"FAILED: no launch fits ({' > '.join(f'{b // 1024} KB' for b in tried)} against {limit // 1024} KB)"
         if len(tried) == 1:
             return f"{tried[0] // 1024:4d} KB, fits"
