@@ -306,7 +306,7 @@ def test_the_gate_up_launch_routes_the_pairs_as_the_route_launch_does(monkeypatc
     assert_near_reference(routed_here - res, experts_reference(b.z_TH, gu, dn, idx_TK, w_TK))
 
 
-@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("fold", [pytest.param(False, marks=pytest.mark.slow), True])  # make test: the fold
 def test_gate_up_and_down_in_one_launch_equal_the_two_launches(monkeypatch, fold):
     """The one-launch FFN (`_ffn_kernel`: gate_up's items, then down's, each waiting for its
     expert's gate_up items) gives the two launches' output bit for bit, with and without the
