@@ -125,6 +125,11 @@ def arrival_counters(n: int, device: torch.device, owner: str) -> torch.Tensor:
     return held[-1]
 
 
+def counter_buffers(owner: str) -> list[torch.Tensor]:
+    """Every counter buffer `owner`'s launches were given, on every device, oldest first per device."""
+    return [buf for (name, _), held in _COUNTERS.items() if name == owner for buf in held]
+
+
 def fit_shared_memory(run: Callable[[Any], Any], launch: Any, shrink: Callable[[Any], Any | None],
                       fitted: dict, key: Hashable, fit: bool = True) -> Any:
     """run(launch) with a launch the device can hold. Triton refuses a compiled program that needs

@@ -57,6 +57,7 @@ from triton.runtime.errors import OutOfResources
 
 from kernels._triton import (
     arrival_counters,
+    counter_buffers,
     dual_jit,
     empty,
     fit_shared_memory,
@@ -919,6 +920,7 @@ def fused_experts(
                 n_items = E * max(triton.cdiv(I, gu["BI"]), n_hb)
                 grid = (1,) if dev.type == "cpu" else (n_prog(n_items, min(gu["PER_SM"], _resident(dev, args, kwargs))),)
                 _ffn_kernel.on(dev)[grid](*args, **kwargs)
+                _FFN_E_BLOCKS.add(kwargs["E_BLOCK"])
             except OutOfResources as err:  # raised on the host before anything is enqueued
                 if not fit or err.name != "shared memory":
                     raise
@@ -1016,10 +1018,19 @@ FFN_MAX_SPINS = 1 << 22  # polls of a slot's count before a wait gives up (secon
 _FFN_HELD: dict[tuple, bool] = {}
 
 
-def ffn_timeouts(E: int, device: torch.device) -> int:
-    """How many of _ffn_kernel's waits gave up since the process started (0 unless a program that
-    a wait needed was never resident: a wrong occupancy count). A host sync: for tests."""
-    return int(arrival_counters(2 * next_pow2(E, 16) + 1, device, "experts_ffn")[2 * next_pow2(E, 16)])
+_FFN_E_BLOCKS: set[int] = set()  # the E_BLOCKs _ffn_kernel ran with: its give-up count sits at 2 * E_BLOCK
+
+
+def ffn_waits_given_up() -> int:
+    """How many of _ffn_kernel's waits gave up since the process started, on every device (0 unless
+    a program that a wait needed was not resident for seconds: a wrong occupancy count, or another
+    process's kernels holding the SMs). A wait that gives up lets its down item read activations
+    not yet written, so any nonzero count means wrong outputs: base/run/pipeline.py fails the run.
+    A host sync per device buffer: for the end of a run and for tests."""
+    return sum(int(buf[2 * eb]) for buf in counter_buffers("experts_ffn") for eb in _FFN_E_BLOCKS
+               if 2 * eb < buf.numel())
+
+
 _RESIDENT: dict[tuple, int] = {}
 
 

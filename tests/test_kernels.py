@@ -346,7 +346,7 @@ def test_gate_up_and_down_in_one_launch_equal_the_two_launches(monkeypatch, fold
 
 def test_a_wait_of_the_one_launch_ffn_that_cannot_end_gives_up_and_is_counted(monkeypatch):
     """A down item whose expert's gate_up items never all arrive (on a GPU: a producer that was
-    not resident) stops waiting after FFN_MAX_SPINS polls and counts itself in `ffn_timeouts`,
+    not resident) stops waiting after FFN_MAX_SPINS polls and counts itself in `ffn_waits_given_up`,
     instead of hanging the device; here a slot's count starts one short."""
     import kernels.experts as ke
     from kernels._triton import arrival_counters
@@ -356,11 +356,11 @@ def test_a_wait_of_the_one_launch_ffn_that_cannot_end_gives_up_and_is_counted(mo
     gu, dn = make_experts(E, H, I, torch.float32, seed=72)
     monkeypatch.setattr(ke, "FFN_MAX_SPINS", 3)
     flags = arrival_counters(2 * 16 + 1, torch.device("cpu"), "experts_ffn")
-    before = ke.ffn_timeouts(E, torch.device("cpu"))
+    before = ke.ffn_waits_given_up()
     flags[0] = -1  # slot 0 will count one gate_up item short
     try:
         fused_experts(b.z_TH, gu, dn, b.topk_idx_TK, b.topk_w_TK, config=ke.ExpertsConfig(use_kept=False))
-        assert ke.ffn_timeouts(E, torch.device("cpu")) > before
+        assert ke.ffn_waits_given_up() > before
     finally:
         flags.zero_()
 
@@ -1114,14 +1114,14 @@ def test_gpu_gate_up_and_down_in_one_launch_are_the_two_launches_bit_for_bit(mon
     monkeypatch.setattr(ke, "FUSED_FFN", False)
     expected = run()
     monkeypatch.setattr(ke, "FUSED_FFN", True)
-    before = ke.ffn_timeouts(128, x.device)
+    before = ke.ffn_waits_given_up()
     assert torch.equal(run(), expected)
     replay, out = capture_outputs(run)
     for _ in range(3):
         replay()
         torch.cuda.synchronize()
         assert torch.equal(out, expected)
-    assert ke.ffn_timeouts(128, x.device) == before, "a wait gave up: a program it needed was not resident"
+    assert ke.ffn_waits_given_up() == before, "a wait gave up: a program it needed was not resident"
 
 
 @pytest.mark.gpu

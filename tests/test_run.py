@@ -389,3 +389,19 @@ def test_a_stream_replays_a_tasks_own_lengths(compose, tmp_path):
     row = pd.read_csv(out / "stream.csv").iloc[0]
     pairs = samples[samples["new_tokens"] >= 2]
     assert row["requests"] == 6 and row["output_tokens"] <= 6 * pairs["new_tokens"].max()
+
+
+def test_a_run_whose_expert_ffn_wait_gave_up_fails_without_a_report(compose, tmp_path, monkeypatch):
+    """A wait of the one-launch expert FFN that gave up (kernels/experts.py: its down items then read
+    activations not yet written) fails the run at its end, naming the cause, and no report.json is
+    written; a run during which none gave up finishes as usual."""
+    import base.run.pipeline as pipeline
+
+    counts = iter([5, 7])  # at the run's start, then at its end: two waits gave up during it
+    monkeypatch.setattr(pipeline, "ffn_waits_given_up", lambda: next(counts))
+    with pytest.raises(RuntimeError, match=r"2 wait\(s\) of the one-launch expert FFN .* no report was written"):
+        _run_here(compose, tmp_path, "stage=describe")
+    assert not list(tmp_path.rglob("report.json"))
+    monkeypatch.setattr(pipeline, "ffn_waits_given_up", lambda: 7)  # none during the run
+    report, _ = _run_here(compose, tmp_path, "stage=describe")
+    assert report["stage"] == "describe"

@@ -32,6 +32,7 @@ from base.run.provenance import CONTINUOUS_VERSION, commit, provenance
 from base.run.report import report_text
 from base.run.sweep import host_info
 from base.runtime.throughput import Variant, expert_bytes
+from kernels.experts import ffn_waits_given_up
 
 
 def make_budgeter(cfg: RunConfig, model, tokenizer, layers, name: str | None = None,
@@ -306,6 +307,19 @@ def _older_engine(cfg: RunConfig, folder: Path | None = None) -> int | None:
     return version if version < CONTINUOUS_VERSION else None
 
 
+def _check_expert_waits(before: int) -> None:
+    """Fail the run, before its report is written, if a wait of the one-launch expert FFN gave up
+    during it (kernels/experts.py, `ffn_waits_given_up`): its down items then read activations not
+    yet written, so the run's outputs are wrong, not just slow."""
+    given_up = ffn_waits_given_up() - before
+    if given_up:
+        raise RuntimeError(
+            f"{given_up} wait(s) of the one-launch expert FFN (_ffn_kernel) gave up during this run, so some "
+            "MoE outputs read activations not yet written and the run's results are wrong; no report was written. "
+            "A wait gives up when a program it needs is not resident for seconds: another process's kernels on "
+            "this GPU (MPS, a shared device) or a wrong occupancy count. Rerun on a GPU of its own.")
+
+
 def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dict[str, str]) -> dict[str, Any]:
     out = cfg.out_dir
     run_folder.write_marker(out, cfg.run_key, chash)
@@ -328,10 +342,12 @@ def _run_into(cfg: RunConfig, resolved_config: str, chash: str, extra_files: dic
             "routing": cfg.model.routing, "skew": getattr(model, "base_skew_report", None),
             "host": host_info(),
         }
+        given_up = ffn_waits_given_up()
         if cfg.stage == "describe":
             report["describe"] = describe(cfg, model, layers)
         else:
             _run_stage(cfg, model, layers, report, logger)
+        _check_expert_waits(given_up)
         report.setdefault("provenance", commit(cfg.root))  # stages that decode nothing: the code only
         report["wall_s"] = time.perf_counter() - t0
         report["files"] = outputs.line_counts(out)  # a rerun checks them before skipping the run as finished
