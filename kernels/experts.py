@@ -918,7 +918,7 @@ def fused_experts(
         if not fit or _FFN_HELD.get(key, True):  # fit False: as named, never the two instead
             try:
                 n_items = E * max(triton.cdiv(I, gu["BI"]), n_hb)
-                grid = (1,) if dev.type == "cpu" else (n_prog(n_items, min(gu["PER_SM"], _resident(dev, args, kwargs))),)
+                grid = (1,) if dev.type == "cpu" else (n_prog(n_items, min(gu["PER_SM"], _resident(dev, args, kwargs, key))),)
                 _ffn_kernel.on(dev)[grid](*args, **kwargs)
                 _FFN_E_BLOCKS.add(kwargs["E_BLOCK"])
             except OutOfResources as err:  # raised on the host before anything is enqueued
@@ -1034,11 +1034,10 @@ def ffn_waits_given_up() -> int:
 _RESIDENT: dict[tuple, int] = {}
 
 
-def _resident(dev: torch.device, args: tuple, kwargs: dict) -> int:
+def _resident(dev: torch.device, args: tuple, kwargs: dict, key: tuple) -> int:
     """How many programs of _ffn_kernel one SM holds at once, from the compiled kernel's registers,
     shared memory and warps (its phase 2 waits on phase 1's programs, so every program must be
-    resident: the grid is at most SMs x this)."""
-    key = (dev, tuple(sorted(kwargs.items())), tuple(a.dtype for a in args if isinstance(a, Tensor)))
+    resident: the grid is at most SMs x this). `key`: the launch's, as fused_experts keys _FFN_HELD."""
     if key not in _RESIDENT:
         k = _ffn_kernel.gpu.warmup(*args, grid=(1,), **kwargs)
         k._init_handles()  # loads the binary: its register count is known from then on
