@@ -163,3 +163,33 @@ def test_the_kernel_benchmark_without_a_cuda_device_is_refused_before_its_folder
         bk.main()
     assert e.value.code == 2 and "--smoke" in capsys.readouterr().err
     assert not (tmp_path / "bench").exists()
+
+
+def test_the_search_starts_from_the_installed_pair_and_keeps_it_unless_a_candidate_beats_it():
+    """The coordinate descent times the installed (gate_up, down) first and the gate_ups with its
+    down: where a search from the first down would end at a pair slower than the installed one
+    (the 16-token re-tune on an H100 did, results/roofline/tables_2026-12-07), the installed pair
+    stays; where a candidate beats it, the candidate is taken; no pair is timed twice."""
+    cost = {("g0", "d0"): 5.0, ("g1", "d0"): 4.0, ("g2", "d0"): 6.0,  # from d0: g1, then its best down
+            ("g1", "d1"): 3.5, ("g1", "d2"): 4.5,
+            ("g2", "d2"): 1.0,  # the installed pair
+            ("g0", "d2"): 3.0, ("g1", "d2x"): 9.0}
+    timed = []
+
+    def objective(pair):
+        timed.append(pair)
+        return cost.get(pair, 8.0)
+
+    args = (objective, lambda g, d: (g, d), ["g0", "g1", "g2"], ["d0", "d1", "d2"], ("gate_up", "down"), lambda m: None)
+    assert tk._search_pair(*args) == ("g1", "d1", 3.5)  # without a start: worse than the installed pair
+    timed.clear()
+    assert tk._search_pair(*args, start=("g2", "d2")) == ("g2", "d2", 1.0)
+    assert timed[0] == ("g2", "d2") and len(timed) == len(set(timed))
+    cost[("g0", "d2")] = 0.5  # a gate_up that beats it with the installed down
+    assert tk._search_pair(*args, start=("g2", "d2"))[:2] == ("g0", "d2")
+
+
+def test_an_installed_launch_becomes_a_candidate_only_with_every_field():
+    assert tk.as_candidate(tk.gate_up_cfg((16, 64, 128, 4, 3, 2)), tk.gate_up_cfg) == (16, 64, 128, 4, 3, 2)
+    assert tk.as_candidate({"TB": 16, "BI": 64, "BH": 128, "num_warps": 4, "num_stages": 3}, tk.gate_up_cfg) is None
+    assert tk.as_candidate(tk.down_kept_cfg((16, 512, 4, 3)), tk.down_kept_cfg) == (16, 512, 4, 3)

@@ -7,8 +7,12 @@
 Objective per shape: the mean over three routings (budgets 16 and 32 after router_sum selection,
 and the dense union) of time / memory floor, so one config serves budgeted and dense decoding.
 (Run v2 also had budget 8: its gain at T=128 picked TB=128, which cost 1.3-1.4x at M >= 32.)
-Search: coordinate descent, gate_up candidates with the default down config, then down
-candidates with the best gate_up; then the reduce inside the down launch with those two
+Search: coordinate descent from the installed entry's pair (the table's launches for that T, or the
+nearest T's, else the defaults), timed first in the same run: gate_up candidates with its down,
+then down candidates with the best gate_up, so a re-tune installs nothing slower by its own objective
+than what it replaces (a search from the first down did: on an H100 its 16-token pick timed 1.174
+against the installed pair's 1.121 and made the step 3-5 % slower, results/roofline/tables_2026-12-07);
+then the reduce inside the down launch with those two
 (`reduce_in_down`: three launches, the same sums), kept where it beat the four launches in each of
 three alternations. With both paths tuned, `kept_max`: the largest kept bound (budget 16, 32,
 dense) up to which v3 beat the four launches in each of three alternations (kernels/experts.py takes
@@ -84,6 +88,13 @@ def down_cfg(c: tuple) -> dict:
     return {"TB": c[0], "BHO": c[1], "BI": c[2], "num_warps": c[3], "num_stages": c[4], "PER_SM": c[5]}
 
 
+def as_candidate(cfg: dict, to_cfg) -> tuple | None:
+    """An installed launch (a table's dict) as a candidate tuple of `to_cfg`'s list (gate_up_cfg, ...),
+    None where it lacks one of the candidates' fields (an older table's entry)."""
+    keys = list(to_cfg(tuple(range(16))))
+    return tuple(cfg[k] for k in keys) if all(k in cfg for k in keys) else None
+
+
 class WrongOutput(ValueError):
     """A candidate config whose output is not the reference's: never timed, never installed."""
 
@@ -101,10 +112,11 @@ def check_output(run, ref_TH, what: str) -> None:
 
 
 def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print,
-               given: ExpertsConfig | None = None) -> dict:
+               given: ExpertsConfig | None = None, start: ExpertsConfig | None = None) -> dict:
     """Best {gate_up, down} for one model and T; also the normalised objective it reached and
     whether the reduce inside the down launch is faster with them. `given`: no search, that
-    config's gate_up and down (the installed ones: path `reduce` checks the fold alone)."""
+    config's gate_up and down (the installed ones: path `reduce` checks the fold alone); `start`:
+    the installed ones, where the search starts (timed first, kept unless a candidate beats them)."""
     H, I, E, K = model["H"], model["I"], model["E"], model["K"]
     dev = sets[0][0].device
     r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T, dtype=sets[0][0].dtype)
@@ -131,16 +143,20 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
 
     if given is not None:
         return _reduce_in_down(objective, given.gate_up, given.down, float("inf"), len(cases), log)
+    first = start and (as_candidate(start.gate_up, gate_up_cfg), as_candidate(start.down, down_cfg))
     best_g, best_d, best = _search_pair(objective, lambda g, d: ExpertsConfig(gate_up_cfg(g), down_cfg(d)),
-                                        GATE_UP, DOWN, ("gate_up", "down"), log)
+                                        GATE_UP, DOWN, ("gate_up", "down"), log, first if first and all(first) else None)
     if best == float("inf"):
         raise RuntimeError(f"H={H}, I={I}, T={T}: no four-launch candidate launched and matched experts_reference")
     return _reduce_in_down(objective, gate_up_cfg(best_g), down_cfg(best_d), best, len(cases), log)
 
 
-def _search_pair(objective, config, gate_ups: list, downs: list, names: tuple[str, str], log) -> tuple:
+def _search_pair(objective, config, gate_ups: list, downs: list, names: tuple[str, str], log,
+                 start: tuple | None = None) -> tuple:
     """(best gate_up, best down, its objective) of objective(config(gate_up, down)), one launch at a
-    time: every gate_up with the first down, then the other downs with the best gate_up. A candidate
+    time: every gate_up with the first down, then the other downs with the best gate_up. `start`:
+    a (gate_up, down) pair timed first (the installed one, in or outside the lists), whose down the
+    gate_ups are timed with; it stays the best unless a candidate's objective is lower. A candidate
     that fails to compile or launch is logged and passed over."""
 
     def value(g, d, candidate: str) -> float:
@@ -151,12 +167,20 @@ def _search_pair(objective, config, gate_ups: list, downs: list, names: tuple[st
             return float("inf")
 
     best_g, best_d, best = gate_ups[0], downs[0], float("inf")
+    timed = set()
+    if start is not None:
+        best_g, best_d = start
+        best = value(best_g, best_d, f"installed {start}")
+        timed.add(start)
+    first_d = best_d
     for g in gate_ups:
-        if (v := value(g, best_d, f"{names[0]} {g}")) < best:
+        if (g, first_d) not in timed and (v := value(g, first_d, f"{names[0]} {g}")) < best:
             best, best_g = v, g
-    for d in downs[1:]:
-        if (v := value(best_g, d, f"{names[1]} {d}")) < best:
+        timed.add((g, first_d))
+    for d in downs:
+        if (best_g, d) not in timed and (v := value(best_g, d, f"{names[1]} {d}")) < best:
             best, best_d = v, d
+        timed.add((best_g, d))
     return best_g, best_d, best
 
 
@@ -178,8 +202,10 @@ def _reduce_in_down(objective, gate_up: dict, down: dict, best: float, n_cases: 
     return {"gate_up": gate_up, "down": down, "objective": round(best / n_cases, 3), "reduce_in_down": fold}
 
 
-def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print) -> dict:
-    """Best {gate_up_kept, down_kept} (the v3 path) for one model and T, same objective as tune_shape."""
+def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10, log=print,
+                    start: ExpertsConfig | None = None) -> dict:
+    """Best {gate_up_kept, down_kept} (the v3 path) for one model and T, same objective as tune_shape;
+    `start`: the installed launches, timed first (as tune_shape's)."""
     H, I, E, K = model["H"], model["I"], model["E"], model["K"]
     dev = sets[0][0].device
     r = make_routing(H, E, K, T, model["norm"], skew=False, device=dev, seed=T, dtype=sets[0][0].dtype)
@@ -203,9 +229,10 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
         return total
 
     base = ExpertsConfig()
+    first = start and (as_candidate(start.gate_up_kept, gate_up_kept_cfg), as_candidate(start.down_kept, down_kept_cfg))
     best_g, best_d, best = _search_pair(
         objective, lambda g, d: ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(d), True),
-        GATE_UP_KEPT, DOWN_KEPT, ("gate_up_kept", "down_kept"), log)
+        GATE_UP_KEPT, DOWN_KEPT, ("gate_up_kept", "down_kept"), log, first if first and all(first) else None)
     if best == float("inf"):
         raise RuntimeError(f"H={H}, I={I}, T={T}: no kept-list candidate launched and matched experts_reference")
     return {"gate_up_kept": gate_up_kept_cfg(best_g), "down_kept": down_kept_cfg(best_d),
@@ -273,11 +300,11 @@ def tune(models: dict, ts: list[int], copy_gbps: float, deadline: float, reps: i
                 return table
             t0 = time.time()
             entry = {}
+            installed = get_config(m["H"], m["I"], T, torch.device(device))
             if "v2" in paths or "reduce" in paths:
-                given = None if "v2" in paths else get_config(m["H"], m["I"], T, torch.device(device))
-                entry = tune_shape(m, T, sets, copy_gbps, reps, log, given)
+                entry = tune_shape(m, T, sets, copy_gbps, reps, log, None if "v2" in paths else installed, installed)
             if "v3" in paths and T <= V3_MAX_TOKENS:
-                entry.update(tune_kept_shape(m, T, sets, copy_gbps, reps, log))
+                entry.update(tune_kept_shape(m, T, sets, copy_gbps, reps, log, installed))
                 if "v2" in paths:  # both paths tuned: which one each kept bound takes
                     entry.update(kept_bound(m, T, sets, entry, reps, log))
             table[config_key(m["H"], m["I"], T)] = entry
