@@ -95,6 +95,12 @@ def as_candidate(cfg: dict, to_cfg) -> tuple | None:
     return tuple(cfg[k] for k in keys) if all(k in cfg for k in keys) else None
 
 
+def installed_pair(gate_up: dict, down: dict, to_gate_up, to_down) -> tuple | None:
+    """The installed (gate_up, down) launches as the search's start pair, None unless both convert."""
+    pair = (as_candidate(gate_up, to_gate_up), as_candidate(down, to_down))
+    return pair if all(pair) else None
+
+
 class WrongOutput(ValueError):
     """A candidate config whose output is not the reference's: never timed, never installed."""
 
@@ -143,9 +149,9 @@ def tune_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int = 10
 
     if given is not None:
         return _reduce_in_down(objective, given.gate_up, given.down, float("inf"), len(cases), log)
-    first = start and (as_candidate(start.gate_up, gate_up_cfg), as_candidate(start.down, down_cfg))
+    first = start and installed_pair(start.gate_up, start.down, gate_up_cfg, down_cfg)
     best_g, best_d, best = _search_pair(objective, lambda g, d: ExpertsConfig(gate_up_cfg(g), down_cfg(d)),
-                                        GATE_UP, DOWN, ("gate_up", "down"), log, first if first and all(first) else None)
+                                        GATE_UP, DOWN, ("gate_up", "down"), log, first)
     if best == float("inf"):
         raise RuntimeError(f"H={H}, I={I}, T={T}: no four-launch candidate launched and matched experts_reference")
     return _reduce_in_down(objective, gate_up_cfg(best_g), down_cfg(best_d), best, len(cases), log)
@@ -229,10 +235,10 @@ def tune_kept_shape(model: dict, T: int, sets: list, copy_gbps: float, reps: int
         return total
 
     base = ExpertsConfig()
-    first = start and (as_candidate(start.gate_up_kept, gate_up_kept_cfg), as_candidate(start.down_kept, down_kept_cfg))
+    first = start and installed_pair(start.gate_up_kept, start.down_kept, gate_up_kept_cfg, down_kept_cfg)
     best_g, best_d, best = _search_pair(
         objective, lambda g, d: ExpertsConfig(base.gate_up, base.down, gate_up_kept_cfg(g), down_kept_cfg(d), True),
-        GATE_UP_KEPT, DOWN_KEPT, ("gate_up_kept", "down_kept"), log, first if first and all(first) else None)
+        GATE_UP_KEPT, DOWN_KEPT, ("gate_up_kept", "down_kept"), log, first)
     if best == float("inf"):
         raise RuntimeError(f"H={H}, I={I}, T={T}: no kept-list candidate launched and matched experts_reference")
     return {"gate_up_kept": gate_up_kept_cfg(best_g), "down_kept": down_kept_cfg(best_d),
