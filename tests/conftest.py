@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # TORCHINDUCTOR_VEC_ISA_OK: Inductor's CPU backend (the compiled-region tests) takes the vector ISA the
 # CPU's flags name instead of building and loading a probe library per ISA with g++ before the first
 # compile of a process whose Inductor cache is empty (a fresh CI machine): the compiled-region test took
-# 20.6-24.1 s alone there, 12.3-13.4 s without the probe. Read when torch._inductor.config is imported.
+# 20.6 and 24.1 s alone there, 12.3-13.4 s without the probe. Read when torch._inductor.config is imported.
 for key, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                    "WANDB_MODE": "offline", "WANDB_SILENT": "true", "TORCHINDUCTOR_VEC_ISA_OK": "1"}.items():
     os.environ.setdefault(key, value)
